@@ -1,0 +1,336 @@
+//! The tiny guest of PPA-VMM: one workload per vCPU, measured with rdtsc.
+//!
+//! Every vCPU enters [`_start`] at CPL 3 in long mode, on its own stack, with RDI pointing at its
+//! [`BootInfo`] record (the contract is the `ppa-guest-abi` crate). Data flow:
+//!
+//! 1. **In:** the guest checks the record's magic and major version, then reads the doorbell
+//!    address, the TSC frequency, the gap threshold and the [`WorkloadDesc`] from it. Nothing
+//!    else comes in; the image keeps no state outside the stack, so all vCPUs share it safely.
+//! 2. **Run:** vCPU 0 prints one console line (one CONSOLE doorbell write per byte), then each
+//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits` or `fault`). The spin loops
+//!    read the TSC back to back; a step between two reads longer than the gap threshold means
+//!    the vCPU was not running guest code, and is summed as lost time.
+//! 3. **Out:** the measurements go to the VMM as one write per [`report`] key to
+//!    `doorbell_gpa + REPORT_BASE + 8 * key`, then the exit code goes to the EXIT doorbell.
+//!
+//! Exit codes: 0 done, `0xE1` bad boot info, `0xE2` unknown workload, `0xE3` a fault workload
+//! that did not fault, `0xDEAD` panic.
+#![no_std]
+#![no_main]
+
+mod mem;
+
+use core::arch::asm;
+use core::panic::PanicInfo;
+
+use ppa_guest_abi::{
+    doorbell, report, workload, BootInfo, WorkloadDesc, BOOT_INFO_MAGIC, DOORBELL_GPA,
+    DOORBELL_SIZE, WORKLOAD_PIO_PORT,
+};
+
+/// Exit code: the boot-info record is missing or not one this guest understands.
+const EXIT_BAD_BOOT: u64 = 0xE1;
+/// Exit code: the workload kind (or sub-kind) is unknown.
+const EXIT_BAD_WORKLOAD: u64 = 0xE2;
+/// Exit code: a `fault` workload instruction returned instead of shutting the vCPU down.
+const EXIT_NO_FAULT: u64 = 0xE3;
+/// Exit code: the guest panicked.
+const EXIT_PANIC: u64 = 0xDEAD;
+/// Longest single halt of the `idle` workload.
+const IDLE_STEP_NS: u64 = 10_000_000;
+
+/// The doorbell page of this vCPU.
+#[derive(Clone, Copy)]
+struct Doorbell {
+    /// Guest-physical (= virtual, identity mapped) address of the page, page aligned.
+    base: u64,
+}
+
+impl Doorbell {
+    /// Writes `value` to the 8-byte doorbell register at `offset`: one MMIO exit.
+    fn write(self, offset: u64, value: u64) {
+        let reg = (self.base + offset) as *mut u64;
+        // SAFETY: `base` is the page-aligned doorbell page (checked in `boot_info` or the ABI
+        // constant), identity mapped by the VMM; `offset` is an 8-byte aligned ABI offset inside
+        // the page, so `reg` is aligned and mapped. No Rust object lives there, so the write
+        // aliases nothing; it is volatile so it happens exactly once, in program order.
+        unsafe { core::ptr::write_volatile(reg, value) }
+    }
+
+    /// Writes one console byte: one MMIO exit.
+    fn console(self, byte: u8) {
+        let reg = (self.base + doorbell::CONSOLE) as *mut u8;
+        // SAFETY: as in `write`: the CONSOLE register is inside the mapped doorbell page, a
+        // byte needs no alignment, no Rust object lives there, and the write is volatile.
+        unsafe { core::ptr::write_volatile(reg, byte) }
+    }
+
+    /// Stops the vCPU with `code`. The VMM never resumes it; spin if it does.
+    fn exit(self, code: u64) -> ! {
+        self.write(doorbell::EXIT, code);
+        loop {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Converts between TSC cycles and time.
+#[derive(Clone, Copy)]
+struct Clock {
+    /// TSC frequency in kHz (= cycles per ms), never zero.
+    khz: u64,
+}
+
+impl Clock {
+    /// Cycles to ns, saturating.
+    fn ns(self, cycles: u64) -> u64 {
+        sat(u128::from(cycles) * 1_000_000 / u128::from(self.khz))
+    }
+
+    /// `amount` units of `unit_ns` ns each (1 = ns, 1_000 = us, 1_000_000 = ms) to cycles,
+    /// saturating.
+    fn cycles(self, amount: u64, unit_ns: u64) -> u64 {
+        sat(u128::from(amount) * u128::from(unit_ns) * u128::from(self.khz) / 1_000_000)
+    }
+}
+
+/// `v` as u64, saturating.
+fn sat(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// Reads the TSC (allowed at CPL 3: the VMM leaves CR4.TSD clear).
+#[inline(always)]
+fn rdtsc() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: rdtsc only writes EDX:EAX (declared as outputs); it touches no memory, no stack
+    // and no flags. The asm is not `pure`, so every call is a real read that the compiler may
+    // neither merge nor drop nor hoist out of a loop.
+    unsafe {
+        asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// What the workload measured; times in TSC cycles.
+#[derive(Default)]
+struct Stats {
+    /// TSC time spent in spin loops.
+    spin: u64,
+    /// Sum of the gaps longer than the threshold.
+    lost: u64,
+    /// Number of such gaps.
+    gaps: u64,
+    /// Exits made on purpose (console, halt and workload doorbells, pio).
+    exits: u64,
+    /// Workload iterations.
+    iterations: u64,
+}
+
+/// Spins reading the TSC back to back until it reaches `deadline`. A step between two reads
+/// longer than `gap` cycles is time the vCPU did not run: it goes into `st.lost` and `st.gaps`.
+/// The loop's TSC time goes into `st.spin`. Returns the number of loop passes.
+#[inline(never)]
+fn spin_until(deadline: u64, gap: u64, st: &mut Stats) -> u64 {
+    let start = rdtsc();
+    let (mut prev, mut lost, mut gaps, mut passes) = (start, 0u64, 0u64, 0u64);
+    while prev < deadline {
+        let now = rdtsc();
+        let step = now.saturating_sub(prev);
+        if step > gap {
+            lost += step;
+            gaps += 1;
+        }
+        passes += 1;
+        prev = now;
+    }
+    st.spin += prev.saturating_sub(start);
+    st.lost += lost;
+    st.gaps += gaps;
+    passes
+}
+
+/// Parks the vCPU for `ns` through the HALT doorbell.
+fn halt(db: Doorbell, ns: u64, st: &mut Stats) {
+    db.write(doorbell::HALT, ns);
+    st.exits += 1;
+}
+
+/// `idle`: halts in steps of at most [`IDLE_STEP_NS`] until `ms` of TSC time passed.
+fn idle(db: Doorbell, clk: Clock, ms: u64, st: &mut Stats) {
+    let t0 = rdtsc();
+    let total_ns = ms.saturating_mul(1_000_000);
+    loop {
+        let elapsed_ns = clk.ns(rdtsc().saturating_sub(t0));
+        if elapsed_ns >= total_ns {
+            break;
+        }
+        halt(db, IDLE_STEP_NS.min(total_ns - elapsed_ns), st);
+        st.iterations += 1;
+    }
+}
+
+/// `busy`: spins for `ms` of TSC time.
+fn busy(clk: Clock, gap: u64, ms: u64, st: &mut Stats) {
+    let deadline = rdtsc().saturating_add(clk.cycles(ms, 1_000_000));
+    st.iterations = spin_until(deadline, gap, st);
+}
+
+/// `periodic`: `count` periods of `period_us`, each spinning `run_us` from the period's start
+/// and halting for the rest of it.
+fn periodic(db: Doorbell, clk: Clock, gap: u64, params: [u64; 4], st: &mut Stats) {
+    let run = clk.cycles(params[0], 1_000);
+    let period = clk.cycles(params[1], 1_000);
+    let count = params[2].max(1);
+    let base = rdtsc();
+    for k in 0..count {
+        let start = base.saturating_add(k.saturating_mul(period));
+        spin_until(start.saturating_add(run), gap, st);
+        let next = start.saturating_add(period);
+        let now = rdtsc();
+        if now < next {
+            let ns = clk.ns(next - now);
+            if ns > 0 {
+                halt(db, ns, st);
+            }
+        }
+        st.iterations += 1;
+    }
+}
+
+/// `exits`: `n` writes to the MMIO workload doorbell or `n` 32-bit `out`s to the pio port.
+fn exits(db: Doorbell, n: u64, kind: u64, st: &mut Stats) {
+    match kind {
+        workload::EXITS_MMIO => {
+            for i in 0..n {
+                db.write(doorbell::WORKLOAD, i);
+            }
+        }
+        workload::EXITS_PIO => {
+            for i in 0..n {
+                // SAFETY: the VMM sets RFLAGS.IOPL = 3, so `out` at CPL 3 does not fault; it
+                // only exits to the VMM. It reads DX and EAX (declared inputs) and touches no
+                // memory, no stack and no flags.
+                unsafe {
+                    asm!("out dx, eax", in("dx") WORKLOAD_PIO_PORT, in("eax") i as u32,
+                        options(nomem, nostack, preserves_flags));
+                }
+            }
+        }
+        _ => db.exit(EXIT_BAD_WORKLOAD),
+    }
+    st.exits += n;
+    st.iterations = n;
+}
+
+/// `fault`: shuts the vCPU down on purpose. Returns only if the instruction did not fault.
+fn fault(db: Doorbell, kind: u64) -> ! {
+    match kind {
+        // SAFETY: HLT at CPL 3 raises #GP, which without an IDT shuts the vCPU down; that is
+        // the point. It touches no memory or stack; if it ever returns (CPL 0), we report it.
+        workload::FAULT_HLT => unsafe { asm!("hlt", options(nomem, nostack)) },
+        // SAFETY: UD2 raises #UD, which without an IDT shuts the vCPU down; that is the point.
+        // It touches no memory or stack.
+        workload::FAULT_UD => unsafe { asm!("ud2", options(nomem, nostack)) },
+        _ => db.exit(EXIT_BAD_WORKLOAD),
+    }
+    db.exit(EXIT_NO_FAULT)
+}
+
+/// Writes "tiny: N vcpus\n" to the console, one byte per exit.
+fn hello(db: Doorbell, vcpus: u32, st: &mut Stats) {
+    let mut put = |bytes: &[u8]| {
+        for &b in bytes {
+            db.console(b);
+            st.exits += 1;
+        }
+    };
+    put(b"tiny: ");
+    let mut div = 1;
+    while div <= vcpus / 10 {
+        div *= 10;
+    }
+    while div > 0 {
+        put(&[b'0' + (vcpus / div % 10) as u8]);
+        div /= 10;
+    }
+    put(if vcpus == 1 { b" vcpu\n" } else { b" vcpus\n" });
+}
+
+/// The boot-info record at `boot` if it is one this guest understands: non-null, aligned,
+/// right magic, major version 1, a non-zero TSC frequency and a page-aligned doorbell.
+fn boot_info(boot: *const BootInfo) -> Option<&'static BootInfo> {
+    if boot.is_null() || !boot.is_aligned() {
+        return None;
+    }
+    // SAFETY: the VMM puts this vCPU's record at `boot` (checked non-null and aligned above) in
+    // identity-mapped guest memory before the vCPU starts and never changes it afterwards, so
+    // it is valid, initialised (all-integer type: any bits are a valid value) and immutable for
+    // the rest of the run.
+    let b = unsafe { &*boot };
+    let ok = b.magic == BOOT_INFO_MAGIC
+        && b.version >> 16 == 1
+        && b.tsc_khz != 0
+        && b.doorbell_gpa != 0
+        && b.doorbell_gpa % DOORBELL_SIZE == 0;
+    ok.then_some(b)
+}
+
+/// The entry point of every vCPU: RDI = this vCPU's [`BootInfo`], RSP = its own stack.
+#[no_mangle]
+pub extern "C" fn _start(boot: *const BootInfo) -> ! {
+    let t_start = rdtsc();
+    let Some(b) = boot_info(boot) else {
+        // The record's doorbell address cannot be trusted: use the ABI's fixed one.
+        Doorbell { base: DOORBELL_GPA }.exit(EXIT_BAD_BOOT)
+    };
+    let db = Doorbell {
+        base: b.doorbell_gpa,
+    };
+    let clk = Clock { khz: b.tsc_khz };
+    let gap = clk.cycles(b.gap_threshold_ns, 1);
+    let mut st = Stats::default();
+
+    if b.vcpu_index == 0 {
+        hello(db, b.vcpu_count, &mut st);
+    }
+
+    let WorkloadDesc { kind, params, .. } = b.workload;
+    match kind {
+        workload::IDLE => idle(db, clk, params[0], &mut st),
+        workload::BUSY => busy(clk, gap, params[0], &mut st),
+        workload::PERIODIC => periodic(db, clk, gap, params, &mut st),
+        workload::EXITS => exits(db, params[0], params[1], &mut st),
+        workload::FAULT => fault(db, params[0]),
+        _ => db.exit(EXIT_BAD_WORKLOAD),
+    }
+
+    let spin_ns = clk.ns(st.spin);
+    let lost_ns = clk.ns(st.lost);
+    let elapsed_ns = clk.ns(rdtsc().saturating_sub(t_start));
+    for (key, value) in [
+        (report::SPIN_NS, spin_ns),
+        (report::LOST_NS, lost_ns),
+        (report::GAPS, st.gaps),
+        (report::RAN_NS, spin_ns.saturating_sub(lost_ns)),
+        (report::EXITS_MADE, st.exits),
+        (report::ITERATIONS, st.iterations),
+        (report::ELAPSED_NS, elapsed_ns),
+    ] {
+        db.write(doorbell::REPORT_BASE + 8 * key, value);
+    }
+    db.exit(0)
+}
+
+/// A panic stops the vCPU with exit code `0xDEAD`. The image keeps no per-vCPU state outside
+/// the stack, so this uses the ABI's fixed doorbell address.
+#[panic_handler]
+fn panic(_: &PanicInfo) -> ! {
+    Doorbell { base: DOORBELL_GPA }.exit(EXIT_PANIC)
+}
+
+/// Never called: the guest is built with `panic = "abort"` and never unwinds. The prebuilt
+/// `core` still names this symbol in its unwind tables, and unoptimised builds keep those
+/// tables, so the symbol must exist for the image to link.
+#[no_mangle]
+pub extern "C" fn rust_eh_personality() {}

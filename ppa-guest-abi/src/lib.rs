@@ -1,0 +1,266 @@
+//! The guest-visible ABI of PPA-VMM.
+//!
+//! This crate is shared, unchanged, by the VMM (host side) and by guest code (the tiny guest in
+//! `images/tiny`). It owns every number both sides must agree on:
+//!
+//! - the tiny-guest boot protocol: where the VMM puts the per-vCPU [`BootInfo`] record and what it
+//!   holds (the guest finds it through RDI at entry);
+//! - the doorbell page: a guest-physical page with no memory behind it, so that each write to it
+//!   is an MMIO exit the VMM handles ([`doorbell`]);
+//! - the port of the port-I/O workload doorbell ([`WORKLOAD_PIO_PORT`]);
+//! - the workload encoding ([`WorkloadDesc`], [`workload`]) and the report keys ([`report`]).
+//!
+//! Data flow: the VMM parses a workload spec, encodes it into a [`WorkloadDesc`] inside the
+//! vCPU's [`BootInfo`] in guest memory; the guest reads it, runs it, measures itself with rdtsc and
+//! writes each measurement to `doorbell::REPORT_BASE + 8 * key`; the VMM decodes the key from
+//! the offset. Every record is `#[repr(C)]`, little-endian, with sizes and offsets asserted at
+//! compile time below. The layout is append-only: new fields go into reserved space and bump
+//! [`BOOT_INFO_VERSION`]'s minor half.
+#![no_std]
+
+/// Magic value of [`BootInfo::magic`]: "PPAB" in little-endian.
+pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
+/// Boot-info layout version: major in the high 16 bits, minor in the low 16 bits.
+pub const BOOT_INFO_VERSION: u32 = 1 << 16;
+/// Size of one boot-info record in guest memory.
+pub const BOOT_INFO_SIZE: usize = 256;
+
+/// Guest-physical address of the doorbell page (no memory slot: every access exits).
+pub const DOORBELL_GPA: u64 = 0xD000_0000;
+/// Size of the doorbell page.
+pub const DOORBELL_SIZE: u64 = 0x1000;
+/// The port the `exits:kind=pio` workload writes to (a 32-bit `out`).
+pub const WORKLOAD_PIO_PORT: u16 = 0x0600;
+
+/// Offsets inside the doorbell page. Every doorbell is an 8-byte aligned register; the guest
+/// writes a little-endian value (1 to 8 bytes) to it.
+pub mod doorbell {
+    /// Write one byte: it goes to the vCPU's console line buffer.
+    pub const CONSOLE: u64 = 0x00;
+    /// Write the exit code: the vCPU stops with it.
+    pub const EXIT: u64 = 0x08;
+    /// Write a duration in ns: the VMM parks this vCPU for that long or until it is kicked.
+    /// This is the tiny guest's HLT.
+    pub const HALT: u64 = 0x10;
+    /// The `exits:kind=mmio` workload doorbell: counted, value ignored.
+    pub const WORKLOAD: u64 = 0x18;
+    /// First report register: a write of value V to `REPORT_BASE + 8 * K` reports key K = V.
+    pub const REPORT_BASE: u64 = 0x100;
+    /// Number of report registers.
+    pub const REPORT_KEYS: u64 = 32;
+}
+
+/// Report keys (see [`doorbell::REPORT_BASE`]). All times are nanoseconds of guest TSC time.
+pub mod report {
+    /// TSC time spent in the busy and periodic spin loops.
+    pub const SPIN_NS: u64 = 0;
+    /// Sum of the gaps between two back-to-back rdtsc reads longer than the threshold.
+    pub const LOST_NS: u64 = 1;
+    /// Number of such gaps.
+    pub const GAPS: u64 = 2;
+    /// `SPIN_NS - LOST_NS`: the guest's own view of the time it ran.
+    pub const RAN_NS: u64 = 3;
+    /// Exits the workload made on purpose (halt and workload doorbells, console bytes); the
+    /// report and exit doorbells are not counted.
+    pub const EXITS_MADE: u64 = 4;
+    /// Loop iterations of the workload (spin-loop passes, periods, doorbell writes).
+    pub const ITERATIONS: u64 = 5;
+    /// TSC time from the vCPU's first instruction to its report.
+    pub const ELAPSED_NS: u64 = 6;
+
+    /// Name of each key, index = key.
+    pub const NAMES: [&str; 7] = [
+        "spin_ns",
+        "lost_ns",
+        "gaps",
+        "ran_ns",
+        "exits_made",
+        "iterations",
+        "elapsed_ns",
+    ];
+}
+
+/// Workload kinds of [`WorkloadDesc::kind`] and the meaning of its `params`.
+pub mod workload {
+    /// `idle`: params[0] = ms; halts in 10 ms steps until that much TSC time passed.
+    pub const IDLE: u32 = 1;
+    /// `busy`: params[0] = ms; spins on rdtsc for that long.
+    pub const BUSY: u32 = 2;
+    /// `periodic`: params = [run_us, period_us, count]; spins run_us, halts to the next period.
+    pub const PERIODIC: u32 = 3;
+    /// `exits`: params = [n, kind] with kind [`EXITS_MMIO`] or [`EXITS_PIO`].
+    pub const EXITS: u32 = 4;
+    /// `fault`: params[0] = [`FAULT_HLT`] or [`FAULT_UD`]; shuts the vCPU down on purpose.
+    pub const FAULT: u32 = 5;
+
+    /// `exits` through the MMIO workload doorbell.
+    pub const EXITS_MMIO: u64 = 0;
+    /// `exits` through [`crate::WORKLOAD_PIO_PORT`].
+    pub const EXITS_PIO: u64 = 1;
+    /// `fault` by a HLT at CPL 3 (#GP).
+    pub const FAULT_HLT: u64 = 0;
+    /// `fault` by UD2 (#UD).
+    pub const FAULT_UD: u64 = 1;
+}
+
+/// A workload as the guest reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkloadDesc {
+    /// One of the [`workload`] kinds.
+    pub kind: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+    /// Kind-specific parameters.
+    pub params: [u64; 4],
+}
+
+/// The per-vCPU boot-info record. RDI holds its guest-physical address at entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BootInfo {
+    /// [`BOOT_INFO_MAGIC`].
+    pub magic: u32,
+    /// [`BOOT_INFO_VERSION`].
+    pub version: u32,
+    /// This vCPU's index, 0-based.
+    pub vcpu_index: u32,
+    /// Number of vCPUs of the VM.
+    pub vcpu_count: u32,
+    /// TSC frequency in kHz, for converting rdtsc deltas to ns.
+    pub tsc_khz: u64,
+    /// Guest-physical address of the doorbell page.
+    pub doorbell_gpa: u64,
+    /// Guest-physical address of the PPA page, 0 when there is none.
+    pub ppa_page_gpa: u64,
+    /// Size of the PPA page in bytes, 0 when there is none.
+    pub ppa_page_size: u64,
+    /// A gap between two rdtsc reads longer than this (ns) counts as lost time.
+    pub gap_threshold_ns: u64,
+    /// What this vCPU runs.
+    pub workload: WorkloadDesc,
+    /// Zero; room for minor-version additions.
+    pub reserved: [u64; 20],
+}
+
+impl BootInfo {
+    /// An empty record with magic and version set.
+    pub const fn new() -> Self {
+        BootInfo {
+            magic: BOOT_INFO_MAGIC,
+            version: BOOT_INFO_VERSION,
+            vcpu_index: 0,
+            vcpu_count: 0,
+            tsc_khz: 0,
+            doorbell_gpa: DOORBELL_GPA,
+            ppa_page_gpa: 0,
+            ppa_page_size: 0,
+            gap_threshold_ns: 2_000,
+            workload: WorkloadDesc {
+                kind: 0,
+                flags: 0,
+                params: [0; 4],
+            },
+            reserved: [0; 20],
+        }
+    }
+
+    /// The record as little-endian bytes, for the VMM to write into guest memory.
+    pub fn to_bytes(&self) -> [u8; BOOT_INFO_SIZE] {
+        let mut out = [0u8; BOOT_INFO_SIZE];
+        let mut w = Writer {
+            buf: &mut out,
+            pos: 0,
+        };
+        w.u32(self.magic);
+        w.u32(self.version);
+        w.u32(self.vcpu_index);
+        w.u32(self.vcpu_count);
+        w.u64(self.tsc_khz);
+        w.u64(self.doorbell_gpa);
+        w.u64(self.ppa_page_gpa);
+        w.u64(self.ppa_page_size);
+        w.u64(self.gap_threshold_ns);
+        w.u32(self.workload.kind);
+        w.u32(self.workload.flags);
+        for p in self.workload.params {
+            w.u64(p);
+        }
+        for r in self.reserved {
+            w.u64(r);
+        }
+        out
+    }
+}
+
+impl Default for BootInfo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8; BOOT_INFO_SIZE],
+    pos: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+        self.pos += bytes.len();
+    }
+    fn u32(&mut self, v: u32) {
+        self.put(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.put(&v.to_le_bytes());
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<WorkloadDesc>() == 40);
+    assert!(core::mem::size_of::<BootInfo>() == BOOT_INFO_SIZE);
+    assert!(core::mem::offset_of!(BootInfo, tsc_khz) == 16);
+    assert!(core::mem::offset_of!(BootInfo, doorbell_gpa) == 24);
+    assert!(core::mem::offset_of!(BootInfo, gap_threshold_ns) == 48);
+    assert!(core::mem::offset_of!(BootInfo, workload) == 56);
+    assert!(core::mem::offset_of!(BootInfo, reserved) == 96);
+    assert!(doorbell::REPORT_BASE + 8 * doorbell::REPORT_KEYS <= DOORBELL_SIZE);
+    assert!(report::NAMES.len() as u64 <= doorbell::REPORT_KEYS);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_info_layout_matches_numbers() {
+        assert_eq!(core::mem::size_of::<BootInfo>(), 256);
+        assert_eq!(core::mem::offset_of!(BootInfo, magic), 0);
+        assert_eq!(core::mem::offset_of!(BootInfo, version), 4);
+        assert_eq!(core::mem::offset_of!(BootInfo, vcpu_index), 8);
+        assert_eq!(core::mem::offset_of!(BootInfo, vcpu_count), 12);
+        assert_eq!(core::mem::offset_of!(BootInfo, ppa_page_gpa), 32);
+        assert_eq!(core::mem::offset_of!(BootInfo, ppa_page_size), 40);
+        assert_eq!(core::mem::offset_of!(WorkloadDesc, params), 8);
+    }
+
+    #[test]
+    fn to_bytes_is_the_in_memory_layout() {
+        let mut b = BootInfo::new();
+        b.vcpu_index = 7;
+        b.vcpu_count = 9;
+        b.tsc_khz = 2_000_000;
+        b.workload.kind = workload::PERIODIC;
+        b.workload.params = [300, 3000, 10, 0];
+        let bytes = b.to_bytes();
+        // SAFETY: BootInfo is repr(C), made only of integers (no padding, asserted by the size
+        // checks above), so viewing it as bytes is sound; the slice lives no longer than `b`.
+        let raw = unsafe {
+            core::slice::from_raw_parts((&b as *const BootInfo).cast::<u8>(), BOOT_INFO_SIZE)
+        };
+        assert_eq!(&bytes[..], raw);
+        assert_eq!(&bytes[0..4], b"PPAB");
+        assert_eq!(u64::from_le_bytes(bytes[64..72].try_into().unwrap()), 300);
+    }
+}
