@@ -1,0 +1,344 @@
+//! Configuration: the plain [`VmConfig`] the core is built from, and [`RunOptions`], the one
+//! shape shared by the command line and the JSON config file.
+//!
+//! Data flow: the CLI (clap, in `main.rs`) and the config file (serde, [`RunOptions::from_file`])
+//! each produce a [`RunOptions`]; [`RunOptions::merge`] lays the command line over the file;
+//! [`RunOptions::into_config`] checks it and splits it into a [`VmConfig`] (what `Vm::try_from`
+//! takes) and [`ReportOptions`] (what the binary does with the result).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::arch::x86_64::layout::{MAX_RAM_BYTES, MAX_VCPUS, MIN_RAM_BYTES};
+use crate::workload::{Assignment, WorkloadError};
+
+/// Why a configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// vCPU count out of range.
+    #[error("the VM needs between 1 and {MAX_VCPUS} vCPUs, not {0}")]
+    Vcpus(usize),
+    /// Memory size out of range.
+    #[error(
+        "guest memory must be between {min} and {max} MiB, not {0} MiB",
+        min = MIN_RAM_BYTES >> 20,
+        max = MAX_RAM_BYTES >> 20
+    )]
+    Memory(u64),
+    /// `--guest` names an unknown guest.
+    #[error("unknown guest `{0}` (the embedded guest is `tiny`; use --kernel PATH for a file)")]
+    UnknownGuest(String),
+    /// Both `--guest` and `--kernel`.
+    #[error("give either --guest or --kernel, not both")]
+    GuestAndKernel,
+    /// A bad max runtime.
+    #[error("the maximum run time must be a positive number of seconds, not {0}")]
+    MaxRuntime(f64),
+    /// A bad workload spec.
+    #[error("bad workload `{spec}`")]
+    Workload {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        #[source]
+        source: WorkloadError,
+    },
+    /// The config file cannot be read.
+    #[error("cannot read the config file {path}")]
+    ReadFile {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid.
+    #[error("the config file {path} is not valid")]
+    ParseFile {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Where the guest image comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    /// The tiny guest embedded in the binary.
+    Tiny,
+    /// An ELF file following the tiny-guest protocol.
+    File(PathBuf),
+}
+
+/// Everything the core needs to build a VM.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Number of vCPUs, 1..=256.
+    pub vcpus: usize,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// Guest image.
+    pub image: ImageSource,
+    /// Workload assignments, applied in order.
+    pub workloads: Vec<Assignment>,
+    /// Stop every vCPU after this long.
+    pub max_runtime: Option<Duration>,
+    /// The KVM device node.
+    pub kvm_device: PathBuf,
+    /// Gap threshold of the guest's rdtsc loops, ns.
+    pub gap_threshold_ns: u64,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            vcpus: 1,
+            memory_mib: 32,
+            image: ImageSource::Tiny,
+            workloads: Vec::new(),
+            max_runtime: None,
+            kvm_device: PathBuf::from("/dev/kvm"),
+            gap_threshold_ns: 2_000,
+        }
+    }
+}
+
+impl VmConfig {
+    /// Checks the ranges of the numeric fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(ConfigError::Vcpus(self.vcpus));
+        }
+        let bytes = self.memory_mib.saturating_mul(1 << 20);
+        if !(MIN_RAM_BYTES..=MAX_RAM_BYTES).contains(&bytes) {
+            return Err(ConfigError::Memory(self.memory_mib));
+        }
+        Ok(())
+    }
+}
+
+/// Final report format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportFormat {
+    /// One JSON object on stdout (or the report file).
+    Json,
+    /// A table for people.
+    Text,
+    /// No report.
+    None,
+}
+
+/// What to do with the final report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOptions {
+    /// Format.
+    pub format: ReportFormat,
+    /// Write it here instead of stdout.
+    pub file: Option<PathBuf>,
+}
+
+/// The options of `ppa-vmm run`, as given on the command line or in a config file. Every field
+/// is optional; unset fields take the defaults of [`VmConfig`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunOptions {
+    /// vCPU count.
+    pub vcpus: Option<usize>,
+    /// Memory in MiB.
+    pub memory_mib: Option<u64>,
+    /// Embedded guest name (`tiny`).
+    pub guest: Option<String>,
+    /// Guest image file.
+    pub kernel: Option<PathBuf>,
+    /// Workload specs (`SPEC` or `I=SPEC`).
+    #[serde(default)]
+    pub workload: Vec<String>,
+    /// Report format.
+    pub report: Option<ReportFormat>,
+    /// Report file.
+    pub report_file: Option<PathBuf>,
+    /// Maximum run time in seconds.
+    pub max_runtime: Option<f64>,
+    /// KVM device path.
+    pub kvm_device: Option<PathBuf>,
+}
+
+impl RunOptions {
+    /// Reads a JSON config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| ConfigError::ParseFile {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// `over` laid over `self`: set fields of `over` win; workloads of both apply, `self`'s
+    /// first, so the command line's override the file's.
+    pub fn merge(self, over: RunOptions) -> RunOptions {
+        let mut workload = self.workload;
+        workload.extend(over.workload);
+        RunOptions {
+            vcpus: over.vcpus.or(self.vcpus),
+            memory_mib: over.memory_mib.or(self.memory_mib),
+            guest: over.guest.or(self.guest),
+            kernel: over.kernel.or(self.kernel),
+            workload,
+            report: over.report.or(self.report),
+            report_file: over.report_file.or(self.report_file),
+            max_runtime: over.max_runtime.or(self.max_runtime),
+            kvm_device: over.kvm_device.or(self.kvm_device),
+        }
+    }
+
+    /// Checks the options and splits them into the VM's config and the report's.
+    pub fn into_config(self) -> Result<(VmConfig, ReportOptions), ConfigError> {
+        let d = VmConfig::default();
+        let image = match (self.guest, self.kernel) {
+            (Some(_), Some(_)) => return Err(ConfigError::GuestAndKernel),
+            (Some(g), None) if g == "tiny" => ImageSource::Tiny,
+            (Some(g), None) => return Err(ConfigError::UnknownGuest(g)),
+            (None, Some(path)) => ImageSource::File(path),
+            (None, None) => ImageSource::Tiny,
+        };
+        let max_runtime = match self.max_runtime {
+            None => None,
+            Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
+            Some(s) => return Err(ConfigError::MaxRuntime(s)),
+        };
+        let workloads = self
+            .workload
+            .iter()
+            .map(|spec| {
+                Assignment::parse(spec).map_err(|source| ConfigError::Workload {
+                    spec: spec.clone(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = VmConfig {
+            vcpus: self.vcpus.unwrap_or(d.vcpus),
+            memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
+            image,
+            workloads,
+            max_runtime,
+            kvm_device: self.kvm_device.unwrap_or(d.kvm_device),
+            gap_threshold_ns: d.gap_threshold_ns,
+        };
+        config.validate()?;
+        let report = ReportOptions {
+            format: self.report.unwrap_or(ReportFormat::Text),
+            file: self.report_file,
+        };
+        Ok((config, report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(json: &str) -> Result<RunOptions, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn file_and_command_line_merge() {
+        let file =
+            opts(r#"{"vcpus": 4, "memory_mib": 64, "workload": ["busy:ms=5"], "report": "json"}"#)
+                .unwrap();
+        let cli = RunOptions {
+            vcpus: Some(2),
+            workload: vec!["1=idle:ms=1".into()],
+            ..Default::default()
+        };
+        let (vm, report) = file.merge(cli).into_config().unwrap();
+        assert_eq!(vm.vcpus, 2);
+        assert_eq!(vm.memory_mib, 64);
+        assert_eq!(vm.workloads.len(), 2);
+        assert_eq!(vm.workloads[1].target, Some(1));
+        assert_eq!(report.format, ReportFormat::Json);
+        assert_eq!(vm.image, ImageSource::Tiny);
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_values() {
+        assert!(opts(r#"{"cpus": 4}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field"));
+        assert!(opts(r#"{"vcpus": -1}"#).is_err());
+        assert!(opts(r#"{"report": "xml"}"#).is_err());
+        let bad = |o: RunOptions| o.into_config().unwrap_err();
+        assert!(matches!(
+            bad(RunOptions {
+                vcpus: Some(0),
+                ..Default::default()
+            }),
+            ConfigError::Vcpus(0)
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                vcpus: Some(257),
+                ..Default::default()
+            }),
+            ConfigError::Vcpus(257)
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                memory_mib: Some(1),
+                ..Default::default()
+            }),
+            ConfigError::Memory(1)
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                memory_mib: Some(1 << 40),
+                ..Default::default()
+            }),
+            ConfigError::Memory(_)
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                guest: Some("linux".into()),
+                ..Default::default()
+            }),
+            ConfigError::UnknownGuest(_)
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                guest: Some("tiny".into()),
+                kernel: Some("x".into()),
+                ..Default::default()
+            }),
+            ConfigError::GuestAndKernel
+        ));
+        assert!(matches!(
+            bad(RunOptions {
+                max_runtime: Some(-1.0),
+                ..Default::default()
+            }),
+            ConfigError::MaxRuntime(_)
+        ));
+        let e = bad(RunOptions {
+            workload: vec!["nap:ms=1".into()],
+            ..Default::default()
+        });
+        assert!(matches!(e, ConfigError::Workload { .. }));
+    }
+
+    #[test]
+    fn missing_config_file_is_named() {
+        let e = RunOptions::from_file(Path::new("/nonexistent/ppa.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ppa.json"));
+    }
+}

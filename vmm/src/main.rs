@@ -1,0 +1,145 @@
+//! `ppa-vmm`: the command line over the PPA-VMM library.
+//!
+//! `run` builds a VM from flags and/or a JSON config file (the same fields), runs it and prints
+//! the final report; `demo` runs the embedded default. Exit codes: 0 every vCPU exited with
+//! code 0; 1 a vCPU failed, exited non-zero or was stopped; 2 bad input or a setup error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
+use ppa_vmm::vm::Vm;
+
+#[derive(Parser)]
+#[command(
+    name = "ppa-vmm",
+    version,
+    about = "A KVM VMM for precise CPU accounting of VMs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot a VM and run it until every vCPU has exited.
+    Run(RunArgs),
+    /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
+    Demo,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// JSON config file with the same fields as the flags (flags win).
+    #[arg(long, value_name = "FILE.json")]
+    config: Option<PathBuf>,
+    /// Number of vCPUs (1..=256).
+    #[arg(long)]
+    vcpus: Option<usize>,
+    /// Guest memory in MiB.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Embedded guest to boot (`tiny`).
+    #[arg(long, conflicts_with = "kernel")]
+    guest: Option<String>,
+    /// Guest image file: an ELF that follows the tiny-guest protocol.
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// Workload `SPEC` for all vCPUs or `I=SPEC` for vCPU I (repeatable; later ones win).
+    #[arg(long, value_name = "SPEC")]
+    workload: Vec<String>,
+    /// Final report format.
+    #[arg(long, value_enum)]
+    report: Option<ReportFormat>,
+    /// Write the report to this file instead of stdout.
+    #[arg(long, value_name = "PATH")]
+    report_file: Option<PathBuf>,
+    /// Stop every vCPU after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    max_runtime: Option<f64>,
+    /// KVM device node.
+    #[arg(long, value_name = "PATH")]
+    kvm_device: Option<PathBuf>,
+}
+
+fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
+    let file = match &args.config {
+        Some(path) => RunOptions::from_file(path)?,
+        None => RunOptions::default(),
+    };
+    let cli = RunOptions {
+        vcpus: args.vcpus,
+        memory_mib: args.memory_mib,
+        guest: args.guest,
+        kernel: args.kernel,
+        workload: args.workload,
+        report: args.report,
+        report_file: args.report_file,
+        max_runtime: args.max_runtime,
+        kvm_device: args.kvm_device,
+    };
+    Ok(file.merge(cli))
+}
+
+fn demo_options() -> RunOptions {
+    RunOptions {
+        vcpus: Some(4),
+        workload: vec!["mixed:ms=1500".to_string()],
+        report: Some(ReportFormat::Text),
+        ..Default::default()
+    }
+}
+
+fn emit(
+    report: &ppa_vmm::report::Report,
+    opts: &ReportOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let text = match opts.format {
+        ReportFormat::None => return Ok(()),
+        ReportFormat::Json => serde_json::to_string_pretty(report)? + "\n",
+        ReportFormat::Text => report.to_text(),
+    };
+    match &opts.file {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| format!("cannot write the report to {}: {e}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+    let (config, report_opts) = opts.into_config()?;
+    let vm = Vm::try_from(config)?;
+    let outcome = vm.run()?;
+    emit(&outcome.report, &report_opts)?;
+    Ok(outcome.exit_code)
+}
+
+/// The error and each of its causes, joined into one sentence chain.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let opts = match cli.command {
+        Command::Run(args) => options(args),
+        Command::Demo => Ok(demo_options()),
+    };
+    match opts.and_then(run) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("ppa-vmm: error: {}", describe(e.as_ref()));
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! One vCPU: its host thread, its KVM_RUN loop as a small state machine, and the counters it
+//! publishes.
+//!
+//! Data flow: `vm.rs` creates the vCPU fd and a [`VcpuShared`], then [`spawn`]s a thread named
+//! `vcpu<N>` that owns the fd. The thread loops: check requests → KVM_RUN → turn the result
+//! into an `exit::ExitEvent` → `exit::handle_exit` (the bus and devices) → carry out the
+//! outcome (resume, park for a halt, record a report, stop). States: `Running` (in or around
+//! KVM_RUN), `Parked` (halt doorbell or HLT), `Finished`. Everything other threads read lives in
+//! [`VcpuShared`] as atomics written by this thread alone (single writer, relaxed increments,
+//! no lock, no allocation on the exit path). When the loop ends the thread stores a
+//! [`VcpuEnd`] and tells the VM through a channel.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use ppa_guest_abi::doorbell::REPORT_KEYS;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::bus::{Bus, DeviceAction};
+use crate::exit::{handle_exit, ExitEvent, ExitReason, Failure, Outcome};
+use crate::kick::{self, futex_wait, futex_wake, now_ns};
+
+/// Errors of a vCPU thread's life outside the guest's control.
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    /// The thread could not be created.
+    #[error("cannot start the thread of vCPU {0}")]
+    Spawn(usize, #[source] std::io::Error),
+    /// KVM_RUN failed with an error other than EINTR/EAGAIN.
+    #[error("KVM_RUN failed")]
+    Run(#[source] kvm_ioctls::Error),
+}
+
+/// Life-cycle state of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VcpuState {
+    /// Created, thread not yet in its loop.
+    Created = 0,
+    /// In or around KVM_RUN.
+    Running = 1,
+    /// Parked by the VMM (halt doorbell or HLT).
+    Parked = 2,
+    /// The loop has ended.
+    Finished = 3,
+}
+
+impl VcpuState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => VcpuState::Running,
+            2 => VcpuState::Parked,
+            3 => VcpuState::Finished,
+            _ => VcpuState::Created,
+        }
+    }
+}
+
+/// Request bit: leave the loop at the next exit.
+pub const REQ_STOP: u32 = 1;
+
+/// Doorbell accesses by kind, so that workload exits are told apart from the protocol's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Doorbell {
+    /// Console byte.
+    Console,
+    /// Exit doorbell.
+    Exit,
+    /// Halt doorbell.
+    Halt,
+    /// Report doorbell.
+    Report,
+    /// MMIO workload doorbell.
+    WorkloadMmio,
+    /// PIO workload port.
+    WorkloadPio,
+    /// An access no device claims.
+    Unhandled,
+}
+
+impl Doorbell {
+    /// Number of kinds.
+    pub const COUNT: usize = 7;
+    /// Every kind, in index order.
+    pub const ALL: [Doorbell; Self::COUNT] = [
+        Doorbell::Console,
+        Doorbell::Exit,
+        Doorbell::Halt,
+        Doorbell::Report,
+        Doorbell::WorkloadMmio,
+        Doorbell::WorkloadPio,
+        Doorbell::Unhandled,
+    ];
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        [
+            "console",
+            "exit",
+            "halt",
+            "report",
+            "workload_mmio",
+            "workload_pio",
+            "unhandled",
+        ][self as usize]
+    }
+}
+
+/// A single-writer counter: the vCPU thread adds, anyone reads.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n` (writer only: a plain load and store, no locked instruction).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    /// Sets the value (writer only).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    /// Reads the value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What the vCPU thread publishes while it runs.
+#[derive(Debug, Default)]
+pub struct VcpuCounters {
+    /// Userspace exits by [`ExitReason`] index.
+    pub exits: [Counter; ExitReason::COUNT],
+    /// Doorbell accesses by [`Doorbell`] index.
+    pub doorbells: [Counter; Doorbell::COUNT],
+    /// Values the guest reported, by report key.
+    pub reported: [Counter; REPORT_KEYS as usize],
+    /// Bit K set when key K was reported.
+    pub reported_mask: AtomicU32,
+}
+
+/// Register state of a failed vCPU, for the operator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RegsDump {
+    /// Instruction pointer.
+    pub rip: String,
+    /// Stack pointer.
+    pub rsp: String,
+    /// Flags.
+    pub rflags: String,
+    /// RAX.
+    pub rax: String,
+    /// RDI.
+    pub rdi: String,
+    /// CR0.
+    pub cr0: String,
+    /// CR3.
+    pub cr3: String,
+    /// CR4.
+    pub cr4: String,
+    /// EFER.
+    pub efer: String,
+    /// CS selector.
+    pub cs: String,
+    /// SS selector.
+    pub ss: String,
+}
+
+/// How a vCPU's loop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEnd {
+    /// The guest wrote the exit doorbell.
+    Exited(u64),
+    /// The guest did something fatal.
+    Failed {
+        /// What.
+        failure: Failure,
+        /// Registers at that moment, when KVM could give them.
+        regs: Option<Box<RegsDump>>,
+    },
+    /// KVM failed (not the guest's doing).
+    Error(String),
+    /// The VMM stopped it (another vCPU failed, the run timed out, an operator).
+    Stopped,
+}
+
+/// The part of a vCPU other threads see.
+#[derive(Debug)]
+pub struct VcpuShared {
+    /// vCPU index.
+    pub id: usize,
+    tid: AtomicI32,
+    pthread: AtomicUsize,
+    state: AtomicU8,
+    requests: AtomicU32,
+    wake: AtomicU32,
+    /// Counters published by the vCPU thread.
+    pub counters: VcpuCounters,
+    started_ns: AtomicU64,
+    finished_ns: AtomicU64,
+    end: OnceLock<VcpuEnd>,
+}
+
+impl VcpuShared {
+    /// A vCPU that has not started.
+    pub fn new(id: usize) -> Self {
+        VcpuShared {
+            id,
+            tid: AtomicI32::new(0),
+            pthread: AtomicUsize::new(0),
+            state: AtomicU8::new(VcpuState::Created as u8),
+            requests: AtomicU32::new(0),
+            wake: AtomicU32::new(0),
+            counters: VcpuCounters::default(),
+            started_ns: AtomicU64::new(0),
+            finished_ns: AtomicU64::new(0),
+            end: OnceLock::new(),
+        }
+    }
+
+    /// Host thread id of the vCPU thread (0 before it started).
+    pub fn host_tid(&self) -> i32 {
+        self.tid.load(Ordering::Acquire)
+    }
+
+    /// Current state.
+    pub fn state(&self) -> VcpuState {
+        VcpuState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// How the loop ended, once it has.
+    pub fn end(&self) -> Option<&VcpuEnd> {
+        self.end.get()
+    }
+
+    /// Wall time since the thread started, up to now or to when it finished.
+    pub fn wall_ns(&self) -> u64 {
+        let start = self.started_ns.load(Ordering::Acquire);
+        if start == 0 {
+            return 0;
+        }
+        let end = match self.finished_ns.load(Ordering::Acquire) {
+            0 => now_ns(),
+            t => t,
+        };
+        end.saturating_sub(start)
+    }
+
+    /// Asks the vCPU to act on `bits` at its next exit and forces that exit now: wakes it if
+    /// parked, signals it if in KVM_RUN.
+    pub fn kick(&self, bits: u32) {
+        self.requests.fetch_or(bits, Ordering::AcqRel);
+        futex_wake(&self.wake);
+        if self.state() == VcpuState::Finished {
+            return;
+        }
+        let thread = self.pthread.load(Ordering::Acquire);
+        if thread != 0 {
+            kick::signal_thread(thread as libc::pthread_t);
+        }
+    }
+
+    fn set_state(&self, s: VcpuState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+}
+
+/// What the vCPU thread owns.
+pub struct VcpuThread {
+    /// The KVM vCPU.
+    pub fd: VcpuFd,
+    /// Shared state.
+    pub shared: Arc<VcpuShared>,
+    /// MMIO bus.
+    pub mmio: Arc<Bus>,
+    /// Port bus.
+    pub pio: Arc<Bus>,
+    /// Where to say "vCPU N finished".
+    pub done: Sender<usize>,
+}
+
+/// Starts the thread of a vCPU; the handle must be joined before the VM is dropped.
+pub fn spawn(v: VcpuThread) -> Result<JoinHandle<()>, VcpuError> {
+    let id = v.shared.id;
+    std::thread::Builder::new()
+        .name(format!("vcpu{id}"))
+        .spawn(move || thread_main(v))
+        .map_err(|e| VcpuError::Spawn(id, e))
+}
+
+fn thread_main(mut v: VcpuThread) {
+    let shared = Arc::clone(&v.shared);
+    // SAFETY: gettid has no preconditions.
+    shared
+        .tid
+        .store(unsafe { libc::gettid() }, Ordering::Release);
+    // SAFETY: pthread_self has no preconditions.
+    shared
+        .pthread
+        .store(unsafe { libc::pthread_self() } as usize, Ordering::Release);
+    // Precise halts: the default 50 µs timer slack would lengthen every park.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    kick::set_immediate_exit_ptr(&mut v.fd.get_kvm_run().immediate_exit);
+    shared.started_ns.store(now_ns(), Ordering::Release);
+    shared.set_state(VcpuState::Running);
+
+    let end = run_loop(&mut v);
+
+    kick::set_immediate_exit_ptr(std::ptr::null_mut());
+    shared.finished_ns.store(now_ns(), Ordering::Release);
+    let _ = shared.end.set(end);
+    shared.set_state(VcpuState::Finished);
+    let _ = v.done.send(shared.id);
+}
+
+/// Converts KVM's view of an exit into ours.
+fn to_event(exit: VcpuExit<'_>) -> ExitEvent<'_> {
+    match exit {
+        VcpuExit::IoIn(port, data) => ExitEvent::IoIn { port, data },
+        VcpuExit::IoOut(port, data) => ExitEvent::IoOut { port, data },
+        VcpuExit::MmioRead(addr, data) => ExitEvent::MmioRead { addr, data },
+        VcpuExit::MmioWrite(addr, data) => ExitEvent::MmioWrite { addr, data },
+        VcpuExit::Hlt => ExitEvent::Hlt,
+        VcpuExit::Shutdown => ExitEvent::Shutdown,
+        VcpuExit::Intr => ExitEvent::Intr,
+        VcpuExit::FailEntry(reason, cpu) => ExitEvent::FailEntry { reason, cpu },
+        VcpuExit::InternalError => ExitEvent::InternalError { suberror: 0 },
+        VcpuExit::SystemEvent(kind, _) => ExitEvent::SystemEvent { kind },
+        VcpuExit::Exception => ExitEvent::Other("exception"),
+        VcpuExit::Debug(_) => ExitEvent::Other("debug"),
+        VcpuExit::Hypercall(_) => ExitEvent::Other("hypercall"),
+        VcpuExit::IrqWindowOpen => ExitEvent::Other("irq window open"),
+        VcpuExit::MemoryFault { .. } => ExitEvent::Other("memory fault"),
+        _ => ExitEvent::Other("unknown exit reason"),
+    }
+}
+
+/// A console line buffer, fixed size: the exit path does not allocate.
+struct Console {
+    buf: [u8; 200],
+    len: usize,
+}
+
+impl Console {
+    fn push(&mut self, id: usize, b: u8) {
+        if b != b'\n' {
+            self.buf[self.len] = b;
+            self.len += 1;
+        }
+        if b == b'\n' || self.len == self.buf.len() {
+            self.flush(id);
+        }
+    }
+    fn flush(&mut self, id: usize) {
+        if self.len > 0 {
+            let text = String::from_utf8_lossy(&self.buf[..self.len]);
+            eprintln!("[vcpu{id}] {text}");
+            self.len = 0;
+        }
+    }
+}
+
+fn dump_regs(fd: &VcpuFd) -> Option<Box<RegsDump>> {
+    let r = fd.get_regs().ok()?;
+    let s = fd.get_sregs().ok()?;
+    let h = |v: u64| format!("{v:#x}");
+    Some(Box::new(RegsDump {
+        rip: h(r.rip),
+        rsp: h(r.rsp),
+        rflags: h(r.rflags),
+        rax: h(r.rax),
+        rdi: h(r.rdi),
+        cr0: h(s.cr0),
+        cr3: h(s.cr3),
+        cr4: h(s.cr4),
+        efer: h(s.efer),
+        cs: h(u64::from(s.cs.selector)),
+        ss: h(u64::from(s.ss.selector)),
+    }))
+}
+
+/// Parks until `deadline_ns` (or forever with `None`) or a request arrives.
+fn park(shared: &VcpuShared, deadline_ns: Option<u64>) {
+    shared.set_state(VcpuState::Parked);
+    loop {
+        let seen = shared.wake.load(Ordering::Acquire);
+        if shared.requests.load(Ordering::Acquire) != 0 {
+            break;
+        }
+        if deadline_ns.is_some_and(|d| now_ns() >= d) {
+            break;
+        }
+        futex_wait(&shared.wake, seen, deadline_ns);
+    }
+    shared.set_state(VcpuState::Running);
+}
+
+fn run_loop(v: &mut VcpuThread) -> VcpuEnd {
+    let shared = Arc::clone(&v.shared);
+    let c = &shared.counters;
+    let id = shared.id;
+    let mut console = Console {
+        buf: [0; 200],
+        len: 0,
+    };
+    let end = loop {
+        if shared.requests.load(Ordering::Acquire) & REQ_STOP != 0 {
+            break VcpuEnd::Stopped;
+        }
+        let event = match v.fd.run() {
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: KVM_EXIT_INTERNAL_ERROR means the kernel filled the `internal` member
+                // of the kvm_run union; its u32 suberror is valid for any bit pattern.
+                let suberror = unsafe { v.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                ExitEvent::InternalError { suberror }
+            }
+            Ok(exit) => to_event(exit),
+            Err(e) if e.errno() == libc::EINTR => ExitEvent::Intr,
+            Err(e) if e.errno() == libc::EAGAIN => continue,
+            Err(e) => break VcpuEnd::Error(VcpuError::Run(e).to_string() + &format!(": {e}")),
+        };
+        let (reason, outcome) = handle_exit(event, &v.mmio, &v.pio, id);
+        c.exits[reason.index()].add(1);
+        match outcome {
+            Outcome::Resume => {
+                if reason == ExitReason::Intr {
+                    v.fd.set_kvm_immediate_exit(0);
+                }
+            }
+            Outcome::ParkUntilKicked => park(&shared, None),
+            Outcome::Fail(failure) => {
+                break VcpuEnd::Failed {
+                    failure,
+                    regs: dump_regs(&v.fd),
+                }
+            }
+            Outcome::Device(action) => {
+                let bell = match action {
+                    DeviceAction::None => None,
+                    DeviceAction::Console(b) => {
+                        console.push(id, b);
+                        Some(Doorbell::Console)
+                    }
+                    DeviceAction::Exit(code) => {
+                        c.doorbells[Doorbell::Exit as usize].add(1);
+                        break VcpuEnd::Exited(code);
+                    }
+                    DeviceAction::Halt(ns) => {
+                        c.doorbells[Doorbell::Halt as usize].add(1);
+                        park(&shared, Some(now_ns().saturating_add(ns)));
+                        None
+                    }
+                    DeviceAction::Report { key, value } => {
+                        c.reported[key as usize].set(value);
+                        c.reported_mask.fetch_or(1 << key, Ordering::Release);
+                        Some(Doorbell::Report)
+                    }
+                    DeviceAction::Workload if reason == ExitReason::IoOut => {
+                        Some(Doorbell::WorkloadPio)
+                    }
+                    DeviceAction::Workload if reason == ExitReason::IoIn => {
+                        Some(Doorbell::WorkloadPio)
+                    }
+                    DeviceAction::Workload => Some(Doorbell::WorkloadMmio),
+                    DeviceAction::Unhandled => Some(Doorbell::Unhandled),
+                };
+                if let Some(b) = bell {
+                    c.doorbells[b as usize].add(1);
+                }
+            }
+        }
+    };
+    console.flush(id);
+    end
+}

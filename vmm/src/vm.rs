@@ -1,0 +1,389 @@
+//! A VM: built from a [`VmConfig`] (`Vm::try_from`), run to the end ([`Vm::run`]).
+//!
+//! Data flow of a build: check the config → resolve workloads → read and check the image
+//! against the layout (`loader`) → open KVM, create the VM and one memory slot of RAM →
+//! write page tables, GDT, TSS, image segments and per-vCPU boot-info records into guest
+//! memory → create each vCPU and set its registers → put the devices on the buses.
+//! A run spawns one `vcpu<N>` thread per vCPU, then the calling thread waits on a channel for
+//! each to finish; on the first guest failure, or when the maximum run time passes, it kicks
+//! the others to stop; it joins them all and returns what they published (`report`).
+
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvm_bindings::{kvm_fpu, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use ppa_guest_abi::{BootInfo, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::arch::x86_64::{boot, layout};
+use crate::bus::{Bus, BusError};
+use crate::config::{ConfigError, ImageSource, VmConfig};
+use crate::devices::{Doorbells, WorkloadPort};
+use crate::kick::now_ns;
+use crate::loader::{parse_elf, LoaderError};
+use crate::report::{Report, VmInfo};
+use crate::vcpu::{self, VcpuEnd, VcpuError, VcpuShared, VcpuThread, REQ_STOP};
+use crate::workload::{resolve, Workload, WorkloadError};
+
+/// The embedded tiny guest (built from images/tiny by build.rs).
+pub static TINY_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tiny.elf"));
+
+/// Why a VM could not be built or run.
+#[derive(Debug, Error)]
+pub enum VmError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A workload targets a vCPU that does not exist, or similar.
+    #[error("the workloads do not fit this VM")]
+    Workload(#[from] WorkloadError),
+    /// The image file cannot be read.
+    #[error("cannot read the guest image {path}")]
+    ReadImage {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image is not loadable.
+    #[error("the guest image cannot be loaded")]
+    Loader(#[from] LoaderError),
+    /// Memory too small for the vCPU stacks and the image.
+    #[error("{memory_mib} MiB of guest memory is too small for {vcpus} vCPU stacks and the image")]
+    MemoryTooSmall {
+        /// Memory given.
+        memory_mib: u64,
+        /// vCPUs.
+        vcpus: usize,
+    },
+    /// The KVM device does not exist.
+    #[error("{0} does not exist: this host has no KVM (it needs kvm_intel, kvm_amd or kvm_pvm)")]
+    KvmMissing(PathBuf),
+    /// No permission to open the KVM device.
+    #[error("no permission to open {0}: run as root or join the group that owns it (kvm)")]
+    KvmAccess(PathBuf),
+    /// Another failure opening the KVM device.
+    #[error("cannot open {path}")]
+    KvmOpen {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// KVM allows fewer vCPUs.
+    #[error("KVM on this host allows at most {max} vCPUs per VM, not {vcpus}")]
+    KvmVcpuLimit {
+        /// Host limit.
+        max: usize,
+        /// Requested.
+        vcpus: usize,
+    },
+    /// A KVM call failed while building the VM.
+    #[error("KVM refused to {step}")]
+    Kvm {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// Guest memory could not be created or written.
+    #[error("guest memory: {0}")]
+    Memory(String),
+    /// A device could not be placed on a bus.
+    #[error("cannot place a device")]
+    Bus(#[from] BusError),
+    /// A vCPU thread could not be started.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+}
+
+fn kvm_err(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { step, source }
+}
+
+/// A VM ready to run.
+pub struct Vm {
+    vcpus: Vec<VcpuFd>,
+    workloads: Vec<Workload>,
+    info: VmInfo,
+    mmio: Arc<Bus>,
+    pio: Arc<Bus>,
+    max_runtime: Option<std::time::Duration>,
+    // Kept alive (and dropped after the vCPUs) for the VM's whole life.
+    _memory: GuestMemoryMmap,
+    _vm_fd: VmFd,
+    _kvm: Kvm,
+}
+
+/// The result of a run.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The final report.
+    pub report: Report,
+    /// Process exit code: 0 when every vCPU exited with code 0.
+    pub exit_code: i32,
+}
+
+fn open_kvm(path: &std::path::Path) -> Result<Kvm, VmError> {
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| VmError::KvmMissing(path.to_path_buf()))?;
+    Kvm::new_with_path(&cpath).map_err(|e| match e.errno() {
+        libc::ENOENT => VmError::KvmMissing(path.to_path_buf()),
+        libc::EACCES | libc::EPERM => VmError::KvmAccess(path.to_path_buf()),
+        _ => VmError::KvmOpen {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    })
+}
+
+/// TSC frequency: KVM's, or measured against CLOCK_MONOTONIC over 20 ms.
+fn tsc_khz(vcpu: &VcpuFd) -> u64 {
+    if let Ok(khz) = vcpu.get_tsc_khz() {
+        if khz > 0 {
+            return u64::from(khz);
+        }
+    }
+    // SAFETY: rdtsc has no preconditions on x86_64.
+    let (t0, c0) = (now_ns(), unsafe { core::arch::x86_64::_rdtsc() });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // SAFETY: as above.
+    let (t1, c1) = (now_ns(), unsafe { core::arch::x86_64::_rdtsc() });
+    (c1 - c0) * 1_000_000 / (t1 - t0).max(1)
+}
+
+fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), VmError> {
+    mem.write_slice(bytes, GuestAddress(gpa)).map_err(|e| {
+        VmError::Memory(format!(
+            "cannot write {} bytes at {gpa:#x}: {e}",
+            bytes.len()
+        ))
+    })
+}
+
+fn setup_vcpu(fd: &VcpuFd, entry: u64, index: usize, ram: u64) -> Result<(), VmError> {
+    let mut sregs = fd
+        .get_sregs()
+        .map_err(kvm_err("read the vCPU's special registers"))?;
+    boot::setup_sregs(&mut sregs);
+    fd.set_sregs(&sregs)
+        .map_err(kvm_err("set the vCPU's special registers"))?;
+    let regs = boot::entry_regs(
+        entry,
+        layout::stack_pointer(index, ram),
+        layout::boot_info_gpa(index),
+    );
+    fd.set_regs(&regs)
+        .map_err(kvm_err("set the vCPU's registers"))?;
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    fd.set_fpu(&fpu)
+        .map_err(kvm_err("set the vCPU's FPU state"))?;
+    Ok(())
+}
+
+impl TryFrom<VmConfig> for Vm {
+    type Error = VmError;
+
+    fn try_from(config: VmConfig) -> Result<Self, VmError> {
+        config.validate()?;
+        let workloads = resolve(&config.workloads, config.vcpus)?;
+        let ram = config.memory_mib << 20;
+        let (image_bytes, image_label): (std::borrow::Cow<[u8]>, String) = match &config.image {
+            ImageSource::Tiny => (TINY_GUEST.into(), "tiny".to_string()),
+            ImageSource::File(path) => (
+                std::fs::read(path)
+                    .map_err(|source| VmError::ReadImage {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .into(),
+                path.display().to_string(),
+            ),
+        };
+        let stacks = layout::stacks_bottom(config.vcpus, ram);
+        if stacks <= layout::IMAGE_MIN_GPA {
+            return Err(VmError::MemoryTooSmall {
+                memory_mib: config.memory_mib,
+                vcpus: config.vcpus,
+            });
+        }
+        let image = parse_elf(&image_bytes, layout::IMAGE_MIN_GPA..stacks)?;
+
+        let kvm = open_kvm(&config.kvm_device)?;
+        let max = kvm.get_max_vcpus();
+        if config.vcpus > max {
+            return Err(VmError::KvmVcpuLimit {
+                max,
+                vcpus: config.vcpus,
+            });
+        }
+        let vm_fd = kvm.create_vm().map_err(kvm_err("create a VM"))?;
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)])
+            .map_err(|e| VmError::Memory(format!("cannot map {ram} bytes: {e}")))?;
+        let host = memory
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| VmError::Memory(e.to_string()))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: ram,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: `host` is the start of a mapping of `ram` bytes owned by `memory`, which the
+        // Vm keeps alive longer than the VM fd and every vCPU (fields drop after the vCPUs are
+        // joined in `run`, and `_memory` is declared before `_vm_fd`... both outlive KVM_RUN).
+        unsafe { vm_fd.set_user_memory_region(region) }
+            .map_err(kvm_err("register guest memory"))?;
+
+        for (gpa, table) in boot::page_tables() {
+            let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
+            write(&memory, gpa, &bytes)?;
+        }
+        write(&memory, layout::GDT_GPA, &boot::gdt())?;
+        write(&memory, layout::TSS_GPA, &boot::tss())?;
+        for seg in &image.segments {
+            write(&memory, seg.gpa, &image_bytes[seg.file.clone()])?;
+        }
+
+        let mut vcpus = Vec::with_capacity(config.vcpus);
+        for index in 0..config.vcpus {
+            let fd = vm_fd
+                .create_vcpu(index as u64)
+                .map_err(kvm_err("create a vCPU"))?;
+            setup_vcpu(&fd, image.entry, index, ram)?;
+            vcpus.push(fd);
+        }
+        let tsc_khz = tsc_khz(&vcpus[0]);
+        for (index, w) in workloads.iter().enumerate() {
+            let mut info = BootInfo::new();
+            info.vcpu_index = index as u32;
+            info.vcpu_count = config.vcpus as u32;
+            info.tsc_khz = tsc_khz;
+            info.gap_threshold_ns = config.gap_threshold_ns;
+            info.workload = w.to_desc();
+            write(&memory, layout::boot_info_gpa(index), &info.to_bytes())?;
+        }
+
+        let mut mmio = Bus::new();
+        mmio.insert(DOORBELL_GPA, DOORBELL_SIZE, Arc::new(Doorbells))?;
+        let mut pio = Bus::new();
+        pio.insert(u64::from(WORKLOAD_PIO_PORT), 4, Arc::new(WorkloadPort))?;
+
+        Ok(Vm {
+            vcpus,
+            workloads,
+            info: VmInfo {
+                vcpus: config.vcpus,
+                memory_mib: config.memory_mib,
+                image: image_label,
+                tsc_khz,
+            },
+            mmio: Arc::new(mmio),
+            pio: Arc::new(pio),
+            max_runtime: config.max_runtime,
+            _memory: memory,
+            _vm_fd: vm_fd,
+            _kvm: kvm,
+        })
+    }
+}
+
+impl Vm {
+    /// Runs every vCPU to its end and returns the final report.
+    pub fn run(mut self) -> Result<RunOutcome, VmError> {
+        crate::kick::install_handler().map_err(|e| VmError::Kvm {
+            step: "install the vCPU kick signal handler",
+            source: e,
+        })?;
+        let start = Instant::now();
+        let (done_tx, done_rx) = channel();
+        let mut shared = Vec::with_capacity(self.vcpus.len());
+        let mut handles = Vec::with_capacity(self.vcpus.len());
+        let stop_all = |shared: &[Arc<VcpuShared>]| shared.iter().for_each(|s| s.kick(REQ_STOP));
+        for (id, fd) in self.vcpus.drain(..).enumerate() {
+            let s = Arc::new(VcpuShared::new(id));
+            let spawned = vcpu::spawn(VcpuThread {
+                fd,
+                shared: Arc::clone(&s),
+                mmio: Arc::clone(&self.mmio),
+                pio: Arc::clone(&self.pio),
+                done: done_tx.clone(),
+            });
+            match spawned {
+                Ok(h) => {
+                    handles.push(h);
+                    shared.push(s);
+                }
+                Err(e) => {
+                    stop_all(&shared);
+                    handles.into_iter().for_each(|h| {
+                        let _ = h.join();
+                    });
+                    return Err(e.into());
+                }
+            }
+        }
+        drop(done_tx);
+
+        let deadline = self.max_runtime.map(|d| start + d);
+        let mut timed_out = false;
+        let mut stopping = false;
+        let mut finished = 0;
+        while finished < shared.len() {
+            let got = match deadline {
+                Some(d) => done_rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+                None => done_rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Ok(id) => {
+                    finished += 1;
+                    let failed = matches!(
+                        shared[id].end(),
+                        Some(VcpuEnd::Failed { .. } | VcpuEnd::Error(_))
+                    );
+                    if failed && !stopping {
+                        log::warn!("vCPU {id} failed: stopping the other vCPUs");
+                        stopping = true;
+                        stop_all(&shared);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if !timed_out {
+                        log::warn!("maximum run time reached: stopping every vCPU");
+                        timed_out = true;
+                        stop_all(&shared);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if timed_out {
+                // Every vCPU has been kicked; wait for the rest without a deadline.
+                for _ in finished..shared.len() {
+                    if done_rx.recv().is_err() {
+                        break;
+                    }
+                }
+                break;
+            }
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        let uptime_ns = start.elapsed().as_nanos() as u64;
+        let report = Report::build(&self.info, &self.workloads, &shared, uptime_ns, timed_out);
+        let exit_code = report.exit_code();
+        Ok(RunOutcome { report, exit_code })
+    }
+}

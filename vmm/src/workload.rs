@@ -1,0 +1,537 @@
+//! Tiny-guest workloads: parsing `NAME:key=value,...` specs and assigning them to vCPUs.
+//!
+//! Data flow: the CLI or config file gives strings such as `busy:ms=300` or `2=exits:n=10`;
+//! [`Assignment::parse`] turns each into a target (one vCPU or all) and a [`Spec`];
+//! [`resolve`] applies them in order to the VM's vCPUs (later ones win) and expands the
+//! `mixed` preset; [`Workload::to_desc`] encodes one workload for the guest's boot-info record.
+
+use std::fmt;
+use std::str::FromStr;
+
+use ppa_guest_abi::{workload as abi, WorkloadDesc};
+use thiserror::Error;
+
+/// Why a workload spec was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WorkloadError {
+    /// The name before the colon is not a workload.
+    #[error("unknown workload `{0}` (expected idle, busy, periodic, exits, mixed or fault)")]
+    UnknownWorkload(String),
+    /// A key the workload does not take.
+    #[error("workload `{workload}` has no parameter `{key}` (it takes: {allowed})")]
+    UnknownKey {
+        /// Workload name.
+        workload: &'static str,
+        /// The key given.
+        key: String,
+        /// The keys it takes.
+        allowed: &'static str,
+    },
+    /// A parameter given twice.
+    #[error("parameter `{0}` is given twice")]
+    DuplicateKey(String),
+    /// `key=value` without `=`.
+    #[error("`{0}` is not of the form key=value")]
+    NotKeyValue(String),
+    /// A value that is not a number in range.
+    #[error("`{key}={value}` is not valid: {why}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        why: &'static str,
+    },
+    /// `I=SPEC` with an I that is not a number.
+    #[error("`{0}` is not a vCPU index")]
+    BadTarget(String),
+    /// `I=SPEC` for a vCPU the VM does not have.
+    #[error("a workload targets vCPU {index} but the VM has {vcpus} vCPUs (0..={last})", last = vcpus - 1)]
+    NoSuchVcpu {
+        /// Index given.
+        index: usize,
+        /// vCPUs of the VM.
+        vcpus: usize,
+    },
+}
+
+/// How the `exits` workload leaves the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// A write to the MMIO workload doorbell.
+    Mmio,
+    /// An `out` to the workload port.
+    Pio,
+}
+
+/// How the `fault` workload kills its vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// HLT at CPL 3.
+    Hlt,
+    /// UD2.
+    Ud,
+}
+
+/// One vCPU's workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Halt in 10 ms steps for `ms`.
+    Idle {
+        /// Duration in ms.
+        ms: u64,
+    },
+    /// Spin on the TSC for `ms`.
+    Busy {
+        /// Duration in ms.
+        ms: u64,
+    },
+    /// Spin `run_us`, halt to the end of each `period_us`, `count` times.
+    Periodic {
+        /// Spin time per period, µs.
+        run_us: u64,
+        /// Period, µs.
+        period_us: u64,
+        /// Number of periods.
+        count: u64,
+    },
+    /// `n` doorbell exits back to back.
+    Exits {
+        /// Number of exits.
+        n: u64,
+        /// MMIO or port I/O.
+        kind: ExitKind,
+    },
+    /// Shut the vCPU down on purpose.
+    Fault {
+        /// Which instruction.
+        kind: FaultKind,
+    },
+}
+
+/// A parsed spec: one workload, or the `mixed` preset that depends on the vCPU index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spec {
+    /// The same workload.
+    One(Workload),
+    /// busy, periodic, exits, idle by vCPU index modulo 4, each lasting about `ms`.
+    Mixed {
+        /// Duration of each part in ms.
+        ms: u64,
+    },
+}
+
+/// A spec and the vCPU it targets (`None`: all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment {
+    /// vCPU index, or all.
+    pub target: Option<usize>,
+    /// What to run.
+    pub spec: Spec,
+}
+
+const MAX_MS: u64 = 86_400_000;
+const MAX_COUNT: u64 = 10_000_000_000;
+
+/// The parameters of one spec, checked against the keys its workload takes.
+struct Params<'a> {
+    workload: &'static str,
+    allowed: &'static str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn parse(
+        workload: &'static str,
+        allowed: &'static str,
+        text: &'a str,
+    ) -> Result<Self, WorkloadError> {
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for item in text.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| WorkloadError::NotKeyValue(item.to_string()))?;
+            let k = k.trim();
+            if !allowed.split(", ").any(|a| a == k) {
+                return Err(WorkloadError::UnknownKey {
+                    workload,
+                    key: k.to_string(),
+                    allowed,
+                });
+            }
+            if pairs.iter().any(|(pk, _)| *pk == k) {
+                return Err(WorkloadError::DuplicateKey(k.to_string()));
+            }
+            pairs.push((k, v.trim()));
+        }
+        Ok(Params {
+            workload,
+            allowed,
+            pairs,
+        })
+    }
+
+    fn get(&self, key: &str) -> Option<&'a str> {
+        debug_assert!(self.allowed.contains(key), "{} takes {key}", self.workload);
+        self.pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    fn num(&self, key: &str, default: u64, range: (u64, u64)) -> Result<u64, WorkloadError> {
+        let Some(v) = self.get(key) else {
+            return Ok(default);
+        };
+        let bad = |why| WorkloadError::BadValue {
+            key: key.to_string(),
+            value: v.to_string(),
+            why,
+        };
+        let n: u64 = v.parse().map_err(|_| bad("not a whole number"))?;
+        if n < range.0 || n > range.1 {
+            return Err(bad("out of range"));
+        }
+        Ok(n)
+    }
+
+    fn choice<T: Copy>(&self, key: &str, options: &[(&str, T)]) -> Result<T, WorkloadError> {
+        let Some(v) = self.get(key) else {
+            return Ok(options[0].1);
+        };
+        options
+            .iter()
+            .find(|(name, _)| *name == v)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| WorkloadError::BadValue {
+                key: key.to_string(),
+                value: v.to_string(),
+                why: "not one of the allowed names",
+            })
+    }
+}
+
+impl FromStr for Spec {
+    type Err = WorkloadError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, rest) = s.trim().split_once(':').unwrap_or((s.trim(), ""));
+        let spec = match name {
+            "idle" => {
+                let p = Params::parse("idle", "ms", rest)?;
+                Spec::One(Workload::Idle {
+                    ms: p.num("ms", 1000, (0, MAX_MS))?,
+                })
+            }
+            "busy" => {
+                let p = Params::parse("busy", "ms", rest)?;
+                Spec::One(Workload::Busy {
+                    ms: p.num("ms", 1000, (0, MAX_MS))?,
+                })
+            }
+            "periodic" => {
+                let p = Params::parse("periodic", "run_us, period_us, count", rest)?;
+                let period_us = p.num("period_us", 3000, (1, 10_000_000))?;
+                let run_us = p.num("run_us", 300, (0, period_us))?;
+                let count = p.num("count", 300, (1, MAX_COUNT))?;
+                Spec::One(Workload::Periodic {
+                    run_us,
+                    period_us,
+                    count,
+                })
+            }
+            "exits" => {
+                let p = Params::parse("exits", "n, kind", rest)?;
+                Spec::One(Workload::Exits {
+                    n: p.num("n", 10_000, (0, MAX_COUNT))?,
+                    kind: p.choice("kind", &[("mmio", ExitKind::Mmio), ("pio", ExitKind::Pio)])?,
+                })
+            }
+            "fault" => {
+                let p = Params::parse("fault", "kind", rest)?;
+                Spec::One(Workload::Fault {
+                    kind: p.choice("kind", &[("hlt", FaultKind::Hlt), ("ud", FaultKind::Ud)])?,
+                })
+            }
+            "mixed" => {
+                let p = Params::parse("mixed", "ms", rest)?;
+                Spec::Mixed {
+                    ms: p.num("ms", 1000, (1, MAX_MS))?,
+                }
+            }
+            other => return Err(WorkloadError::UnknownWorkload(other.to_string())),
+        };
+        Ok(spec)
+    }
+}
+
+impl Spec {
+    /// The workload this spec gives vCPU `index`.
+    pub fn for_vcpu(&self, index: usize) -> Workload {
+        match *self {
+            Spec::One(w) => w,
+            Spec::Mixed { ms } => match index % 4 {
+                0 => Workload::Busy { ms },
+                1 => Workload::Periodic {
+                    run_us: 300,
+                    period_us: 3000,
+                    count: (ms / 3).max(1),
+                },
+                2 => Workload::Exits {
+                    n: ms * 20,
+                    kind: ExitKind::Mmio,
+                },
+                _ => Workload::Idle { ms },
+            },
+        }
+    }
+}
+
+impl Assignment {
+    /// Parses `SPEC` (all vCPUs) or `I=SPEC` (vCPU I).
+    pub fn parse(s: &str) -> Result<Self, WorkloadError> {
+        let s = s.trim();
+        // A target is digits before the first '=' that come before any ':'.
+        if let Some((head, tail)) = s.split_once('=') {
+            if !head.contains(':') && !head.contains(',') {
+                if head.chars().all(|c| c.is_ascii_digit()) && !head.is_empty() {
+                    let index = head
+                        .parse()
+                        .map_err(|_| WorkloadError::BadTarget(head.to_string()))?;
+                    return Ok(Assignment {
+                        target: Some(index),
+                        spec: tail.parse()?,
+                    });
+                }
+                return Err(WorkloadError::BadTarget(head.to_string()));
+            }
+        }
+        Ok(Assignment {
+            target: None,
+            spec: s.parse()?,
+        })
+    }
+}
+
+/// The workload of each of `vcpus` vCPUs: `mixed` unless an assignment says otherwise; later
+/// assignments override earlier ones.
+pub fn resolve(assignments: &[Assignment], vcpus: usize) -> Result<Vec<Workload>, WorkloadError> {
+    let default = Spec::Mixed { ms: 1000 };
+    let mut specs = vec![default; vcpus];
+    for a in assignments {
+        match a.target {
+            None => specs.iter_mut().for_each(|s| *s = a.spec),
+            Some(index) if index < vcpus => specs[index] = a.spec,
+            Some(index) => return Err(WorkloadError::NoSuchVcpu { index, vcpus }),
+        }
+    }
+    Ok(specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.for_vcpu(i))
+        .collect())
+}
+
+impl Workload {
+    /// The encoding the guest reads from its boot-info record.
+    pub fn to_desc(&self) -> WorkloadDesc {
+        let (kind, params) = match *self {
+            Workload::Idle { ms } => (abi::IDLE, [ms, 0, 0, 0]),
+            Workload::Busy { ms } => (abi::BUSY, [ms, 0, 0, 0]),
+            Workload::Periodic {
+                run_us,
+                period_us,
+                count,
+            } => (abi::PERIODIC, [run_us, period_us, count, 0]),
+            Workload::Exits { n, kind } => {
+                let k = match kind {
+                    ExitKind::Mmio => abi::EXITS_MMIO,
+                    ExitKind::Pio => abi::EXITS_PIO,
+                };
+                (abi::EXITS, [n, k, 0, 0])
+            }
+            Workload::Fault { kind } => {
+                let k = match kind {
+                    FaultKind::Hlt => abi::FAULT_HLT,
+                    FaultKind::Ud => abi::FAULT_UD,
+                };
+                (abi::FAULT, [k, 0, 0, 0])
+            }
+        };
+        WorkloadDesc {
+            kind,
+            flags: 0,
+            params,
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Workload::Idle { ms } => write!(f, "idle:ms={ms}"),
+            Workload::Busy { ms } => write!(f, "busy:ms={ms}"),
+            Workload::Periodic {
+                run_us,
+                period_us,
+                count,
+            } => write!(
+                f,
+                "periodic:run_us={run_us},period_us={period_us},count={count}"
+            ),
+            Workload::Exits { n, kind } => {
+                let k = if kind == ExitKind::Mmio {
+                    "mmio"
+                } else {
+                    "pio"
+                };
+                write!(f, "exits:n={n},kind={k}")
+            }
+            Workload::Fault { kind } => {
+                let k = if kind == FaultKind::Hlt { "hlt" } else { "ud" };
+                write!(f, "fault:kind={k}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(s: &str) -> Workload {
+        match s.parse::<Spec>().unwrap() {
+            Spec::One(w) => w,
+            Spec::Mixed { .. } => panic!("mixed"),
+        }
+    }
+
+    #[test]
+    fn parses_every_workload_with_defaults_and_keys() {
+        assert_eq!(one("busy:ms=300"), Workload::Busy { ms: 300 });
+        assert_eq!(one("busy"), Workload::Busy { ms: 1000 });
+        assert_eq!(one("idle:ms=5"), Workload::Idle { ms: 5 });
+        assert_eq!(
+            one("periodic:run_us=300,period_us=3000,count=7"),
+            Workload::Periodic {
+                run_us: 300,
+                period_us: 3000,
+                count: 7
+            }
+        );
+        assert_eq!(
+            one("exits:n=100000,kind=pio"),
+            Workload::Exits {
+                n: 100_000,
+                kind: ExitKind::Pio
+            }
+        );
+        assert_eq!(
+            one("exits:n=1"),
+            Workload::Exits {
+                n: 1,
+                kind: ExitKind::Mmio
+            }
+        );
+        assert_eq!(
+            one("fault:kind=ud"),
+            Workload::Fault {
+                kind: FaultKind::Ud
+            }
+        );
+        assert_eq!(
+            "mixed:ms=50".parse::<Spec>().unwrap(),
+            Spec::Mixed { ms: 50 }
+        );
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "busy:ms=3",
+            "idle:ms=0",
+            "periodic:run_us=1,period_us=2,count=3",
+            "exits:n=9,kind=pio",
+            "fault:kind=hlt",
+        ] {
+            assert_eq!(one(s).to_string(), s);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        let err = |s: &str| s.parse::<Spec>().unwrap_err();
+        assert!(matches!(
+            err("spin:ms=1"),
+            WorkloadError::UnknownWorkload(_)
+        ));
+        assert!(matches!(
+            err("busy:sec=1"),
+            WorkloadError::UnknownKey { .. }
+        ));
+        assert!(matches!(err("busy:ms"), WorkloadError::NotKeyValue(_)));
+        assert!(matches!(err("busy:ms=abc"), WorkloadError::BadValue { .. }));
+        assert!(matches!(err("busy:ms=-5"), WorkloadError::BadValue { .. }));
+        assert!(matches!(
+            err("busy:ms=1,ms=2"),
+            WorkloadError::DuplicateKey(_)
+        ));
+        assert!(matches!(
+            err("periodic:run_us=5000,period_us=3000"),
+            WorkloadError::BadValue { .. }
+        ));
+        assert!(matches!(
+            err("exits:kind=dma"),
+            WorkloadError::BadValue { .. }
+        ));
+        assert!(matches!(
+            err("busy:ms=99999999999"),
+            WorkloadError::BadValue { .. }
+        ));
+        assert!(err("busy:sec=1").to_string().contains("takes: ms"));
+    }
+
+    #[test]
+    fn assignments_target_vcpus_and_later_ones_win() {
+        let a = |s: &str| Assignment::parse(s).unwrap();
+        assert_eq!(a("busy:ms=1").target, None);
+        assert_eq!(a("3=busy:ms=1").target, Some(3));
+        let w = resolve(&[a("busy:ms=1"), a("1=idle:ms=2")], 3).unwrap();
+        assert_eq!(
+            w,
+            vec![
+                Workload::Busy { ms: 1 },
+                Workload::Idle { ms: 2 },
+                Workload::Busy { ms: 1 }
+            ]
+        );
+        assert_eq!(
+            resolve(&[a("4=busy")], 4),
+            Err(WorkloadError::NoSuchVcpu { index: 4, vcpus: 4 })
+        );
+        assert!(matches!(
+            Assignment::parse("x=busy"),
+            Err(WorkloadError::BadTarget(_))
+        ));
+    }
+
+    #[test]
+    fn mixed_cycles_through_four_kinds() {
+        let w = resolve(&[], 5).unwrap();
+        assert!(matches!(w[0], Workload::Busy { ms: 1000 }));
+        assert!(matches!(w[1], Workload::Periodic { .. }));
+        assert!(matches!(w[2], Workload::Exits { .. }));
+        assert!(matches!(w[3], Workload::Idle { .. }));
+        assert!(matches!(w[4], Workload::Busy { .. }));
+    }
+
+    #[test]
+    fn encodes_for_the_guest() {
+        let d = one("periodic:run_us=1,period_us=2,count=3").to_desc();
+        assert_eq!(d.kind, abi::PERIODIC);
+        assert_eq!(d.params, [1, 2, 3, 0]);
+        let d = one("exits:n=5,kind=pio").to_desc();
+        assert_eq!(
+            (d.kind, d.params[0], d.params[1]),
+            (abi::EXITS, 5, abi::EXITS_PIO)
+        );
+    }
+}
