@@ -1,0 +1,132 @@
+//! End-to-end tests that boot the tiny guest on KVM through the library and check what it
+//! reports against the guest's own rdtsc measurements and against exact counts.
+
+mod common;
+
+use common::{assert_all_exited_ok, reported, run_vm, serial};
+
+#[test]
+fn every_workload_but_fault_exits_zero() {
+    let _g = serial();
+    let out = run_vm(
+        5,
+        &[
+            "0=idle:ms=50",
+            "1=busy:ms=50",
+            "2=periodic:run_us=300,period_us=3000,count=10",
+            "3=exits:n=100,kind=mmio",
+            "4=exits:n=100,kind=pio",
+        ],
+    );
+    assert_all_exited_ok(&out.report);
+    assert_eq!(out.exit_code, 0);
+    assert_eq!(out.report.vm.end, "completed");
+    for v in &out.report.vcpus {
+        assert!(v.host_tid > 0, "vCPU {} has a host tid", v.id);
+        assert!(v.wall_ns > 0);
+        assert_eq!(v.doorbells["exit"], 1, "one exit doorbell");
+        assert_eq!(v.doorbells["unhandled"], 0);
+    }
+    // Every idle step and periodic sleep is a halt doorbell the guest counted too.
+    let idle = &out.report.vcpus[0];
+    assert_eq!(idle.doorbells["halt"], reported(idle, "iterations"));
+    let periodic = &out.report.vcpus[2];
+    assert_eq!(reported(periodic, "iterations"), 10);
+    assert!(periodic.doorbells["halt"] <= 10);
+}
+
+fn exact_exits(n: u64, kind: &str) {
+    let out = run_vm(1, &[&format!("exits:n={n},kind={kind}")]);
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let (bell, reason) = match kind {
+        "mmio" => ("workload_mmio", "mmio_write"),
+        _ => ("workload_pio", "io_out"),
+    };
+    assert_eq!(v.doorbells[bell], n, "workload exits of kind {kind}");
+    assert_eq!(reported(v, "iterations"), n);
+    // The protocol's own doorbells are told apart: console (vCPU 0's greeting), reports, exit.
+    let protocol = v.doorbells["console"] + v.doorbells["report"] + v.doorbells["exit"];
+    assert!(protocol > 0);
+    match kind {
+        "mmio" => assert_eq!(v.exits[reason], n + protocol),
+        _ => {
+            assert_eq!(v.exits[reason], n, "only the workload uses port I/O");
+            assert_eq!(v.exits["mmio_write"], protocol);
+        }
+    }
+    // The guest's own count of exits it made = workload exits + console bytes.
+    assert_eq!(reported(v, "exits_made"), n + v.doorbells["console"]);
+}
+
+#[test]
+fn exits_workload_makes_exactly_n_mmio_exits() {
+    let _g = serial();
+    for n in [1, 1000, 100_000] {
+        exact_exits(n, "mmio");
+    }
+}
+
+#[test]
+fn exits_workload_makes_exactly_n_pio_exits() {
+    let _g = serial();
+    for n in [1, 1000, 100_000] {
+        exact_exits(n, "pio");
+    }
+}
+
+#[test]
+fn one_two_eight_and_sixty_four_vcpus_run() {
+    let _g = serial();
+    for vcpus in [1, 2, 8, 64] {
+        let out = run_vm(vcpus, &["mixed:ms=40"]);
+        assert_eq!(out.report.vcpus.len(), vcpus);
+        assert_all_exited_ok(&out.report);
+        let mut tids: Vec<i32> = out.report.vcpus.iter().map(|v| v.host_tid).collect();
+        tids.sort_unstable();
+        tids.dedup();
+        assert_eq!(tids.len(), vcpus, "one host thread per vCPU");
+    }
+}
+
+#[test]
+fn busy_spin_matches_wall_time_and_loses_little_alone() {
+    let _g = serial();
+    let out = run_vm(1, &["busy:ms=300"]);
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let spin = reported(v, "spin_ns");
+    let lost = reported(v, "lost_ns");
+    let target = 300_000_000u64;
+    assert!(
+        spin.abs_diff(target) <= target / 100,
+        "spin_ns {spin} within 1 % of 300 ms"
+    );
+    assert!(lost < spin / 20, "lost_ns {lost} under 5 % of spin_ns {spin}");
+    assert_eq!(reported(v, "ran_ns"), spin - lost);
+    // The host's wall clock for the vCPU thread covers the guest's spin.
+    assert!(v.wall_ns >= spin, "wall {} >= spin {spin}", v.wall_ns);
+}
+
+#[test]
+fn fault_is_reported_and_the_others_stop_cleanly() {
+    let _g = serial();
+    for kind in ["hlt", "ud"] {
+        let out = run_vm(3, &["busy:ms=5000", &format!("1=fault:kind={kind}")]);
+        assert_ne!(out.exit_code, 0);
+        assert_eq!(out.report.vm.end, "failed");
+        let f = &out.report.vcpus[1];
+        assert_eq!(f.end, "failed");
+        assert_eq!(f.exits["shutdown"], 1);
+        let failure = f.failure.as_ref().expect("failure reported");
+        assert!(failure.reason.contains("shut down"), "{}", failure.reason);
+        let regs = failure.regs.as_ref().expect("registers reported");
+        assert_eq!(regs.cs, "0x33", "failed at CPL 3 in the guest");
+        // The 5 s busy vCPUs cannot have finished: the VMM stopped them, without failure.
+        for other in [&out.report.vcpus[0], &out.report.vcpus[2]] {
+            assert_eq!(other.end, "stopped", "vCPU {}", other.id);
+            assert!(other.failure.is_none());
+            assert!(other.guest_reported.is_empty(), "stopped before reporting");
+        }
+    }
+}

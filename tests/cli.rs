@@ -1,0 +1,171 @@
+//! End-to-end tests of the `ppa-vmm` binary as a user runs it: the JSON report on stdout, the
+//! demo, and a clear error with exit code 2 for every kind of bad input.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use common::{require_kvm, serial};
+
+fn ppa_vmm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
+        .args(args)
+        .output()
+        .expect("the ppa-vmm binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ppa-vmm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn run_prints_a_json_report_on_stdout() {
+    require_kvm();
+    let _g = serial();
+    let o = ppa_vmm(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--workload",
+        "busy:ms=20",
+        "--workload",
+        "1=exits:n=50,kind=pio",
+        "--report",
+        "json",
+    ]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
+    assert_eq!(r["vm"]["vcpus"], 2);
+    assert_eq!(r["vm"]["end"], "completed");
+    let vcpus = r["vcpus"].as_array().unwrap();
+    assert_eq!(vcpus.len(), 2);
+    assert_eq!(vcpus[0]["id"], 0);
+    assert_eq!(vcpus[0]["exit_code"], 0);
+    assert!(vcpus[0]["host_tid"].as_i64().unwrap() > 0);
+    assert!(vcpus[0]["wall_ns"].as_u64().unwrap() >= 20_000_000);
+    assert_eq!(vcpus[1]["exits"]["io_out"], 50);
+    let spin = vcpus[0]["guest_reported"]["spin_ns"].as_u64().unwrap();
+    assert!(spin.abs_diff(20_000_000) < 200_000, "spin_ns {spin} is 20 ms within 1 %");
+    assert!(r["groups"].is_array());
+    // The guest console goes to stderr, never into the report.
+    assert!(stderr(&o).contains("tiny: 2 vcpus"));
+}
+
+#[test]
+fn config_file_and_report_file() {
+    require_kvm();
+    let _g = serial();
+    let cfg = temp_file(
+        "vm.json",
+        br#"{"vcpus": 3, "workload": ["idle:ms=10", "2=exits:n=7"], "report": "json"}"#,
+    );
+    let out = cfg.with_file_name("report.json");
+    let o = ppa_vmm(&[
+        "run",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--report-file",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    assert!(o.stdout.is_empty());
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(r["vcpus"].as_array().unwrap().len(), 3);
+    assert_eq!(r["vcpus"][2]["doorbells"]["workload_mmio"], 7);
+    assert_eq!(r["vcpus"][0]["workload"], "idle:ms=10");
+}
+
+#[test]
+fn kernel_path_boots_the_same_image_from_a_file() {
+    require_kvm();
+    let _g = serial();
+    let path = temp_file("tiny.elf", ppa_vmm::vm::TINY_GUEST);
+    let o = ppa_vmm(&[
+        "run",
+        "--kernel",
+        path.to_str().unwrap(),
+        "--workload",
+        "exits:n=3",
+        "--report",
+        "json",
+    ]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["vcpus"][0]["doorbells"]["workload_mmio"], 3);
+}
+
+#[test]
+fn demo_runs_four_vcpus_and_prints_a_report() {
+    require_kvm();
+    let _g = serial();
+    let o = ppa_vmm(&["demo"]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("4 vCPUs"), "{text}");
+    for w in ["busy:", "periodic:", "exits:", "idle:"] {
+        assert!(text.contains(w), "demo runs {w}: {text}");
+    }
+}
+
+#[test]
+fn fault_gives_a_nonzero_exit_code_and_the_reason() {
+    require_kvm();
+    let _g = serial();
+    let o = ppa_vmm(&["run", "--vcpus", "2", "--workload", "1=fault:kind=hlt", "--report", "text"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("shut down"), "{text}");
+    assert!(text.contains("rip="), "{text}");
+}
+
+/// Bad input: exit code 2, one clear line on stderr naming the problem, no panic.
+fn refused(args: &[&str], needle: &str) {
+    let o = ppa_vmm(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: stderr {err}");
+    assert!(err.contains(needle), "args {args:?}: stderr {err:?} lacks {needle:?}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_is_refused_clearly() {
+    let not_elf = temp_file("not.elf", b"this is not an ELF file at all, just text");
+    let mut bz = vec![0u8; 0x400];
+    bz[0x202..0x206].copy_from_slice(b"HdrS");
+    let bzimage = temp_file("bzImage", &bz);
+    let bad_cfg = temp_file("bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "--kernel", "/nonexistent/image.elf"], "/nonexistent/image.elf"),
+        (&["run", "--kernel", not_elf.to_str().unwrap()], "not an ELF"),
+        (&["run", "--kernel", bzimage.to_str().unwrap()], "Linux kernel"),
+        (&["run", "--vcpus", "0"], "between 1 and 256 vCPUs"),
+        (&["run", "--vcpus", "257"], "between 1 and 256 vCPUs"),
+        (&["run", "--memory-mib", "1"], "guest memory must be between"),
+        (&["run", "--memory-mib", "1000000"], "guest memory must be between"),
+        (&["run", "--vcpus", "256", "--memory-mib", "4"], "too small"),
+        (&["run", "--workload", "spin:ms=3"], "unknown workload `spin`"),
+        (&["run", "--workload", "busy:sec=3"], "has no parameter `sec`"),
+        (&["run", "--vcpus", "2", "--workload", "5=busy"], "vCPU 5"),
+        (&["run", "--guest", "linux"], "unknown guest `linux`"),
+        (&["run", "--config", bad_cfg.to_str().unwrap()], "unknown field `cpus`"),
+        (&["run", "--config", "/nonexistent/vm.json"], "/nonexistent/vm.json"),
+        (&["run", "--max-runtime=-3"], "maximum run time"),
+        (&["run", "--max-runtime", "0"], "maximum run time"),
+        (&["run", "--kvm-device", "/nonexistent/kvm"], "/nonexistent/kvm does not exist"),
+    ];
+    for (args, needle) in cases {
+        refused(args, needle);
+    }
+    // clap's own refusals (unknown flag, bad number) also exit 2.
+    refused(&["run", "--cpus", "2"], "--cpus");
+    refused(&["run", "--vcpus", "two"], "two");
+}
