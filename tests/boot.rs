@@ -102,7 +102,10 @@ fn busy_spin_matches_wall_time_and_loses_little_alone() {
         spin.abs_diff(target) <= target / 100,
         "spin_ns {spin} within 1 % of 300 ms"
     );
-    assert!(lost < spin / 20, "lost_ns {lost} under 5 % of spin_ns {spin}");
+    assert!(
+        lost < spin / 20,
+        "lost_ns {lost} under 5 % of spin_ns {spin}"
+    );
     assert_eq!(reported(v, "ran_ns"), spin - lost);
     // The host's wall clock for the vCPU thread covers the guest's spin.
     assert!(v.wall_ns >= spin, "wall {} >= spin {spin}", v.wall_ns);

@@ -43,7 +43,8 @@ fn run_prints_a_json_report_on_stdout() {
         "json",
     ]);
     assert!(o.status.success(), "stderr: {}", stderr(&o));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
+    let r: serde_json::Value =
+        serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
     assert_eq!(r["vm"]["vcpus"], 2);
     assert_eq!(r["vm"]["end"], "completed");
     let vcpus = r["vcpus"].as_array().unwrap();
@@ -54,7 +55,10 @@ fn run_prints_a_json_report_on_stdout() {
     assert!(vcpus[0]["wall_ns"].as_u64().unwrap() >= 20_000_000);
     assert_eq!(vcpus[1]["exits"]["io_out"], 50);
     let spin = vcpus[0]["guest_reported"]["spin_ns"].as_u64().unwrap();
-    assert!(spin.abs_diff(20_000_000) < 200_000, "spin_ns {spin} is 20 ms within 1 %");
+    assert!(
+        spin.abs_diff(20_000_000) < 200_000,
+        "spin_ns {spin} is 20 ms within 1 %"
+    );
     assert!(r["groups"].is_array());
     // The guest console goes to stderr, never into the report.
     assert!(stderr(&o).contains("tiny: 2 vcpus"));
@@ -120,7 +124,15 @@ fn demo_runs_four_vcpus_and_prints_a_report() {
 fn fault_gives_a_nonzero_exit_code_and_the_reason() {
     require_kvm();
     let _g = serial();
-    let o = ppa_vmm(&["run", "--vcpus", "2", "--workload", "1=fault:kind=hlt", "--report", "text"]);
+    let o = ppa_vmm(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--workload",
+        "1=fault:kind=hlt",
+        "--report",
+        "text",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("shut down"), "{text}");
@@ -132,7 +144,10 @@ fn refused(args: &[&str], needle: &str) {
     let o = ppa_vmm(args);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "args {args:?}: stderr {err}");
-    assert!(err.contains(needle), "args {args:?}: stderr {err:?} lacks {needle:?}");
+    assert!(
+        err.contains(needle),
+        "args {args:?}: stderr {err:?} lacks {needle:?}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -144,23 +159,53 @@ fn bad_input_is_refused_clearly() {
     let bzimage = temp_file("bzImage", &bz);
     let bad_cfg = temp_file("bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
     let cases: &[(&[&str], &str)] = &[
-        (&["run", "--kernel", "/nonexistent/image.elf"], "/nonexistent/image.elf"),
-        (&["run", "--kernel", not_elf.to_str().unwrap()], "not an ELF"),
-        (&["run", "--kernel", bzimage.to_str().unwrap()], "Linux kernel"),
+        (
+            &["run", "--kernel", "/nonexistent/image.elf"],
+            "/nonexistent/image.elf",
+        ),
+        (
+            &["run", "--kernel", not_elf.to_str().unwrap()],
+            "not an ELF",
+        ),
+        (
+            &["run", "--kernel", bzimage.to_str().unwrap()],
+            "Linux kernel",
+        ),
         (&["run", "--vcpus", "0"], "between 1 and 256 vCPUs"),
         (&["run", "--vcpus", "257"], "between 1 and 256 vCPUs"),
-        (&["run", "--memory-mib", "1"], "guest memory must be between"),
-        (&["run", "--memory-mib", "1000000"], "guest memory must be between"),
+        (
+            &["run", "--memory-mib", "1"],
+            "guest memory must be between",
+        ),
+        (
+            &["run", "--memory-mib", "1000000"],
+            "guest memory must be between",
+        ),
         (&["run", "--vcpus", "256", "--memory-mib", "4"], "too small"),
-        (&["run", "--workload", "spin:ms=3"], "unknown workload `spin`"),
-        (&["run", "--workload", "busy:sec=3"], "has no parameter `sec`"),
+        (
+            &["run", "--workload", "spin:ms=3"],
+            "unknown workload `spin`",
+        ),
+        (
+            &["run", "--workload", "busy:sec=3"],
+            "has no parameter `sec`",
+        ),
         (&["run", "--vcpus", "2", "--workload", "5=busy"], "vCPU 5"),
         (&["run", "--guest", "linux"], "unknown guest `linux`"),
-        (&["run", "--config", bad_cfg.to_str().unwrap()], "unknown field `cpus`"),
-        (&["run", "--config", "/nonexistent/vm.json"], "/nonexistent/vm.json"),
+        (
+            &["run", "--config", bad_cfg.to_str().unwrap()],
+            "unknown field `cpus`",
+        ),
+        (
+            &["run", "--config", "/nonexistent/vm.json"],
+            "/nonexistent/vm.json",
+        ),
         (&["run", "--max-runtime=-3"], "maximum run time"),
         (&["run", "--max-runtime", "0"], "maximum run time"),
-        (&["run", "--kvm-device", "/nonexistent/kvm"], "/nonexistent/kvm does not exist"),
+        (
+            &["run", "--kvm-device", "/nonexistent/kvm"],
+            "/nonexistent/kvm does not exist",
+        ),
     ];
     for (args, needle) in cases {
         refused(args, needle);
