@@ -23,7 +23,7 @@ fn every_workload_but_fault_exits_zero() {
     assert_eq!(out.report.vm.end, "completed");
     for v in &out.report.vcpus {
         assert!(v.host_tid > 0, "vCPU {} has a host tid", v.id);
-        assert!(v.wall_ns > 0);
+        assert!(v.times.wall_ns > 0);
         assert_eq!(v.doorbells["exit"], 1, "one exit doorbell");
         assert_eq!(v.doorbells["unhandled"], 0);
     }
@@ -49,10 +49,10 @@ fn exact_exits(n: u64, kind: &str) {
     let protocol = v.doorbells["console"] + v.doorbells["report"] + v.doorbells["exit"];
     assert!(protocol > 0);
     match kind {
-        "mmio" => assert_eq!(v.exits[reason], n + protocol),
+        "mmio" => assert_eq!(v.times.exits[reason], n + protocol),
         _ => {
-            assert_eq!(v.exits[reason], n, "only the workload uses port I/O");
-            assert_eq!(v.exits["mmio_write"], protocol);
+            assert_eq!(v.times.exits[reason], n, "only the workload uses port I/O");
+            assert_eq!(v.times.exits["mmio_write"], protocol);
         }
     }
     // The guest's own count of exits it made = workload exits + console bytes.
@@ -108,7 +108,11 @@ fn busy_spin_matches_wall_time_and_loses_little_alone() {
     );
     assert_eq!(reported(v, "ran_ns"), spin - lost);
     // The host's wall clock for the vCPU thread covers the guest's spin.
-    assert!(v.wall_ns >= spin, "wall {} >= spin {spin}", v.wall_ns);
+    assert!(
+        v.times.wall_ns >= spin,
+        "wall {} >= spin {spin}",
+        v.times.wall_ns
+    );
 }
 
 #[test]
@@ -120,7 +124,7 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
         assert_eq!(out.report.vm.end, "failed");
         let f = &out.report.vcpus[1];
         assert_eq!(f.end, "failed");
-        assert_eq!(f.exits["shutdown"], 1);
+        assert_eq!(f.times.exits["shutdown"], 1);
         let failure = f.failure.as_ref().expect("failure reported");
         assert!(failure.reason.contains("shut down"), "{}", failure.reason);
         let regs = failure.regs.as_ref().expect("registers reported");

@@ -12,6 +12,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::accounting::histogram::{DEFAULT_FRAC_BITS, MAX_FRAC_BITS};
+use crate::accounting::{Level, Thresholds};
 use crate::arch::x86_64::layout::{MAX_RAM_BYTES, MAX_VCPUS, MIN_RAM_BYTES};
 use crate::workload::{Assignment, WorkloadError};
 
@@ -34,6 +36,12 @@ pub enum ConfigError {
     /// Both `--guest` and `--kernel`.
     #[error("give either --guest or --kernel, not both")]
     GuestAndKernel,
+    /// Histogram fractional bits out of range.
+    #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
+    HistogramBits(u8),
+    /// A `--threshold` that is not NAME=NS with a known name.
+    #[error("`{0}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)")]
+    Threshold(String),
     /// A bad max runtime.
     #[error("the maximum run time must be a positive number of seconds, not {0}")]
     MaxRuntime(f64),
@@ -92,6 +100,12 @@ pub struct VmConfig {
     pub kvm_device: PathBuf,
     /// Gap threshold of the guest's rdtsc loops, ns.
     pub gap_threshold_ns: u64,
+    /// Accounting level at start.
+    pub accounting: Level,
+    /// Threshold counters at start.
+    pub thresholds: Thresholds,
+    /// Fractional bits of the histograms (0..=5).
+    pub histogram_bits: u8,
 }
 
 impl Default for VmConfig {
@@ -104,6 +118,9 @@ impl Default for VmConfig {
             max_runtime: None,
             kvm_device: PathBuf::from("/dev/kvm"),
             gap_threshold_ns: 2_000,
+            accounting: Level::Basic,
+            thresholds: Thresholds::default(),
+            histogram_bits: DEFAULT_FRAC_BITS,
         }
     }
 }
@@ -117,6 +134,9 @@ impl VmConfig {
         let bytes = self.memory_mib.saturating_mul(1 << 20);
         if !(MIN_RAM_BYTES..=MAX_RAM_BYTES).contains(&bytes) {
             return Err(ConfigError::Memory(self.memory_mib));
+        }
+        if self.histogram_bits > MAX_FRAC_BITS {
+            return Err(ConfigError::HistogramBits(self.histogram_bits));
         }
         Ok(())
     }
@@ -167,6 +187,30 @@ pub struct RunOptions {
     pub max_runtime: Option<f64>,
     /// KVM device path.
     pub kvm_device: Option<PathBuf>,
+    /// Accounting level at start.
+    pub accounting: Option<Level>,
+    /// Histogram fractional bits.
+    pub histogram_bits: Option<u8>,
+    /// Thresholds as `NAME=NS` strings (the file may use an object instead, see `thresholds`).
+    #[serde(default)]
+    pub threshold: Vec<String>,
+}
+
+/// Applies `NAME=NS` settings to `t`.
+pub fn parse_thresholds(specs: &[String], mut t: Thresholds) -> Result<Thresholds, ConfigError> {
+    for spec in specs {
+        let bad = || ConfigError::Threshold(spec.clone());
+        let (name, value) = spec.split_once('=').ok_or_else(bad)?;
+        let v: u64 = value.trim().parse().map_err(|_| bad())?;
+        match name.trim() {
+            "exit_handling_ns" => t.exit_handling_ns = v,
+            "guest_run_ns" => t.guest_run_ns = v,
+            "wakeup_latency_ns" => t.wakeup_latency_ns = v,
+            "steal_window_ns" => t.steal_window_ns = v,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(t)
 }
 
 impl RunOptions {
@@ -187,7 +231,12 @@ impl RunOptions {
     pub fn merge(self, over: RunOptions) -> RunOptions {
         let mut workload = self.workload;
         workload.extend(over.workload);
+        let mut threshold = self.threshold;
+        threshold.extend(over.threshold);
         RunOptions {
+            accounting: over.accounting.or(self.accounting),
+            histogram_bits: over.histogram_bits.or(self.histogram_bits),
+            threshold,
             vcpus: over.vcpus.or(self.vcpus),
             memory_mib: over.memory_mib.or(self.memory_mib),
             guest: over.guest.or(self.guest),
@@ -233,6 +282,9 @@ impl RunOptions {
             max_runtime,
             kvm_device: self.kvm_device.unwrap_or(d.kvm_device),
             gap_threshold_ns: d.gap_threshold_ns,
+            accounting: self.accounting.unwrap_or(d.accounting),
+            thresholds: parse_thresholds(&self.threshold, d.thresholds)?,
+            histogram_bits: self.histogram_bits.unwrap_or(d.histogram_bits),
         };
         config.validate()?;
         let report = ReportOptions {
@@ -334,6 +386,36 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(e, ConfigError::Workload { .. }));
+    }
+
+    #[test]
+    fn accounting_options() {
+        let o = opts(
+            r#"{"accounting": "full", "histogram_bits": 5, "threshold": ["guest_run_ns=1000"]}"#,
+        )
+        .unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.accounting, Level::Full);
+        assert_eq!(vm.histogram_bits, 5);
+        assert_eq!(vm.thresholds.guest_run_ns, 1000);
+        assert!(opts(r#"{"accounting": "max"}"#).is_err());
+        let bad = |o: RunOptions| o.into_config().unwrap_err();
+        assert!(matches!(
+            bad(RunOptions {
+                histogram_bits: Some(6),
+                ..Default::default()
+            }),
+            ConfigError::HistogramBits(6)
+        ));
+        for t in ["guest_run=5", "guest_run_ns", "guest_run_ns=x"] {
+            assert!(matches!(
+                bad(RunOptions {
+                    threshold: vec![t.into()],
+                    ..Default::default()
+                }),
+                ConfigError::Threshold(_)
+            ));
+        }
     }
 
     #[test]

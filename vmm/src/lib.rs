@@ -6,14 +6,18 @@
 //! exits go through [`exit::handle_exit`] to the [`bus`] and its [`devices`]; when every vCPU
 //! has ended, the run returns a [`report::Report`].
 
+pub mod accounting;
 pub mod arch;
+pub mod bench;
 pub mod bus;
 pub mod config;
 pub mod devices;
 pub mod exit;
 pub mod kick;
+pub mod kvm_stats;
 pub mod loader;
 pub mod report;
+pub mod sampler;
 pub mod vcpu;
 pub mod vm;
 pub mod workload;

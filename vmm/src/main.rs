@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use ppa_vmm::accounting::Level;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::vm::Vm;
 
@@ -28,6 +29,30 @@ enum Command {
     Run(RunArgs),
     /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
     Demo,
+    /// Measure the VMM itself.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    which: BenchKind,
+    /// Print one JSON object whose last key is "verdict".
+    #[arg(long)]
+    json: bool,
+    /// Exits per run (overhead).
+    #[arg(long, default_value_t = 40_000)]
+    exits: u64,
+    /// Rounds of alternated runs.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchKind {
+    /// Exit throughput: raw KVM_RUN loop vs accounting off, basic, full.
+    Overhead,
 }
 
 #[derive(Args)]
@@ -62,6 +87,16 @@ struct RunArgs {
     /// KVM device node.
     #[arg(long, value_name = "PATH")]
     kvm_device: Option<PathBuf>,
+    /// Accounting level at start (switchable at run time).
+    #[arg(long, value_enum)]
+    accounting: Option<Level>,
+    /// Fractional bits of the log-linear histograms (0..=5).
+    #[arg(long, value_name = "BITS")]
+    histogram_bits: Option<u8>,
+    /// A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns,
+    /// steal_window_ns); repeatable.
+    #[arg(long, value_name = "NAME=NS")]
+    threshold: Vec<String>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -79,6 +114,9 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         report_file: args.report_file,
         max_runtime: args.max_runtime,
         kvm_device: args.kvm_device,
+        accounting: args.accounting,
+        histogram_bits: args.histogram_bits,
+        threshold: args.threshold,
     };
     Ok(file.merge(cli))
 }
@@ -129,11 +167,37 @@ fn describe(e: &dyn std::error::Error) -> String {
     s
 }
 
+fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
+    match args.which {
+        BenchKind::Overhead => {
+            let r = ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
+                exits: args.exits,
+                rounds: args.rounds,
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", r.to_text());
+            }
+        }
+    }
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = match cli.command {
         Command::Run(args) => options(args),
         Command::Demo => Ok(demo_options()),
+        Command::Bench(args) => {
+            return match bench(args) {
+                Ok(code) => ExitCode::from(code as u8),
+                Err(e) => {
+                    eprintln!("ppa-vmm: error: {}", describe(e.as_ref()));
+                    ExitCode::from(2)
+                }
+            }
+        }
     };
     match opts.and_then(run) {
         Ok(code) => ExitCode::from(code as u8),

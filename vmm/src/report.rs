@@ -11,7 +11,9 @@ use std::fmt::Write as _;
 use ppa_guest_abi::report::NAMES as REPORT_NAMES;
 use serde::Serialize;
 
-use crate::exit::ExitReason;
+use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
+use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
+use crate::accounting::Level;
 use crate::vcpu::{Doorbell, RegsDump, VcpuEnd, VcpuShared};
 use crate::workload::Workload;
 
@@ -26,6 +28,25 @@ pub struct VmInfo {
     pub image: String,
     /// TSC frequency given to the guest.
     pub tsc_khz: u64,
+    /// Median wall time of one KVM_RUN exit round trip with no guest work, measured at start.
+    pub kvm_exit_cost_ns: Option<u64>,
+    /// The same for the first KVM_RUN after a park (measured after a 200 µs sleep).
+    pub kvm_exit_cost_after_park_ns: Option<u64>,
+}
+
+/// Facts of a finished run.
+#[derive(Debug, Clone, Copy)]
+pub struct RunFacts {
+    /// First spawn to last join.
+    pub uptime_ns: u64,
+    /// Whether --max-runtime stopped it.
+    pub timed_out: bool,
+    /// CPU time of every non-vCPU thread of the process.
+    pub host_threads_ns: u64,
+    /// Paravirt steal this host suffered during the run (all CPUs), when it is itself a VM.
+    pub host_steal_ns: Option<u64>,
+    /// Accounting level at the end.
+    pub level: Level,
 }
 
 /// Per-VM part of the report.
@@ -38,6 +59,15 @@ pub struct VmReport {
     pub uptime_ns: u64,
     /// `completed` (every vCPU exited with 0), `failed`, or `timeout`.
     pub end: &'static str,
+    /// Accounting level at the end.
+    pub level: Level,
+    /// CPU time of every non-vCPU thread of the VMM process.
+    pub host_threads_ns: u64,
+    /// Time this host lost to its own hypervisor during the run, all CPUs (10 ms resolution);
+    /// invisible to the thread clocks, so it may show as identity error.
+    pub host_steal_ns: Option<u64>,
+    /// Histograms merged over every vCPU.
+    pub histograms: BTreeMap<String, HistogramJson>,
 }
 
 /// A failed vCPU's cause.
@@ -64,10 +94,11 @@ pub struct VcpuReport {
     pub exit_code: Option<u64>,
     /// Why it failed, when it did.
     pub failure: Option<FailureReport>,
-    /// Wall time of the thread's run loop.
-    pub wall_ns: u64,
-    /// Userspace exits by reason (every reason, zeros included).
-    pub exits: BTreeMap<&'static str, u64>,
+    /// The time split and counts of spec section 4.
+    #[serde(flatten)]
+    pub times: VcpuTimes,
+    /// Histograms (exit_handling by reason only where it has samples).
+    pub histograms: BTreeMap<String, HistogramJson>,
     /// Doorbell and workload-port accesses by kind.
     pub doorbells: BTreeMap<&'static str, u64>,
     /// What the guest measured itself (only keys it reported).
@@ -85,12 +116,9 @@ pub struct Report {
     pub groups: Vec<serde_json::Value>,
 }
 
-fn vcpu_report(s: &VcpuShared, workload: &Workload) -> VcpuReport {
+fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshots) {
     let c = &s.counters;
-    let exits = ExitReason::ALL
-        .iter()
-        .map(|r| (r.name(), c.exits[r.index()].get()))
-        .collect();
+    let (times, hist) = s.acct.times();
     let doorbells = Doorbell::ALL
         .iter()
         .map(|d| (d.name(), c.doorbells[*d as usize].get()))
@@ -122,18 +150,38 @@ fn vcpu_report(s: &VcpuShared, workload: &Workload) -> VcpuReport {
         ),
         Some(VcpuEnd::Stopped) | None => ("stopped", None, None),
     };
-    VcpuReport {
+    let report = VcpuReport {
         id: s.id,
         host_tid: s.host_tid(),
         workload: workload.to_string(),
         end,
         exit_code,
         failure,
-        wall_ns: s.wall_ns(),
-        exits,
+        times,
+        histograms: hist.to_json(),
         doorbells,
         guest_reported,
+    };
+    (report, hist)
+}
+
+/// Merges every vCPU's histograms into one set.
+fn merge_all(all: &[HistSnapshots]) -> BTreeMap<String, HistogramJson> {
+    let mut out = BTreeMap::new();
+    let Some(first) = all.first() else {
+        return out;
+    };
+    for name in HistSnapshots::names() {
+        let bits = first.get(&name).map_or(3, |h| h.frac_bits);
+        let mut m = HistogramSnapshot::empty(bits);
+        for h in all.iter().filter_map(|a| a.get(&name)) {
+            m.merge(h);
+        }
+        if m.count() > 0 || !name.contains('.') {
+            out.insert(name, m.to_json());
+        }
     }
+    out
 }
 
 impl Report {
@@ -142,14 +190,14 @@ impl Report {
         info: &VmInfo,
         workloads: &[Workload],
         vcpus: &[std::sync::Arc<VcpuShared>],
-        uptime_ns: u64,
-        timed_out: bool,
+        facts: RunFacts,
     ) -> Report {
-        let vcpus: Vec<VcpuReport> = vcpus
+        let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = vcpus
             .iter()
             .zip(workloads)
             .map(|(s, w)| vcpu_report(s, w))
-            .collect();
+            .unzip();
+        let timed_out = facts.timed_out;
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
         let end = match (timed_out, all_ok) {
             (true, _) => "timeout",
@@ -159,8 +207,12 @@ impl Report {
         Report {
             vm: VmReport {
                 info: info.clone(),
-                uptime_ns,
+                uptime_ns: facts.uptime_ns,
                 end,
+                level: facts.level,
+                host_threads_ns: facts.host_threads_ns,
+                host_steal_ns: facts.host_steal_ns,
+                histograms: merge_all(&hists),
             },
             vcpus,
             groups: Vec::new(),
@@ -172,50 +224,114 @@ impl Report {
         i32::from(self.vm.end != "completed")
     }
 
-    /// A table for people: one row per vCPU, then failures.
+    /// A table for people: the time split per vCPU beside /proc's tick-based figure, the
+    /// guest's own measurements, then failures.
     pub fn to_text(&self) -> String {
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut out = String::new();
         let vm = &self.vm;
+        let cost = vm
+            .info
+            .kvm_exit_cost_ns
+            .map_or("unmeasured".to_string(), |c| {
+                format!("{:.1} us", c as f64 / 1e3)
+            });
         let _ = writeln!(
             out,
-            "VM: {} vCPUs, {} MiB, image {}, TSC {} kHz, uptime {:.1} ms, {}",
+            "VM: {} vCPUs, {} MiB, image {}, TSC {} kHz, uptime {:.1} ms, {}, accounting {:?}, \
+             exit round trip in KVM {cost}, VMM threads {:.2} ms CPU",
             vm.info.vcpus,
             vm.info.memory_mib,
             vm.info.image,
             vm.info.tsc_khz,
             ms(vm.uptime_ns),
-            vm.end
+            vm.end,
+            vm.level,
+            ms(vm.host_threads_ns),
         );
         let _ = writeln!(
             out,
-            "{:>4} {:>8} {:<40} {:>7} {:>10} {:>9} {:>10} {:>10} {:>10}",
-            "VCPU", "TID", "WORKLOAD", "END", "WALL ms", "EXITS", "WORKLOAD", "SPIN ms", "LOST ms"
+            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+            "VCPU",
+            "WORKLOAD",
+            "END",
+            "WALL ms",
+            "USED ms",
+            "GUEST",
+            "VMM",
+            "STEAL",
+            "IDLE",
+            "HALT",
+            "/proc ms",
+            "EXITS",
+            "IDENT"
         );
         for v in &self.vcpus {
-            let total: u64 = v.exits.values().sum();
-            let work = v.doorbells["workload_mmio"] + v.doorbells["workload_pio"];
+            let t = &v.times;
+            let total: u64 = t.exits.values().sum();
+            let ticks = t.proc_ticks.map_or("-".to_string(), |k| {
+                format!("{:.0}", ms(k.utime_ns + k.stime_ns))
+            });
+            let end = match v.exit_code {
+                Some(c) => format!("exit {c}"),
+                None => v.end.to_string(),
+            };
+            let mut w = v.workload.clone();
+            w.truncate(24);
+            let _ = writeln!(
+                out,
+                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                v.id,
+                w,
+                end,
+                ms(t.wall_ns),
+                ms(t.used_ns),
+                ms(t.guest_ns),
+                ms(t.vmm_ns),
+                ms(t.steal_ns),
+                ms(t.idle_ns),
+                ms(t.halted_ns),
+                ticks,
+                total,
+                t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
+             GUEST/VMM split: {}. IDENT = wall - (used+steal+halted+idle+limited+paused).",
+            self.vcpus.first().map_or("-", |v| v.times.split)
+        );
+        let _ = writeln!(
+            out,
+            "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}  (the guest's own rdtsc view)",
+            "VCPU", "SPIN ms", "RAN ms", "LOST ms", "GAPS", "WORK EX", "EXIT p99"
+        );
+        for v in &self.vcpus {
             let g = |k| {
                 v.guest_reported
                     .get(k)
                     .map_or("-".to_string(), |&n| format!("{:.2}", ms(n)))
             };
-            let end = match v.exit_code {
-                Some(c) => format!("exit {c}"),
-                None => v.end.to_string(),
-            };
+            let gaps = v
+                .guest_reported
+                .get("gaps")
+                .map_or("-".to_string(), |n| n.to_string());
+            let work = v.doorbells["workload_mmio"] + v.doorbells["workload_pio"];
+            let p99 = v
+                .histograms
+                .get("exit_handling")
+                .map_or("-".to_string(), |h| format!("{:.1}us", h.p99 as f64 / 1e3));
             let _ = writeln!(
                 out,
-                "{:>4} {:>8} {:<40} {:>7} {:>10.2} {:>9} {:>10} {:>10} {:>10}",
+                "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
                 v.id,
-                v.host_tid,
-                v.workload,
-                end,
-                ms(v.wall_ns),
-                total,
-                work,
                 g("spin_ns"),
-                g("lost_ns")
+                g("ran_ns"),
+                g("lost_ns"),
+                gaps,
+                work,
+                p99
             );
         }
         for v in &self.vcpus {

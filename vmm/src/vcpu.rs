@@ -20,6 +20,12 @@ use ppa_guest_abi::doorbell::REPORT_KEYS;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::accounting::host::{
+    current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
+};
+use crate::accounting::meter::{Counter, MicroState, ParkStamp, Recorder, Stamp};
+use crate::accounting::snapshot::{FinalReadings, LiveSources, VcpuAccounting};
+use crate::accounting::{AccountingControl, Level};
 use crate::bus::{Bus, DeviceAction};
 use crate::exit::{handle_exit, ExitEvent, ExitReason, Failure, Outcome};
 use crate::kick::{self, futex_wait, futex_wake, now_ns};
@@ -110,36 +116,10 @@ impl Doorbell {
     }
 }
 
-/// A single-writer counter: the vCPU thread adds, anyone reads.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n` (writer only: a plain load and store, no locked instruction).
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(n),
-            Ordering::Relaxed,
-        );
-    }
-    /// Sets the value (writer only).
-    #[inline]
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    /// Reads the value.
-    #[inline]
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// What the vCPU thread publishes while it runs.
+/// What the vCPU thread publishes about its devices while it runs (exits and times are in
+/// its accounting meter).
 #[derive(Debug, Default)]
 pub struct VcpuCounters {
-    /// Userspace exits by [`ExitReason`] index.
-    pub exits: [Counter; ExitReason::COUNT],
     /// Doorbell accesses by [`Doorbell`] index.
     pub doorbells: [Counter; Doorbell::COUNT],
     /// Values the guest reported, by report key.
@@ -205,14 +185,15 @@ pub struct VcpuShared {
     wake: AtomicU32,
     /// Counters published by the vCPU thread.
     pub counters: VcpuCounters,
-    started_ns: AtomicU64,
+    /// Accounting: the meter the thread writes, its sources, the reset baseline.
+    pub acct: VcpuAccounting,
     finished_ns: AtomicU64,
     end: OnceLock<VcpuEnd>,
 }
 
 impl VcpuShared {
     /// A vCPU that has not started.
-    pub fn new(id: usize) -> Self {
+    pub fn new(id: usize, acct: VcpuAccounting) -> Self {
         VcpuShared {
             id,
             tid: AtomicI32::new(0),
@@ -221,7 +202,7 @@ impl VcpuShared {
             requests: AtomicU32::new(0),
             wake: AtomicU32::new(0),
             counters: VcpuCounters::default(),
-            started_ns: AtomicU64::new(0),
+            acct,
             finished_ns: AtomicU64::new(0),
             end: OnceLock::new(),
         }
@@ -244,7 +225,7 @@ impl VcpuShared {
 
     /// Wall time since the thread started, up to now or to when it finished.
     pub fn wall_ns(&self) -> u64 {
-        let start = self.started_ns.load(Ordering::Acquire);
+        let start = self.acct.started_ns.load(Ordering::Acquire);
         if start == 0 {
             return 0;
         }
@@ -258,6 +239,10 @@ impl VcpuShared {
     /// Asks the vCPU to act on `bits` at its next exit and forces that exit now: wakes it if
     /// parked, signals it if in KVM_RUN.
     pub fn kick(&self, bits: u32) {
+        self.acct
+            .meter
+            .released_at
+            .store(now_ns(), Ordering::Release);
         self.requests.fetch_or(bits, Ordering::AcqRel);
         futex_wake(&self.wake);
         if self.state() == VcpuState::Finished {
@@ -286,6 +271,11 @@ pub struct VcpuThread {
     pub pio: Arc<Bus>,
     /// Where to say "vCPU N finished".
     pub done: Sender<usize>,
+    /// Opened once every vCPU thread exists, so that all start together and none runs while
+    /// the others' stacks are being mapped.
+    pub start_gate: Arc<AtomicU32>,
+    /// The VM's accounting settings.
+    pub control: Arc<AccountingControl>,
 }
 
 /// Starts the thread of a vCPU; the handle must be joined before the VM is dropped.
@@ -300,9 +290,14 @@ pub fn spawn(v: VcpuThread) -> Result<JoinHandle<()>, VcpuError> {
 fn thread_main(mut v: VcpuThread) {
     let shared = Arc::clone(&v.shared);
     // SAFETY: gettid has no preconditions.
-    shared
-        .tid
-        .store(unsafe { libc::gettid() }, Ordering::Release);
+    let tid = unsafe { libc::gettid() };
+    shared.tid.store(tid, Ordering::Release);
+    if let (Ok(clock), Ok(sched)) = (ThreadClock::current(), SchedStatFile::open(tid)) {
+        let _ = shared.acct.live.set(LiveSources { clock, sched });
+    }
+    while v.start_gate.load(Ordering::Acquire) == 0 {
+        futex_wait(&v.start_gate, 0, None);
+    }
     // SAFETY: pthread_self has no preconditions.
     shared
         .pthread
@@ -311,13 +306,26 @@ fn thread_main(mut v: VcpuThread) {
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
     kick::set_immediate_exit_ptr(&mut v.fd.get_kvm_run().immediate_exit);
-    shared.started_ns.store(now_ns(), Ordering::Release);
+    let origin = consistent_stamp(&shared);
+    let start = Stamp {
+        now: origin.now,
+        cpu: origin.cpu,
+    };
+    shared
+        .acct
+        .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
+    shared.acct.started_ns.store(start.now, Ordering::Release);
     shared.set_state(VcpuState::Running);
+    let mut rec = Recorder::new(
+        Arc::clone(&shared.acct.meter),
+        Arc::clone(&v.control),
+        start,
+    );
 
-    let end = run_loop(&mut v);
+    let end = run_loop(&mut v, &mut rec);
 
     kick::set_immediate_exit_ptr(std::ptr::null_mut());
-    shared.finished_ns.store(now_ns(), Ordering::Release);
+    publish_final(&shared, tid);
     let _ = shared.end.set(end);
     shared.set_state(VcpuState::Finished);
     let _ = v.done.send(shared.id);
@@ -389,23 +397,95 @@ fn dump_regs(fd: &VcpuFd) -> Option<Box<RegsDump>> {
     }))
 }
 
-/// Parks until `deadline_ns` (or forever with `None`) or a request arrives.
-fn park(shared: &VcpuShared, deadline_ns: Option<u64>) {
+/// Reads its own clocks, schedstat, /proc ticks and KVM statistics as the loop ends, for the
+/// final report (its /proc entries vanish when the thread exits).
+fn publish_final(shared: &VcpuShared, tid: i32) {
+    let end = consistent_stamp(shared);
+    let timeslices = shared
+        .acct
+        .live
+        .get()
+        .and_then(|l| l.sched.read().ok())
+        .map_or(0, |s| s.timeslices);
+    let finals = FinalReadings {
+        at_ns: end.now,
+        cpu_ns: end.cpu.unwrap_or(0),
+        run_delay_ns: end.run_delay.unwrap_or(0),
+        timeslices,
+        ticks: thread_ticks(tid).ok(),
+        kvm: shared.acct.read_kvm(),
+    };
+    shared.finished_ns.store(finals.at_ns, Ordering::Release);
+    let _ = shared.acct.finals.set(finals);
+}
+
+/// Wall clock, thread CPU time and run_delay read as of one instant: run_delay is read before
+/// and after the clocks, and the reads are retried if a run-queue wait completed in between
+/// (it would otherwise fall inside the wall interval but outside the run_delay delta, or the
+/// other way round). Bounded: after 4 tries the last reading stands.
+fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
+    let sched = shared.acct.live.get().map(|l| &l.sched);
+    let read = || sched.and_then(|s| s.read().ok()).map(|s| s.run_delay_ns);
+    let mut stamp = ParkStamp::default();
+    for _ in 0..4 {
+        let before = read();
+        stamp = ParkStamp {
+            cpu: Some(thread_cpu_ns()),
+            now: now_ns(),
+            run_delay: before,
+        };
+        if read() == before {
+            break;
+        }
+    }
+    stamp
+}
+
+/// Clock readings for a park boundary at `level`: wall always; CPU time and run_delay unless
+/// accounting is off (a park is a syscall anyway, these make its blocked time exact).
+fn park_stamp(shared: &VcpuShared, level: Level) -> ParkStamp {
+    if level == Level::Off {
+        return ParkStamp {
+            now: now_ns(),
+            cpu: None,
+            run_delay: None,
+        };
+    }
+    consistent_stamp(shared)
+}
+
+/// Parks as `kind` until `deadline_ns` (or forever with `None`) or a request arrives.
+fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: Option<u64>) {
     shared.set_state(VcpuState::Parked);
-    loop {
+    rec.park_begin(kind, park_stamp(shared, rec.level()));
+    let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
         if shared.requests.load(Ordering::Acquire) != 0 {
-            break;
+            break shared.acct.meter.released_at.load(Ordering::Acquire);
         }
-        if deadline_ns.is_some_and(|d| now_ns() >= d) {
-            break;
+        if let Some(d) = deadline_ns {
+            if now_ns() >= d {
+                break d;
+            }
         }
         futex_wait(&shared.wake, seen, deadline_ns);
-    }
+    };
+    rec.park_end(park_stamp(shared, rec.level()), release);
     shared.set_state(VcpuState::Running);
 }
 
-fn run_loop(v: &mut VcpuThread) -> VcpuEnd {
+/// Clock readings for a KVM_RUN boundary between an interval at `prev` and one at `next`.
+#[inline]
+fn stamp(prev: Level, next: Level) -> Stamp {
+    let timed = prev != Level::Off || next != Level::Off;
+    let full = prev == Level::Full || next == Level::Full;
+    Stamp {
+        now: if timed { now_ns() } else { 0 },
+        cpu: if full { Some(thread_cpu_ns()) } else { None },
+    }
+}
+
+fn run_loop(v: &mut VcpuThread, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
     let c = &shared.counters;
     let id = shared.id;
@@ -417,7 +497,16 @@ fn run_loop(v: &mut VcpuThread) -> VcpuEnd {
         if shared.requests.load(Ordering::Acquire) & REQ_STOP != 0 {
             break VcpuEnd::Stopped;
         }
-        let event = match v.fd.run() {
+        let next = rec.next_level();
+        let host_cpu = if next == Level::Off {
+            0
+        } else {
+            current_cpu() as usize
+        };
+        rec.on_entry(stamp(rec.level(), next), host_cpu, next);
+        let result = v.fd.run();
+        let exit_stamp = stamp(rec.level(), rec.level());
+        let event = match result {
             Ok(VcpuExit::InternalError) => {
                 // SAFETY: KVM_EXIT_INTERNAL_ERROR means the kernel filled the `internal` member
                 // of the kvm_run union; its u32 suberror is valid for any bit pattern.
@@ -426,18 +515,18 @@ fn run_loop(v: &mut VcpuThread) -> VcpuEnd {
             }
             Ok(exit) => to_event(exit),
             Err(e) if e.errno() == libc::EINTR => ExitEvent::Intr,
-            Err(e) if e.errno() == libc::EAGAIN => continue,
+            Err(e) if e.errno() == libc::EAGAIN => ExitEvent::Intr,
             Err(e) => break VcpuEnd::Error(VcpuError::Run(e).to_string() + &format!(": {e}")),
         };
         let (reason, outcome) = handle_exit(event, &v.mmio, &v.pio, id);
-        c.exits[reason.index()].add(1);
+        rec.on_exit(exit_stamp, reason);
         match outcome {
             Outcome::Resume => {
                 if reason == ExitReason::Intr {
                     v.fd.set_kvm_immediate_exit(0);
                 }
             }
-            Outcome::ParkUntilKicked => park(&shared, None),
+            Outcome::ParkUntilKicked => park(&shared, rec, MicroState::Idle, None),
             Outcome::Fail(failure) => {
                 break VcpuEnd::Failed {
                     failure,
@@ -457,7 +546,8 @@ fn run_loop(v: &mut VcpuThread) -> VcpuEnd {
                     }
                     DeviceAction::Halt(ns) => {
                         c.doorbells[Doorbell::Halt as usize].add(1);
-                        park(&shared, Some(now_ns().saturating_add(ns)));
+                        let deadline = now_ns().saturating_add(ns);
+                        park(&shared, rec, MicroState::Idle, Some(deadline));
                         None
                     }
                     DeviceAction::Report { key, value } => {

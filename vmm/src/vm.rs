@@ -19,13 +19,19 @@ use ppa_guest_abi::{BootInfo, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::arch::x86_64::{boot, layout};
+use crate::accounting::host::{host_steal_ns, process_cpu_ns};
+use crate::accounting::meter::{host_cpu_slots, VcpuMeter};
+use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
+use crate::accounting::{AccountingControl, Level, Thresholds};
+use crate::arch::x86_64::{boot, calibrate, layout};
 use crate::bus::{Bus, BusError};
 use crate::config::{ConfigError, ImageSource, VmConfig};
 use crate::devices::{Doorbells, WorkloadPort};
 use crate::kick::now_ns;
+use crate::kvm_stats::KvmStats;
 use crate::loader::{parse_elf, LoaderError};
 use crate::report::{Report, VmInfo};
+use crate::sampler::Sampler;
 use crate::vcpu::{self, VcpuEnd, VcpuError, VcpuShared, VcpuThread, REQ_STOP};
 use crate::workload::{resolve, Workload, WorkloadError};
 
@@ -102,6 +108,17 @@ pub enum VmError {
     /// A vCPU thread could not be started.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    /// The sampler thread could not be started.
+    #[error("cannot start the sampler thread")]
+    Sampler(#[source] std::io::Error),
+    /// A request named a vCPU the VM does not have.
+    #[error("the VM has no vCPU {index} (it has {count})")]
+    NoSuchVcpu {
+        /// Index asked for.
+        index: usize,
+        /// vCPUs of the VM.
+        count: usize,
+    },
 }
 
 fn kvm_err(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -111,6 +128,8 @@ fn kvm_err(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 /// A VM ready to run.
 pub struct Vm {
     vcpus: Vec<VcpuFd>,
+    shared: Vec<Arc<VcpuShared>>,
+    control: Arc<AccountingControl>,
     workloads: Vec<Workload>,
     info: VmInfo,
     mmio: Arc<Bus>,
@@ -234,6 +253,19 @@ impl TryFrom<VmConfig> for Vm {
         let host = memory
             .get_host_address(GuestAddress(0))
             .map_err(|e| VmError::Memory(e.to_string()))?;
+        // Prefault guest RAM: a first touch from inside KVM_RUN would otherwise fault in host
+        // pages under mmap_lock, and block behind any thread creating a mapping (a thread stack)
+        // for milliseconds: time that is neither CPU, run-queue wait nor idle. Best effort.
+        // SAFETY: `host` and `ram` describe a private anonymous mapping owned by `memory`;
+        // MADV_POPULATE_WRITE only faults its pages in, it does not change their contents.
+        let populated =
+            unsafe { libc::madvise(host.cast(), ram as usize, libc::MADV_POPULATE_WRITE) };
+        if populated != 0 {
+            log::warn!(
+                "cannot prefault guest memory: {}",
+                std::io::Error::last_os_error()
+            );
+        }
         let region = kvm_userspace_memory_region {
             slot: 0,
             flags: 0,
@@ -253,6 +285,7 @@ impl TryFrom<VmConfig> for Vm {
         }
         write(&memory, layout::GDT_GPA, &boot::gdt())?;
         write(&memory, layout::TSS_GPA, &boot::tss())?;
+        write(&memory, calibrate::STUB_GPA, &calibrate::STUB)?;
         for seg in &image.segments {
             write(&memory, seg.gpa, &image_bytes[seg.file.clone()])?;
         }
@@ -266,6 +299,27 @@ impl TryFrom<VmConfig> for Vm {
             vcpus.push(fd);
         }
         let tsc_khz = tsc_khz(&vcpus[0]);
+        let kvm_exit_cost = calibrate::exit_cost(&mut vcpus[0], 200);
+        setup_vcpu(&vcpus[0], image.entry, 0, ram)?;
+        let control = Arc::new(AccountingControl::new(
+            config.accounting,
+            config.thresholds,
+            config.histogram_bits,
+            10_000_000,
+        ));
+        let host_cpus = host_cpu_slots();
+        let shared = vcpus
+            .iter()
+            .enumerate()
+            .map(|(id, fd)| {
+                let meter = Arc::new(VcpuMeter::new(config.histogram_bits, host_cpus));
+                let kvm = KvmStats::from_fd(fd)
+                    .map_err(|e| log::warn!("vCPU {id}: no KVM statistics: {e}"))
+                    .ok();
+                let acct = VcpuAccounting::new(meter, kvm, kvm_exit_cost);
+                Arc::new(VcpuShared::new(id, acct))
+            })
+            .collect();
         for (index, w) in workloads.iter().enumerate() {
             let mut info = BootInfo::new();
             info.vcpu_index = index as u32;
@@ -289,7 +343,11 @@ impl TryFrom<VmConfig> for Vm {
                 memory_mib: config.memory_mib,
                 image: image_label,
                 tsc_khz,
+                kvm_exit_cost_ns: kvm_exit_cost.map(|c| c.hot_ns),
+                kvm_exit_cost_after_park_ns: kvm_exit_cost.map(|c| c.after_park_ns),
             },
+            shared,
+            control,
             mmio: Arc::new(mmio),
             pio: Arc::new(pio),
             max_runtime: config.max_runtime,
@@ -300,7 +358,100 @@ impl TryFrom<VmConfig> for Vm {
     }
 }
 
+/// A handle on a VM's accounting, usable from other threads while it runs (the control socket
+/// uses it). Every call is a reader: none takes a lock a vCPU thread waits on.
+#[derive(Clone)]
+pub struct VmHandle {
+    control: Arc<AccountingControl>,
+    vcpus: Arc<[Arc<VcpuShared>]>,
+}
+
+impl VmHandle {
+    /// Number of vCPUs.
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus.len()
+    }
+
+    /// The accounting level.
+    pub fn level(&self) -> Level {
+        self.control.level()
+    }
+
+    /// Switches the accounting level; each vCPU applies it at its next exit.
+    pub fn set_level(&self, level: Level) {
+        self.control.set_level(level);
+    }
+
+    /// The thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        self.control.thresholds()
+    }
+
+    /// Replaces the thresholds.
+    pub fn set_thresholds(&self, t: Thresholds) {
+        self.control.set_thresholds(t);
+    }
+
+    fn vcpu(&self, index: usize) -> Result<&Arc<VcpuShared>, VmError> {
+        self.vcpus.get(index).ok_or(VmError::NoSuchVcpu {
+            index,
+            count: self.vcpus.len(),
+        })
+    }
+
+    /// Restarts the figures of one vCPU, or of all, from zero.
+    pub fn reset(&self, vcpu: Option<usize>) -> Result<(), VmError> {
+        match vcpu {
+            Some(i) => self.vcpu(i)?.acct.reset(),
+            None => self.vcpus.iter().for_each(|v| v.acct.reset()),
+        }
+        Ok(())
+    }
+
+    /// The section 4 fields of one vCPU now, with its histograms.
+    pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), VmError> {
+        Ok(self.vcpu(vcpu)?.acct.times())
+    }
+
+    /// The shared state of every vCPU.
+    pub fn vcpus(&self) -> &[Arc<VcpuShared>] {
+        &self.vcpus
+    }
+}
+
 impl Vm {
+    /// The baseline of `bench overhead`: runs vCPU 0 on this thread in a bare KVM_RUN loop with
+    /// no VMM logic (no bus, no accounting, no other vCPU) until the guest writes the exit
+    /// doorbell. Returns (exits, ns from the first KVM_RUN to the last return).
+    pub fn run_raw(mut self) -> Result<(u64, u64), VmError> {
+        let exit_gpa = DOORBELL_GPA + ppa_guest_abi::doorbell::EXIT;
+        let fd = &mut self.vcpus[0];
+        let mut exits = 0u64;
+        let t0 = now_ns();
+        loop {
+            match fd.run() {
+                Ok(kvm_ioctls::VcpuExit::MmioWrite(a, _)) if a == exit_gpa => break,
+                Ok(_) => exits += 1,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(source) => {
+                    return Err(VmError::Kvm {
+                        step: "run the raw benchmark loop",
+                        source,
+                    })
+                }
+            }
+        }
+        Ok((exits + 1, now_ns() - t0))
+    }
+
+    /// A handle on the VM's accounting for other threads.
+    pub fn handle(&self) -> VmHandle {
+        VmHandle {
+            control: Arc::clone(&self.control),
+            vcpus: self.shared.clone().into(),
+        }
+    }
+
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         crate::kick::install_handler().map_err(|e| VmError::Kvm {
@@ -308,26 +459,30 @@ impl Vm {
             source: e,
         })?;
         let start = Instant::now();
+        let steal_at_start = host_steal_ns();
         let (done_tx, done_rx) = channel();
-        let mut shared = Vec::with_capacity(self.vcpus.len());
+        let shared = std::mem::take(&mut self.shared);
         let mut handles = Vec::with_capacity(self.vcpus.len());
         let stop_all = |shared: &[Arc<VcpuShared>]| shared.iter().for_each(|s| s.kick(REQ_STOP));
-        for (id, fd) in self.vcpus.drain(..).enumerate() {
-            let s = Arc::new(VcpuShared::new(id));
+        let sampler =
+            Sampler::start(shared.clone(), Arc::clone(&self.control)).map_err(VmError::Sampler)?;
+        let start_gate = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        for (s, fd) in shared.iter().zip(self.vcpus.drain(..)) {
             let spawned = vcpu::spawn(VcpuThread {
                 fd,
-                shared: Arc::clone(&s),
+                shared: Arc::clone(s),
                 mmio: Arc::clone(&self.mmio),
                 pio: Arc::clone(&self.pio),
                 done: done_tx.clone(),
+                control: Arc::clone(&self.control),
+                start_gate: Arc::clone(&start_gate),
             });
             match spawned {
-                Ok(h) => {
-                    handles.push(h);
-                    shared.push(s);
-                }
+                Ok(h) => handles.push(h),
                 Err(e) => {
                     stop_all(&shared);
+                    crate::kick::futex_wake(&start_gate);
+                    sampler.stop();
                     handles.into_iter().for_each(|h| {
                         let _ = h.join();
                     });
@@ -336,6 +491,7 @@ impl Vm {
             }
         }
         drop(done_tx);
+        crate::kick::futex_wake(&start_gate);
 
         let deadline = self.max_runtime.map(|d| start + d);
         let mut timed_out = false;
@@ -381,8 +537,30 @@ impl Vm {
         for h in handles {
             let _ = h.join();
         }
+        sampler.stop();
         let uptime_ns = start.elapsed().as_nanos() as u64;
-        let report = Report::build(&self.info, &self.workloads, &shared, uptime_ns, timed_out);
+        // Every vCPU thread has exited: the process CPU clock includes them, and each published
+        // its own CPU time on its way out.
+        let vcpu_cpu: u64 = shared
+            .iter()
+            .filter_map(|s| s.acct.finals.get().map(|f| f.cpu_ns))
+            .sum();
+        let host_threads_ns = process_cpu_ns().saturating_sub(vcpu_cpu);
+        let host_steal_ns = steal_at_start
+            .zip(host_steal_ns())
+            .map(|(a, b)| b.saturating_sub(a));
+        let report = Report::build(
+            &self.info,
+            &self.workloads,
+            &shared,
+            crate::report::RunFacts {
+                uptime_ns,
+                timed_out,
+                host_threads_ns,
+                host_steal_ns,
+                level: self.control.level(),
+            },
+        );
         let exit_code = report.exit_code();
         Ok(RunOutcome { report, exit_code })
     }

@@ -1,0 +1,535 @@
+//! Reading a vCPU's accounting: raw samples, reset baselines, and the fields of spec section 4.
+//!
+//! Data flow: [`VcpuAccounting::sample`] takes one [`RawSample`] — the meter's counter group,
+//! the thread CPU clock (used), schedstat run_delay (steal), the KVM statistics and the
+//! histograms — either live (reading the thread's clocks) or, after the thread ended, from the
+//! [`FinalReadings`] it published on its way out. [`VcpuAccounting::reset`] stores a sample as
+//! the baseline; [`VcpuAccounting::times`] subtracts it and derives [`VcpuTimes`]. The baseline
+//! sits behind a mutex that only readers take: the vCPU thread never waits on it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::Serialize;
+
+use super::histogram::{HistogramJson, HistogramSnapshot};
+use super::host::{SchedStatFile, ThreadClock, TickTimes};
+use super::meter::{Counter, MeterReading, MicroState, VcpuMeter};
+use super::THRESHOLD_NAMES;
+use crate::arch::x86_64::calibrate::ExitCost;
+use crate::exit::ExitReason;
+use crate::kick::now_ns;
+use crate::kvm_stats::KvmStats;
+
+/// Live sources of a running vCPU thread, opened by the thread itself when it starts.
+#[derive(Debug)]
+pub struct LiveSources {
+    /// Its CPU-time clock.
+    pub clock: ThreadClock,
+    /// Its schedstat file.
+    pub sched: SchedStatFile,
+}
+
+/// What the vCPU thread read of itself as its loop ended (its /proc entries vanish with it).
+#[derive(Debug, Clone, Default)]
+pub struct FinalReadings {
+    /// CLOCK_MONOTONIC when read.
+    pub at_ns: u64,
+    /// Thread CPU time.
+    pub cpu_ns: u64,
+    /// schedstat run_delay.
+    pub run_delay_ns: u64,
+    /// schedstat timeslices.
+    pub timeslices: u64,
+    /// Tick-based times from /proc.
+    pub ticks: Option<TickTimes>,
+    /// KVM statistics (scalars).
+    pub kvm: Vec<u64>,
+}
+
+/// Histogram snapshots of one vCPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistSnapshots {
+    /// Exit handling by reason.
+    pub exit_handling: Vec<HistogramSnapshot>,
+    /// Exit handling, all reasons.
+    pub exit_handling_all: HistogramSnapshot,
+    /// KVM_RUN durations.
+    pub guest_run: HistogramSnapshot,
+    /// Wake-up latencies.
+    pub wakeup_latency: HistogramSnapshot,
+}
+
+impl HistSnapshots {
+    fn of(m: &VcpuMeter) -> HistSnapshots {
+        HistSnapshots {
+            exit_handling: m.hist.exit_handling.iter().map(|h| h.snapshot()).collect(),
+            exit_handling_all: m.hist.exit_handling_all.snapshot(),
+            guest_run: m.hist.guest_run.snapshot(),
+            wakeup_latency: m.hist.wakeup_latency.snapshot(),
+        }
+    }
+
+    fn since(&self, b: &HistSnapshots) -> HistSnapshots {
+        HistSnapshots {
+            exit_handling: self
+                .exit_handling
+                .iter()
+                .zip(&b.exit_handling)
+                .map(|(c, b)| c.since(b))
+                .collect(),
+            exit_handling_all: self.exit_handling_all.since(&b.exit_handling_all),
+            guest_run: self.guest_run.since(&b.guest_run),
+            wakeup_latency: self.wakeup_latency.since(&b.wakeup_latency),
+        }
+    }
+
+    /// The histogram called `name`: `exit_handling`, `exit_handling.REASON`, `guest_run`,
+    /// `wakeup_latency`.
+    pub fn get(&self, name: &str) -> Option<&HistogramSnapshot> {
+        match name {
+            "exit_handling" => Some(&self.exit_handling_all),
+            "guest_run" => Some(&self.guest_run),
+            "wakeup_latency" => Some(&self.wakeup_latency),
+            _ => {
+                let reason = name.strip_prefix("exit_handling.")?;
+                let i = ExitReason::ALL.iter().position(|r| r.name() == reason)?;
+                self.exit_handling.get(i)
+            }
+        }
+    }
+
+    /// Every histogram name, in report order.
+    pub fn names() -> Vec<String> {
+        let mut v = vec![
+            "exit_handling".to_string(),
+            "guest_run".to_string(),
+            "wakeup_latency".to_string(),
+        ];
+        v.extend(
+            ExitReason::ALL
+                .iter()
+                .map(|r| format!("exit_handling.{}", r.name())),
+        );
+        v
+    }
+
+    /// JSON of the non-empty histograms (exit_handling by reason only where it has samples).
+    pub fn to_json(&self) -> BTreeMap<String, HistogramJson> {
+        HistSnapshots::names()
+            .into_iter()
+            .filter_map(|n| {
+                let h = self.get(&n)?;
+                (h.count() > 0 || !n.contains('.')).then(|| (n, h.to_json()))
+            })
+            .collect()
+    }
+}
+
+/// One raw reading of every source of a vCPU, counted from the thread's start.
+#[derive(Debug, Clone)]
+pub struct RawSample {
+    /// CLOCK_MONOTONIC of the sample (or of the thread's end).
+    pub at_ns: u64,
+    /// Wall time since the thread started.
+    pub wall_ns: u64,
+    /// The meter's counters, with the state in progress added.
+    pub meter: MeterReading,
+    /// Thread CPU time.
+    pub used_ns: u64,
+    /// schedstat run_delay.
+    pub steal_ns: u64,
+    /// KVM statistics.
+    pub kvm: Vec<u64>,
+    /// Histograms.
+    pub hist: HistSnapshots,
+    /// Sampler windows whose steal exceeded the threshold.
+    pub steal_windows: u64,
+    /// Tick-based /proc times (final samples only).
+    pub ticks: Option<TickTimes>,
+}
+
+/// Accounting state of one vCPU beyond the meter: sources, final readings, baseline.
+#[derive(Debug)]
+pub struct VcpuAccounting {
+    /// The meter the vCPU thread writes.
+    pub meter: Arc<VcpuMeter>,
+    /// Opened by the thread at start.
+    pub live: OnceLock<LiveSources>,
+    /// Published by the thread at its end.
+    pub finals: OnceLock<FinalReadings>,
+    /// KVM binary statistics of the vCPU, when the host has them.
+    pub kvm: Option<KvmStats>,
+    /// The VM's measured in-kernel exit cost, for the kvm_ns estimate.
+    pub exit_cost: Option<ExitCost>,
+    /// Written by the sampler: windows whose steal exceeded the threshold.
+    pub steal_windows: Counter,
+    /// Thread start, CLOCK_MONOTONIC (0 before).
+    pub started_ns: AtomicU64,
+    /// CPU time and run_delay of the thread at `started_ns`: what it used and waited before its
+    /// wall clock started (spawning, and the first run-queue wait) is not part of its figures.
+    origin: OnceLock<(u64, u64)>,
+    baseline: Mutex<Option<RawSample>>,
+}
+
+fn sub_arr<const N: usize>(a: [u64; N], b: [u64; N]) -> [u64; N] {
+    std::array::from_fn(|i| a[i].saturating_sub(b[i]))
+}
+
+fn sub_vec(a: &[u64], b: &[u64]) -> Vec<u64> {
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0)))
+        .collect()
+}
+
+impl VcpuAccounting {
+    /// Accounting for a vCPU that has not started.
+    pub fn new(meter: Arc<VcpuMeter>, kvm: Option<KvmStats>, exit_cost: Option<ExitCost>) -> Self {
+        VcpuAccounting {
+            meter,
+            live: OnceLock::new(),
+            finals: OnceLock::new(),
+            kvm,
+            exit_cost,
+            steal_windows: Counter::default(),
+            started_ns: AtomicU64::new(0),
+            origin: OnceLock::new(),
+            baseline: Mutex::new(None),
+        }
+    }
+
+    /// Called by the vCPU thread as its wall clock starts, with its CPU time and run_delay then.
+    pub fn set_origin(&self, cpu_ns: u64, run_delay_ns: u64) {
+        let _ = self.origin.set((cpu_ns, run_delay_ns));
+    }
+
+    fn origin(&self) -> (u64, u64) {
+        self.origin.get().copied().unwrap_or((0, 0))
+    }
+
+    /// The current KVM statistics, or empty.
+    pub fn read_kvm(&self) -> Vec<u64> {
+        let Some(k) = &self.kvm else {
+            return Vec::new();
+        };
+        let mut out = vec![0; k.scalar_count()];
+        let mut scratch = Vec::new();
+        match k.read_scalars(&mut scratch, &mut out) {
+            Ok(()) => out,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// A raw sample now (live) or at the thread's end.
+    pub fn sample(&self) -> RawSample {
+        let start = self.started_ns.load(Ordering::Acquire);
+        let hist = HistSnapshots::of(&self.meter);
+        if let Some(f) = self.finals.get() {
+            return self.final_sample(f, start, hist);
+        }
+        let at = now_ns();
+        let (cpu0, delay0) = self.origin();
+        let live = self.live.get().and_then(|l| {
+            let used = l.clock.read_ns().ok()?;
+            let s = l.sched.read().ok()?;
+            Some((
+                used.saturating_sub(cpu0),
+                s.run_delay_ns.saturating_sub(delay0),
+            ))
+        });
+        let kvm = self.read_kvm();
+        let mut meter = self.meter.read();
+        let Some((used_ns, steal_ns)) = live else {
+            // The thread ended between our checks, or never started.
+            if let Some(f) = self.finals.get() {
+                return self.final_sample(f, start, hist);
+            }
+            return RawSample {
+                at_ns: at,
+                wall_ns: 0,
+                meter,
+                used_ns: 0,
+                steal_ns: 0,
+                kvm,
+                hist,
+                steal_windows: self.steal_windows.get(),
+                ticks: None,
+            };
+        };
+        // Add the micro-state in progress, so live figures do not lag by one interval.
+        if meter.since != 0 {
+            let dt = at.saturating_sub(meter.since);
+            let state = meter.micro_state();
+            meter.wall[state as usize] += dt;
+            if let Some(i) = state.park_index() {
+                meter.blocked[i] += dt;
+            }
+        }
+        RawSample {
+            at_ns: at,
+            wall_ns: if start == 0 {
+                0
+            } else {
+                at.saturating_sub(start)
+            },
+            meter,
+            used_ns,
+            steal_ns,
+            kvm,
+            hist,
+            steal_windows: self.steal_windows.get(),
+            ticks: None,
+        }
+    }
+
+    fn final_sample(&self, f: &FinalReadings, start: u64, hist: HistSnapshots) -> RawSample {
+        let (cpu0, delay0) = self.origin();
+        RawSample {
+            at_ns: f.at_ns,
+            wall_ns: f.at_ns.saturating_sub(start),
+            meter: self.meter.read(),
+            used_ns: f.cpu_ns.saturating_sub(cpu0),
+            steal_ns: f.run_delay_ns.saturating_sub(delay0),
+            kvm: f.kvm.clone(),
+            hist,
+            steal_windows: self.steal_windows.get(),
+            ticks: f.ticks,
+        }
+    }
+
+    /// Restarts every figure from zero: the current sample becomes the baseline.
+    pub fn reset(&self) {
+        let s = self.sample();
+        *self.baseline.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    /// The fields of spec section 4 since the start or the last reset.
+    pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
+        let cur = self.sample();
+        let base = self
+            .baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        derive(&cur, base.as_ref(), self.kvm.as_ref(), self.exit_cost)
+    }
+}
+
+/// Guest time and KVM_RUN entries on one host CPU.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct HostCpu {
+    /// Host CPU number.
+    pub cpu: usize,
+    /// guest_ns attributed to this CPU (in proportion to KVM_RUN wall time on it).
+    pub guest_ns: u64,
+    /// KVM_RUN entries on it.
+    pub entries: u64,
+}
+
+/// The per-vCPU fields of spec section 4 (definitions in docs/accounting.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct VcpuTimes {
+    /// Monotonic time elapsed.
+    pub wall_ns: u64,
+    /// On-CPU time of the vCPU thread.
+    pub used_ns: u64,
+    /// On-CPU inside KVM_RUN.
+    pub guest_ns: u64,
+    /// In-kernel exit handling; null: this host cannot split it out (docs/accounting.md).
+    pub kvm_ns: Option<u64>,
+    /// ESTIMATE of the in-kernel exit handling inside guest_ns: KVM's exit count × the
+    /// measured round-trip cost (cold cost for the first entry after each park).
+    pub kvm_ns_estimate: Option<u64>,
+    /// ESTIMATE of guest code time: guest_ns − kvm_ns_estimate.
+    pub guest_code_ns_estimate: Option<u64>,
+    /// Number of parks (idle, limited, paused).
+    pub parks: u64,
+    /// On-CPU in the VMM outside KVM_RUN.
+    pub vmm_ns: u64,
+    /// Runnable, waiting for a host CPU.
+    pub steal_ns: u64,
+    /// Blocked inside KVM_RUN.
+    pub halted_ns: u64,
+    /// Parked because the guest asked to idle.
+    pub idle_ns: u64,
+    /// Parked because a CPU limit was exhausted.
+    pub limited_ns: u64,
+    /// Parked because an operator paused the VM.
+    pub paused_ns: u64,
+    /// How guest/vmm were split: `exact` (level full), `estimated` (basic), `mixed`, `none`.
+    pub split: &'static str,
+    /// wall − (used + steal + halted + idle + limited + paused).
+    pub identity_error_ns: i64,
+    /// Micro-state at the time of reading.
+    pub state: &'static str,
+    /// Userspace exits by reason.
+    pub exits: BTreeMap<&'static str, u64>,
+    /// Userspace handling time by reason.
+    pub exit_ns: BTreeMap<&'static str, u64>,
+    /// KVM binary statistics, deltas.
+    pub kvm_stats: BTreeMap<String, u64>,
+    /// Per host CPU.
+    pub host_cpus: Vec<HostCpu>,
+    /// Host CPU changes between KVM_RUN entries.
+    pub migrations: u64,
+    /// Occurrences above each threshold.
+    pub thresholds: BTreeMap<&'static str, u64>,
+    /// Wall time inside KVM_RUN (timed levels).
+    pub kvm_run_wall_ns: u64,
+    /// On-CPU time around parks (part of vmm_ns).
+    pub park_cpu_ns: u64,
+    /// Tick-based utime + stime from /proc (final reports only).
+    pub proc_ticks: Option<TickTimes>,
+}
+
+fn state_name(s: MicroState) -> &'static str {
+    ["guest", "vmm", "idle", "limited", "paused"][s as usize]
+}
+
+/// Derives the section 4 fields from a sample and an optional baseline.
+pub fn derive(
+    cur: &RawSample,
+    base: Option<&RawSample>,
+    kvm: Option<&KvmStats>,
+    exit_cost: Option<ExitCost>,
+) -> (VcpuTimes, HistSnapshots) {
+    let zero;
+    let b = match base {
+        Some(b) => b,
+        None => {
+            zero = RawSample {
+                at_ns: 0,
+                wall_ns: 0,
+                meter: MeterReading::default(),
+                used_ns: 0,
+                steal_ns: 0,
+                kvm: Vec::new(),
+                hist: cur.hist.clone(),
+                steal_windows: 0,
+                ticks: None,
+            };
+            &zero
+        }
+    };
+    let (m, bm) = (&cur.meter, &b.meter);
+    let hist = if base.is_some() {
+        cur.hist.since(&b.hist)
+    } else {
+        cur.hist.clone()
+    };
+    let wall = cur.wall_ns.saturating_sub(b.wall_ns);
+    let used = cur.used_ns.saturating_sub(b.used_ns);
+    let steal = cur.steal_ns.saturating_sub(b.steal_ns);
+    let vmm = (m.cpu_vmm_full + m.vmm_wall_basic + m.park_cpu)
+        .saturating_sub(bm.cpu_vmm_full + bm.vmm_wall_basic + bm.park_cpu)
+        .min(used);
+    let guest = used - vmm;
+    let blocked = sub_arr(m.blocked, bm.blocked);
+    let kvm_delta = sub_vec(&cur.kvm, &b.kvm);
+    let kvm_stats: BTreeMap<String, u64> = kvm
+        .map(|k| {
+            k.scalar_names()
+                .zip(&kvm_delta)
+                .map(|(n, v)| (n.to_string(), *v))
+                .collect()
+        })
+        .unwrap_or_default();
+    let halted = kvm_stats.get("halt_wait_ns").copied().unwrap_or(0);
+    let parks = m.parks.saturating_sub(bm.parks);
+    // KVM counts every exit, those handled in the kernel included; each paid about one measured
+    // round trip, the first after a park the cold one.
+    let kvm_ns_estimate = match (kvm_stats.get("exits"), exit_cost) {
+        (Some(&exits), Some(c)) => {
+            let cold = parks.min(exits);
+            Some(((exits - cold) * c.hot_ns + cold * c.after_park_ns).min(used))
+        }
+        _ => None,
+    };
+    let levels = sub_arr(m.exits_at_level, bm.exits_at_level);
+    let split = match levels {
+        [_, 0, 0] => "none",
+        [0, 0, _] => "exact",
+        [0, _, 0] => "estimated",
+        _ => "mixed",
+    };
+    let sum = used + steal + halted + blocked[0] + blocked[1] + blocked[2];
+    let exits = sub_arr(m.exits, bm.exits);
+    let exit_ns = sub_arr(m.exit_ns, bm.exit_ns);
+    let run_by_cpu = sub_vec(&m.guest_wall_by_cpu, &bm.guest_wall_by_cpu);
+    let entries_by_cpu = sub_vec(&m.entries_by_cpu, &bm.entries_by_cpu);
+    let run_total: u64 = run_by_cpu.iter().sum();
+    let host_cpus = run_by_cpu
+        .iter()
+        .zip(&entries_by_cpu)
+        .enumerate()
+        .filter(|(_, (r, e))| **r > 0 || **e > 0)
+        .map(|(cpu, (r, e))| HostCpu {
+            cpu,
+            guest_ns: if run_total == 0 {
+                0
+            } else {
+                (u128::from(guest) * u128::from(*r) / u128::from(run_total)) as u64
+            },
+            entries: *e,
+        })
+        .collect();
+    let exceeded = sub_arr(m.exceeded, bm.exceeded);
+    let mut thresholds: BTreeMap<&'static str, u64> = THRESHOLD_NAMES[..3]
+        .iter()
+        .zip(exceeded)
+        .map(|(n, v)| (*n, v))
+        .collect();
+    thresholds.insert(
+        THRESHOLD_NAMES[3],
+        cur.steal_windows.saturating_sub(b.steal_windows),
+    );
+    let times = VcpuTimes {
+        wall_ns: wall,
+        used_ns: used,
+        guest_ns: guest,
+        kvm_ns: None,
+        kvm_ns_estimate,
+        guest_code_ns_estimate: kvm_ns_estimate.map(|k| guest.saturating_sub(k)),
+        parks,
+        vmm_ns: vmm,
+        steal_ns: steal,
+        halted_ns: halted,
+        idle_ns: blocked[0],
+        limited_ns: blocked[1],
+        paused_ns: blocked[2],
+        split,
+        identity_error_ns: wall as i64 - sum as i64,
+        state: state_name(m.micro_state()),
+        exits: ExitReason::ALL
+            .iter()
+            .map(|r| (r.name(), exits[r.index()]))
+            .collect(),
+        exit_ns: ExitReason::ALL
+            .iter()
+            .map(|r| (r.name(), exit_ns[r.index()]))
+            .collect(),
+        kvm_stats,
+        host_cpus,
+        migrations: m.migrations.saturating_sub(bm.migrations),
+        thresholds,
+        kvm_run_wall_ns: m.wall[0].saturating_sub(bm.wall[0]),
+        park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
+        proc_ticks: cur.ticks,
+    };
+    (times, hist)
+}
+
+impl VcpuTimes {
+    /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
+    /// the vCPU stopped (`stopped`), within 1 % while it runs.
+    pub fn identity_holds(&self, stopped: bool) -> bool {
+        let tol = if stopped {
+            (self.wall_ns / 200).max(200_000)
+        } else {
+            self.wall_ns / 100
+        };
+        self.identity_error_ns.unsigned_abs() <= tol
+    }
+}
