@@ -89,6 +89,53 @@ fn config_file_and_report_file() {
 }
 
 #[test]
+fn histograms_are_written_in_the_kstats_text_form() {
+    require_kvm();
+    let _g = serial();
+    let path = temp_file("hist.txt", b"");
+    let o = ppa_vmm(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--workload",
+        "exits:n=500",
+        "--report",
+        "none",
+        "--histograms-file",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("# histogram exit_handling"), "{text}");
+    // Every data line is self-contained: slot S vcpu V count C avg A p P (or vcpus N).
+    let mut per_vcpu_counts = [0u64; 2];
+    let mut in_exit_handling = false;
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("# histogram ") {
+            in_exit_handling = h.starts_with("exit_handling ");
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 10, "{line}");
+        assert_eq!(
+            (f[0], f[4], f[6], f[8]),
+            ("slot", "count", "avg", "p"),
+            "{line}"
+        );
+        let p: f64 = f[9].parse().unwrap();
+        assert!((0.0..=1.0).contains(&p), "{line}");
+        if in_exit_handling && f[2] == "vcpu" {
+            per_vcpu_counts[f[3].parse::<usize>().unwrap()] += f[5].parse::<u64>().unwrap();
+        }
+    }
+    // Each vCPU handled 500 workload exits plus protocol doorbells; the last exit (the exit
+    // doorbell) ends the vCPU before its handling is complete.
+    for c in per_vcpu_counts {
+        assert!(c >= 500, "exit_handling counts {per_vcpu_counts:?}");
+    }
+}
+
+#[test]
 fn kernel_path_boots_the_same_image_from_a_file() {
     require_kvm();
     let _g = serial();

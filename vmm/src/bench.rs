@@ -2,8 +2,9 @@
 //!
 //! `overhead`: MMIO-exit throughput of (a) a raw KVM_RUN loop with no VMM logic, (b) ppa-vmm at
 //! accounting off, (c) basic, (d) full. Each round runs the four on the same tiny-guest image and
-//! `exits:n=N` workload, one after the other, and the rounds alternate, so slow drifts of the
-//! host affect all four alike. Throughput is exits divided by the vCPU's wall time; the figure
+//! `exits:n=N` workload, one after the other, in an order that rotates each round, with a short
+//! pause between runs, so slow drifts of the host and the teardown of the previous VM affect all
+//! four alike. Throughput is exits divided by the vCPU's wall time; the figure
 //! of each configuration is its median over the rounds. Results are ratios measured side by side
 //! in one run, never absolute targets.
 

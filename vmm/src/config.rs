@@ -161,6 +161,8 @@ pub struct ReportOptions {
     pub format: ReportFormat,
     /// Write it here instead of stdout.
     pub file: Option<PathBuf>,
+    /// Write every histogram in the kstats text form here.
+    pub histograms_file: Option<PathBuf>,
 }
 
 /// The options of `ppa-vmm run`, as given on the command line or in a config file. Every field
@@ -183,6 +185,8 @@ pub struct RunOptions {
     pub report: Option<ReportFormat>,
     /// Report file.
     pub report_file: Option<PathBuf>,
+    /// File for every histogram in the kstats text form.
+    pub histograms_file: Option<PathBuf>,
     /// Maximum run time in seconds.
     pub max_runtime: Option<f64>,
     /// KVM device path.
@@ -244,6 +248,7 @@ impl RunOptions {
             workload,
             report: over.report.or(self.report),
             report_file: over.report_file.or(self.report_file),
+            histograms_file: over.histograms_file.or(self.histograms_file),
             max_runtime: over.max_runtime.or(self.max_runtime),
             kvm_device: over.kvm_device.or(self.kvm_device),
         }
@@ -290,6 +295,7 @@ impl RunOptions {
         let report = ReportOptions {
             format: self.report.unwrap_or(ReportFormat::Text),
             file: self.report_file,
+            histograms_file: self.histograms_file,
         };
         Ok((config, report))
     }

@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a VM and run it until every vCPU has exited.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
     Demo,
     /// Measure the VMM itself.
@@ -81,6 +81,9 @@ struct RunArgs {
     /// Write the report to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     report_file: Option<PathBuf>,
+    /// Write every histogram in the kstats text form (`slot S vcpu V count C avg A p P`) here.
+    #[arg(long, value_name = "PATH")]
+    histograms_file: Option<PathBuf>,
     /// Stop every vCPU after this many seconds.
     #[arg(long, value_name = "SECS")]
     max_runtime: Option<f64>,
@@ -112,6 +115,7 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         workload: args.workload,
         report: args.report,
         report_file: args.report_file,
+        histograms_file: args.histograms_file,
         max_runtime: args.max_runtime,
         kvm_device: args.kvm_device,
         accounting: args.accounting,
@@ -134,6 +138,10 @@ fn emit(
     report: &ppa_vmm::report::Report,
     opts: &ReportOptions,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = &opts.histograms_file {
+        std::fs::write(path, report.histograms_text())
+            .map_err(|e| format!("cannot write the histograms to {}: {e}", path.display()))?;
+    }
     let text = match opts.format {
         ReportFormat::None => return Ok(()),
         ReportFormat::Json => serde_json::to_string_pretty(report)? + "\n",
@@ -187,7 +195,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = match cli.command {
-        Command::Run(args) => options(args),
+        Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
         Command::Bench(args) => {
             return match bench(args) {

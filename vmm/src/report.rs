@@ -99,6 +99,9 @@ pub struct VcpuReport {
     pub times: VcpuTimes,
     /// Histograms (exit_handling by reason only where it has samples).
     pub histograms: BTreeMap<String, HistogramJson>,
+    /// The same histograms as snapshots, for the kstats text form.
+    #[serde(skip)]
+    pub hist: HistSnapshots,
     /// Doorbell and workload-port accesses by kind.
     pub doorbells: BTreeMap<&'static str, u64>,
     /// What the guest measured itself (only keys it reported).
@@ -159,6 +162,7 @@ fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshot
         failure,
         times,
         histograms: hist.to_json(),
+        hist: hist.clone(),
         doorbells,
         guest_reported,
     };
@@ -217,6 +221,23 @@ impl Report {
             vcpus,
             groups: Vec::new(),
         }
+    }
+
+    /// Every histogram in the kstats text form: for each name, a header line, then one line per
+    /// slot and vCPU and one per slot for all vCPUs.
+    pub fn histograms_text(&self) -> String {
+        let mut out = String::new();
+        for name in HistSnapshots::names() {
+            let per_vcpu: Vec<(usize, HistogramSnapshot)> = self
+                .vcpus
+                .iter()
+                .filter_map(|v| v.hist.get(&name).map(|h| (v.id, h.clone())))
+                .collect();
+            if per_vcpu.iter().any(|(_, h)| h.count() > 0) {
+                out.push_str(&crate::accounting::histogram::kstats_text(&name, &per_vcpu));
+            }
+        }
+        out
     }
 
     /// 0 when every vCPU exited with code 0, else 1.

@@ -323,6 +323,7 @@ fn thread_main(mut v: VcpuThread) {
     );
 
     let end = run_loop(&mut v, &mut rec);
+    rec.flush();
 
     kick::set_immediate_exit_ptr(std::ptr::null_mut());
     publish_final(&shared, tid);
