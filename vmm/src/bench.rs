@@ -74,14 +74,27 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs `bench overhead`.
 pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
     let mut rates: [Vec<f64>; 4] = Default::default();
-    for _ in 0..o.rounds.max(1) {
-        let (n, ns) = vm(o.exits, Level::Off)?.run_raw()?;
-        rates[0].push(n as f64 * 1e9 / ns.max(1) as f64);
-        for (i, level) in [Level::Off, Level::Basic, Level::Full]
-            .into_iter()
-            .enumerate()
-        {
-            rates[i + 1].push(ppa_rate(o.exits, level)?);
+    let configs = [
+        None,
+        Some(Level::Off),
+        Some(Level::Basic),
+        Some(Level::Full),
+    ];
+    for round in 0..o.rounds.max(1) {
+        // Rotate the order each round, and let the host finish tearing down the previous VM
+        // (freed memory, shadow pages) before the next starts, so no configuration always runs
+        // in the wake of the same other one.
+        for k in 0..configs.len() {
+            let i = (round + k) % configs.len();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let rate = match configs[i] {
+                None => {
+                    let (n, ns) = vm(o.exits, Level::Off)?.run_raw()?;
+                    n as f64 * 1e9 / ns.max(1) as f64
+                }
+                Some(level) => ppa_rate(o.exits, level)?,
+            };
+            rates[i].push(rate);
         }
     }
     let [raw, off, basic, full] = rates.map(median);

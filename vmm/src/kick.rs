@@ -46,14 +46,14 @@ pub fn set_immediate_exit_ptr(p: *mut u8) {
     IMMEDIATE_EXIT.with(|c| c.set(p));
 }
 
-/// Sends the kick signal to `thread`.
-///
-/// The caller guarantees `thread` has not been joined yet (a `pthread_t` is valid until then).
-pub fn signal_thread(thread: libc::pthread_t) {
-    // SAFETY: `thread` names a thread that has not been joined (caller's guarantee); the signal
-    // has a handler installed by `install_handler`, so it cannot kill the process.
+/// Sends the kick signal to thread `tid` of this process (tgkill: safe even if the thread has
+/// exited, which gives ESRCH; a reused tid is another thread of this process, where the handler
+/// finds no registered byte and does nothing).
+pub fn signal_thread(tid: libc::pid_t) {
+    // SAFETY: tgkill takes plain integers and touches no memory of ours; the signal has a
+    // handler installed by `install_handler`, so it cannot kill the process.
     unsafe {
-        libc::pthread_kill(thread, kick_signal());
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, kick_signal());
     }
 }
 
@@ -140,8 +140,8 @@ mod tests {
         install_handler().unwrap();
         let mut byte = 0u8;
         set_immediate_exit_ptr(&mut byte);
-        // SAFETY: pthread_self is always valid for the calling thread.
-        signal_thread(unsafe { libc::pthread_self() });
+        // SAFETY: gettid has no preconditions.
+        signal_thread(unsafe { libc::gettid() });
         set_immediate_exit_ptr(std::ptr::null_mut());
         // SAFETY: reading a local the handler may have written through a pointer.
         assert_eq!(unsafe { std::ptr::read_volatile(&byte) }, 1);

@@ -150,7 +150,13 @@ fn emit(
     match &opts.file {
         Some(path) => std::fs::write(path, text)
             .map_err(|e| format!("cannot write the report to {}: {e}", path.display()))?,
-        None => print!("{text}"),
+        None => {
+            use std::io::Write;
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+                _ => {}
+            }
+        }
     }
     Ok(())
 }

@@ -57,7 +57,9 @@ fn run(vcpus: &[Arc<VcpuShared>], control: &AccountingControl, stop: &(AtomicBoo
             futex_wait(&stop.1, seen, Some(next));
             continue;
         }
-        next += interval;
+        // One window per wake-up; if the thread was held up, start a fresh window from now
+        // rather than lumping several windows into one.
+        next = (next + interval).max(now_ns() + interval / 2);
         let threshold = control.threshold(3);
         for (v, prev) in vcpus.iter().zip(last.iter_mut()) {
             if v.acct.finals.get().is_some() {

@@ -10,7 +10,7 @@
 //! no lock, no allocation on the exit path). When the loop ends the thread stores a
 //! [`VcpuEnd`] and tells the VM through a channel.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -179,7 +179,6 @@ pub struct VcpuShared {
     /// vCPU index.
     pub id: usize,
     tid: AtomicI32,
-    pthread: AtomicUsize,
     state: AtomicU8,
     requests: AtomicU32,
     wake: AtomicU32,
@@ -197,7 +196,6 @@ impl VcpuShared {
         VcpuShared {
             id,
             tid: AtomicI32::new(0),
-            pthread: AtomicUsize::new(0),
             state: AtomicU8::new(VcpuState::Created as u8),
             requests: AtomicU32::new(0),
             wake: AtomicU32::new(0),
@@ -248,9 +246,9 @@ impl VcpuShared {
         if self.state() == VcpuState::Finished {
             return;
         }
-        let thread = self.pthread.load(Ordering::Acquire);
-        if thread != 0 {
-            kick::signal_thread(thread as libc::pthread_t);
+        let tid = self.tid.load(Ordering::Acquire);
+        if tid != 0 {
+            kick::signal_thread(tid);
         }
     }
 
@@ -295,13 +293,15 @@ fn thread_main(mut v: VcpuThread) {
     if let (Ok(clock), Ok(sched)) = (ThreadClock::current(), SchedStatFile::open(tid)) {
         let _ = shared.acct.live.set(LiveSources { clock, sched });
     }
+    if crate::arch::x86_64::calibrate::warm_up(&mut v.fd).is_none() {
+        log::warn!(
+            "vCPU {}: warm-up run failed; its first KVM_RUN is measured",
+            shared.id
+        );
+    }
     while v.start_gate.load(Ordering::Acquire) == 0 {
         futex_wait(&v.start_gate, 0, None);
     }
-    // SAFETY: pthread_self has no preconditions.
-    shared
-        .pthread
-        .store(unsafe { libc::pthread_self() } as usize, Ordering::Release);
     // Precise halts: the default 50 µs timer slack would lengthen every park.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
@@ -323,7 +323,7 @@ fn thread_main(mut v: VcpuThread) {
     );
 
     let end = run_loop(&mut v, &mut rec);
-    rec.flush();
+    rec.finish(stamp(rec.level(), rec.level()));
 
     kick::set_immediate_exit_ptr(std::ptr::null_mut());
     publish_final(&shared, tid);
@@ -370,10 +370,15 @@ impl Console {
             self.flush(id);
         }
     }
+    /// Writes the line to stderr as `[vcpuN] bytes`; the guest's bytes go out as they are
+    /// (no allocation), and a closed stderr is ignored rather than stopping the vCPU.
     fn flush(&mut self, id: usize) {
         if self.len > 0 {
-            let text = String::from_utf8_lossy(&self.buf[..self.len]);
-            eprintln!("[vcpu{id}] {text}");
+            use std::io::Write;
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "[vcpu{id}] ");
+            let _ = err.write_all(&self.buf[..self.len]);
+            let _ = err.write_all(b"\n");
             self.len = 0;
         }
     }
@@ -442,23 +447,10 @@ fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
     stamp
 }
 
-/// Clock readings for a park boundary at `level`: wall always; CPU time and run_delay unless
-/// accounting is off (a park is a syscall anyway, these make its blocked time exact).
-fn park_stamp(shared: &VcpuShared, level: Level) -> ParkStamp {
-    if level == Level::Off {
-        return ParkStamp {
-            now: now_ns(),
-            cpu: None,
-            run_delay: None,
-        };
-    }
-    consistent_stamp(shared)
-}
-
 /// Parks as `kind` until `deadline_ns` (or forever with `None`) or a request arrives.
 fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: Option<u64>) {
     shared.set_state(VcpuState::Parked);
-    rec.park_begin(kind, park_stamp(shared, rec.level()));
+    rec.park_begin(kind, consistent_stamp(shared));
     let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
         if shared.requests.load(Ordering::Acquire) != 0 {
@@ -471,7 +463,7 @@ fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: 
         }
         futex_wait(&shared.wake, seen, deadline_ns);
     };
-    rec.park_end(park_stamp(shared, rec.level()), release);
+    rec.park_end(consistent_stamp(shared), release);
     shared.set_state(VcpuState::Running);
 }
 

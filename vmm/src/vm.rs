@@ -273,9 +273,9 @@ impl TryFrom<VmConfig> for Vm {
             memory_size: ram,
             userspace_addr: host as u64,
         };
-        // SAFETY: `host` is the start of a mapping of `ram` bytes owned by `memory`, which the
-        // Vm keeps alive longer than the VM fd and every vCPU (fields drop after the vCPUs are
-        // joined in `run`, and `_memory` is declared before `_vm_fd`... both outlive KVM_RUN).
+        // SAFETY: `host` is the start of a mapping of `ram` bytes owned by `memory`. The Vm keeps
+        // `memory` until it is dropped, and the guest can only touch the slot inside KVM_RUN:
+        // `run` joins every vCPU thread (and `run_raw` returns) before the Vm can be dropped.
         unsafe { vm_fd.set_user_memory_region(region) }
             .map_err(kvm_err("register guest memory"))?;
 
@@ -300,6 +300,11 @@ impl TryFrom<VmConfig> for Vm {
         }
         let tsc_khz = tsc_khz(&vcpus[0]);
         let kvm_exit_cost = calibrate::exit_cost(&mut vcpus[0], 200);
+        // Complete the stub's last MMIO exit (KVM finishes it on the next KVM_RUN, which
+        // immediate_exit turns into an immediate return) before setting the real registers.
+        vcpus[0].set_kvm_immediate_exit(1);
+        let _ = vcpus[0].run();
+        vcpus[0].set_kvm_immediate_exit(0);
         setup_vcpu(&vcpus[0], image.entry, 0, ram)?;
         let control = Arc::new(AccountingControl::new(
             config.accounting,

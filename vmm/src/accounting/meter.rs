@@ -144,6 +144,9 @@ pub struct VcpuMeter {
     pub hist: Histograms,
     /// When the last kick released this vCPU (written by kickers, not by the vCPU thread).
     pub released_at: AtomicU64,
+    /// Bumped by every reset (by readers): the recorder drops histogram records it still holds
+    /// from before the reset.
+    pub reset_epoch: AtomicU64,
 }
 
 /// A consistent copy of a [`VcpuMeter`]'s counter group.
@@ -230,6 +233,7 @@ impl VcpuMeter {
             migrations: Counter::default(),
             hist: Histograms::new(frac_bits),
             released_at: AtomicU64::new(0),
+            reset_epoch: AtomicU64::new(0),
         }
     }
 
@@ -255,20 +259,23 @@ impl VcpuMeter {
     /// A consistent copy of the counter group (bounded retries; see
     /// [`MeterReading::consistent`]).
     pub fn read(&self) -> MeterReading {
+        // A write section is a few stores, but its writer can be preempted inside one: spin
+        // briefly, then yield, then sleep, for up to ~2 s in all before giving up.
         let mut r = MeterReading::default();
-        for attempt in 0..10_000 {
+        for attempt in 0u32..20_000 {
             let s1 = self.seq.load(Ordering::Acquire);
-            if s1 % 2 == 1 {
-                if attempt > 64 {
-                    std::thread::yield_now();
+            if s1 % 2 == 0 {
+                r = self.read_unchecked();
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    r.consistent = true;
+                    return r;
                 }
-                continue;
             }
-            r = self.read_unchecked();
-            fence(Ordering::Acquire);
-            if self.seq.load(Ordering::Relaxed) == s1 {
-                r.consistent = true;
-                return r;
+            match attempt {
+                0..=63 => std::hint::spin_loop(),
+                64..=1023 => std::thread::yield_now(),
+                _ => std::thread::sleep(std::time::Duration::from_micros(100)),
             }
         }
         r
@@ -342,7 +349,10 @@ pub struct Recorder {
     level: Level,
     since: u64,
     cpu_since: Option<u64>,
-    host_cpu: usize,
+    /// Host CPU of the last timed entry.
+    host_cpu: Option<usize>,
+    /// The reset epoch the pending histogram records belong to.
+    epoch: u64,
     /// The exit being handled (None before the first exit).
     exit_reason: Option<usize>,
     exit_vmm_ns: u64,
@@ -363,7 +373,8 @@ impl Recorder {
             level,
             since: start.now,
             cpu_since: start.cpu,
-            host_cpu: 0,
+            host_cpu: None,
+            epoch: 0,
             exit_reason: None,
             exit_vmm_ns: 0,
             park: None,
@@ -434,6 +445,12 @@ impl Recorder {
     pub fn on_entry(&mut self, s: Stamp, host_cpu: usize, next: Level) {
         let host_cpu = host_cpu.min(self.meter.entries_by_cpu.len() - 1);
         let timed = self.level != Level::Off;
+        let epoch = self.meter.reset_epoch.load(Ordering::Relaxed);
+        if epoch != self.epoch {
+            // Records taken before a reset must not count after it.
+            self.pending_len = 0;
+            self.epoch = epoch;
+        }
         let mut wakeup = None;
         self.meter.begin();
         if timed {
@@ -459,7 +476,7 @@ impl Recorder {
             }
         }
         if next != Level::Off {
-            if host_cpu != self.host_cpu {
+            if self.host_cpu.is_some_and(|c| c != host_cpu) {
                 m.migrations.add(1);
             }
             m.entries_by_cpu[host_cpu].add(1);
@@ -476,7 +493,9 @@ impl Recorder {
             self.hist(HistId::Wakeup, lat);
         }
         self.wakeup_from = None;
-        self.host_cpu = host_cpu;
+        if next != Level::Off {
+            self.host_cpu = Some(host_cpu);
+        }
         self.level = next;
         self.since = s.now;
         self.cpu_since = s.cpu;
@@ -495,7 +514,7 @@ impl Recorder {
         m.exits_at_level[self.level as usize].add(1);
         if timed {
             m.wall[MicroState::Guest as usize].add(run);
-            m.guest_wall_by_cpu[self.host_cpu].add(run);
+            m.guest_wall_by_cpu[self.host_cpu.unwrap_or(0)].add(run);
             if let (Level::Full, Some(c), Some(c0)) = (self.level, s.cpu, self.cpu_since) {
                 m.cpu_guest_full.add(c.saturating_sub(c0));
             }
@@ -513,6 +532,24 @@ impl Recorder {
         self.exit_vmm_ns = 0;
         self.since = s.now;
         self.cpu_since = s.cpu;
+    }
+
+    /// The loop ended at `s`: closes the handling of the last exit and applies pending records.
+    pub fn finish(&mut self, s: Stamp) {
+        if self.level != Level::Off {
+            self.meter.begin();
+            self.close_vmm(s);
+            if let Some(r) = self.exit_reason {
+                self.meter.exit_ns[r].add(self.exit_vmm_ns);
+            }
+            self.meter.set_state(MicroState::Vmm, 0);
+            self.meter.end();
+            if let Some(r) = self.exit_reason {
+                self.hist(HistId::Exit(r as u8), self.exit_vmm_ns);
+            }
+        }
+        self.exit_reason = None;
+        self.flush();
     }
 
     /// The thread is about to park as `kind` (idle, limited or paused).
@@ -605,7 +642,10 @@ mod tests {
         assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
         assert_eq!(m.guest_wall_by_cpu, vec![10_000, 8_000]);
         assert_eq!(m.entries_by_cpu, vec![1, 1]);
-        assert_eq!(m.migrations, 1);
+        assert_eq!(
+            m.migrations, 1,
+            "CPU 0 then CPU 1; the first entry is no migration"
+        );
         assert_eq!(m.vmm_wall_basic, 1_000);
         assert_eq!(m.micro_state(), MicroState::Vmm);
         assert_eq!(m.since, 20_000);

@@ -20,7 +20,7 @@ use super::THRESHOLD_NAMES;
 use crate::arch::x86_64::calibrate::ExitCost;
 use crate::exit::ExitReason;
 use crate::kick::now_ns;
-use crate::kvm_stats::KvmStats;
+use crate::kvm_stats::{KvmStats, StatKind};
 
 /// Live sources of a running vCPU thread, opened by the thread itself when it starts.
 #[derive(Debug)]
@@ -170,6 +170,11 @@ pub struct VcpuAccounting {
     /// CPU time and run_delay of the thread at `started_ns`: what it used and waited before its
     /// wall clock started (spawning, and the first run-queue wait) is not part of its figures.
     origin: OnceLock<(u64, u64)>,
+    /// KVM statistics at `started_ns` (KVM counts from vCPU creation, which includes the
+    /// VM's exit-cost calibration on vCPU 0).
+    origin_kvm: OnceLock<Vec<u64>>,
+    /// Which scalar KVM statistics are cumulative (only those are turned into deltas).
+    kvm_cumulative: Vec<bool>,
     baseline: Mutex<Option<RawSample>>,
 }
 
@@ -187,6 +192,14 @@ fn sub_vec(a: &[u64], b: &[u64]) -> Vec<u64> {
 impl VcpuAccounting {
     /// Accounting for a vCPU that has not started.
     pub fn new(meter: Arc<VcpuMeter>, kvm: Option<KvmStats>, exit_cost: Option<ExitCost>) -> Self {
+        let kvm_cumulative = kvm.as_ref().map_or_else(Vec::new, |k| {
+            k.layout()
+                .descs
+                .iter()
+                .filter(|d| d.size == 1)
+                .map(|d| d.kind == StatKind::Cumulative)
+                .collect()
+        });
         VcpuAccounting {
             meter,
             live: OnceLock::new(),
@@ -196,6 +209,8 @@ impl VcpuAccounting {
             steal_windows: Counter::default(),
             started_ns: AtomicU64::new(0),
             origin: OnceLock::new(),
+            origin_kvm: OnceLock::new(),
+            kvm_cumulative,
             baseline: Mutex::new(None),
         }
     }
@@ -203,14 +218,33 @@ impl VcpuAccounting {
     /// Called by the vCPU thread as its wall clock starts, with its CPU time and run_delay then.
     pub fn set_origin(&self, cpu_ns: u64, run_delay_ns: u64) {
         let _ = self.origin.set((cpu_ns, run_delay_ns));
+        let _ = self.origin_kvm.set(self.read_kvm_raw());
+    }
+
+    /// Cumulative statistics since `started_ns`; instant and peak ones as they are.
+    fn kvm_since_origin(&self, raw: Vec<u64>) -> Vec<u64> {
+        let Some(origin) = self.origin_kvm.get() else {
+            return raw;
+        };
+        raw.iter()
+            .enumerate()
+            .map(|(i, v)| match (self.kvm_cumulative.get(i), origin.get(i)) {
+                (Some(true), Some(o)) => v.saturating_sub(*o),
+                _ => *v,
+            })
+            .collect()
     }
 
     fn origin(&self) -> (u64, u64) {
         self.origin.get().copied().unwrap_or((0, 0))
     }
 
-    /// The current KVM statistics, or empty.
+    /// The current KVM statistics since the thread started, or empty.
     pub fn read_kvm(&self) -> Vec<u64> {
+        self.kvm_since_origin(self.read_kvm_raw())
+    }
+
+    fn read_kvm_raw(&self) -> Vec<u64> {
         let Some(k) = &self.kvm else {
             return Vec::new();
         };
@@ -299,20 +333,19 @@ impl VcpuAccounting {
         }
     }
 
-    /// Restarts every figure from zero: the current sample becomes the baseline.
+    /// Restarts every figure from zero: the current sample becomes the baseline. Readers hold
+    /// the baseline lock across their sample, so each sees the state wholly before or wholly
+    /// after a reset. The vCPU thread never takes this lock.
     pub fn reset(&self) {
-        let s = self.sample();
-        *self.baseline.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+        let mut base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
+        *base = Some(self.sample());
+        self.meter.reset_epoch.fetch_add(1, Ordering::Release);
     }
 
     /// The fields of spec section 4 since the start or the last reset.
     pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
+        let base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.sample();
-        let base = self
-            .baseline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         derive(&cur, base.as_ref(), self.kvm.as_ref(), self.exit_cost)
     }
 }
@@ -427,7 +460,21 @@ pub fn derive(
         .min(used);
     let guest = used - vmm;
     let blocked = sub_arr(m.blocked, bm.blocked);
-    let kvm_delta = sub_vec(&cur.kvm, &b.kvm);
+    let kvm_delta: Vec<u64> = match kvm {
+        Some(k) => k
+            .layout()
+            .descs
+            .iter()
+            .filter(|d| d.size == 1)
+            .zip(&cur.kvm)
+            .enumerate()
+            .map(|(i, (d, v))| match (d.kind, b.kvm.get(i)) {
+                (StatKind::Cumulative, Some(o)) => v.saturating_sub(*o),
+                _ => *v,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let kvm_stats: BTreeMap<String, u64> = kvm
         .map(|k| {
             k.scalar_names()

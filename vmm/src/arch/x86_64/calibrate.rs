@@ -72,3 +72,29 @@ fn median_run_ns(
     samples.sort_unstable();
     samples.get(samples.len() / 2).copied()
 }
+
+/// Runs the stub once on `fd` from the calling thread, then restores the vCPU's registers.
+///
+/// A vCPU's first KVM_RUN on a thread does one-time work in the kernel that can sleep (MMU root
+/// allocation under a VM-wide lock; a synchronize_rcu when the vCPU changes threads). Done by
+/// every vCPU thread before its wall clock starts, that time stays out of its accounting and
+/// the vCPUs do not all collide on those locks at the start. The caller has written [`STUB`]
+/// at [`STUB_GPA`]. Returns None if KVM refused (the registers may then be unchanged or not).
+pub fn warm_up(fd: &mut VcpuFd) -> Option<()> {
+    let saved = fd.get_regs().ok()?;
+    let mut regs = saved;
+    regs.rip = STUB_GPA;
+    regs.rax = STUB_TARGET;
+    fd.set_regs(&regs).ok()?;
+    let exited = matches!(
+        fd.run(),
+        Ok(kvm_ioctls::VcpuExit::MmioWrite(STUB_TARGET, _))
+    );
+    // Complete that MMIO exit (KVM finishes it on the next KVM_RUN, which immediate_exit turns
+    // into an immediate return) before the registers are put back.
+    fd.set_kvm_immediate_exit(1);
+    let _ = fd.run();
+    fd.set_kvm_immediate_exit(0);
+    fd.set_regs(&saved).ok()?;
+    exited.then_some(())
+}
