@@ -195,7 +195,7 @@ pub struct RunOptions {
     pub accounting: Option<Level>,
     /// Histogram fractional bits.
     pub histogram_bits: Option<u8>,
-    /// Thresholds as `NAME=NS` strings (the file may use an object instead, see `thresholds`).
+    /// Thresholds as `NAME=NS` strings, in the file as on the command line.
     #[serde(default)]
     pub threshold: Vec<String>,
 }

@@ -6,7 +6,7 @@
 //!
 //! Data flow: a [`KvmStats`] is opened once per vCPU right after the vCPU is created
 //! ([`KvmStats::from_fd`]); that reads the header and descriptors once and keeps the
-//! [`StatsLayout`]. Afterwards, the sampler thread and any readers call
+//! [`StatsLayout`]. Afterwards, readers (reports, live views) and the vCPU thread at its end call
 //! [`KvmStats::read_scalars`] (or [`KvmStats::read_map`] for reports), which `pread`s only the
 //! data block, so a `KvmStats` has no seek state and can be shared between threads. Values are
 //! the kernel's raw counters since the vCPU was created; deltas since a reset are computed by the

@@ -7,7 +7,7 @@
 //!   threshold counts into its [`meter::VcpuMeter`]: atomics with one writer, grouped under a
 //!   sequence counter so readers see a consistent group without a lock.
 //! - The sampler thread (`sampler.rs`) reads each vCPU thread's schedstat every window for
-//!   the steal-window threshold and keeps the last sample for live views.
+//!   the steal-window threshold.
 //! - Readers ([`snapshot`]) combine the meter with the sources the kernel keeps exactly: the
 //!   thread CPU clock (used_ns), schedstat run_delay (steal_ns) and KVM's binary statistics
 //!   (halted_ns, kvm_stats). Reset stores a baseline snapshot that readers subtract; the vCPU
@@ -24,7 +24,8 @@ pub mod host;
 pub mod meter;
 pub mod snapshot;
 
-/// How much the vCPU thread measures (switchable at run time; takes effect at the next exit).
+/// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
+/// it next enters the guest, i.e. right after handling its next exit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
