@@ -235,6 +235,63 @@ fn reset_restarts_every_field_and_the_identity_holds_again() {
 }
 
 #[test]
+fn pause_freezes_used_time_and_accounts_paused_time() {
+    let _g = serial();
+    let vm = build_vm(
+        2,
+        &[
+            "0=busy:ms=600",
+            "1=periodic:run_us=300,period_us=3000,count=200",
+        ],
+        Level::Basic,
+    );
+    let handle = vm.handle();
+    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    handle.pause();
+    assert!(handle.paused());
+    // Wait until both vCPUs are parked as paused.
+    while (0..2).any(|i| handle.times(i).unwrap().0.state != "paused") {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let a: Vec<_> = (0..2).map(|i| handle.times(i).unwrap().0).collect();
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let b: Vec<_> = (0..2).map(|i| handle.times(i).unwrap().0).collect();
+    for (x, y) in a.iter().zip(&b) {
+        // While paused, a vCPU uses (almost) no CPU and its paused time grows with the wall.
+        assert!(
+            y.used_ns - x.used_ns < 5_000_000,
+            "used grew {} ns while paused",
+            y.used_ns - x.used_ns
+        );
+        let grew = y.paused_ns - x.paused_ns;
+        let wall = y.wall_ns - x.wall_ns;
+        assert!(
+            grew * 10 >= wall * 9,
+            "paused grew {grew} of {wall} ns wall"
+        );
+        let exits_x: u64 = x.exits.values().sum();
+        let exits_y: u64 = y.exits.values().sum();
+        assert_eq!(exits_x, exits_y, "no exits while paused");
+    }
+    handle.resume();
+    assert!(!handle.paused());
+    let out = runner.join().unwrap();
+    assert_all_exited_ok(&out.report);
+    for v in &out.report.vcpus {
+        assert!(
+            v.times.paused_ns >= 250_000_000,
+            "vCPU {} paused {}",
+            v.id,
+            v.times.paused_ns
+        );
+        assert_identity(&out.report, v);
+    }
+    // The guests' own clocks saw the pause as lost time (busy) or a late period (periodic).
+    assert!(reported(&out.report.vcpus[0], "lost_ns") >= 250_000_000);
+}
+
+#[test]
 fn level_switches_at_run_time() {
     let _g = serial();
     // A periodic guest lasts 0.6 s whatever an exit costs on the host, and exits every period.

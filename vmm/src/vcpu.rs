@@ -68,6 +68,8 @@ impl VcpuState {
 
 /// Request bit: leave the loop at the next exit.
 pub const REQ_STOP: u32 = 1;
+/// Request bit: park (paused) at the next exit until the bit is cleared.
+pub const REQ_PAUSE: u32 = 2;
 
 /// Doorbell accesses by kind, so that workload exits are told apart from the protocol's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -250,6 +252,22 @@ impl VcpuShared {
         if tid != 0 {
             kick::signal_thread(tid);
         }
+    }
+
+    /// Releases a paused vCPU: clears the pause request and wakes it. The release time is what
+    /// its wake-up latency is measured from.
+    pub fn resume(&self) {
+        self.acct
+            .meter
+            .released_at
+            .store(now_ns(), Ordering::Release);
+        self.requests.fetch_and(!REQ_PAUSE, Ordering::AcqRel);
+        futex_wake(&self.wake);
+    }
+
+    /// Whether a pause is requested.
+    pub fn pause_requested(&self) -> bool {
+        self.requests.load(Ordering::Acquire) & REQ_PAUSE != 0
     }
 
     fn set_state(&self, s: VcpuState) {
@@ -447,13 +465,20 @@ fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
     stamp
 }
 
-/// Parks as `kind` until `deadline_ns` (or forever with `None`) or a request arrives.
+/// Parks as `kind` until `deadline_ns` (or forever with `None`) or until released: a
+/// pause park ends when the pause request is cleared or a stop arrives; any other park ends at
+/// any request.
 fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: Option<u64>) {
     shared.set_state(VcpuState::Parked);
     rec.park_begin(kind, consistent_stamp(shared));
     let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
-        if shared.requests.load(Ordering::Acquire) != 0 {
+        let requests = shared.requests.load(Ordering::Acquire);
+        let released = match kind {
+            MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
+            _ => requests != 0,
+        };
+        if released {
             break shared.acct.meter.released_at.load(Ordering::Acquire);
         }
         if let Some(d) = deadline_ns {
@@ -487,8 +512,13 @@ fn run_loop(v: &mut VcpuThread, rec: &mut Recorder) -> VcpuEnd {
         len: 0,
     };
     let end = loop {
-        if shared.requests.load(Ordering::Acquire) & REQ_STOP != 0 {
+        let requests = shared.requests.load(Ordering::Acquire);
+        if requests & REQ_STOP != 0 {
             break VcpuEnd::Stopped;
+        }
+        if requests & REQ_PAUSE != 0 {
+            park(&shared, rec, MicroState::Paused, None);
+            continue;
         }
         let next = rec.next_level();
         let host_cpu = if next == Level::Off {

@@ -32,7 +32,7 @@ use crate::kvm_stats::KvmStats;
 use crate::loader::{parse_elf, LoaderError};
 use crate::report::{Report, VmInfo};
 use crate::sampler::Sampler;
-use crate::vcpu::{self, VcpuEnd, VcpuError, VcpuShared, VcpuThread, REQ_STOP};
+use crate::vcpu::{self, VcpuEnd, VcpuError, VcpuShared, VcpuThread, REQ_PAUSE, REQ_STOP};
 use crate::workload::{resolve, Workload, WorkloadError};
 
 /// The embedded tiny guest (built from images/tiny by build.rs).
@@ -416,6 +416,22 @@ impl VmHandle {
     /// The section 4 fields of one vCPU now, with its histograms.
     pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), VmError> {
         Ok(self.vcpu(vcpu)?.acct.times())
+    }
+
+    /// Parks every vCPU at its next exit (a running vCPU is kicked out of KVM_RUN) until
+    /// [`VmHandle::resume`]; the parked time is each vCPU's paused_ns.
+    pub fn pause(&self) {
+        self.vcpus.iter().for_each(|v| v.kick(REQ_PAUSE));
+    }
+
+    /// Releases every paused vCPU.
+    pub fn resume(&self) {
+        self.vcpus.iter().for_each(|v| v.resume());
+    }
+
+    /// Whether a pause is in force.
+    pub fn paused(&self) -> bool {
+        self.vcpus.iter().any(|v| v.pause_requested())
     }
 
     /// The shared state of every vCPU.
