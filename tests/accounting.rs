@@ -88,7 +88,11 @@ fn one_busy_vcpu_guest_time_matches_the_guests_own_clock() {
 #[test]
 fn four_busy_vcpus_on_two_cores_show_steal() {
     let _g = serial();
-    let out = run_vm(4, &["busy:ms=1000"]);
+    // Twice as many busy vCPUs as host CPUs (4 on the 2-core development hosts): each can run
+    // at most half the time, so at least 30 % of its wall time is steal.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let vcpus = (2 * cores).max(4);
+    let out = run_vm(vcpus, &["busy:ms=1000"]);
     assert_all_exited_ok(&out.report);
     for v in &out.report.vcpus {
         let t = &v.times;
