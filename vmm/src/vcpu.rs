@@ -10,7 +10,7 @@
 //! no lock, no allocation on the exit path). When the loop ends the thread stores a
 //! [`VcpuEnd`] and tells the VM through a channel.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -188,7 +188,6 @@ pub struct VcpuShared {
     pub counters: VcpuCounters,
     /// Accounting: the meter the thread writes, its sources, the reset baseline.
     pub acct: VcpuAccounting,
-    finished_ns: AtomicU64,
     end: OnceLock<VcpuEnd>,
 }
 
@@ -203,7 +202,6 @@ impl VcpuShared {
             wake: AtomicU32::new(0),
             counters: VcpuCounters::default(),
             acct,
-            finished_ns: AtomicU64::new(0),
             end: OnceLock::new(),
         }
     }
@@ -221,19 +219,6 @@ impl VcpuShared {
     /// How the loop ended, once it has.
     pub fn end(&self) -> Option<&VcpuEnd> {
         self.end.get()
-    }
-
-    /// Wall time since the thread started, up to now or to when it finished.
-    pub fn wall_ns(&self) -> u64 {
-        let start = self.acct.started_ns.load(Ordering::Acquire);
-        if start == 0 {
-            return 0;
-        }
-        let end = match self.finished_ns.load(Ordering::Acquire) {
-            0 => now_ns(),
-            t => t,
-        };
-        end.saturating_sub(start)
     }
 
     /// Asks the vCPU to act on `bits` at its next exit and forces that exit now: wakes it if
@@ -425,21 +410,13 @@ fn dump_regs(fd: &VcpuFd) -> Option<Box<RegsDump>> {
 /// final report (its /proc entries vanish when the thread exits).
 fn publish_final(shared: &VcpuShared, tid: i32) {
     let end = consistent_stamp(shared);
-    let timeslices = shared
-        .acct
-        .live
-        .get()
-        .and_then(|l| l.sched.read().ok())
-        .map_or(0, |s| s.timeslices);
     let finals = FinalReadings {
         at_ns: end.now,
         cpu_ns: end.cpu.unwrap_or(0),
         run_delay_ns: end.run_delay.unwrap_or(0),
-        timeslices,
         ticks: thread_ticks(tid).ok(),
         kvm: shared.acct.read_kvm(),
     };
-    shared.finished_ns.store(finals.at_ns, Ordering::Release);
     let _ = shared.acct.finals.set(finals);
 }
 

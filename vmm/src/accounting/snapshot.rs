@@ -40,8 +40,6 @@ pub struct FinalReadings {
     pub cpu_ns: u64,
     /// schedstat run_delay.
     pub run_delay_ns: u64,
-    /// schedstat timeslices.
-    pub timeslices: u64,
     /// Tick-based times from /proc.
     pub ticks: Option<TickTimes>,
     /// KVM statistics (scalars).
