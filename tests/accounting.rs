@@ -99,7 +99,7 @@ fn four_busy_vcpus_on_two_cores_show_steal() {
         assert!(
             pct(t.steal_ns, t.wall_ns) >= 30.0,
             "vCPU {} steal {} is {:.1} % of wall {}",
-            v.id,
+            v.times.id,
             t.steal_ns,
             pct(t.steal_ns, t.wall_ns),
             t.wall_ns
@@ -115,7 +115,7 @@ fn four_busy_vcpus_on_two_cores_show_steal() {
         assert!(
             code.abs_diff(ran) <= spin / 50,
             "vCPU {}: guest code {code} (guest_ns {}) vs ran_ns {ran}, over 2 % of spin {spin}",
-            v.id,
+            v.times.id,
             t.guest_ns
         );
         assert!(t.guest_ns >= ran, "guest_ns below the guest's own ran_ns");
@@ -237,7 +237,7 @@ fn reset_restarts_every_field_and_the_identity_holds_again() {
         assert!(
             v.times.wall_ns < 700_000_000 && v.times.wall_ns + b.wall_ns > 800_000_000,
             "vCPU {} wall since reset {} (before: {})",
-            v.id,
+            v.times.id,
             v.times.wall_ns,
             b.wall_ns
         );
@@ -293,7 +293,7 @@ fn pause_freezes_used_time_and_accounts_paused_time() {
         assert!(
             v.times.paused_ns >= 250_000_000,
             "vCPU {} paused {}",
-            v.id,
+            v.times.id,
             v.times.paused_ns
         );
         assert_identity(&out.report, v);
@@ -355,16 +355,20 @@ fn sixty_four_mixed_vcpus_hold_the_identity() {
             if t.identity_holds(true) {
                 continue;
             }
-            assert!(t.identity_error_ns > 0, "vCPU {} over-counted: {t:?}", v.id);
+            assert!(
+                t.identity_error_ns > 0,
+                "vCPU {} over-counted: {t:?}",
+                v.times.id
+            );
             assert!(
                 t.identity_error_ns as u64 <= t.kvm_run_wall_ns,
                 "vCPU {} short by {} ns, more than its {} ns inside KVM_RUN",
-                v.id,
+                v.times.id,
                 t.identity_error_ns,
                 t.kvm_run_wall_ns
             );
             missed += 1;
-            misses.push((v.id, v.workload.clone(), t.identity_error_ns));
+            misses.push((v.times.id, v.workload.clone(), t.identity_error_ns));
         }
         if missed == 0 {
             return;

@@ -22,7 +22,7 @@ fn every_workload_but_fault_exits_zero() {
     assert_eq!(out.exit_code, 0);
     assert_eq!(out.report.vm.end, "completed");
     for v in &out.report.vcpus {
-        assert!(v.host_tid > 0, "vCPU {} has a host tid", v.id);
+        assert!(v.times.host_tid > 0, "vCPU {} has a host tid", v.times.id);
         assert!(v.times.wall_ns > 0);
         assert_eq!(v.doorbells["exit"], 1, "one exit doorbell");
         assert_eq!(v.doorbells["unhandled"], 0);
@@ -82,7 +82,7 @@ fn one_two_eight_and_sixty_four_vcpus_run() {
         let out = run_vm(vcpus, &["mixed:ms=40"]);
         assert_eq!(out.report.vcpus.len(), vcpus);
         assert_all_exited_ok(&out.report);
-        let mut tids: Vec<i32> = out.report.vcpus.iter().map(|v| v.host_tid).collect();
+        let mut tids: Vec<i32> = out.report.vcpus.iter().map(|v| v.times.host_tid).collect();
         tids.sort_unstable();
         tids.dedup();
         assert_eq!(tids.len(), vcpus, "one host thread per vCPU");
@@ -131,7 +131,7 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
         assert_eq!(regs.cs, "0x33", "failed at CPL 3 in the guest");
         // The 5 s busy vCPUs cannot have finished: the VMM stopped them, without failure.
         for other in [&out.report.vcpus[0], &out.report.vcpus[2]] {
-            assert_eq!(other.end, "stopped", "vCPU {}", other.id);
+            assert_eq!(other.end, "stopped", "vCPU {}", other.times.id);
             assert!(other.failure.is_none());
             assert!(other.guest_reported.is_empty(), "stopped before reporting");
         }

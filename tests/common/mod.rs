@@ -74,7 +74,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
         t.identity_holds(true) || shortfall_explained,
         "identity fails for vCPU {} ({}): wall {} vs used {} + steal {} + halted {} + idle {} + \
          limited {} + paused {} (error {} ns, host steal {host_steal} ns)",
-        v.id,
+        v.times.id,
         v.workload,
         t.wall_ns,
         t.used_ns,
@@ -89,9 +89,12 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
 
 /// The value the guest reported under `key`.
 pub fn reported(v: &VcpuReport, key: &str) -> u64 {
-    *v.guest_reported
-        .get(key)
-        .unwrap_or_else(|| panic!("vCPU {} did not report {key}: {:?}", v.id, v.guest_reported))
+    *v.guest_reported.get(key).unwrap_or_else(|| {
+        panic!(
+            "vCPU {} did not report {key}: {:?}",
+            v.times.id, v.guest_reported
+        )
+    })
 }
 
 /// Asserts every vCPU exited with code 0.
@@ -101,7 +104,7 @@ pub fn assert_all_exited_ok(r: &Report) {
             v.exit_code,
             Some(0),
             "vCPU {} ({}) ended {} with {:?}",
-            v.id,
+            v.times.id,
             v.workload,
             v.end,
             v.failure

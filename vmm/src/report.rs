@@ -82,10 +82,6 @@ pub struct FailureReport {
 /// Per-vCPU part of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct VcpuReport {
-    /// vCPU index.
-    pub id: usize,
-    /// Host thread id of its thread.
-    pub host_tid: i32,
     /// Its workload spec.
     pub workload: String,
     /// `exited`, `failed`, `error` or `stopped`.
@@ -121,7 +117,7 @@ pub struct Report {
 
 fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshots) {
     let c = &s.counters;
-    let (times, hist) = s.acct.times();
+    let (times, hist) = s.times();
     let doorbells = Doorbell::ALL
         .iter()
         .map(|d| (d.name(), c.doorbells[*d as usize].get()))
@@ -154,8 +150,6 @@ fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshot
         Some(VcpuEnd::Stopped) | None => ("stopped", None, None),
     };
     let report = VcpuReport {
-        id: s.id,
-        host_tid: s.host_tid(),
         workload: workload.to_string(),
         end,
         exit_code,
@@ -231,7 +225,7 @@ impl Report {
             let per_vcpu: Vec<(usize, HistogramSnapshot)> = self
                 .vcpus
                 .iter()
-                .filter_map(|v| v.hist.get(&name).map(|h| (v.id, h.clone())))
+                .filter_map(|v| v.hist.get(&name).map(|h| (v.times.id, h.clone())))
                 .collect();
             if per_vcpu.iter().any(|(_, h)| h.count() > 0) {
                 out.push_str(&crate::accounting::histogram::kstats_text(&name, &per_vcpu));
@@ -302,7 +296,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
-                v.id,
+                v.times.id,
                 w,
                 end,
                 ms(t.wall_ns),
@@ -321,7 +315,7 @@ impl Report {
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
              GUEST/VMM split: {}. IDENT = wall - (used+steal+halted+idle+limited+paused).",
-            self.vcpus.first().map_or("-", |v| v.times.split)
+            self.vcpus.first().map_or("-", |v| v.times.split.as_str())
         );
         let _ = writeln!(
             out,
@@ -346,7 +340,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
-                v.id,
+                v.times.id,
                 g("spin_ns"),
                 g("ran_ns"),
                 g("lost_ns"),
@@ -357,7 +351,7 @@ impl Report {
         }
         for v in &self.vcpus {
             if let Some(f) = &v.failure {
-                let _ = writeln!(out, "vCPU {} {}: {}", v.id, v.end, f.reason);
+                let _ = writeln!(out, "vCPU {} {}: {}", v.times.id, v.end, f.reason);
                 if let Some(r) = &f.regs {
                     let _ = writeln!(
                         out,

@@ -24,7 +24,9 @@ use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
 };
 use crate::accounting::meter::{Counter, MicroState, ParkStamp, Recorder, Stamp};
-use crate::accounting::snapshot::{FinalReadings, LiveSources, VcpuAccounting};
+use crate::accounting::snapshot::{
+    FinalReadings, HistSnapshots, LiveSources, VcpuAccounting, VcpuTimes,
+};
 use crate::accounting::{AccountingControl, Level};
 use crate::bus::{Bus, DeviceAction};
 use crate::exit::{handle_exit, ExitEvent, ExitReason, Failure, Outcome};
@@ -248,6 +250,17 @@ impl VcpuShared {
             .store(now_ns(), Ordering::Release);
         self.requests.fetch_and(!REQ_PAUSE, Ordering::AcqRel);
         futex_wake(&self.wake);
+    }
+
+    /// The section 4 fields now (or at the thread's end), with the histograms.
+    pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
+        let (mut t, h) = self.acct.times();
+        t.id = self.id;
+        t.host_tid = self.host_tid();
+        if self.state() == VcpuState::Finished {
+            t.state = "finished".into();
+        }
+        (t, h)
     }
 
     /// Whether a pause is requested.

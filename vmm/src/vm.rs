@@ -415,7 +415,7 @@ impl VmHandle {
 
     /// The section 4 fields of one vCPU now, with its histograms.
     pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), VmError> {
-        Ok(self.vcpu(vcpu)?.acct.times())
+        Ok(self.vcpu(vcpu)?.times())
     }
 
     /// Parks every vCPU at its next exit (a running vCPU is kicked out of KVM_RUN) until

@@ -50,8 +50,6 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
-
 /// Fractional bits used when the configuration does not say otherwise.
 pub const DEFAULT_FRAC_BITS: u8 = 3;
 
@@ -401,45 +399,7 @@ impl HistogramSnapshot {
     }
 }
 
-/// JSON form of a [`HistogramSnapshot`].
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct HistogramJson {
-    /// Fractional bits of the slot scheme.
-    pub frac_bits: u8,
-    /// Number of samples.
-    pub count: u64,
-    /// Sum of the samples, nanoseconds.
-    pub sum: u64,
-    /// sum / count, nanoseconds (0 when empty).
-    pub avg: u64,
-    /// Largest sample, nanoseconds.
-    pub max: u64,
-    /// Median, within one slot width.
-    pub p50: u64,
-    /// 90th percentile, within one slot width.
-    pub p90: u64,
-    /// 99th percentile, within one slot width.
-    pub p99: u64,
-    /// 99.9th percentile, within one slot width.
-    pub p999: u64,
-    /// The non-empty slots, ascending.
-    pub slots: Vec<SlotJson>,
-}
-
-/// One non-empty slot in [`HistogramJson`].
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct SlotJson {
-    /// Slot index.
-    pub slot: usize,
-    /// Smallest value of the slot (inclusive).
-    pub lo: u64,
-    /// Largest value of the slot (inclusive).
-    pub hi: u64,
-    /// Samples in the slot.
-    pub count: u64,
-    /// Sum of the samples in the slot, nanoseconds.
-    pub sum: u64,
-}
+pub use ppa_vmm_api::{HistogramJson, SlotJson};
 
 /// kstats text form: for each non-empty slot S in ascending order, one line per vCPU V with a
 /// non-zero count in S:

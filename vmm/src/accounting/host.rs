@@ -230,22 +230,7 @@ pub fn parse_schedstat(text: &[u8]) -> Option<SchedStat> {
     })
 }
 
-/// The tick-based accounting `/proc` keeps for a thread: the imprecise baseline the exact
-/// sources are compared against.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TickTimes {
-    /// User time (field 14 of `stat`), converted from clock ticks to ns. On PVM hosts guest
-    /// time is counted here.
-    pub utime_ns: u64,
-    /// System time (field 15 of `stat`), converted from clock ticks to ns.
-    pub stime_ns: u64,
-    /// Host CPU the thread last ran on (field 39 of `stat`).
-    pub processor: u32,
-    /// `voluntary_ctxt_switches` from `status`.
-    pub nr_switches_voluntary: u64,
-    /// `nonvoluntary_ctxt_switches` from `status` (preemptions).
-    pub nr_switches_involuntary: u64,
-}
+pub use ppa_vmm_api::TickTimes;
 
 /// Clock ticks per second of `/proc` times (`sysconf(_SC_CLK_TCK)`, USER_HZ; 100 on Linux).
 fn clk_tck() -> u64 {

@@ -17,63 +17,12 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 pub mod histogram;
 pub mod host;
 pub mod meter;
 pub mod snapshot;
 
-/// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
-/// it next enters the guest, i.e. right after handling its next exit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// Wall time and exact exit counts only.
-    Off = 0,
-    /// A vDSO clock read at every KVM_RUN boundary: the time split (guest/VMM estimated),
-    /// exit handling times, histograms, thresholds.
-    Basic = 1,
-    /// Basic plus a thread-CPU-clock read at every boundary: an exact guest/VMM split.
-    Full = 2,
-}
-
-impl Level {
-    /// Decodes a stored level.
-    pub fn from_u8(v: u8) -> Level {
-        match v {
-            0 => Level::Off,
-            2 => Level::Full,
-            _ => Level::Basic,
-        }
-    }
-}
-
-/// PPA-style thresholds (ppactl): each counts occurrences above it; 0 = off.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Thresholds {
-    /// Userspace handling time of one exit.
-    #[serde(default)]
-    pub exit_handling_ns: u64,
-    /// Duration of one KVM_RUN (guest run between exits).
-    #[serde(default)]
-    pub guest_run_ns: u64,
-    /// From the release of a parked vCPU until it is back in KVM_RUN.
-    #[serde(default)]
-    pub wakeup_latency_ns: u64,
-    /// Steal time within one sampler window.
-    #[serde(default)]
-    pub steal_window_ns: u64,
-}
-
-/// Threshold names, in the index order of the per-vCPU exceed counters.
-pub const THRESHOLD_NAMES: [&str; 4] = [
-    "exit_handling_ns",
-    "guest_run_ns",
-    "wakeup_latency_ns",
-    "steal_window_ns",
-];
+pub use ppa_vmm_api::{Level, Thresholds, THRESHOLD_NAMES};
 
 /// VM-wide accounting settings, shared by every vCPU thread, the sampler and readers.
 #[derive(Debug)]

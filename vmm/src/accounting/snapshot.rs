@@ -11,8 +11,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use serde::Serialize;
-
 use super::histogram::{HistogramJson, HistogramSnapshot};
 use super::host::{SchedStatFile, ThreadClock, TickTimes};
 use super::meter::{Counter, MeterReading, MicroState, VcpuMeter};
@@ -21,6 +19,7 @@ use crate::arch::x86_64::calibrate::ExitCost;
 use crate::exit::ExitReason;
 use crate::kick::now_ns;
 use crate::kvm_stats::{KvmStats, StatKind};
+pub use ppa_vmm_api::{HostCpu, VcpuTimes};
 
 /// Live sources of a running vCPU thread, opened by the thread itself when it starts.
 #[derive(Debug)]
@@ -348,73 +347,6 @@ impl VcpuAccounting {
     }
 }
 
-/// Guest time and KVM_RUN entries on one host CPU.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct HostCpu {
-    /// Host CPU number.
-    pub cpu: usize,
-    /// guest_ns attributed to this CPU (in proportion to KVM_RUN wall time on it).
-    pub guest_ns: u64,
-    /// KVM_RUN entries on it.
-    pub entries: u64,
-}
-
-/// The per-vCPU fields of spec section 4 (definitions in docs/accounting.md).
-#[derive(Debug, Clone, Serialize)]
-pub struct VcpuTimes {
-    /// Monotonic time elapsed.
-    pub wall_ns: u64,
-    /// On-CPU time of the vCPU thread.
-    pub used_ns: u64,
-    /// On-CPU inside KVM_RUN.
-    pub guest_ns: u64,
-    /// In-kernel exit handling; null: this host cannot split it out (docs/accounting.md).
-    pub kvm_ns: Option<u64>,
-    /// ESTIMATE of the in-kernel exit handling inside guest_ns: KVM's exit count × the
-    /// measured round-trip cost (cold cost for the first entry after each park).
-    pub kvm_ns_estimate: Option<u64>,
-    /// ESTIMATE of guest code time: guest_ns − kvm_ns_estimate.
-    pub guest_code_ns_estimate: Option<u64>,
-    /// Number of parks (idle, limited, paused).
-    pub parks: u64,
-    /// On-CPU in the VMM outside KVM_RUN.
-    pub vmm_ns: u64,
-    /// Runnable, waiting for a host CPU.
-    pub steal_ns: u64,
-    /// Blocked inside KVM_RUN.
-    pub halted_ns: u64,
-    /// Parked because the guest asked to idle.
-    pub idle_ns: u64,
-    /// Parked because a CPU limit was exhausted.
-    pub limited_ns: u64,
-    /// Parked because an operator paused the VM.
-    pub paused_ns: u64,
-    /// How guest/vmm were split: `exact` (level full), `estimated` (basic), `mixed`, `none`.
-    pub split: &'static str,
-    /// wall − (used + steal + halted + idle + limited + paused).
-    pub identity_error_ns: i64,
-    /// Micro-state at the time of reading.
-    pub state: &'static str,
-    /// Userspace exits by reason.
-    pub exits: BTreeMap<&'static str, u64>,
-    /// Userspace handling time by reason.
-    pub exit_ns: BTreeMap<&'static str, u64>,
-    /// KVM binary statistics, deltas.
-    pub kvm_stats: BTreeMap<String, u64>,
-    /// Per host CPU.
-    pub host_cpus: Vec<HostCpu>,
-    /// Host CPU changes between KVM_RUN entries.
-    pub migrations: u64,
-    /// Occurrences above each threshold.
-    pub thresholds: BTreeMap<&'static str, u64>,
-    /// Wall time inside KVM_RUN (timed levels).
-    pub kvm_run_wall_ns: u64,
-    /// On-CPU time around parks (part of vmm_ns).
-    pub park_cpu_ns: u64,
-    /// Tick-based utime + stime from /proc (final reports only).
-    pub proc_ticks: Option<TickTimes>,
-}
-
 fn state_name(s: MicroState) -> &'static str {
     ["guest", "vmm", "idle", "limited", "paused"][s as usize]
 }
@@ -521,16 +453,18 @@ pub fn derive(
         })
         .collect();
     let exceeded = sub_arr(m.exceeded, bm.exceeded);
-    let mut thresholds: BTreeMap<&'static str, u64> = THRESHOLD_NAMES[..3]
+    let mut thresholds: BTreeMap<String, u64> = THRESHOLD_NAMES[..3]
         .iter()
         .zip(exceeded)
-        .map(|(n, v)| (*n, v))
+        .map(|(n, v)| (n.to_string(), v))
         .collect();
     thresholds.insert(
-        THRESHOLD_NAMES[3],
+        THRESHOLD_NAMES[3].to_string(),
         cur.steal_windows.saturating_sub(b.steal_windows),
     );
     let times = VcpuTimes {
+        id: 0,
+        host_tid: 0,
         wall_ns: wall,
         used_ns: used,
         guest_ns: guest,
@@ -544,16 +478,16 @@ pub fn derive(
         idle_ns: blocked[0],
         limited_ns: blocked[1],
         paused_ns: blocked[2],
-        split,
+        split: split.into(),
         identity_error_ns: wall as i64 - sum as i64,
-        state: state_name(m.micro_state()),
+        state: state_name(m.micro_state()).into(),
         exits: ExitReason::ALL
             .iter()
-            .map(|r| (r.name(), exits[r.index()]))
+            .map(|r| (r.name().to_string(), exits[r.index()]))
             .collect(),
         exit_ns: ExitReason::ALL
             .iter()
-            .map(|r| (r.name(), exit_ns[r.index()]))
+            .map(|r| (r.name().to_string(), exit_ns[r.index()]))
             .collect(),
         kvm_stats,
         host_cpus,
@@ -564,17 +498,4 @@ pub fn derive(
         proc_ticks: cur.ticks,
     };
     (times, hist)
-}
-
-impl VcpuTimes {
-    /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
-    /// the vCPU stopped (`stopped`), within 1 % while it runs.
-    pub fn identity_holds(&self, stopped: bool) -> bool {
-        let tol = if stopped {
-            (self.wall_ns / 200).max(200_000)
-        } else {
-            self.wall_ns / 100
-        };
-        self.identity_error_ns.unsigned_abs() <= tol
-    }
 }

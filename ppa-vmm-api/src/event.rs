@@ -1,0 +1,84 @@
+//! Events streamed to a connection after `subscribe`: one JSON object per line, told apart
+//! from responses by their `event` member (responses have `ok`).
+
+use serde::{Deserialize, Serialize};
+
+/// The kinds a client can subscribe to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    /// A vCPU thread ended.
+    VcpuExit,
+    /// Every vCPU ended: the VM is about to write its final report.
+    VmExit,
+    /// A threshold counter grew.
+    Threshold,
+}
+
+impl EventKind {
+    /// Every kind.
+    pub const ALL: [EventKind; 3] = [EventKind::VcpuExit, EventKind::VmExit, EventKind::Threshold];
+}
+
+/// One event line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Event {
+    /// A vCPU thread ended.
+    VcpuExit {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// vCPU index.
+        vcpu: usize,
+        /// `exited`, `failed`, `error` or `stopped`.
+        end: String,
+        /// The guest's exit code, when it exited.
+        exit_code: Option<u64>,
+    },
+    /// Every vCPU ended.
+    VmExit {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// `completed`, `failed`, `timeout` or `shutdown`.
+        end: String,
+    },
+    /// A threshold counter of a vCPU grew since the last check (checked every 10 ms).
+    Threshold {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// vCPU index.
+        vcpu: usize,
+        /// Threshold name (`exit_handling_ns`, ...).
+        name: String,
+        /// The threshold value in force, ns.
+        threshold_ns: u64,
+        /// New occurrences since the previous event of this vCPU and name.
+        count: u64,
+        /// Occurrences since the vCPU started or was reset.
+        total: u64,
+    },
+    /// This client did not read fast enough: `count` events were dropped before the next one.
+    Dropped {
+        /// Events lost.
+        count: u64,
+    },
+}
+
+impl Event {
+    /// The kind a subscription must include to receive this event (`None`: every subscriber).
+    pub fn kind(&self) -> Option<EventKind> {
+        match self {
+            Event::VcpuExit { .. } => Some(EventKind::VcpuExit),
+            Event::VmExit { .. } => Some(EventKind::VmExit),
+            Event::Threshold { .. } => Some(EventKind::Threshold),
+            Event::Dropped { .. } => None,
+        }
+    }
+
+    /// The event as one JSON line, newline included.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}

@@ -1,0 +1,312 @@
+//! The control-socket protocol of PPA-VMM (spec section 6, docs/control.md), in a crate that
+//! links no KVM code so that clients (`ppa-vmm ctl`, `ppa-vmm top`, an operator's own tools)
+//! can use the same types as the server.
+//!
+//! Data flow: a client writes one JSON object per line, a [`Request`] (`{"id": ANY, "cmd":
+//! NAME, ...arguments}`). The server turns the line into a [`Request`] with
+//! [`parse_request`], which refuses over-long lines, bad JSON, unknown commands and unknown
+//! fields with an [`ErrorBody`]; it answers each request with one [`Response`] line whose
+//! `result` is the command's result type ([`VersionInfo`], [`Stats`], [`VcpuTimes`], ...).
+//! After `subscribe` the connection also carries [`Event`] lines.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+mod event;
+mod types;
+
+pub use event::{Event, EventKind};
+pub use types::{
+    HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
+    ThresholdsUpdate, TickTimes, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+};
+
+/// Version of this protocol; bumped when a command or field changes meaning.
+pub const API_VERSION: u32 = 1;
+
+/// Longest request line the server accepts, newline excluded.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Histogram export form.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HistogramFormat {
+    /// [`HistogramJson`].
+    #[default]
+    Json,
+    /// The kstats text form: one self-contained line per slot and vCPU.
+    Text,
+}
+
+/// A command and its arguments (the request without its `id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Command {
+    /// Server and protocol versions.
+    Version {},
+    /// Every vCPU's section 4 figures, and the VM's.
+    Stats {},
+    /// One vCPU's section 4 figures.
+    Vcpu {
+        /// vCPU index.
+        vcpu: usize,
+    },
+    /// One histogram, of one vCPU or merged over all.
+    Histogram {
+        /// `exit_handling`, `exit_handling.REASON`, `guest_run` or `wakeup_latency`.
+        name: String,
+        /// One vCPU; all vCPUs when absent.
+        #[serde(default)]
+        vcpu: Option<usize>,
+        /// `json` (default) or `text`.
+        #[serde(default)]
+        format: HistogramFormat,
+    },
+    /// Restarts the figures of one vCPU, or of every vCPU, from zero.
+    Reset {
+        /// One vCPU; all when absent.
+        #[serde(default)]
+        vcpu: Option<usize>,
+    },
+    /// Switches the accounting level.
+    SetLevel {
+        /// The new level.
+        level: Level,
+    },
+    /// Changes some thresholds; those not given stay as they are.
+    SetThresholds {
+        /// Userspace handling time of one exit, ns (0 = off).
+        #[serde(default)]
+        exit_handling_ns: Option<u64>,
+        /// Duration of one KVM_RUN, ns.
+        #[serde(default)]
+        guest_run_ns: Option<u64>,
+        /// Release of a parked vCPU until it is back in KVM_RUN, ns.
+        #[serde(default)]
+        wakeup_latency_ns: Option<u64>,
+        /// Steal within one sampler window, ns.
+        #[serde(default)]
+        steal_window_ns: Option<u64>,
+    },
+    /// vCPU index → host thread id.
+    Threads {},
+    /// Parks every vCPU until `resume`.
+    Pause {},
+    /// Releases a pause.
+    Resume {},
+    /// Stops every vCPU; the final report is still written.
+    Shutdown {},
+    /// The Prometheus/OpenMetrics text exposition.
+    Metrics {},
+    /// Streams events on this connection.
+    Subscribe {
+        /// Which events; every kind when empty.
+        #[serde(default)]
+        events: Vec<EventKind>,
+    },
+}
+
+/// Names of every command this version understands.
+pub const COMMANDS: [&str; 13] = [
+    "version",
+    "stats",
+    "vcpu",
+    "histogram",
+    "reset",
+    "set-level",
+    "set-thresholds",
+    "threads",
+    "pause",
+    "resume",
+    "shutdown",
+    "metrics",
+    "subscribe",
+];
+
+/// Commands of the specification that later versions add (told apart from misspellings in
+/// the error message).
+pub const LATER_COMMANDS: [&str; 3] = ["set-limit", "groups", "guest"];
+
+/// A parsed request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The client's id, echoed in the response (null when absent).
+    pub id: Value,
+    /// What to do.
+    pub command: Command,
+}
+
+impl Request {
+    /// The request as one JSON line (without the newline).
+    pub fn to_line(&self) -> String {
+        let mut v = serde_json::to_value(&self.command).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut v {
+            map.insert("id".into(), self.id.clone());
+        }
+        v.to_string()
+    }
+}
+
+/// Classes of error responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The request line is longer than [`MAX_REQUEST_BYTES`].
+    TooLong,
+    /// The line is not a JSON object.
+    BadJson,
+    /// `cmd` is missing or names no command.
+    UnknownCommand,
+    /// An argument is missing, unknown or of the wrong type.
+    BadRequest,
+    /// The vCPU does not exist.
+    NoSuchVcpu,
+    /// The histogram does not exist.
+    NoSuchHistogram,
+    /// The command cannot apply in the VM's state (pausing a finished VM).
+    InvalidState,
+    /// The peer's uid is neither the VMM's nor root.
+    PermissionDenied,
+    /// The server has as many clients as it accepts.
+    TooManyClients,
+    /// The server failed; the request had no effect.
+    Internal,
+}
+
+/// The `error` member of a failed response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// Class.
+    pub kind: ErrorKind,
+    /// One sentence for people.
+    pub message: String,
+}
+
+impl ErrorBody {
+    /// An error of `kind` saying `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ErrorBody {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// One response line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Response {
+    /// The request's id (null when the request had none or could not be read).
+    pub id: Value,
+    /// Whether the command succeeded.
+    pub ok: bool,
+    /// The command's result, when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Why it failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+impl Response {
+    /// A success.
+    pub fn ok(id: Value, result: Value) -> Self {
+        Response {
+            id,
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// A failure.
+    pub fn err(id: Value, error: ErrorBody) -> Self {
+        Response {
+            id,
+            ok: false,
+            result: None,
+            error: Some(error),
+        }
+    }
+
+    /// The response as one JSON line, newline included.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_else(|_| {
+            r#"{"id":null,"ok":false,"error":{"kind":"internal","message":"the response could not be encoded"}}"#
+                .to_string()
+        });
+        s.push('\n');
+        s
+    }
+}
+
+/// Parses one request line (without its newline). On failure returns the request's id when
+/// it could be read, and the error to answer with.
+pub fn parse_request(line: &[u8]) -> Result<Request, (Value, ErrorBody)> {
+    if line.len() > MAX_REQUEST_BYTES {
+        return Err((
+            Value::Null,
+            ErrorBody::new(
+                ErrorKind::TooLong,
+                format!(
+                    "the request is {} bytes long; the limit is {MAX_REQUEST_BYTES}",
+                    line.len()
+                ),
+            ),
+        ));
+    }
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        (
+            Value::Null,
+            ErrorBody::new(
+                ErrorKind::BadJson,
+                format!("the request is not valid JSON: {e}"),
+            ),
+        )
+    })?;
+    let Value::Object(mut map) = value else {
+        return Err((
+            Value::Null,
+            ErrorBody::new(ErrorKind::BadJson, "the request is not a JSON object"),
+        ));
+    };
+    let id = map.remove("id").unwrap_or(Value::Null);
+    let cmd = match map.get("cmd") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err((
+                id,
+                ErrorBody::new(ErrorKind::UnknownCommand, "`cmd` must be a string"),
+            ))
+        }
+        None => {
+            return Err((
+                id,
+                ErrorBody::new(ErrorKind::UnknownCommand, "the request has no `cmd`"),
+            ))
+        }
+    };
+    if !COMMANDS.contains(&cmd.as_str()) {
+        let known = COMMANDS.join(", ");
+        let message = if LATER_COMMANDS.contains(&cmd.as_str()) {
+            format!("the command `{cmd}` is not available in this version (it has: {known})")
+        } else {
+            format!("unknown command `{cmd}` (known: {known})")
+        };
+        return Err((id, ErrorBody::new(ErrorKind::UnknownCommand, message)));
+    }
+    match serde_json::from_value::<Command>(Value::Object(map)) {
+        Ok(command) => Ok(Request { id, command }),
+        Err(e) => Err((
+            id,
+            ErrorBody::new(
+                ErrorKind::BadRequest,
+                format!("bad arguments for `{cmd}`: {e}"),
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,340 @@
+//! Result types of the control socket, shared with the final report: the per-vCPU fields of
+//! spec section 4 ([`VcpuTimes`]), histograms, VM figures, and the accounting settings.
+//!
+//! The VMM builds these on reader threads (never on a vCPU's hot path) and serialises them;
+//! clients deserialise the same types. Every field is defined in docs/accounting.md.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
+/// it next enters the guest, i.e. right after handling its next exit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Wall time and exact exit counts only.
+    Off = 0,
+    /// A vDSO clock read at every KVM_RUN boundary: the time split (guest/VMM estimated),
+    /// exit handling times, histograms, thresholds.
+    Basic = 1,
+    /// Basic plus a thread-CPU-clock read at every boundary: an exact guest/VMM split.
+    Full = 2,
+}
+
+impl Level {
+    /// Decodes a stored level.
+    pub fn from_u8(v: u8) -> Level {
+        match v {
+            0 => Level::Off,
+            2 => Level::Full,
+            _ => Level::Basic,
+        }
+    }
+
+    /// The name used on the command line and the socket.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Off => "off",
+            Level::Basic => "basic",
+            Level::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Level {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Level::Off),
+            "basic" => Ok(Level::Basic),
+            "full" => Ok(Level::Full),
+            _ => Err(format!(
+                "`{s}` is not an accounting level (off, basic or full)"
+            )),
+        }
+    }
+}
+
+/// PPA-style thresholds (ppactl): each counts occurrences above it; 0 = off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    /// Userspace handling time of one exit.
+    #[serde(default)]
+    pub exit_handling_ns: u64,
+    /// Duration of one KVM_RUN (guest run between exits).
+    #[serde(default)]
+    pub guest_run_ns: u64,
+    /// From the release of a parked vCPU until it is back in KVM_RUN.
+    #[serde(default)]
+    pub wakeup_latency_ns: u64,
+    /// Steal time within one sampler window.
+    #[serde(default)]
+    pub steal_window_ns: u64,
+}
+
+/// A partial change of [`Thresholds`]: fields not given stay as they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThresholdsUpdate {
+    /// New exit_handling_ns.
+    pub exit_handling_ns: Option<u64>,
+    /// New guest_run_ns.
+    pub guest_run_ns: Option<u64>,
+    /// New wakeup_latency_ns.
+    pub wakeup_latency_ns: Option<u64>,
+    /// New steal_window_ns.
+    pub steal_window_ns: Option<u64>,
+}
+
+impl ThresholdsUpdate {
+    /// `t` with the given fields replaced.
+    pub fn apply(&self, t: Thresholds) -> Thresholds {
+        Thresholds {
+            exit_handling_ns: self.exit_handling_ns.unwrap_or(t.exit_handling_ns),
+            guest_run_ns: self.guest_run_ns.unwrap_or(t.guest_run_ns),
+            wakeup_latency_ns: self.wakeup_latency_ns.unwrap_or(t.wakeup_latency_ns),
+            steal_window_ns: self.steal_window_ns.unwrap_or(t.steal_window_ns),
+        }
+    }
+}
+
+/// Threshold names, in the index order of the per-vCPU exceed counters.
+pub const THRESHOLD_NAMES: [&str; 4] = [
+    "exit_handling_ns",
+    "guest_run_ns",
+    "wakeup_latency_ns",
+    "steal_window_ns",
+];
+
+/// The tick-based accounting `/proc` keeps for a thread: the imprecise baseline the exact
+/// sources are compared against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TickTimes {
+    /// User time (field 14 of `stat`), converted from clock ticks to ns. On PVM hosts guest
+    /// time is counted here.
+    pub utime_ns: u64,
+    /// System time (field 15 of `stat`), converted from clock ticks to ns.
+    pub stime_ns: u64,
+    /// Host CPU the thread last ran on (field 39 of `stat`).
+    pub processor: u32,
+    /// `voluntary_ctxt_switches` from `status`.
+    pub nr_switches_voluntary: u64,
+    /// `nonvoluntary_ctxt_switches` from `status` (preemptions).
+    pub nr_switches_involuntary: u64,
+}
+
+/// Guest time and KVM_RUN entries on one host CPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCpu {
+    /// Host CPU number.
+    pub cpu: usize,
+    /// guest_ns attributed to this CPU (in proportion to KVM_RUN wall time on it).
+    pub guest_ns: u64,
+    /// KVM_RUN entries on it.
+    pub entries: u64,
+}
+
+/// The per-vCPU fields of spec section 4 (definitions in docs/accounting.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpuTimes {
+    /// vCPU index.
+    pub id: usize,
+    /// Host thread id of the vCPU thread (0 before it started).
+    pub host_tid: i32,
+    /// Monotonic time elapsed.
+    pub wall_ns: u64,
+    /// On-CPU time of the vCPU thread.
+    pub used_ns: u64,
+    /// On-CPU inside KVM_RUN.
+    pub guest_ns: u64,
+    /// In-kernel exit handling; null: this host cannot split it out (docs/accounting.md).
+    pub kvm_ns: Option<u64>,
+    /// ESTIMATE of the in-kernel exit handling inside guest_ns: KVM's exit count × the
+    /// measured round-trip cost (cold cost for the first entry after each park).
+    pub kvm_ns_estimate: Option<u64>,
+    /// ESTIMATE of guest code time: guest_ns − kvm_ns_estimate.
+    pub guest_code_ns_estimate: Option<u64>,
+    /// Number of parks (idle, limited, paused).
+    pub parks: u64,
+    /// On-CPU in the VMM outside KVM_RUN.
+    pub vmm_ns: u64,
+    /// Runnable, waiting for a host CPU.
+    pub steal_ns: u64,
+    /// Blocked inside KVM_RUN.
+    pub halted_ns: u64,
+    /// Parked because the guest asked to idle.
+    pub idle_ns: u64,
+    /// Parked because a CPU limit was exhausted.
+    pub limited_ns: u64,
+    /// Parked because an operator paused the VM.
+    pub paused_ns: u64,
+    /// How guest/vmm were split: `exact` (level full), `estimated` (basic), `mixed`, `none`.
+    pub split: String,
+    /// wall − (used + steal + halted + idle + limited + paused).
+    pub identity_error_ns: i64,
+    /// Micro-state at the time of reading: guest, vmm, idle, limited, paused, or finished.
+    pub state: String,
+    /// Userspace exits by reason.
+    pub exits: BTreeMap<String, u64>,
+    /// Userspace handling time by reason.
+    pub exit_ns: BTreeMap<String, u64>,
+    /// KVM binary statistics, deltas.
+    pub kvm_stats: BTreeMap<String, u64>,
+    /// Per host CPU.
+    pub host_cpus: Vec<HostCpu>,
+    /// Host CPU changes between KVM_RUN entries.
+    pub migrations: u64,
+    /// Occurrences above each threshold.
+    pub thresholds: BTreeMap<String, u64>,
+    /// Wall time inside KVM_RUN (timed levels).
+    pub kvm_run_wall_ns: u64,
+    /// On-CPU time around parks (part of vmm_ns).
+    pub park_cpu_ns: u64,
+    /// Tick-based utime + stime from /proc (final reports only).
+    pub proc_ticks: Option<TickTimes>,
+}
+
+impl VcpuTimes {
+    /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
+    /// the vCPU stopped (`stopped`), within 1 % while it runs.
+    pub fn identity_holds(&self, stopped: bool) -> bool {
+        let tol = if stopped {
+            (self.wall_ns / 200).max(200_000)
+        } else {
+            self.wall_ns / 100
+        };
+        self.identity_error_ns.unsigned_abs() <= tol
+    }
+
+    /// Total userspace exits.
+    pub fn total_exits(&self) -> u64 {
+        self.exits.values().sum()
+    }
+}
+
+/// JSON form of a histogram.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistogramJson {
+    /// Fractional bits of the slot scheme.
+    pub frac_bits: u8,
+    /// Number of samples.
+    pub count: u64,
+    /// Sum of the samples, nanoseconds.
+    pub sum: u64,
+    /// sum / count, nanoseconds (0 when empty).
+    pub avg: u64,
+    /// Largest sample, nanoseconds.
+    pub max: u64,
+    /// Median, within one slot width.
+    pub p50: u64,
+    /// 90th percentile, within one slot width.
+    pub p90: u64,
+    /// 99th percentile, within one slot width.
+    pub p99: u64,
+    /// 99.9th percentile, within one slot width.
+    pub p999: u64,
+    /// The non-empty slots, ascending.
+    pub slots: Vec<SlotJson>,
+}
+
+/// One non-empty slot in [`HistogramJson`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotJson {
+    /// Slot index.
+    pub slot: usize,
+    /// Smallest value of the slot (inclusive).
+    pub lo: u64,
+    /// Largest value of the slot (inclusive).
+    pub hi: u64,
+    /// Samples in the slot.
+    pub count: u64,
+    /// Sum of the samples in the slot, nanoseconds.
+    pub sum: u64,
+}
+
+/// Result of `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VersionInfo {
+    /// The VMM's version.
+    pub version: String,
+    /// [`crate::API_VERSION`].
+    pub api: u32,
+    /// The guest ABI version, `major.minor`.
+    pub guest_abi: String,
+}
+
+/// VM-wide figures of `stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmStats {
+    /// The VM's name (the `vm` label of the metrics).
+    pub name: String,
+    /// The VMM's process id.
+    pub pid: u32,
+    /// `running`, `paused`, `stopping` or `finished`.
+    pub state: String,
+    /// vCPU count.
+    pub vcpus: usize,
+    /// Time since the vCPUs were started.
+    pub uptime_ns: u64,
+    /// Accounting level.
+    pub level: Level,
+    /// The thresholds in force.
+    pub thresholds: Thresholds,
+    /// CPU time of every non-vCPU thread of the VMM process.
+    pub host_threads_ns: u64,
+    /// How old the figures are: the server answers from a snapshot at most this old.
+    pub age_ns: u64,
+}
+
+/// Result of `stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stats {
+    /// The VM.
+    pub vm: VmStats,
+    /// Each vCPU.
+    pub vcpus: Vec<VcpuTimes>,
+    /// vCPU groups (none until CPU limits exist).
+    pub groups: Vec<serde_json::Value>,
+}
+
+/// One vCPU thread in `threads`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadInfo {
+    /// vCPU index.
+    pub vcpu: usize,
+    /// Host thread id (0 before the thread started).
+    pub host_tid: i32,
+    /// Thread name.
+    pub name: String,
+    /// `created`, `running`, `parked` or `finished`.
+    pub state: String,
+}
+
+/// Result of `threads`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Threads {
+    /// The VMM's process id.
+    pub pid: u32,
+    /// Each vCPU thread.
+    pub vcpus: Vec<ThreadInfo>,
+}
