@@ -291,7 +291,8 @@ pub struct VmStats {
     pub state: String,
     /// vCPU count.
     pub vcpus: usize,
-    /// Time since the vCPUs were started.
+    /// Time since the vCPUs were started, at the moment the figures were taken (the server
+    /// may answer several requests from one snapshot, at most 10 ms old).
     pub uptime_ns: u64,
     /// Accounting level.
     pub level: Level,
@@ -299,8 +300,6 @@ pub struct VmStats {
     pub thresholds: Thresholds,
     /// CPU time of every non-vCPU thread of the VMM process.
     pub host_threads_ns: u64,
-    /// How old the figures are: the server answers from a snapshot at most this old.
-    pub age_ns: u64,
 }
 
 /// Result of `stats`.

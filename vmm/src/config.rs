@@ -42,6 +42,15 @@ pub enum ConfigError {
     /// A `--threshold` that is not NAME=NS with a known name.
     #[error("`{0}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)")]
     Threshold(String),
+    /// A VM name that is empty, too long or has control characters.
+    #[error("the VM name must be 1 to 128 printable characters, not {0:?}")]
+    Name(String),
+    /// A metrics address that is not IP:PORT.
+    #[error("`{0}` is not an address to serve metrics on (IP:PORT, e.g. 127.0.0.1:9464)")]
+    MetricsAddr(String),
+    /// An empty socket path.
+    #[error("the control socket path is empty")]
+    ApiSock,
     /// A bad max runtime.
     #[error("the maximum run time must be a positive number of seconds, not {0}")]
     MaxRuntime(f64),
@@ -106,6 +115,12 @@ pub struct VmConfig {
     pub thresholds: Thresholds,
     /// Fractional bits of the histograms (0..=5).
     pub histogram_bits: u8,
+    /// The VM's name (the `vm` label of the metrics); `ppa-vmm-PID` when absent.
+    pub name: Option<String>,
+    /// Control socket path.
+    pub api_sock: Option<PathBuf>,
+    /// Address of the HTTP /metrics endpoint.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for VmConfig {
@@ -121,6 +136,9 @@ impl Default for VmConfig {
             accounting: Level::Basic,
             thresholds: Thresholds::default(),
             histogram_bits: DEFAULT_FRAC_BITS,
+            name: None,
+            api_sock: None,
+            metrics_addr: None,
         }
     }
 }
@@ -198,6 +216,12 @@ pub struct RunOptions {
     /// Thresholds as `NAME=NS` strings, in the file as on the command line.
     #[serde(default)]
     pub threshold: Vec<String>,
+    /// The VM's name.
+    pub name: Option<String>,
+    /// Control socket path.
+    pub api_sock: Option<PathBuf>,
+    /// `IP:PORT` of the HTTP /metrics endpoint.
+    pub metrics_addr: Option<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -251,6 +275,9 @@ impl RunOptions {
             histograms_file: over.histograms_file.or(self.histograms_file),
             max_runtime: over.max_runtime.or(self.max_runtime),
             kvm_device: over.kvm_device.or(self.kvm_device),
+            name: over.name.or(self.name),
+            api_sock: over.api_sock.or(self.api_sock),
+            metrics_addr: over.metrics_addr.or(self.metrics_addr),
         }
     }
 
@@ -279,6 +306,25 @@ impl RunOptions {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(n) = &self.name {
+            if n.is_empty() || n.chars().count() > 128 || n.chars().any(char::is_control) {
+                return Err(ConfigError::Name(n.clone()));
+            }
+        }
+        if self
+            .api_sock
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConfigError::ApiSock);
+        }
+        let metrics_addr = match &self.metrics_addr {
+            None => None,
+            Some(a) => Some(
+                a.parse::<std::net::SocketAddr>()
+                    .map_err(|_| ConfigError::MetricsAddr(a.clone()))?,
+            ),
+        };
         let config = VmConfig {
             vcpus: self.vcpus.unwrap_or(d.vcpus),
             memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
@@ -290,6 +336,9 @@ impl RunOptions {
             accounting: self.accounting.unwrap_or(d.accounting),
             thresholds: parse_thresholds(&self.threshold, d.thresholds)?,
             histogram_bits: self.histogram_bits.unwrap_or(d.histogram_bits),
+            name: self.name,
+            api_sock: self.api_sock,
+            metrics_addr,
         };
         config.validate()?;
         let report = ReportOptions {
@@ -422,6 +471,37 @@ mod tests {
                 ConfigError::Threshold(_)
             ));
         }
+    }
+
+    #[test]
+    fn control_options() {
+        let o = opts(
+            r#"{"name": "nf-1", "api_sock": "/run/ppa.sock", "metrics_addr": "127.0.0.1:9464"}"#,
+        )
+        .unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.name.as_deref(), Some("nf-1"));
+        assert_eq!(vm.metrics_addr.unwrap().port(), 9464);
+        let bad = |o: RunOptions| o.into_config().unwrap_err();
+        for a in ["localhost", "127.0.0.1", "1.2.3.4:99999", ""] {
+            let e = bad(RunOptions {
+                metrics_addr: Some(a.into()),
+                ..Default::default()
+            });
+            assert!(matches!(e, ConfigError::MetricsAddr(_)), "{a}");
+        }
+        for n in ["", "a\nb", &"x".repeat(129)] {
+            let e = bad(RunOptions {
+                name: Some(n.into()),
+                ..Default::default()
+            });
+            assert!(matches!(e, ConfigError::Name(_)), "{n:?}");
+        }
+        let e = bad(RunOptions {
+            api_sock: Some(PathBuf::new()),
+            ..Default::default()
+        });
+        assert!(matches!(e, ConfigError::ApiSock));
     }
 
     #[test]

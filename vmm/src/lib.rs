@@ -7,6 +7,7 @@
 //! has ended, the run returns a [`report::Report`].
 
 pub mod accounting;
+pub mod api;
 pub mod arch;
 pub mod bench;
 pub mod bus;
@@ -16,6 +17,7 @@ pub mod exit;
 pub mod kick;
 pub mod kvm_stats;
 pub mod loader;
+pub mod metrics;
 pub mod report;
 pub mod sampler;
 pub mod vcpu;

@@ -90,7 +90,7 @@ struct RunArgs {
     /// KVM device node.
     #[arg(long, value_name = "PATH")]
     kvm_device: Option<PathBuf>,
-    /// Accounting level at start (switchable at run time).
+    /// Accounting level at start: off, basic or full (switchable at run time).
     #[arg(long, value_enum)]
     accounting: Option<Level>,
     /// Fractional bits of the log-linear histograms (0..=5).
@@ -100,6 +100,15 @@ struct RunArgs {
     /// steal_window_ns); repeatable.
     #[arg(long, value_name = "NAME=NS")]
     threshold: Vec<String>,
+    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
+    #[arg(long, value_name = "PATH")]
+    api_sock: Option<PathBuf>,
+    /// Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs.
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_addr: Option<String>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -121,6 +130,9 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         accounting: args.accounting,
         histogram_bits: args.histogram_bits,
         threshold: args.threshold,
+        name: args.name,
+        api_sock: args.api_sock,
+        metrics_addr: args.metrics_addr,
     };
     Ok(file.merge(cli))
 }

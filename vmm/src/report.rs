@@ -41,6 +41,8 @@ pub struct RunFacts {
     pub uptime_ns: u64,
     /// Whether --max-runtime stopped it.
     pub timed_out: bool,
+    /// Whether an operator asked for a shutdown (control socket).
+    pub shutdown: bool,
     /// CPU time of every non-vCPU thread of the process.
     pub host_threads_ns: u64,
     /// Paravirt steal this host suffered during the run (all CPUs), when it is itself a VM.
@@ -197,9 +199,11 @@ impl Report {
             .unzip();
         let timed_out = facts.timed_out;
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
+        let any_failed = vcpus.iter().any(|v| v.failure.is_some());
         let end = match (timed_out, all_ok) {
-            (true, _) => "timeout",
-            (false, true) => "completed",
+            (_, true) => "completed",
+            _ if facts.shutdown && !any_failed => "shutdown",
+            (true, false) => "timeout",
             (false, false) => "failed",
         };
         Report {
@@ -236,7 +240,7 @@ impl Report {
 
     /// 0 when every vCPU exited with code 0, else 1.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.vm.end != "completed")
+        i32::from(self.vm.end != "completed" && self.vm.end != "shutdown")
     }
 
     /// A table for people: the time split per vCPU beside /proc's tick-based figure, the

@@ -254,7 +254,12 @@ impl VcpuShared {
 
     /// The section 4 fields now (or at the thread's end), with the histograms.
     pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
-        let (mut t, h) = self.acct.times();
+        self.times_with(true)
+    }
+
+    /// The section 4 fields now, with the histograms only when `with_hist`.
+    pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
+        let (mut t, h) = self.acct.times_with(with_hist);
         t.id = self.id;
         t.host_tid = self.host_tid();
         if self.state() == VcpuState::Finished {

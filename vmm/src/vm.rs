@@ -9,6 +9,7 @@
 //! the others to stop; it joins them all and returns what they published (`report`).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,6 +24,7 @@ use crate::accounting::host::{host_steal_ns, process_cpu_ns};
 use crate::accounting::meter::{host_cpu_slots, VcpuMeter};
 use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
 use crate::accounting::{AccountingControl, Level, Thresholds};
+use crate::api::{ApiServer, ServerOptions};
 use crate::arch::x86_64::{boot, calibrate, layout};
 use crate::bus::{Bus, BusError};
 use crate::config::{ConfigError, ImageSource, VmConfig};
@@ -108,6 +110,9 @@ pub enum VmError {
     /// A vCPU thread could not be started.
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    /// The control socket or metrics endpoint could not be served.
+    #[error(transparent)]
+    Socket(#[from] crate::api::SocketError),
     /// The sampler thread could not be started.
     #[error("cannot start the sampler thread")]
     Sampler(#[source] std::io::Error),
@@ -125,8 +130,41 @@ fn kvm_err(step: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { step, source }
 }
 
+/// VM-wide state that the run loop and every [`VmHandle`] share.
+#[derive(Debug)]
+pub struct VmStatus {
+    name: String,
+    /// CLOCK_MONOTONIC when the vCPUs were released (0 before).
+    start_ns: AtomicU64,
+    shutdown: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl VmStatus {
+    /// A VM called `name` that has not started.
+    pub fn new(name: String) -> Self {
+        VmStatus {
+            name,
+            start_ns: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the start (the moment the vCPUs are released).
+    pub fn mark_started(&self) {
+        self.start_ns.store(now_ns(), Ordering::Release);
+    }
+
+    /// Marks the end (every vCPU thread has ended).
+    pub fn mark_finished(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+}
+
 /// A VM ready to run.
 pub struct Vm {
+    status: Arc<VmStatus>,
     vcpus: Vec<VcpuFd>,
     shared: Vec<Arc<VcpuShared>>,
     control: Arc<AccountingControl>,
@@ -135,6 +173,7 @@ pub struct Vm {
     mmio: Arc<Bus>,
     pio: Arc<Bus>,
     max_runtime: Option<std::time::Duration>,
+    server_options: ServerOptions,
     // Kept alive (and dropped after the vCPUs) for the VM's whole life.
     _memory: GuestMemoryMmap,
     _vm_fd: VmFd,
@@ -161,6 +200,22 @@ fn open_kvm(path: &std::path::Path) -> Result<Kvm, VmError> {
             source: e,
         },
     })
+}
+
+/// The vcpu-exit event of a vCPU whose thread has ended.
+fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
+    let (end, exit_code) = match v.end() {
+        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
+        Some(VcpuEnd::Failed { .. }) => ("failed", None),
+        Some(VcpuEnd::Error(_)) => ("error", None),
+        Some(VcpuEnd::Stopped) | None => ("stopped", None),
+    };
+    ppa_vmm_api::Event::VcpuExit {
+        uptime_ns,
+        vcpu: v.id,
+        end: end.to_string(),
+        exit_code,
+    }
 }
 
 /// TSC frequency: KVM's, or measured against CLOCK_MONOTONIC over 20 ms.
@@ -340,7 +395,12 @@ impl TryFrom<VmConfig> for Vm {
         let mut pio = Bus::new();
         pio.insert(u64::from(WORKLOAD_PIO_PORT), 4, Arc::new(WorkloadPort))?;
 
+        let name = config
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("ppa-vmm-{}", std::process::id()));
         Ok(Vm {
+            status: Arc::new(VmStatus::new(name)),
             vcpus,
             workloads,
             info: VmInfo {
@@ -356,6 +416,11 @@ impl TryFrom<VmConfig> for Vm {
             mmio: Arc::new(mmio),
             pio: Arc::new(pio),
             max_runtime: config.max_runtime,
+            server_options: ServerOptions {
+                api_sock: config.api_sock.clone(),
+                metrics_addr: config.metrics_addr,
+                stats_max_age_ns: crate::api::handler::STATS_MAX_AGE_NS,
+            },
             _memory: memory,
             _vm_fd: vm_fd,
             _kvm: kvm,
@@ -369,9 +434,80 @@ impl TryFrom<VmConfig> for Vm {
 pub struct VmHandle {
     control: Arc<AccountingControl>,
     vcpus: Arc<[Arc<VcpuShared>]>,
+    status: Arc<VmStatus>,
 }
 
 impl VmHandle {
+    /// A handle over given parts (a VM's own handle comes from [`Vm::handle`]; tests build
+    /// handles over synthetic vCPUs with this).
+    pub fn new(
+        control: Arc<AccountingControl>,
+        vcpus: Vec<Arc<VcpuShared>>,
+        status: Arc<VmStatus>,
+    ) -> Self {
+        VmHandle {
+            control,
+            vcpus: vcpus.into(),
+            status,
+        }
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.status.name
+    }
+
+    /// Time since the vCPUs were released (0 before).
+    pub fn uptime_ns(&self) -> u64 {
+        match self.status.start_ns.load(Ordering::Acquire) {
+            0 => 0,
+            t => now_ns().saturating_sub(t),
+        }
+    }
+
+    /// `created`, `running`, `paused`, `stopping` or `finished`.
+    pub fn state(&self) -> &'static str {
+        if self.status.finished.load(Ordering::Acquire) {
+            "finished"
+        } else if self.status.shutdown.load(Ordering::Acquire) {
+            "stopping"
+        } else if self.status.start_ns.load(Ordering::Acquire) == 0 {
+            "created"
+        } else if self.paused() {
+            "paused"
+        } else {
+            "running"
+        }
+    }
+
+    /// Whether every vCPU thread has ended.
+    pub fn finished(&self) -> bool {
+        self.status.finished.load(Ordering::Acquire)
+    }
+
+    /// Stops every vCPU at its next exit (a paused vCPU too); the run then ends as
+    /// `shutdown` and writes its final report.
+    pub fn shutdown(&self) {
+        self.status.shutdown.store(true, Ordering::Release);
+        self.vcpus.iter().for_each(|v| v.kick(REQ_STOP));
+    }
+
+    /// Whether a shutdown was asked for.
+    pub fn shutdown_requested(&self) -> bool {
+        self.status.shutdown.load(Ordering::Acquire)
+    }
+
+    /// CPU time of every thread of the process that is not a vCPU thread (the main thread,
+    /// the sampler, the control socket), now.
+    pub fn host_threads_ns(&self) -> u64 {
+        let vcpu: u64 = self
+            .vcpus
+            .iter()
+            .filter_map(|v| v.acct.thread_cpu_ns())
+            .sum();
+        process_cpu_ns().saturating_sub(vcpu)
+    }
+
     /// Number of vCPUs.
     pub fn vcpu_count(&self) -> usize {
         self.vcpus.len()
@@ -470,6 +606,7 @@ impl Vm {
         VmHandle {
             control: Arc::clone(&self.control),
             vcpus: self.shared.clone().into(),
+            status: Arc::clone(&self.status),
         }
     }
 
@@ -479,6 +616,8 @@ impl Vm {
             step: "install the vCPU kick signal handler",
             source: e,
         })?;
+        let handle = self.handle();
+        let server = ApiServer::start(self.server_options.clone(), handle.clone())?;
         let start = Instant::now();
         let steal_at_start = host_steal_ns();
         let (done_tx, done_rx) = channel();
@@ -504,6 +643,9 @@ impl Vm {
                     stop_all(&shared);
                     crate::kick::futex_wake(&start_gate);
                     sampler.stop();
+                    if let Some(s) = server {
+                        s.stop();
+                    }
                     handles.into_iter().for_each(|h| {
                         let _ = h.join();
                     });
@@ -512,6 +654,7 @@ impl Vm {
             }
         }
         drop(done_tx);
+        self.status.mark_started();
         crate::kick::futex_wake(&start_gate);
 
         let deadline = self.max_runtime.map(|d| start + d);
@@ -526,6 +669,10 @@ impl Vm {
             match got {
                 Ok(id) => {
                     finished += 1;
+                    if let Some(s) = &server {
+                        s.hub()
+                            .push(vcpu_exit_event(&shared[id], handle.uptime_ns()));
+                    }
                     let failed = matches!(
                         shared[id].end(),
                         Some(VcpuEnd::Failed { .. } | VcpuEnd::Error(_))
@@ -548,8 +695,14 @@ impl Vm {
             if timed_out {
                 // Every vCPU has been kicked; wait for the rest without a deadline.
                 for _ in finished..shared.len() {
-                    if done_rx.recv().is_err() {
-                        break;
+                    match done_rx.recv() {
+                        Ok(id) => {
+                            if let Some(s) = &server {
+                                s.hub()
+                                    .push(vcpu_exit_event(&shared[id], handle.uptime_ns()));
+                            }
+                        }
+                        Err(_) => break,
                     }
                 }
                 break;
@@ -559,6 +712,7 @@ impl Vm {
             let _ = h.join();
         }
         sampler.stop();
+        self.status.mark_finished();
         let uptime_ns = start.elapsed().as_nanos() as u64;
         // Every vCPU thread has exited: the process CPU clock includes them, and each published
         // its own CPU time on its way out.
@@ -577,12 +731,20 @@ impl Vm {
             crate::report::RunFacts {
                 uptime_ns,
                 timed_out,
+                shutdown: handle.shutdown_requested(),
                 host_threads_ns,
                 host_steal_ns,
                 level: self.control.level(),
             },
         );
         let exit_code = report.exit_code();
+        if let Some(s) = server {
+            s.hub().push(ppa_vmm_api::Event::VmExit {
+                uptime_ns,
+                end: report.vm.end.to_string(),
+            });
+            s.stop();
+        }
         Ok(RunOutcome { report, exit_code })
     }
 }

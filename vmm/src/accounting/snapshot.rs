@@ -68,6 +68,23 @@ impl HistSnapshots {
         }
     }
 
+    /// No histograms at all (for readers that do not want them; copying them costs ~100 KB
+    /// per vCPU).
+    fn none() -> HistSnapshots {
+        let nothing = HistogramSnapshot {
+            frac_bits: 0,
+            counts: Vec::new(),
+            sums: Vec::new(),
+            max: 0,
+        };
+        HistSnapshots {
+            exit_handling: Vec::new(),
+            exit_handling_all: nothing.clone(),
+            guest_run: nothing.clone(),
+            wakeup_latency: nothing,
+        }
+    }
+
     fn since(&self, b: &HistSnapshots) -> HistSnapshots {
         HistSnapshots {
             exit_handling: self
@@ -255,8 +272,16 @@ impl VcpuAccounting {
 
     /// A raw sample now (live) or at the thread's end.
     pub fn sample(&self) -> RawSample {
+        self.sample_with(true)
+    }
+
+    fn sample_with(&self, with_hist: bool) -> RawSample {
         let start = self.started_ns.load(Ordering::Acquire);
-        let hist = HistSnapshots::of(&self.meter);
+        let hist = if with_hist {
+            HistSnapshots::of(&self.meter)
+        } else {
+            HistSnapshots::none()
+        };
         if let Some(f) = self.finals.get() {
             return self.final_sample(f, start, hist);
         }
@@ -330,6 +355,14 @@ impl VcpuAccounting {
         }
     }
 
+    /// Total CPU time of the vCPU thread (live, or at its end); None before it started.
+    pub fn thread_cpu_ns(&self) -> Option<u64> {
+        if let Some(f) = self.finals.get() {
+            return Some(f.cpu_ns);
+        }
+        self.live.get().and_then(|l| l.clock.read_ns().ok())
+    }
+
     /// Restarts every figure from zero: the current sample becomes the baseline. Readers hold
     /// the baseline lock across their sample, so each sees the state wholly before or wholly
     /// after a reset. The vCPU thread never takes this lock.
@@ -341,8 +374,14 @@ impl VcpuAccounting {
 
     /// The fields of spec section 4 since the start or the last reset.
     pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
+        self.times_with(true)
+    }
+
+    /// The fields of spec section 4, with the histograms only when `with_hist` (empty
+    /// otherwise).
+    pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
         let base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
-        let cur = self.sample();
+        let cur = self.sample_with(with_hist);
         derive(&cur, base.as_ref(), self.kvm.as_ref(), self.exit_cost)
     }
 }

@@ -1,0 +1,47 @@
+//! The control socket (spec section 6, docs/control.md) and the HTTP /metrics endpoint.
+//!
+//! Data flow: `Vm::run` starts an [`ApiServer`] before the vCPUs when `--api-sock` or
+//! `--metrics-addr` is given. Its `api` thread ([`server`]) accepts clients, splits their
+//! bytes into request lines ([`conn`]), hands each line to the [`handler`], which reads the
+//! VM through a `VmHandle` and returns one response line, and streams events that the run
+//! loop pushes into the server's `EventHub`. The protocol's types live in the `ppa-vmm-api`
+//! crate, which clients use without linking KVM code.
+
+pub mod conn;
+pub mod handler;
+pub mod server;
+
+pub use server::{ApiServer, EventHub, ServerOptions, SocketError};
+
+/// Synthetic VMs for unit tests: vCPUs that never ran, with meters a test can drive.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use std::sync::Arc;
+
+    use crate::accounting::meter::VcpuMeter;
+    use crate::accounting::snapshot::VcpuAccounting;
+    use crate::accounting::{AccountingControl, Level, Thresholds};
+    use crate::vcpu::VcpuShared;
+    use crate::vm::{VmHandle, VmStatus};
+
+    /// A handle on `n` vCPUs that have not started.
+    pub fn handle(n: usize) -> VmHandle {
+        let control = Arc::new(AccountingControl::new(
+            Level::Basic,
+            Thresholds::default(),
+            3,
+            10_000_000,
+        ));
+        let vcpus = (0..n)
+            .map(|id| {
+                let meter = Arc::new(VcpuMeter::new(3, 2));
+                Arc::new(VcpuShared::new(id, VcpuAccounting::new(meter, None, None)))
+            })
+            .collect();
+        VmHandle::new(
+            control,
+            vcpus,
+            Arc::new(VmStatus::new("test \"vm\"".into())),
+        )
+    }
+}
