@@ -18,7 +18,7 @@ mod types;
 pub use event::{Event, EventKind};
 pub use types::{
     HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
-    ThresholdsUpdate, TickTimes, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

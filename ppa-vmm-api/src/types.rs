@@ -225,6 +225,87 @@ impl VcpuTimes {
     }
 }
 
+/// The overview of one vCPU in `stats`: the section 4 times and the exit counts. `vcpu`
+/// gives the whole [`VcpuTimes`] of one vCPU (KVM statistics, host CPUs, estimates, exit
+/// handling times, thresholds); `stats` stays small so that a monitor can poll a large VM
+/// often without taking CPU from its guests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpuSummary {
+    /// vCPU index.
+    pub id: usize,
+    /// Host thread id (0 before the thread started).
+    pub host_tid: i32,
+    /// Micro-state at the time of reading.
+    pub state: String,
+    /// Monotonic time elapsed.
+    pub wall_ns: u64,
+    /// On-CPU time of the vCPU thread.
+    pub used_ns: u64,
+    /// On-CPU inside KVM_RUN.
+    pub guest_ns: u64,
+    /// In-kernel exit handling, where the host can split it out.
+    pub kvm_ns: Option<u64>,
+    /// On-CPU in the VMM outside KVM_RUN.
+    pub vmm_ns: u64,
+    /// Runnable, waiting for a host CPU.
+    pub steal_ns: u64,
+    /// Blocked inside KVM_RUN.
+    pub halted_ns: u64,
+    /// Parked because the guest asked to idle.
+    pub idle_ns: u64,
+    /// Parked because a CPU limit was exhausted.
+    pub limited_ns: u64,
+    /// Parked because an operator paused the VM.
+    pub paused_ns: u64,
+    /// wall − (used + steal + halted + idle + limited + paused).
+    pub identity_error_ns: i64,
+    /// Number of parks.
+    pub parks: u64,
+    /// Userspace exits by reason (reasons with at least one exit).
+    pub exits: BTreeMap<String, u64>,
+}
+
+impl VcpuSummary {
+    /// Whether the identity of spec section 4 holds (see [`VcpuTimes::identity_holds`]).
+    pub fn identity_holds(&self, stopped: bool) -> bool {
+        let tol = if stopped {
+            (self.wall_ns / 200).max(200_000)
+        } else {
+            self.wall_ns / 100
+        };
+        self.identity_error_ns.unsigned_abs() <= tol
+    }
+
+    /// Total userspace exits.
+    pub fn total_exits(&self) -> u64 {
+        self.exits.values().sum()
+    }
+}
+
+impl From<VcpuTimes> for VcpuSummary {
+    fn from(t: VcpuTimes) -> Self {
+        VcpuSummary {
+            id: t.id,
+            host_tid: t.host_tid,
+            state: t.state,
+            wall_ns: t.wall_ns,
+            used_ns: t.used_ns,
+            guest_ns: t.guest_ns,
+            kvm_ns: t.kvm_ns,
+            vmm_ns: t.vmm_ns,
+            steal_ns: t.steal_ns,
+            halted_ns: t.halted_ns,
+            idle_ns: t.idle_ns,
+            limited_ns: t.limited_ns,
+            paused_ns: t.paused_ns,
+            identity_error_ns: t.identity_error_ns,
+            parks: t.parks,
+            exits: t.exits.into_iter().filter(|(_, n)| *n > 0).collect(),
+        }
+    }
+}
+
 /// JSON form of a histogram.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -309,7 +390,7 @@ pub struct Stats {
     /// The VM.
     pub vm: VmStats,
     /// Each vCPU.
-    pub vcpus: Vec<VcpuTimes>,
+    pub vcpus: Vec<VcpuSummary>,
     /// vCPU groups (none until CPU limits exist).
     pub groups: Vec<serde_json::Value>,
 }

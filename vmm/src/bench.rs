@@ -10,6 +10,8 @@
 
 use serde::Serialize;
 
+pub mod socket;
+
 use crate::accounting::Level;
 use crate::config::RunOptions;
 use crate::vm::{Vm, VmError};

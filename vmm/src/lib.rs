@@ -11,6 +11,7 @@ pub mod api;
 pub mod arch;
 pub mod bench;
 pub mod bus;
+pub mod client;
 pub mod config;
 pub mod devices;
 pub mod exit;

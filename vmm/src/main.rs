@@ -31,6 +31,41 @@ enum Command {
     Demo,
     /// Measure the VMM itself.
     Bench(BenchArgs),
+    /// Send one request to a running VMM's control socket and print the result.
+    Ctl(CtlArgs),
+    /// A live per-vCPU table of a running VMM, like esxtop.
+    Top(TopArgs),
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The VMM's control socket (`run --api-sock`).
+    #[arg(long, value_name = "PATH")]
+    api_sock: PathBuf,
+    /// Print a readable form instead of JSON.
+    #[arg(long)]
+    text: bool,
+    /// The command: version, stats, vcpu, histogram, reset, set-level, set-thresholds,
+    /// threads, pause, resume, shutdown, metrics, subscribe.
+    command: String,
+    /// Arguments as KEY=VALUE (e.g. `vcpu=0`, `level=full`, `events=vcpu-exit,threshold`).
+    args: Vec<String>,
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// The VMM's control socket (`run --api-sock`).
+    #[arg(long, value_name = "PATH")]
+    api_sock: PathBuf,
+    /// Print one table and exit.
+    #[arg(long)]
+    once: bool,
+    /// Refresh interval in ms (rates are computed over it).
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    interval: u64,
+    /// Sort column: vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits.
+    #[arg(long, default_value = "vcpu", value_name = "COL")]
+    sort: String,
 }
 
 #[derive(Args)]
@@ -41,18 +76,26 @@ struct BenchArgs {
     /// Print one JSON object whose last key is "verdict".
     #[arg(long)]
     json: bool,
-    /// Exits per run (overhead).
-    #[arg(long, default_value_t = 40_000)]
-    exits: u64,
+    /// Exits per run (overhead; default 40000) or per vCPU per run (socket; default 1500).
+    #[arg(long)]
+    exits: Option<u64>,
     /// Rounds of alternated runs.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// vCPUs of the VM (socket).
+    #[arg(long, default_value_t = 64)]
+    vcpus: usize,
+    /// `stats` requests per second in the loaded runs (socket).
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum BenchKind {
     /// Exit throughput: raw KVM_RUN loop vs accounting off, basic, full.
     Overhead,
+    /// Control socket: stats latency with 64 vCPUs, and guest throughput under 1000 stats/s.
+    Socket,
 }
 
 #[derive(Args)]
@@ -197,8 +240,21 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     match args.which {
         BenchKind::Overhead => {
             let r = ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
-                exits: args.exits,
+                exits: args.exits.unwrap_or(40_000),
                 rounds: args.rounds,
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", r.to_text());
+            }
+        }
+        BenchKind::Socket => {
+            let r = ppa_vmm::bench::socket::socket(ppa_vmm::bench::socket::SocketOptions {
+                vcpus: args.vcpus,
+                exits: args.exits.unwrap_or(1500),
+                rounds: args.rounds,
+                rate: args.rate,
             })?;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -213,6 +269,22 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = match cli.command {
+        Command::Ctl(a) => {
+            return ExitCode::from(ppa_vmm::client::ctl::run(ppa_vmm::client::ctl::CtlOptions {
+                api_sock: a.api_sock,
+                command: a.command,
+                args: a.args,
+                text: a.text,
+            }) as u8)
+        }
+        Command::Top(a) => {
+            return ExitCode::from(ppa_vmm::client::top::run(ppa_vmm::client::top::TopOptions {
+                api_sock: a.api_sock,
+                once: a.once,
+                interval_ms: a.interval,
+                sort: a.sort,
+            }) as u8)
+        }
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
         Command::Bench(args) => {

@@ -1,11 +1,11 @@
 //! Prometheus metrics: the VMM's figures in the text exposition format (version 0.0.4), with
 //! OpenMetrics-style names (base units, counters ending in `_total`).
 //!
-//! This module owns the mapping from [`Stats`] (the result of the control socket's `stats`,
+//! This module owns the mapping from [`Detailed`] (the VM's figures and every vCPU's whole `VcpuTimes`,
 //! defined field by field in docs/accounting.md) to metric families, and the text encoding:
 //! number formatting and label escaping. It does no I/O and touches no KVM state.
 //!
-//! Data flow: a reader (never a vCPU thread) takes a [`Stats`] snapshot and calls [`render`];
+//! Data flow: a reader (never a vCPU thread) takes a [`Detailed`] snapshot and calls [`render`];
 //! whoever serves the text (an HTTP endpoint, a file, a socket command) sends it with
 //! [`CONTENT_TYPE`]. [`render`] collects every sample into its family first, then writes each
 //! family once (one `# HELP` and `# TYPE` block, its samples after it), as the format requires.
@@ -13,13 +13,13 @@
 //! null) are left out.
 //!
 //! Every sample carries the label `vm` (the VM's name, user-given, so escaped); per-vCPU
-//! samples add `vcpu` (its index). Times are nanoseconds in [`Stats`] and seconds here, written
+//! samples add `vcpu` (its index). Times are nanoseconds in [`Detailed`] and seconds here, written
 //! as the exact decimal `ns / 1e9` (up to nine fractional digits, trailing zeros dropped), so no
 //! precision is lost before the scraper parses them.
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::{Stats, VcpuTimes};
+use ppa_vmm_api::{VcpuTimes, VmStats};
 
 /// Content type to serve it with over HTTP.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -360,10 +360,21 @@ fn add_vcpu(f: &mut Families, vm: &str, v: &VcpuTimes) {
     );
 }
 
+/// What the metrics are rendered from: the VM's figures and every vCPU's full record (the
+/// control socket's `stats` carries only summaries; metrics want the estimates, KVM exits,
+/// migrations and thresholds too).
+#[derive(Debug, Clone)]
+pub struct Detailed {
+    /// The VM.
+    pub vm: VmStats,
+    /// Every vCPU.
+    pub vcpus: Vec<VcpuTimes>,
+}
+
 /// Renders `stats` in the Prometheus text exposition format 0.0.4 (serve it with
 /// [`CONTENT_TYPE`]). Each family appears once, with `# HELP` and `# TYPE`; families without
 /// a sample are left out.
-pub fn render(stats: &Stats) -> String {
+pub fn render(stats: &Detailed) -> String {
     let mut f = Families(Vec::new());
     declare_all(&mut f);
     let vm = stats.vm.name.as_str();
@@ -461,8 +472,8 @@ mod tests {
         }
     }
 
-    fn stats() -> Stats {
-        Stats {
+    fn stats() -> Detailed {
+        Detailed {
             vm: VmStats {
                 name: VM_NAME.into(),
                 pid: 4242,
@@ -477,7 +488,6 @@ mod tests {
                 host_threads_ns: 42_000_000,
             },
             vcpus: vec![vcpu(0, None, Some(7_000_000)), vcpu(1, Some(3), None)],
-            groups: Vec::new(),
         }
     }
 

@@ -31,6 +31,7 @@ use crate::accounting::{AccountingControl, Level};
 use crate::bus::{Bus, DeviceAction};
 use crate::exit::{handle_exit, ExitEvent, ExitReason, Failure, Outcome};
 use crate::kick::{self, futex_wait, futex_wake, now_ns};
+use ppa_vmm_api::VcpuSummary;
 
 /// Errors of a vCPU thread's life outside the guest's control.
 #[derive(Debug, Error)]
@@ -257,7 +258,7 @@ impl VcpuShared {
         self.times_with(true)
     }
 
-    /// The section 4 fields now, with the histograms only when `with_hist`.
+    /// The section 4 fields now, with the histograms and detail maps only when `with_hist`.
     pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
         let (mut t, h) = self.acct.times_with(with_hist);
         t.id = self.id;
@@ -266,6 +267,12 @@ impl VcpuShared {
             t.state = "finished".into();
         }
         (t, h)
+    }
+
+    /// The overview of `stats`: the section 4 times and exit counts, without the histograms
+    /// and detail maps (a few system calls and no map of KVM statistics).
+    pub fn summary(&self) -> VcpuSummary {
+        self.times_with(false).0.into()
     }
 
     /// Whether a pause is requested.

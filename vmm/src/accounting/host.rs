@@ -430,7 +430,10 @@ mod tests {
         // exec_ns advances at ticks and switches (4 ms at HZ=250), the spin used 20 ms.
         assert!(exec >= 10_000_000, "exec grew by {exec} ns");
         // s0 may lag the real exec time by up to one tick, which adds to the delta.
-        assert!(exec <= wall + 5_000_000, "exec {exec} > wall {wall} + a tick");
+        assert!(
+            exec <= wall + 5_000_000,
+            "exec {exec} > wall {wall} + a tick"
+        );
         let delay = s1.run_delay_ns - s0.run_delay_ns;
         assert!(delay <= wall, "run_delay {delay} > wall {wall}");
         assert!(s1.timeslices >= s0.timeslices);

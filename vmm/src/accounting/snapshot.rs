@@ -377,12 +377,19 @@ impl VcpuAccounting {
         self.times_with(true)
     }
 
-    /// The fields of spec section 4, with the histograms only when `with_hist` (empty
-    /// otherwise).
+    /// The fields of spec section 4, with the histograms and the detail maps (KVM statistics
+    /// by name, host CPUs, thresholds, exit handling times) only when `with_hist` (empty
+    /// otherwise: `stats` on the control socket reads every vCPU often and needs neither).
     pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
         let base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
         let cur = self.sample_with(with_hist);
-        derive(&cur, base.as_ref(), self.kvm.as_ref(), self.exit_cost)
+        derive(
+            &cur,
+            base.as_ref(),
+            self.kvm.as_ref(),
+            self.exit_cost,
+            with_hist,
+        )
     }
 }
 
@@ -396,6 +403,7 @@ pub fn derive(
     base: Option<&RawSample>,
     kvm: Option<&KvmStats>,
     exit_cost: Option<ExitCost>,
+    detail: bool,
 ) -> (VcpuTimes, HistSnapshots) {
     let zero;
     let b = match base {
@@ -444,20 +452,25 @@ pub fn derive(
             .collect(),
         None => Vec::new(),
     };
-    let kvm_stats: BTreeMap<String, u64> = kvm
-        .map(|k| {
-            k.scalar_names()
-                .zip(&kvm_delta)
-                .map(|(n, v)| (n.to_string(), *v))
-                .collect()
-        })
-        .unwrap_or_default();
-    let halted = kvm_stats.get("halt_wait_ns").copied().unwrap_or(0);
+    let kvm_stat = |name: &str| {
+        kvm.and_then(|k| k.scalar_names().position(|n| n == name))
+            .and_then(|i| kvm_delta.get(i).copied())
+    };
+    let halted = kvm_stat("halt_wait_ns").unwrap_or(0);
+    let kvm_exits = kvm_stat("exits");
+    let kvm_stats: BTreeMap<String, u64> = match kvm {
+        Some(k) if detail => k
+            .scalar_names()
+            .zip(&kvm_delta)
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
     let parks = m.parks.saturating_sub(bm.parks);
     // KVM counts every exit, those handled in the kernel included; each paid about one measured
     // round trip, the first after a park the cold one.
-    let kvm_ns_estimate = match (kvm_stats.get("exits"), exit_cost) {
-        (Some(&exits), Some(c)) => {
+    let kvm_ns_estimate = match (kvm_exits, exit_cost) {
+        (Some(exits), Some(c)) => {
             let cold = parks.min(exits);
             Some(((exits - cold) * c.hot_ns + cold * c.after_park_ns).min(used))
         }
@@ -478,6 +491,7 @@ pub fn derive(
     let run_total: u64 = run_by_cpu.iter().sum();
     let host_cpus = run_by_cpu
         .iter()
+        .filter(|_| detail)
         .zip(&entries_by_cpu)
         .enumerate()
         .filter(|(_, (r, e))| **r > 0 || **e > 0)
@@ -492,15 +506,18 @@ pub fn derive(
         })
         .collect();
     let exceeded = sub_arr(m.exceeded, bm.exceeded);
-    let mut thresholds: BTreeMap<String, u64> = THRESHOLD_NAMES[..3]
-        .iter()
-        .zip(exceeded)
-        .map(|(n, v)| (n.to_string(), v))
-        .collect();
-    thresholds.insert(
-        THRESHOLD_NAMES[3].to_string(),
-        cur.steal_windows.saturating_sub(b.steal_windows),
-    );
+    let mut thresholds = BTreeMap::new();
+    if detail {
+        thresholds = THRESHOLD_NAMES[..3]
+            .iter()
+            .zip(exceeded)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        thresholds.insert(
+            THRESHOLD_NAMES[3].to_string(),
+            cur.steal_windows.saturating_sub(b.steal_windows),
+        );
+    }
     let times = VcpuTimes {
         id: 0,
         host_tid: 0,
@@ -526,6 +543,7 @@ pub fn derive(
             .collect(),
         exit_ns: ExitReason::ALL
             .iter()
+            .filter(|_| detail)
             .map(|r| (r.name().to_string(), exit_ns[r.index()]))
             .collect(),
         kvm_stats,

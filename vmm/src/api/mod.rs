@@ -7,6 +7,7 @@
 //! loop pushes into the server's `EventHub`. The protocol's types live in the `ppa-vmm-api`
 //! crate, which clients use without linking KVM code.
 
+pub mod board;
 pub mod conn;
 pub mod handler;
 pub mod server;

@@ -28,6 +28,7 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::board::{run_refresher, Board};
 use super::conn::{LineBuffer, Next, OutQueue};
 use super::handler::{kind_bit, Handler, Outcome};
 use crate::accounting::THRESHOLD_NAMES;
@@ -125,6 +126,8 @@ impl EventHub {
 
 /// A running server.
 pub struct ApiServer {
+    board: Arc<Board>,
+    refresher: Option<JoinHandle<()>>,
     hub: Arc<EventHub>,
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
@@ -754,8 +757,22 @@ impl ApiServer {
         let timer = TimerFd::new().map_err(|e| SocketError::EventLoop(e.to_string()))?;
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
+        let board = Arc::new(Board::default());
+        let refresher = {
+            let (board, vm) = (Arc::clone(&board), vm.clone());
+            std::thread::Builder::new()
+                .name("api-stats".into())
+                .spawn(move || {
+                    // As prompt as the api thread, which waits for its posts.
+                    raise_priority(API_NICE, "stats refresher");
+                    run_refresher(&board, super::handler::STATS_REFRESH_NS, || {
+                        super::handler::snapshot(&vm)
+                    })
+                })
+                .map_err(SocketError::Spawn)?
+        };
         let serve = Arc::new(Mutex::new(Serve {
-            handler: Handler::new(vm, opts.stats_max_age_ns),
+            handler: Handler::with_board(vm, opts.stats_max_age_ns, Arc::clone(&board)),
             api,
             http,
             hub: Arc::clone(&hub),
@@ -776,6 +793,8 @@ impl ApiServer {
             .spawn(move || serve_loop(em, &serve))
             .map_err(SocketError::Spawn)?;
         Ok(Some(ApiServer {
+            board,
+            refresher: Some(refresher),
             hub,
             stop,
             thread: Some(thread),
@@ -801,13 +820,38 @@ impl ApiServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.board.stop();
+        if let Some(t) = self.refresher.take() {
+            let _ = t.join();
+        }
         if let Some(p) = &self.path {
             let _ = std::fs::remove_file(p);
         }
     }
 }
 
+/// Nice value of the `api` thread: the control socket must answer promptly even when every
+/// host CPU runs vCPU threads, and its work per request is small and bounded.
+pub const API_NICE: i32 = -10;
+
+/// Raises the calling thread's scheduling weight to `nice` (best effort: without
+/// CAP_SYS_NICE it stays as it is, and says so once).
+pub fn raise_priority(nice: i32, what: &str) {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a tid applies to that
+    // thread only on Linux.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if rc != 0 {
+        log::info!(
+            "{what}: cannot raise the thread's priority to nice {nice}: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
 fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
+    raise_priority(API_NICE, "control socket");
     let mut deadline = None;
     loop {
         let timeout = if deadline.is_some() { 10 } else { -1 };

@@ -1,0 +1,494 @@
+//! End-to-end tests of the control socket: `ppa-vmm run --api-sock` on the tiny guest, driven
+//! as a client would (raw JSON Lines, `ppa-vmm ctl`, `ppa-vmm top`).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ppa_vmm_api::{Stats, VcpuSummary, VcpuTimes};
+use serde_json::{json, Value};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ppa-vmm")
+}
+
+/// A `ppa-vmm run` child with a control socket.
+struct Vmm {
+    child: Option<Child>,
+    sock: PathBuf,
+    dir: PathBuf,
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ppa-api-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Vmm {
+    fn start(tag: &str, args: &[&str]) -> Vmm {
+        common::require_kvm();
+        let dir = temp_dir(tag);
+        let sock = dir.join("api.sock");
+        let child = Command::new(bin())
+            .arg("run")
+            .arg("--api-sock")
+            .arg(&sock)
+            .args(["--report", "json", "--max-runtime", "120"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ppa-vmm starts");
+        let vmm = Vmm {
+            child: Some(child),
+            sock,
+            dir,
+        };
+        let t0 = Instant::now();
+        while UnixStream::connect(&vmm.sock).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the control socket did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        vmm
+    }
+
+    fn connect(&self) -> Conn {
+        Conn::new(UnixStream::connect(&self.sock).expect("connect"))
+    }
+
+    /// Shuts the VM down through the socket and returns the exit status and the report.
+    fn shutdown(mut self) -> (i32, Value) {
+        let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
+        assert_eq!(r["ok"], json!(true), "{r}");
+        self.wait()
+    }
+
+    fn wait(&mut self) -> (i32, Value) {
+        let out: Output = self.child.take().unwrap().wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("report: {e}; stderr: {stderr}"));
+        (out.status.code().unwrap_or(-1), report)
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Conn {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Conn {
+    fn new(s: UnixStream) -> Conn {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Conn {
+            writer: s.try_clone().unwrap(),
+            reader: BufReader::new(s),
+        }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).unwrap();
+    }
+
+    fn line(&mut self) -> Value {
+        let mut l = String::new();
+        self.reader.read_line(&mut l).expect("a line");
+        assert!(l.ends_with('\n'), "a whole line: {l:?}");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l}: {e}"))
+    }
+
+    fn call(&mut self, req: Value) -> Value {
+        self.send_raw(format!("{req}\n").as_bytes());
+        self.line()
+    }
+
+    fn ok(&mut self, req: Value) -> Value {
+        let r = self.call(req.clone());
+        assert_eq!(r["ok"], json!(true), "{req} -> {r}");
+        assert_eq!(r["id"], req.get("id").cloned().unwrap_or(Value::Null));
+        r["result"].clone()
+    }
+
+    fn error_kind(&mut self, req: &[u8]) -> String {
+        self.send_raw(req);
+        self.send_raw(b"\n");
+        let r = self.line();
+        assert_eq!(r["ok"], json!(false), "{r}");
+        r["error"]["kind"].as_str().unwrap().to_string()
+    }
+
+    fn stats(&mut self) -> Stats {
+        serde_json::from_value(self.ok(json!({"cmd": "stats"}))).unwrap()
+    }
+}
+
+fn ctl(sock: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("ctl")
+        .arg("--api-sock")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn never_decrease(a: &VcpuSummary, b: &VcpuSummary) {
+    let pairs = [
+        ("wall", a.wall_ns, b.wall_ns),
+        ("used", a.used_ns, b.used_ns),
+        ("guest", a.guest_ns, b.guest_ns),
+        ("vmm", a.vmm_ns, b.vmm_ns),
+        ("steal", a.steal_ns, b.steal_ns),
+        ("idle", a.idle_ns, b.idle_ns),
+        ("paused", a.paused_ns, b.paused_ns),
+        ("exits", a.total_exits(), b.total_exits()),
+    ];
+    for (name, x, y) in pairs {
+        assert!(y >= x, "vCPU {}: {name} went from {x} to {y}", a.id);
+    }
+}
+
+#[test]
+fn every_command_on_a_running_vm() {
+    let _g = common::serial();
+    let vmm = Vmm::start("cmds", &["--vcpus", "2", "--workload", "mixed:ms=60000"]);
+    let mut c = vmm.connect();
+    let v = c.ok(json!({"id": 1, "cmd": "version"}));
+    assert_eq!(v["api"], json!(1));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Live stats satisfy the identity (1 % while running) and never decrease.
+    let a = c.stats();
+    assert_eq!(a.vcpus.len(), 2);
+    assert_eq!(a.vm.state, "running");
+    for v in &a.vcpus {
+        assert!(v.wall_ns > 0 && v.host_tid > 0, "{v:?}");
+        assert!(
+            v.identity_holds(false),
+            "vCPU {}: identity error {} ns of {} ns wall",
+            v.id,
+            v.identity_error_ns,
+            v.wall_ns
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let b = c.stats();
+    for (x, y) in a.vcpus.iter().zip(&b.vcpus) {
+        never_decrease(x, y);
+    }
+    assert!(b.vcpus[0].wall_ns > a.vcpus[0].wall_ns, "time moves");
+
+    let one: VcpuTimes =
+        serde_json::from_value(c.ok(json!({"id": 2, "cmd": "vcpu", "vcpu": 1}))).unwrap();
+    assert_eq!(one.id, 1);
+    let h = c.ok(json!({"id": 3, "cmd": "histogram", "name": "guest_run"}));
+    assert!(h["histogram"]["count"].as_u64().unwrap() > 0, "{h}");
+    let t = c.ok(
+        json!({"id": 4, "cmd": "histogram", "name": "exit_handling", "vcpu": 0, "format": "text"}),
+    );
+    assert!(t.as_str().unwrap().starts_with("# histogram exit_handling"));
+    let th = c.ok(json!({"id": 5, "cmd": "threads"}));
+    assert_eq!(th["vcpus"].as_array().unwrap().len(), 2);
+    assert!(th["vcpus"][0]["host_tid"].as_i64().unwrap() > 0);
+    c.ok(json!({"id": 6, "cmd": "set-level", "level": "full"}));
+    c.ok(json!({"id": 7, "cmd": "set-thresholds", "guest_run_ns": 1_000_000}));
+    let s = c.stats();
+    assert_eq!(s.vm.level, ppa_vmm_api::Level::Full);
+    assert_eq!(s.vm.thresholds.guest_run_ns, 1_000_000);
+    let m = c.ok(json!({"id": 8, "cmd": "metrics"}));
+    assert!(m.as_str().unwrap().contains("ppa_vcpu_used_seconds_total{"));
+
+    // Reset: counters restart (the only time they may decrease).
+    std::thread::sleep(Duration::from_millis(200));
+    let before = c.stats();
+    c.ok(json!({"id": 9, "cmd": "reset"}));
+    let after = c.stats();
+    for (x, y) in before.vcpus.iter().zip(&after.vcpus) {
+        assert!(y.wall_ns < x.wall_ns, "vCPU {}: reset restarts wall", x.id);
+    }
+
+    // Pause: used_ns frozen, paused_ns growing.
+    c.ok(json!({"id": 10, "cmd": "pause"}));
+    std::thread::sleep(Duration::from_millis(100));
+    let p1 = c.stats();
+    assert_eq!(p1.vm.state, "paused");
+    std::thread::sleep(Duration::from_millis(200));
+    let p2 = c.stats();
+    for (x, y) in p1.vcpus.iter().zip(&p2.vcpus) {
+        assert_eq!(x.used_ns, y.used_ns, "vCPU {}: used_ns frozen", x.id);
+        assert!(
+            y.paused_ns >= x.paused_ns + 150_000_000,
+            "vCPU {}: paused_ns {} -> {}",
+            x.id,
+            x.paused_ns,
+            y.paused_ns
+        );
+    }
+    c.ok(json!({"id": 11, "cmd": "resume"}));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.stats().vm.state, "running");
+
+    let (code, report) = vmm.shutdown();
+    assert_eq!(code, 0, "a shutdown is a clean end");
+    assert_eq!(report["vm"]["end"], json!("shutdown"));
+    assert_eq!(report["vcpus"].as_array().unwrap().len(), 2);
+    for v in report["vcpus"].as_array().unwrap() {
+        assert!(v["paused_ns"].as_u64().unwrap() >= 250_000_000, "{v}");
+    }
+}
+
+#[test]
+fn subscribers_get_every_vcpu_exit_and_threshold_events() {
+    let _g = common::serial();
+    let vmm = Vmm::start(
+        "events",
+        &[
+            "--vcpus",
+            "3",
+            "--workload",
+            "exits:n=30000",
+            "--threshold",
+            "guest_run_ns=1",
+        ],
+    );
+    let mut c = vmm.connect();
+    let r = c.ok(
+        json!({"id": "s", "cmd": "subscribe", "events": ["vcpu-exit", "vm-exit", "threshold"]}),
+    );
+    assert_eq!(r["events"].as_array().unwrap().len(), 3);
+    let mut exited = std::collections::BTreeSet::new();
+    let mut thresholds = 0;
+    loop {
+        let e = c.line();
+        match e["event"].as_str().unwrap() {
+            "vcpu-exit" => {
+                assert_eq!(e["end"], json!("exited"), "{e}");
+                assert_eq!(e["exit_code"], json!(0), "{e}");
+                exited.insert(e["vcpu"].as_u64().unwrap());
+            }
+            "threshold" => {
+                assert_eq!(e["name"], json!("guest_run_ns"), "{e}");
+                assert!(e["count"].as_u64().unwrap() > 0);
+                thresholds += 1;
+            }
+            "vm-exit" => {
+                assert_eq!(e["end"], json!("completed"), "{e}");
+                break;
+            }
+            other => panic!("unexpected event {other}: {e}"),
+        }
+    }
+    assert_eq!(exited.len(), 3, "a vcpu-exit for every vCPU");
+    assert!(
+        thresholds > 0,
+        "guest runs above 1 ns raise threshold events"
+    );
+    let mut vmm = vmm;
+    let (code, _) = vmm.wait();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn bad_clients_affect_only_themselves() {
+    let _g = common::serial();
+    let vmm = Vmm::start("bad", &["--vcpus", "2", "--workload", "busy:ms=60000"]);
+    let mut good = vmm.connect();
+    let used0 = good.stats().vcpus[0].used_ns;
+
+    let mut c = vmm.connect();
+    let mut long = br#"{"cmd":"stats","pad":""#.to_vec();
+    long.resize(70 * 1024, b'a');
+    long.extend_from_slice(b"\"}");
+    assert_eq!(c.error_kind(&long), "too-long");
+    assert_eq!(c.error_kind(b"{not json"), "bad-json");
+    assert_eq!(c.error_kind(br#"{"cmd":"reboot"}"#), "unknown-command");
+    assert_eq!(
+        c.error_kind(br#"{"cmd":"stats","all":true}"#),
+        "bad-request"
+    );
+    assert_eq!(c.error_kind(br#"{"cmd":"vcpu","vcpu":99}"#), "no-such-vcpu");
+    // The same connection still works after its errors.
+    assert_eq!(c.ok(json!({"id": 1, "cmd": "version"}))["api"], json!(1));
+
+    // A client that connects and sends nothing, and one that sends half a line.
+    let _silent = UnixStream::connect(&vmm.sock).unwrap();
+    let mut half = UnixStream::connect(&vmm.sock).unwrap();
+    half.write_all(br#"{"cmd":"sta"#).unwrap();
+    // Clients that disconnect in the middle of a large response.
+    for _ in 0..20 {
+        let mut s = UnixStream::connect(&vmm.sock).unwrap();
+        s.write_all(b"{\"cmd\":\"metrics\"}\n{\"cmd\":\"histogram\",\"name\":\"exit_handling\",\"format\":\"text\"}\n")
+            .unwrap();
+        let mut first = [0u8; 10];
+        let _ = s.read(&mut first);
+    }
+    // A client that sends requests and never reads the answers.
+    let stuck = UnixStream::connect(&vmm.sock).unwrap();
+    stuck.set_nonblocking(true).unwrap();
+    let req = b"{\"cmd\":\"stats\"}\n".repeat(1000);
+    let t0 = Instant::now();
+    let mut sent = 0usize;
+    while t0.elapsed() < Duration::from_millis(500) {
+        match (&stuck).write(&req) {
+            Ok(n) => sent += n,
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(sent > 0);
+
+    // 200 clients at once, each answered.
+    let mut many: Vec<Conn> = (0..200).map(|_| vmm.connect()).collect();
+    for (i, m) in many.iter_mut().enumerate() {
+        m.send_raw(format!("{{\"id\":{i},\"cmd\":\"version\"}}\n").as_bytes());
+    }
+    for (i, m) in many.iter_mut().enumerate() {
+        let r = m.line();
+        assert_eq!(r["id"], json!(i), "{r}");
+        assert_eq!(r["ok"], json!(true));
+    }
+    drop(many);
+
+    // The good client and the vCPUs went on throughout.
+    let s = good.stats();
+    assert!(s.vcpus[0].used_ns > used0, "the vCPU kept running");
+    assert_eq!(s.vm.state, "running");
+    let (code, report) = vmm.shutdown();
+    assert_eq!(code, 0);
+    assert_eq!(report["vm"]["end"], json!("shutdown"));
+}
+
+#[test]
+fn other_users_are_refused() {
+    let _g = common::serial();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test runs a client as uid 65534 and needs root (CI runs as root)");
+    }
+    let vmm = Vmm::start("uid", &["--vcpus", "1", "--workload", "busy:ms=60000"]);
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let mode = std::fs::metadata(&vmm.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is private");
+    std::fs::set_permissions(&vmm.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |sock: &Path| {
+        Command::new(bin())
+            .args(["ctl", "--api-sock"])
+            .arg(sock)
+            .arg("version")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    // The file mode stops another user first...
+    let o = as_nobody(&vmm.sock);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ermission"),
+        "{o:?}"
+    );
+    // ...and SO_PEERCRED stops them if the file mode is opened up.
+    std::fs::set_permissions(&vmm.sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = as_nobody(&vmm.sock);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("permission-denied"),
+        "{o:?}"
+    );
+    // Root is served.
+    let o = ctl(&vmm.sock, &["version"]);
+    assert!(o.status.success(), "{o:?}");
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn ctl_and_top_as_an_operator_uses_them() {
+    let _g = common::serial();
+    let vmm = Vmm::start("ctl", &["--vcpus", "3", "--workload", "mixed:ms=60000"]);
+    let o = ctl(&vmm.sock, &["stats"]);
+    assert!(o.status.success(), "{o:?}");
+    let s: Stats = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s.vcpus.len(), 3);
+    let o = ctl(&vmm.sock, &["vcpu", "vcpu=1"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = ctl(&vmm.sock, &["vcpu", "vcpu=7"]);
+    assert_eq!(o.status.code(), Some(1), "an error response: {o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-vcpu"));
+    let o = ctl(&vmm.sock, &["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let o = ctl(&vmm.sock, &["--text", "stats"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = ctl(
+        &vmm.sock,
+        &["--text", "histogram", "name=guest_run", "format=text"],
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("# histogram guest_run"));
+
+    // top --once: a row per vCPU and a total.
+    let o = Command::new(bin())
+        .args(["top", "--api-sock"])
+        .arg(&vmm.sock)
+        .args(["--once", "--interval", "200", "--sort", "used"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("USED%"), "{text}");
+    for i in 0..3 {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some(&i.to_string())),
+            "a row for vCPU {i}: {text}"
+        );
+    }
+
+    // promtool accepts the metrics of a live VM.
+    let o = ctl(&vmm.sock, &["--text", "metrics"]);
+    assert!(o.status.success(), "{o:?}");
+    promtool_accepts(&o.stdout);
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}
+
+fn promtool_accepts(text: &[u8]) {
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("promtool is needed (Debian package prometheus; .ci/run installs it): {e}")
+        });
+    p.stdin.take().unwrap().write_all(text).unwrap();
+    let o = p.wait_with_output().unwrap();
+    assert!(
+        o.status.success() && o.stdout.is_empty() && o.stderr.is_empty(),
+        "promtool: {o:?}\n{}",
+        String::from_utf8_lossy(text)
+    );
+}
