@@ -54,7 +54,7 @@ pub enum Event {
         threshold_ns: u64,
         /// New occurrences since the previous event of this vCPU and name.
         count: u64,
-        /// Occurrences since the vCPU started or was reset.
+        /// Occurrences since the vCPU started (a `reset` does not restart this count).
         total: u64,
     },
     /// This client did not read fast enough: `count` events were dropped before the next one.

@@ -373,7 +373,7 @@ pub struct VmStats {
     /// vCPU count.
     pub vcpus: usize,
     /// Time since the vCPUs were started, at the moment the figures were taken (the server
-    /// may answer several requests from one snapshot, at most 10 ms old).
+    /// may answer several requests from one snapshot, at most 15 ms old).
     pub uptime_ns: u64,
     /// Accounting level.
     pub level: Level,

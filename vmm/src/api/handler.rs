@@ -242,6 +242,9 @@ impl Handler {
             Command::Pause {} | Command::Resume {} | Command::Shutdown {} if vm.finished() => Err(
                 ErrorBody::new(ErrorKind::InvalidState, "every vCPU has already ended"),
             ),
+            Command::Pause {} | Command::Resume {} if vm.shutdown_requested() => Err(
+                ErrorBody::new(ErrorKind::InvalidState, "the VM is shutting down"),
+            ),
             Command::Pause {} => {
                 vm.pause();
                 self.invalidate();

@@ -336,10 +336,12 @@ impl Serve {
                 Ok(uid) if uid == self.uid || uid == 0 => None,
                 Ok(uid) => Some(ErrorBody::new(
                     ErrorKind::PermissionDenied,
-                    format!(
-                        "uid {uid} may not use this socket (only uid {} and root)",
-                        self.uid
-                    ),
+                    match self.uid {
+                        0 => format!("uid {uid} may not use this socket (only root may)"),
+                        own => format!(
+                            "uid {uid} may not use this socket (only uid {own} and root may)"
+                        ),
+                    },
                 )),
                 Err(e) => Some(ErrorBody::new(
                     ErrorKind::PermissionDenied,

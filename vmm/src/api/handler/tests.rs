@@ -158,6 +158,8 @@ fn pause_resume_shutdown_and_threads() {
     ok(&mut h, r#"{"cmd":"shutdown"}"#);
     assert!(vm.shutdown_requested());
     assert_eq!(vm.state(), "stopping");
+    assert_eq!(err(&mut h, r#"{"cmd":"pause"}"#), ErrorKind::InvalidState);
+    assert_eq!(err(&mut h, r#"{"cmd":"resume"}"#), ErrorKind::InvalidState);
 }
 
 #[test]
