@@ -68,6 +68,10 @@ pub struct SocketResult {
     pub stats_max_us: f64,
     /// Bytes of one `stats` response.
     pub stats_response_bytes: usize,
+    /// Guest exits per second of each run without requests.
+    pub idle_runs: Vec<f64>,
+    /// Guest exits per second of each run with requests.
+    pub loaded_runs: Vec<f64>,
     /// Guest exits per second without requests (median over rounds).
     pub idle_exits_per_s: f64,
     /// Guest exits per second with requests (median over rounds).
@@ -212,6 +216,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         }
     }
     lat.sort_unstable();
+    let (idle_runs, loaded_runs) = (idle.clone(), loaded.clone());
     let (idle, loaded) = (median(idle), median(loaded));
     let ratio = if idle > 0.0 { loaded / idle } else { 0.0 };
     let p99 = percentile(&lat, 0.99);
@@ -235,6 +240,8 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         stats_p99_us: p99,
         stats_max_us: lat.last().map_or(0.0, |&v| v as f64 / 1e3),
         stats_response_bytes: size,
+        idle_runs,
+        loaded_runs,
         idle_exits_per_s: idle,
         loaded_exits_per_s: loaded,
         throughput_ratio_under_load: ratio,
