@@ -13,11 +13,21 @@ pub enum EventKind {
     VmExit,
     /// A threshold counter grew.
     Threshold,
+    /// A CPU limit stopped its first member in a period.
+    ThrottleStart,
+    /// A CPU limit released its members (period boundary, or budget redistributed).
+    ThrottleEnd,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 3] = [EventKind::VcpuExit, EventKind::VmExit, EventKind::Threshold];
+    pub const ALL: [EventKind; 5] = [
+        EventKind::VcpuExit,
+        EventKind::VmExit,
+        EventKind::Threshold,
+        EventKind::ThrottleStart,
+        EventKind::ThrottleEnd,
+    ];
 }
 
 /// One event line.
@@ -57,6 +67,28 @@ pub enum Event {
         /// Occurrences since the vCPU started (a `reset` does not restart this count).
         total: u64,
     },
+    /// A CPU limit stopped members.
+    ThrottleStart {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// Group name (`vm` for the VM-wide limit).
+        group: String,
+        /// The members stopped.
+        vcpus: Vec<usize>,
+        /// CPU time the members used in this period so far.
+        used_ns: u64,
+        /// The period's quota.
+        quota_ns: u64,
+    },
+    /// A CPU limit released every member it had stopped.
+    ThrottleEnd {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// Group name.
+        group: String,
+        /// `period` (a new period began) or `redistributed` (members went idle).
+        why: String,
+    },
     /// This client did not read fast enough: `count` events were dropped before the next one.
     Dropped {
         /// Events lost.
@@ -71,6 +103,8 @@ impl Event {
             Event::VcpuExit { .. } => Some(EventKind::VcpuExit),
             Event::VmExit { .. } => Some(EventKind::VmExit),
             Event::Threshold { .. } => Some(EventKind::Threshold),
+            Event::ThrottleStart { .. } => Some(EventKind::ThrottleStart),
+            Event::ThrottleEnd { .. } => Some(EventKind::ThrottleEnd),
             Event::Dropped { .. } => None,
         }
     }

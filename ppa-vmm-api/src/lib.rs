@@ -17,7 +17,7 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use types::{
-    HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
+    GroupStats, HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
     ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
 };
 
@@ -90,6 +90,16 @@ pub enum Command {
     },
     /// vCPU index → host thread id.
     Threads {},
+    /// Sets, changes or removes a CPU limit; it takes effect at the limit's next period
+    /// boundary (a new limit at once).
+    SetLimit {
+        /// A group name, or `vm` for the VM-wide limit.
+        group: String,
+        /// `N%`, `QUOTA/PERIOD`, or `none` to remove it.
+        limit: String,
+    },
+    /// The CPU limits and what they did.
+    Groups {},
     /// Parks every vCPU until `resume`.
     Pause {},
     /// Releases a pause.
@@ -107,7 +117,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 13] = [
+pub const COMMANDS: [&str; 15] = [
     "version",
     "stats",
     "vcpu",
@@ -116,6 +126,8 @@ pub const COMMANDS: [&str; 13] = [
     "set-level",
     "set-thresholds",
     "threads",
+    "set-limit",
+    "groups",
     "pause",
     "resume",
     "shutdown",
@@ -125,7 +137,7 @@ pub const COMMANDS: [&str; 13] = [
 
 /// Commands of the specification that later versions add (told apart from misspellings in
 /// the error message).
-pub const LATER_COMMANDS: [&str; 3] = ["set-limit", "groups", "guest"];
+pub const LATER_COMMANDS: [&str; 1] = ["guest"];
 
 /// A parsed request.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +181,8 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The server has as many clients as it accepts.
     TooManyClients,
+    /// A limit or group the command names is invalid or does not exist.
+    BadLimit,
     /// The server failed; the request had no effect.
     Internal,
 }

@@ -44,6 +44,14 @@ fn parses_every_command() {
             },
         ),
         (r#"{"cmd":"threads"}"#, Command::Threads {}),
+        (
+            r#"{"cmd":"set-limit","group":"vm","limit":"50%"}"#,
+            Command::SetLimit {
+                group: "vm".into(),
+                limit: "50%".into(),
+            },
+        ),
+        (r#"{"cmd":"groups"}"#, Command::Groups {}),
         (r#"{"cmd":"pause"}"#, Command::Pause {}),
         (r#"{"cmd":"resume"}"#, Command::Resume {}),
         (r#"{"cmd":"shutdown"}"#, Command::Shutdown {}),
@@ -110,7 +118,7 @@ fn refuses_bad_requests_with_the_right_kind() {
     assert_eq!(id, json!(42));
     assert!(e.message.contains("vcpu"), "{}", e.message);
     // Later commands are named as such, not as misspellings.
-    let (_, e) = parse(r#"{"cmd":"set-limit","group":"vm","limit":"50%"}"#).unwrap_err();
+    let (_, e) = parse(r#"{"cmd":"guest"}"#).unwrap_err();
     assert!(e.message.contains("not available"), "{}", e.message);
 }
 

@@ -391,8 +391,38 @@ pub struct Stats {
     pub vm: VmStats,
     /// Each vCPU.
     pub vcpus: Vec<VcpuSummary>,
-    /// vCPU groups (none until CPU limits exist).
-    pub groups: Vec<serde_json::Value>,
+    /// CPU-limit groups, the VM-wide limit (named `vm`) first when there is one.
+    pub groups: Vec<GroupStats>,
+}
+
+/// One CPU limit (a vCPU group's, or the VM's as group `vm`) and what it did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupStats {
+    /// Group name (`vm` for the VM-wide limit).
+    pub name: String,
+    /// Member vCPUs.
+    pub vcpus: Vec<usize>,
+    /// `vmm` (enforced by the VMM) or `cgroup`.
+    pub backend: String,
+    /// The limit as given (`50%`, `15ms/10ms`).
+    pub limit: String,
+    /// CPU time allowed per period.
+    pub quota_ns: u64,
+    /// Period length.
+    pub period_ns: u64,
+    /// Periods completed since the limit was set.
+    pub periods: u64,
+    /// Periods in which a member had to stop.
+    pub throttled_periods: u64,
+    /// CPU time the members used in completed periods.
+    pub used_ns: u64,
+    /// Time the members spent stopped by this limit (their limited_ns, summed).
+    pub limited_ns: u64,
+    /// Largest overshoot of a period (used − quota when positive).
+    pub overshoot_max_ns: u64,
+    /// Overshoot per period, for periods that overshot.
+    pub overshoot: HistogramJson,
 }
 
 /// One vCPU thread in `threads`.

@@ -51,6 +51,9 @@ pub enum ConfigError {
     /// An empty socket path.
     #[error("the control socket path is empty")]
     ApiSock,
+    /// A bad CPU limit or vCPU group.
+    #[error(transparent)]
+    Limit(#[from] crate::limits::LimitError),
     /// A bad max runtime.
     #[error("the maximum run time must be a positive number of seconds, not {0}")]
     MaxRuntime(f64),
@@ -121,6 +124,8 @@ pub struct VmConfig {
     pub api_sock: Option<PathBuf>,
     /// Address of the HTTP /metrics endpoint.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// CPU limits at start.
+    pub limits: crate::limits::limiter::LimitConfig,
 }
 
 impl Default for VmConfig {
@@ -139,6 +144,7 @@ impl Default for VmConfig {
             name: None,
             api_sock: None,
             metrics_addr: None,
+            limits: Default::default(),
         }
     }
 }
@@ -222,6 +228,11 @@ pub struct RunOptions {
     pub api_sock: Option<PathBuf>,
     /// `IP:PORT` of the HTTP /metrics endpoint.
     pub metrics_addr: Option<String>,
+    /// VM-wide CPU limit (`150%`, `15ms/10ms`).
+    pub cpu_limit: Option<String>,
+    /// vCPU groups, `NAME:VCPUS:LIMIT`.
+    #[serde(default)]
+    pub vcpu_group: Vec<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -239,6 +250,29 @@ pub fn parse_thresholds(specs: &[String], mut t: Thresholds) -> Result<Threshold
         }
     }
     Ok(t)
+}
+
+/// Parses and checks the VM limit and the groups against a VM of `vcpus` vCPUs.
+pub fn parse_limits(
+    cpu_limit: Option<&str>,
+    groups: &[String],
+    vcpus: usize,
+) -> Result<crate::limits::limiter::LimitConfig, ConfigError> {
+    use crate::limits::{check_groups, GroupSpec, Limit};
+    let vm = match cpu_limit {
+        None => None,
+        Some(text) => {
+            let l = Limit::parse(text)?;
+            l.check_members(text, vcpus.max(1))?;
+            Some((l, text.to_string()))
+        }
+    };
+    let groups = groups
+        .iter()
+        .map(|g| GroupSpec::parse(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_groups(&groups, vcpus)?;
+    Ok(crate::limits::limiter::LimitConfig { vm, groups })
 }
 
 impl RunOptions {
@@ -278,6 +312,12 @@ impl RunOptions {
             name: over.name.or(self.name),
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            cpu_limit: over.cpu_limit.or(self.cpu_limit),
+            vcpu_group: if over.vcpu_group.is_empty() {
+                self.vcpu_group
+            } else {
+                over.vcpu_group
+            },
         }
     }
 
@@ -325,8 +365,10 @@ impl RunOptions {
                     .map_err(|_| ConfigError::MetricsAddr(a.clone()))?,
             ),
         };
+        let vcpus = self.vcpus.unwrap_or(d.vcpus);
+        let limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
         let config = VmConfig {
-            vcpus: self.vcpus.unwrap_or(d.vcpus),
+            vcpus,
             memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
             image,
             workloads,
@@ -339,6 +381,7 @@ impl RunOptions {
             name: self.name,
             api_sock: self.api_sock,
             metrics_addr,
+            limits,
         };
         config.validate()?;
         let report = ReportOptions {

@@ -17,6 +17,7 @@ pub mod devices;
 pub mod exit;
 pub mod kick;
 pub mod kvm_stats;
+pub mod limits;
 pub mod loader;
 pub mod metrics;
 pub mod report;

@@ -152,6 +152,13 @@ struct RunArgs {
     /// Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs.
     #[arg(long, value_name = "IP:PORT")]
     metrics_addr: Option<String>,
+    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
+    #[arg(long, value_name = "LIMIT")]
+    cpu_limit: Option<String>,
+    /// A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%);
+    /// repeatable.
+    #[arg(long, value_name = "NAME:VCPUS:LIMIT")]
+    vcpu_group: Vec<String>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -176,6 +183,8 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         name: args.name,
         api_sock: args.api_sock,
         metrics_addr: args.metrics_addr,
+        cpu_limit: args.cpu_limit,
+        vcpu_group: args.vcpu_group,
     };
     Ok(file.merge(cli))
 }

@@ -113,8 +113,8 @@ pub struct Report {
     pub vm: VmReport,
     /// Each vCPU.
     pub vcpus: Vec<VcpuReport>,
-    /// vCPU groups (none until CPU limits exist).
-    pub groups: Vec<serde_json::Value>,
+    /// CPU limits (the VM's as group `vm`, then each vCPU group) and what they did.
+    pub groups: Vec<ppa_vmm_api::GroupStats>,
 }
 
 fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshots) {

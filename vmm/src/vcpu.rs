@@ -73,6 +73,13 @@ impl VcpuState {
 pub const REQ_STOP: u32 = 1;
 /// Request bit: park (paused) at the next exit until the bit is cleared.
 pub const REQ_PAUSE: u32 = 2;
+/// Request bit: park (limited) at the next exit until cleared: the vCPU's group is out of
+/// budget.
+pub const REQ_LIMIT_GROUP: u32 = 4;
+/// Request bit: the same for the VM-wide limit.
+pub const REQ_LIMIT_VM: u32 = 8;
+/// Either limit bit.
+pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM;
 
 /// Doorbell accesses by kind, so that workload exits are told apart from the protocol's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -275,6 +282,22 @@ impl VcpuShared {
         self.times_with(false).0.into()
     }
 
+    /// Clears request `bits` (a limit's stop) and wakes the vCPU if it is parked on them.
+    /// The release time is what its wake-up latency is measured from.
+    pub fn release(&self, bits: u32) {
+        self.acct
+            .meter
+            .released_at
+            .store(now_ns(), Ordering::Release);
+        self.requests.fetch_and(!bits, Ordering::AcqRel);
+        futex_wake(&self.wake);
+    }
+
+    /// Whether any of request `bits` is set.
+    pub fn requested(&self, bits: u32) -> bool {
+        self.requests.load(Ordering::Acquire) & bits != 0
+    }
+
     /// Whether a pause is requested.
     pub fn pause_requested(&self) -> bool {
         self.requests.load(Ordering::Acquire) & REQ_PAUSE != 0
@@ -468,8 +491,9 @@ fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
 }
 
 /// Parks as `kind` until `deadline_ns` (or forever with `None`) or until released: a
-/// pause park ends when the pause request is cleared or a stop arrives; any other park ends at
-/// any request.
+/// pause park ends when the pause request is cleared or a stop arrives; a limited park when
+/// both limit bits are cleared or a stop or pause arrives; an idle park at a stop or pause
+/// (a limit that stops an idle vCPU takes effect when the idle park ends).
 fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: Option<u64>) {
     shared.set_state(VcpuState::Parked);
     rec.park_begin(kind, consistent_stamp(shared));
@@ -478,7 +502,10 @@ fn park(shared: &VcpuShared, rec: &mut Recorder, kind: MicroState, deadline_ns: 
         let requests = shared.requests.load(Ordering::Acquire);
         let released = match kind {
             MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
-            _ => requests != 0,
+            MicroState::Limited => {
+                requests & REQ_LIMIT == 0 || requests & (REQ_STOP | REQ_PAUSE) != 0
+            }
+            _ => requests & (REQ_STOP | REQ_PAUSE) != 0,
         };
         if released {
             break shared.acct.meter.released_at.load(Ordering::Acquire);
@@ -520,6 +547,10 @@ fn run_loop(v: &mut VcpuThread, rec: &mut Recorder) -> VcpuEnd {
         }
         if requests & REQ_PAUSE != 0 {
             park(&shared, rec, MicroState::Paused, None);
+            continue;
+        }
+        if requests & REQ_LIMIT != 0 {
+            park(&shared, rec, MicroState::Limited, None);
             continue;
         }
         let next = rec.next_level();

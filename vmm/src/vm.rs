@@ -24,13 +24,14 @@ use crate::accounting::host::{host_steal_ns, process_cpu_ns};
 use crate::accounting::meter::{host_cpu_slots, VcpuMeter};
 use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
 use crate::accounting::{AccountingControl, Level, Thresholds};
-use crate::api::{ApiServer, ServerOptions};
+use crate::api::{ApiServer, EventHub, ServerOptions};
 use crate::arch::x86_64::{boot, calibrate, layout};
 use crate::bus::{Bus, BusError};
 use crate::config::{ConfigError, ImageSource, VmConfig};
 use crate::devices::{Doorbells, WorkloadPort};
 use crate::kick::now_ns;
 use crate::kvm_stats::KvmStats;
+use crate::limits::limiter::Limiter;
 use crate::loader::{parse_elf, LoaderError};
 use crate::report::{Report, VmInfo};
 use crate::sampler::Sampler;
@@ -165,6 +166,8 @@ impl VmStatus {
 /// A VM ready to run.
 pub struct Vm {
     status: Arc<VmStatus>,
+    hub: Arc<EventHub>,
+    limiter: Arc<Limiter>,
     vcpus: Vec<VcpuFd>,
     shared: Vec<Arc<VcpuShared>>,
     control: Arc<AccountingControl>,
@@ -368,7 +371,7 @@ impl TryFrom<VmConfig> for Vm {
             10_000_000,
         ));
         let host_cpus = host_cpu_slots();
-        let shared = vcpus
+        let shared: Vec<Arc<VcpuShared>> = vcpus
             .iter()
             .enumerate()
             .map(|(id, fd)| {
@@ -399,8 +402,24 @@ impl TryFrom<VmConfig> for Vm {
             .name
             .clone()
             .unwrap_or_else(|| format!("ppa-vmm-{}", std::process::id()));
+        let hub = Arc::new(
+            EventHub::new()
+                .map_err(|e| VmError::Memory(format!("cannot create an eventfd: {e}")))?,
+        );
+        // From the limiter's decision to the vCPU's stop: the limiter's wake-up, the signal,
+        // the exit out of KVM_RUN and the park. Measured here at about two exit round trips
+        // plus 30 µs (docs/limits.md); the stop margin is that estimate.
+        let margin_ns = kvm_exit_cost.map_or(70_000, |c| 2 * c.hot_ns + 30_000);
+        let limiter = Arc::new(Limiter::new(
+            &config.limits,
+            shared.clone(),
+            Some(Arc::clone(&hub)),
+            margin_ns,
+        ));
         Ok(Vm {
             status: Arc::new(VmStatus::new(name)),
+            hub,
+            limiter,
             vcpus,
             workloads,
             info: VmInfo {
@@ -435,6 +454,7 @@ pub struct VmHandle {
     control: Arc<AccountingControl>,
     vcpus: Arc<[Arc<VcpuShared>]>,
     status: Arc<VmStatus>,
+    limiter: Arc<Limiter>,
 }
 
 impl VmHandle {
@@ -444,12 +464,19 @@ impl VmHandle {
         control: Arc<AccountingControl>,
         vcpus: Vec<Arc<VcpuShared>>,
         status: Arc<VmStatus>,
+        limiter: Arc<Limiter>,
     ) -> Self {
         VmHandle {
             control,
             vcpus: vcpus.into(),
             status,
+            limiter,
         }
+    }
+
+    /// The CPU limits.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
     }
 
     /// The VM's name.
@@ -607,6 +634,7 @@ impl Vm {
             control: Arc::clone(&self.control),
             vcpus: self.shared.clone().into(),
             status: Arc::clone(&self.status),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 
@@ -617,7 +645,18 @@ impl Vm {
             source: e,
         })?;
         let handle = self.handle();
-        let server = ApiServer::start(self.server_options.clone(), handle.clone())?;
+        let server = ApiServer::start(
+            self.server_options.clone(),
+            handle.clone(),
+            Arc::clone(&self.hub),
+        )?;
+        let limiter = {
+            let l = Arc::clone(&self.limiter);
+            std::thread::Builder::new()
+                .name("limiter".into())
+                .spawn(move || l.run())
+                .map_err(VmError::Sampler)?
+        };
         let start = Instant::now();
         let steal_at_start = host_steal_ns();
         let (done_tx, done_rx) = channel();
@@ -643,6 +682,8 @@ impl Vm {
                     stop_all(&shared);
                     crate::kick::futex_wake(&start_gate);
                     sampler.stop();
+                    self.limiter.stop();
+                    let _ = limiter.join();
                     if let Some(s) = server {
                         s.stop();
                     }
@@ -712,6 +753,8 @@ impl Vm {
             let _ = h.join();
         }
         sampler.stop();
+        self.limiter.stop();
+        let _ = limiter.join();
         self.status.mark_finished();
         let uptime_ns = start.elapsed().as_nanos() as u64;
         // Every vCPU thread has exited: the process CPU clock includes them, and each published
@@ -737,6 +780,8 @@ impl Vm {
                 level: self.control.level(),
             },
         );
+        let mut report = report;
+        report.groups = self.limiter.groups();
         let exit_code = report.exit_code();
         if let Some(s) = server {
             s.hub().push(ppa_vmm_api::Event::VmExit {

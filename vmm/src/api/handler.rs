@@ -67,7 +67,7 @@ pub fn fresh_stats(vm: &VmHandle) -> Stats {
             host_threads_ns: vm.host_threads_ns(),
         },
         vcpus,
-        groups: Vec::new(),
+        groups: vm.limiter().groups(),
     }
 }
 
@@ -261,6 +261,14 @@ impl Handler {
                 Ok(serde_json::json!({ "state": "stopping" }))
             }
             Command::Metrics {} => Ok(Value::String(self.metrics_text())),
+            Command::SetLimit { group, limit } => {
+                vm.limiter()
+                    .set_limit(&group, &limit)
+                    .map_err(|e| ErrorBody::new(ErrorKind::BadLimit, e.to_string()))?;
+                self.invalidate();
+                to_value(&vm.limiter().groups())
+            }
+            Command::Groups {} => to_value(&vm.limiter().groups()),
             // Answered by handle_line.
             Command::Stats {} | Command::Subscribe { .. } => Err(ErrorBody::new(
                 ErrorKind::Internal,

@@ -33,16 +33,23 @@ pub(crate) mod tests_support {
             3,
             10_000_000,
         ));
-        let vcpus = (0..n)
+        let vcpus: Vec<Arc<VcpuShared>> = (0..n)
             .map(|id| {
                 let meter = Arc::new(VcpuMeter::new(3, 2));
                 Arc::new(VcpuShared::new(id, VcpuAccounting::new(meter, None, None)))
             })
             .collect();
+        let limiter = Arc::new(crate::limits::limiter::Limiter::new(
+            &Default::default(),
+            vcpus.clone(),
+            None,
+            30_000,
+        ));
         VmHandle::new(
             control,
             vcpus,
             Arc::new(VmStatus::new("test \"vm\"".into())),
+            limiter,
         )
     }
 }

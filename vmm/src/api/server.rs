@@ -100,7 +100,8 @@ pub struct EventHub {
 }
 
 impl EventHub {
-    fn new() -> io::Result<Self> {
+    /// An empty hub.
+    pub fn new() -> io::Result<Self> {
         Ok(EventHub {
             queue: Mutex::new(VecDeque::new()),
             efd: EventFd::new(EFD_NONBLOCK)?,
@@ -738,7 +739,11 @@ fn http_reply(request_line: &str, handler: &mut Handler) -> String {
 impl ApiServer {
     /// Binds what `opts` asks for and starts the `api` thread; `None` when there is nothing
     /// to serve.
-    pub fn start(opts: ServerOptions, vm: VmHandle) -> Result<Option<ApiServer>, SocketError> {
+    pub fn start(
+        opts: ServerOptions,
+        vm: VmHandle,
+        hub: Arc<EventHub>,
+    ) -> Result<Option<ApiServer>, SocketError> {
         if opts.api_sock.is_none() && opts.metrics_addr.is_none() {
             return Ok(None);
         }
@@ -754,7 +759,6 @@ impl ApiServer {
         };
         let metrics_addr = http.as_ref().and_then(|l| l.local_addr().ok());
         let loop_err = |e: io::Error| SocketError::EventLoop(e.to_string());
-        let hub = Arc::new(EventHub::new().map_err(loop_err)?);
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(loop_err)?);
         let timer = TimerFd::new().map_err(|e| SocketError::EventLoop(e.to_string()))?;
         // SAFETY: getuid has no preconditions.
@@ -849,6 +853,21 @@ pub fn raise_priority(nice: i32, what: &str) {
             "{what}: cannot raise the thread's priority to nice {nice}: {}",
             io::Error::last_os_error()
         );
+    }
+}
+
+/// Asks SCHED_FIFO priority 1 for the calling thread (for threads whose lateness is an error:
+/// the limiter); without the privilege, nice -10, and says so.
+pub fn raise_realtime(what: &str) {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_setscheduler on the calling thread (0) with a valid sched_param.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc != 0 {
+        log::info!(
+            "{what}: cannot use SCHED_FIFO ({}); running at nice {API_NICE}",
+            io::Error::last_os_error()
+        );
+        raise_priority(API_NICE, what);
     }
 }
 

@@ -408,7 +408,7 @@ mod tests {
         let e = refused("frobnicate", &[]);
         assert_eq!(e.kind, ErrorKind::UnknownCommand);
         assert!(e.message.contains("unknown command `frobnicate`"), "{e:?}");
-        let e = refused("groups", &[]);
+        let e = refused("guest", &[]);
         assert!(e.message.contains("not available in this version"), "{e:?}");
         let e = refused("vcpu", &["vcpu=abc"]);
         assert_eq!(e.kind, ErrorKind::BadRequest);

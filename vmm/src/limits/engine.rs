@@ -1,0 +1,193 @@
+//! The decision of one limit at one instant: which members must stop, and when to look again.
+//! Pure: the limiter thread feeds it CPU times it read; tests feed it numbers.
+//!
+//! Sharing (docs/limits.md): the budget of a period is shared max-min fairly among the
+//! members that want CPU ("demanding": running, or stopped by this limit). Members that idle
+//! leave their unused part to the others. With `B` = quota − what idle members used, the
+//! fair share `f` is the level at which `Σ max(used_i, f) = B` over the demanding members; a
+//! member whose remaining share `f − used_i` is within the stop margin (the time a kick takes
+//! to get a vCPU out of KVM_RUN) is stopped, and released again if the share grows (another
+//! member went idle). Each member runs on at most one CPU, so no member can pass its share
+//! before `f − used_i − margin` from now: that is when the limiter looks again.
+
+/// What the limiter knows of one member now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Member {
+    /// CPU time used in this period.
+    pub used_ns: u64,
+    /// Wants CPU: running, or stopped by this limit (not idle, paused or finished).
+    pub demanding: bool,
+    /// Stopped by this limit now.
+    pub stopped: bool,
+    /// May run before the next look (not finished): an idle member can wake up at any time.
+    pub can_run: bool,
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether each member must be stopped (in member order).
+    pub stop: Vec<bool>,
+    /// Look again after this long (`None`: nothing can change before the period ends).
+    pub recheck_ns: Option<u64>,
+    /// The fair share of the period's budget per demanding member.
+    pub share_ns: u64,
+}
+
+/// Shortest time between two looks, so a member close to its share is not polled in a loop.
+pub const MIN_RECHECK_NS: u64 = 20_000;
+
+/// Fair share: the level `f` with `Σ max(used_i, f) = budget` over `used` (any order).
+pub fn fair_share(budget: u64, used: &[u64]) -> u64 {
+    let mut sorted: Vec<u64> = used.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let mut rest = budget;
+    let mut n = sorted.len() as u64;
+    for &u in &sorted {
+        if n == 0 {
+            break;
+        }
+        let f = rest / n;
+        if u <= f {
+            return f;
+        }
+        // This member already used more than an equal share: it keeps what it used.
+        rest = rest.saturating_sub(u);
+        n -= 1;
+    }
+    rest.checked_div(n).unwrap_or(0)
+}
+
+/// Decides for a limit of `quota_ns` per period, given its members now.
+pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
+    let idle_used: u64 = members
+        .iter()
+        .filter(|m| !m.demanding)
+        .map(|m| m.used_ns)
+        .sum();
+    let budget = quota_ns.saturating_sub(idle_used);
+    let demanding: Vec<u64> = members
+        .iter()
+        .filter(|m| m.demanding)
+        .map(|m| m.used_ns)
+        .collect();
+    let share = fair_share(budget, &demanding);
+    let mut recheck: Option<u64> = None;
+    let mut look_by = |t: u64| recheck = Some(recheck.map_or(t, |r: u64| r.min(t)));
+    // An idle member may wake up and run at up to one CPU: look again before it could pass
+    // the share it would have as a demanding member.
+    for m in members.iter().filter(|m| !m.demanding && m.can_run) {
+        let mut with = demanding.clone();
+        with.push(m.used_ns);
+        let f = fair_share(budget + m.used_ns, &with);
+        look_by(
+            f.saturating_sub(m.used_ns)
+                .saturating_sub(margin_ns)
+                .max(MIN_RECHECK_NS),
+        );
+    }
+    let stop = members
+        .iter()
+        .map(|m| {
+            if !m.demanding {
+                return false;
+            }
+            let left = share.saturating_sub(m.used_ns);
+            // Hysteresis: a stopped member is released only with room for a few margins.
+            let keep_stopped = m.stopped && left <= 4 * margin_ns;
+            let must_stop = left <= margin_ns || keep_stopped;
+            if !must_stop {
+                look_by((left - margin_ns).max(MIN_RECHECK_NS));
+            }
+            must_stop
+        })
+        .collect();
+    Decision {
+        stop,
+        recheck_ns: recheck,
+        share_ns: share,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(used_ns: u64, demanding: bool) -> Member {
+        Member {
+            used_ns,
+            demanding,
+            stopped: false,
+            can_run: true,
+        }
+    }
+
+    #[test]
+    fn fair_share_is_max_min() {
+        assert_eq!(fair_share(100, &[0, 0]), 50);
+        assert_eq!(fair_share(100, &[70, 0]), 30, "the heavy one keeps its 70");
+        assert_eq!(fair_share(100, &[10, 20]), 50);
+        assert_eq!(fair_share(100, &[]), 0);
+        assert_eq!(fair_share(100, &[200, 0]), 0, "overspent: nothing left");
+        assert_eq!(fair_share(90, &[30, 30, 30]), 30);
+    }
+
+    #[test]
+    fn one_member_runs_to_its_quota_less_the_margin() {
+        let d = decide(25_000_000, &[m(0, true)], 30_000);
+        assert_eq!(d.stop, vec![false]);
+        assert_eq!(d.recheck_ns, Some(25_000_000 - 30_000));
+        let d = decide(25_000_000, &[m(24_980_000, true)], 30_000);
+        assert_eq!(d.stop, vec![true], "within the margin: stop now");
+        assert_eq!(d.recheck_ns, None);
+    }
+
+    #[test]
+    fn idle_members_leave_their_part_to_the_others() {
+        // Two members, 50 ms; one idles after 5 ms: the other may use 45.
+        let d = decide(
+            50_000_000,
+            &[m(20_000_000, true), m(5_000_000, false)],
+            30_000,
+        );
+        assert_eq!(d.share_ns, 45_000_000);
+        assert_eq!(d.stop, vec![false, false]);
+        // Both demanding at 25 ms each: both stop.
+        let d = decide(
+            50_000_000,
+            &[m(25_000_000, true), m(25_000_000, true)],
+            30_000,
+        );
+        assert_eq!(d.stop, vec![true, true]);
+        // One stopped at its share; the other goes idle having used less: the first is
+        // released to use the rest.
+        let stopped = Member {
+            used_ns: 25_000_000,
+            demanding: true,
+            stopped: true,
+            can_run: true,
+        };
+        let d = decide(50_000_000, &[stopped, m(10_000_000, false)], 30_000);
+        assert_eq!(d.stop, vec![false, false], "released: 15 ms are free");
+        assert!(d.recheck_ns.unwrap() <= 15_000_000);
+    }
+
+    #[test]
+    fn idle_members_are_looked_at_before_they_could_overrun() {
+        // One member idle, one demanding at 10 of 50: the idle one could take 25 if it woke.
+        let d = decide(50_000_000, &[m(10_000_000, true), m(0, false)], 30_000);
+        assert_eq!(d.recheck_ns, Some(25_000_000 - 30_000));
+        // A finished member is not waited for.
+        let mut done = m(0, false);
+        done.can_run = false;
+        let d = decide(50_000_000, &[m(10_000_000, true), done], 30_000);
+        assert_eq!(d.recheck_ns, Some(40_000_000 - 30_000));
+    }
+
+    #[test]
+    fn recheck_is_bounded_below() {
+        let d = decide(1_000_000, &[m(1_000_000 - 45_000, true)], 30_000);
+        assert_eq!(d.stop, vec![false]);
+        assert_eq!(d.recheck_ns, Some(MIN_RECHECK_NS));
+    }
+}

@@ -1,0 +1,355 @@
+//! CPU limits (spec section 5, docs/limits.md): the syntax of limits and vCPU groups, their
+//! checks, and the enforcement that the `limiter` thread runs.
+//!
+//! Data flow: the command line, the config file and the socket's `set-limit` give strings
+//! (`150%`, `15ms/10ms`, `dataplane:0-1:50%`); [`Limit::parse`] and [`GroupSpec::parse`]
+//! turn them into quota/period pairs and member lists, and [`check_groups`] refuses groups
+//! that overlap, repeat a name, name a missing vCPU or ask for more than their members can
+//! use. [`engine`] decides, from the members' CPU times, which members must stop and when to
+//! look again; [`limiter`] is the thread that reads the clocks, kicks and releases vCPUs and
+//! publishes each group's figures.
+
+use std::collections::BTreeSet;
+
+use thiserror::Error;
+
+pub mod engine;
+pub mod limiter;
+
+/// Shortest period accepted.
+pub const MIN_PERIOD_NS: u64 = 1_000_000;
+/// Longest period accepted.
+pub const MAX_PERIOD_NS: u64 = 1_000_000_000;
+/// Period of a limit given as a percentage.
+pub const DEFAULT_PERIOD_NS: u64 = 100_000_000;
+/// Name of the VM-wide limit where groups are named (`set-limit group=vm`).
+pub const VM_GROUP: &str = "vm";
+
+/// Why a limit or a group was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LimitError {
+    /// Not `N%` nor `QUOTA/PERIOD`.
+    #[error("`{0}` is not a CPU limit (use N% of one CPU, e.g. 50%, or QUOTA/PERIOD with units ns, us, ms or s, e.g. 15ms/10ms)")]
+    Syntax(String),
+    /// A quota of zero.
+    #[error("the CPU limit `{0}` gives no CPU time at all; a limit must be above zero")]
+    Zero(String),
+    /// A period out of range.
+    #[error("the period of `{0}` must be between 1 ms and 1 s")]
+    Period(String),
+    /// More than the members can use.
+    #[error("the CPU limit `{limit}` is more than {members} vCPU(s) can use ({max}%)")]
+    OverMembers {
+        /// The limit as given.
+        limit: String,
+        /// Members.
+        members: usize,
+        /// The most they can use, percent of one CPU.
+        max: usize,
+    },
+    /// A group spec that is not NAME:VCPUS:LIMIT.
+    #[error("`{0}` is not a vCPU group (use NAME:VCPUS:LIMIT, e.g. dataplane:0-1:50%)")]
+    GroupSyntax(String),
+    /// A bad group name.
+    #[error("`{0}` cannot name a group (1 to 32 letters, digits, `-` or `_`; `vm` is the VM's own limit)")]
+    GroupName(String),
+    /// A bad vCPU list.
+    #[error("`{0}` is not a list of vCPUs (use e.g. 0-3 or 0,2,5)")]
+    Vcpus(String),
+    /// A vCPU that does not exist.
+    #[error("group `{group}` names vCPU {vcpu}, but the VM has {count} vCPU(s)")]
+    NoSuchVcpu {
+        /// The group.
+        group: String,
+        /// The vCPU.
+        vcpu: usize,
+        /// vCPUs of the VM.
+        count: usize,
+    },
+    /// A vCPU in two groups.
+    #[error("vCPU {vcpu} is in both group `{first}` and group `{second}`; a vCPU is in at most one group")]
+    TwoGroups {
+        /// The vCPU.
+        vcpu: usize,
+        /// One group.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// Two groups of one name.
+    #[error("there are two groups named `{0}`")]
+    Duplicate(String),
+    /// No such group (socket).
+    #[error("there is no group `{0}`")]
+    NoSuchGroup(String),
+}
+
+/// A CPU budget: `quota_ns` of CPU time per `period_ns` of wall time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Limit {
+    /// CPU time per period.
+    pub quota_ns: u64,
+    /// Period length.
+    pub period_ns: u64,
+}
+
+fn duration_ns(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let scale = match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        _ => return None,
+    };
+    let v: f64 = num.parse().ok()?;
+    let ns = v * scale;
+    (0.0..1e18).contains(&ns).then_some(ns.round() as u64)
+}
+
+impl Limit {
+    /// Parses `N%` (of one CPU, 100 ms period) or `QUOTA/PERIOD`.
+    pub fn parse(s: &str) -> Result<Limit, LimitError> {
+        let bad = || LimitError::Syntax(s.to_string());
+        let t = s.trim();
+        let limit = if let Some(pct) = t.strip_suffix('%') {
+            let p: f64 = pct.trim().parse().map_err(|_| bad())?;
+            if !p.is_finite() || p < 0.0 {
+                return Err(bad());
+            }
+            Limit {
+                quota_ns: (p / 100.0 * DEFAULT_PERIOD_NS as f64).round() as u64,
+                period_ns: DEFAULT_PERIOD_NS,
+            }
+        } else {
+            let (q, p) = t.split_once('/').ok_or_else(bad)?;
+            Limit {
+                quota_ns: duration_ns(q).ok_or_else(bad)?,
+                period_ns: duration_ns(p).ok_or_else(bad)?,
+            }
+        };
+        if !(MIN_PERIOD_NS..=MAX_PERIOD_NS).contains(&limit.period_ns) {
+            return Err(LimitError::Period(s.to_string()));
+        }
+        if limit.quota_ns == 0 {
+            return Err(LimitError::Zero(s.to_string()));
+        }
+        Ok(limit)
+    }
+
+    /// Checks that `members` vCPUs can use the quota at all.
+    pub fn check_members(&self, given: &str, members: usize) -> Result<(), LimitError> {
+        if u128::from(self.quota_ns) > u128::from(self.period_ns) * members as u128 {
+            return Err(LimitError::OverMembers {
+                limit: given.to_string(),
+                members,
+                max: members * 100,
+            });
+        }
+        Ok(())
+    }
+
+    /// The share of one CPU, in percent.
+    pub fn percent(&self) -> f64 {
+        self.quota_ns as f64 * 100.0 / self.period_ns as f64
+    }
+}
+
+/// A vCPU group with its limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// Name.
+    pub name: String,
+    /// Member vCPUs, ascending.
+    pub vcpus: Vec<usize>,
+    /// Its budget.
+    pub limit: Limit,
+    /// The limit as given.
+    pub given: String,
+}
+
+fn parse_vcpus(s: &str) -> Option<Vec<usize>> {
+    let mut set = BTreeSet::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b || b - a > 4096 {
+                    return None;
+                }
+                set.extend(a..=b);
+            }
+            None => {
+                set.insert(part.parse().ok()?);
+            }
+        }
+    }
+    (!set.is_empty()).then(|| set.into_iter().collect())
+}
+
+/// Checks a group name.
+pub fn check_name(name: &str) -> Result<(), LimitError> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && name != VM_GROUP
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(LimitError::GroupName(name.to_string()))
+    }
+}
+
+impl GroupSpec {
+    /// Parses `NAME:VCPUS:LIMIT`.
+    pub fn parse(s: &str) -> Result<GroupSpec, LimitError> {
+        let mut parts = s.splitn(3, ':');
+        let (Some(name), Some(vcpus), Some(limit)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(LimitError::GroupSyntax(s.to_string()));
+        };
+        check_name(name)?;
+        let list = parse_vcpus(vcpus).ok_or_else(|| LimitError::Vcpus(vcpus.to_string()))?;
+        let l = Limit::parse(limit)?;
+        l.check_members(limit, list.len())?;
+        Ok(GroupSpec {
+            name: name.to_string(),
+            vcpus: list,
+            limit: l,
+            given: limit.to_string(),
+        })
+    }
+}
+
+/// Checks groups against a VM of `vcpus` vCPUs: members exist, no vCPU in two groups, no
+/// name twice.
+pub fn check_groups(groups: &[GroupSpec], vcpus: usize) -> Result<(), LimitError> {
+    let mut owner: Vec<Option<&str>> = vec![None; vcpus];
+    let mut names = BTreeSet::new();
+    for g in groups {
+        if !names.insert(g.name.as_str()) {
+            return Err(LimitError::Duplicate(g.name.clone()));
+        }
+        for &v in &g.vcpus {
+            let slot = owner.get_mut(v).ok_or_else(|| LimitError::NoSuchVcpu {
+                group: g.name.clone(),
+                vcpu: v,
+                count: vcpus,
+            })?;
+            if let Some(first) = slot {
+                return Err(LimitError::TwoGroups {
+                    vcpu: v,
+                    first: first.to_string(),
+                    second: g.name.clone(),
+                });
+            }
+            *slot = Some(&g.name);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_parse() {
+        assert_eq!(
+            Limit::parse("150%").unwrap(),
+            Limit {
+                quota_ns: 150_000_000,
+                period_ns: 100_000_000
+            }
+        );
+        assert_eq!(
+            Limit::parse("15ms/10ms").unwrap(),
+            Limit {
+                quota_ns: 15_000_000,
+                period_ns: 10_000_000
+            }
+        );
+        assert_eq!(Limit::parse("250us/1ms").unwrap().quota_ns, 250_000);
+        assert_eq!(Limit::parse(" 25 % ").unwrap().quota_ns, 25_000_000);
+        assert!((Limit::parse("2.5ms/10ms").unwrap().percent() - 25.0).abs() < 1e-9);
+        for bad in [
+            "", "%", "abc", "-5%", "5", "5ms", "5ms/", "/10ms", "5m/10ms", "x%", "nan%",
+        ] {
+            assert!(
+                matches!(Limit::parse(bad), Err(LimitError::Syntax(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(Limit::parse("0%"), Err(LimitError::Zero(_))));
+        assert!(matches!(Limit::parse("0ms/10ms"), Err(LimitError::Zero(_))));
+        assert!(matches!(
+            Limit::parse("1us/999us"),
+            Err(LimitError::Period(_))
+        ));
+        assert!(matches!(Limit::parse("1ms/2s"), Err(LimitError::Period(_))));
+        assert!(Limit::parse("1ms/1ms").is_ok());
+        assert!(Limit::parse("1s/1s").is_ok());
+        let l = Limit::parse("250%").unwrap();
+        assert!(matches!(
+            l.check_members("250%", 2),
+            Err(LimitError::OverMembers { max: 200, .. })
+        ));
+        assert!(l.check_members("250%", 3).is_ok());
+    }
+
+    #[test]
+    fn groups_parse_and_check() {
+        let g = GroupSpec::parse("dataplane:0-1:50%").unwrap();
+        assert_eq!(g.vcpus, vec![0, 1]);
+        assert_eq!(g.limit.quota_ns, 50_000_000);
+        assert_eq!(
+            GroupSpec::parse("c:0,2,5-6:1ms/10ms").unwrap().vcpus,
+            vec![0, 2, 5, 6]
+        );
+        for (bad, want) in [
+            ("dataplane", "syntax"),
+            ("a:0-1", "syntax"),
+            (":0:50%", "name"),
+            ("vm:0:50%", "name"),
+            ("a b:0:50%", "name"),
+            ("a:1-0:50%", "vcpus"),
+            ("a:x:50%", "vcpus"),
+            ("a::50%", "vcpus"),
+            ("a:0:0%", "zero"),
+            ("a:0:150%", "over"),
+        ] {
+            let e = GroupSpec::parse(bad).unwrap_err();
+            let kind = match e {
+                LimitError::GroupSyntax(_) => "syntax",
+                LimitError::GroupName(_) => "name",
+                LimitError::Vcpus(_) => "vcpus",
+                LimitError::Zero(_) => "zero",
+                LimitError::OverMembers { .. } => "over",
+                _ => "other",
+            };
+            assert_eq!(kind, want, "{bad}: {e}");
+        }
+        let a = GroupSpec::parse("a:0-1:50%").unwrap();
+        let b = GroupSpec::parse("b:1-2:50%").unwrap();
+        let c = GroupSpec::parse("a:3:50%").unwrap();
+        let far = GroupSpec::parse("far:7:50%").unwrap();
+        assert!(check_groups(&[a.clone()], 4).is_ok());
+        assert!(matches!(
+            check_groups(&[a.clone(), b], 4),
+            Err(LimitError::TwoGroups { vcpu: 1, .. })
+        ));
+        assert!(matches!(
+            check_groups(&[a, c], 4),
+            Err(LimitError::Duplicate(_))
+        ));
+        assert!(matches!(
+            check_groups(&[far], 4),
+            Err(LimitError::NoSuchVcpu { vcpu: 7, .. })
+        ));
+    }
+}
