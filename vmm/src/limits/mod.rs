@@ -338,7 +338,7 @@ mod tests {
         let b = GroupSpec::parse("b:1-2:50%").unwrap();
         let c = GroupSpec::parse("a:3:50%").unwrap();
         let far = GroupSpec::parse("far:7:50%").unwrap();
-        assert!(check_groups(&[a.clone()], 4).is_ok());
+        assert!(check_groups(std::slice::from_ref(&a), 4).is_ok());
         assert!(matches!(
             check_groups(&[a.clone(), b], 4),
             Err(LimitError::TwoGroups { vcpu: 1, .. })
