@@ -355,6 +355,11 @@ impl VcpuAccounting {
         }
     }
 
+    /// CPU time of the vCPU thread when its wall clock started (None before).
+    pub fn origin_cpu_ns(&self) -> Option<u64> {
+        self.origin.get().map(|o| o.0)
+    }
+
     /// Total CPU time of the vCPU thread (live, or at its end); None before it started.
     pub fn thread_cpu_ns(&self) -> Option<u64> {
         if let Some(f) = self.finals.get() {

@@ -74,19 +74,7 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
     let share = fair_share(budget, &demanding);
     let mut recheck: Option<u64> = None;
     let mut look_by = |t: u64| recheck = Some(recheck.map_or(t, |r: u64| r.min(t)));
-    // An idle member may wake up and run at up to one CPU: look again before it could pass
-    // the share it would have as a demanding member.
-    for m in members.iter().filter(|m| !m.demanding && m.can_run) {
-        let mut with = demanding.clone();
-        with.push(m.used_ns);
-        let f = fair_share(budget + m.used_ns, &with);
-        look_by(
-            f.saturating_sub(m.used_ns)
-                .saturating_sub(margin_ns)
-                .max(MIN_RECHECK_NS),
-        );
-    }
-    let stop = members
+    let stop: Vec<bool> = members
         .iter()
         .map(|m| {
             if !m.demanding {
@@ -102,6 +90,32 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
             must_stop
         })
         .collect();
+    // An idle member may wake up and run at up to one CPU: look again before it could pass
+    // the share it would have as a demanding member.
+    for m in members.iter().filter(|m| !m.demanding && m.can_run) {
+        let mut with = demanding.clone();
+        with.push(m.used_ns);
+        let f = fair_share(budget + m.used_ns, &with);
+        look_by(
+            f.saturating_sub(m.used_ns)
+                .saturating_sub(margin_ns)
+                .max(MIN_RECHECK_NS),
+        );
+    }
+    // Together, the members that may run can use at most one CPU each: look again before
+    // they could spend the whole budget.
+    let runnable = members
+        .iter()
+        .zip(&stop)
+        .filter(|(m, s)| m.can_run && !**s)
+        .count() as u64;
+    if runnable > 0 {
+        let used: u64 = members.iter().map(|m| m.used_ns).sum();
+        let pool = quota_ns
+            .saturating_sub(used)
+            .saturating_sub(runnable * margin_ns);
+        look_by((pool / runnable).max(MIN_RECHECK_NS));
+    }
     Decision {
         stop,
         recheck_ns: recheck,
@@ -176,12 +190,25 @@ mod tests {
     fn idle_members_are_looked_at_before_they_could_overrun() {
         // One member idle, one demanding at 10 of 50: the idle one could take 25 if it woke.
         let d = decide(50_000_000, &[m(10_000_000, true), m(0, false)], 30_000);
-        assert_eq!(d.recheck_ns, Some(25_000_000 - 30_000));
+        assert_eq!(
+            d.recheck_ns,
+            Some(20_000_000 - 30_000),
+            "both together: 40 ms left"
+        );
         // A finished member is not waited for.
         let mut done = m(0, false);
         done.can_run = false;
         let d = decide(50_000_000, &[m(10_000_000, true), done], 30_000);
         assert_eq!(d.recheck_ns, Some(40_000_000 - 30_000));
+    }
+
+    #[test]
+    fn members_that_start_together_cannot_overrun_the_pool() {
+        // Four members that have not started: each could take the whole budget alone, but
+        // together they could spend it four times as fast.
+        let idle = [m(0, false), m(0, false), m(0, false), m(0, false)];
+        let d = decide(100_000_000, &idle, 30_000);
+        assert_eq!(d.recheck_ns, Some((100_000_000 - 4 * 30_000) / 4));
     }
 
     #[test]

@@ -83,15 +83,15 @@ fn cpu_of(v: &VcpuShared) -> Option<u64> {
     v.acct.thread_cpu_ns()
 }
 
-/// CPU time since `base`, setting `base` first if the thread has just started.
+/// CPU time since `base`. A thread that started during the period is charged from its
+/// start (the CPU time when its wall clock started), not from when the limiter first saw it.
 fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
+    if base.is_none() {
+        *base = v.acct.origin_cpu_ns();
+    }
     match (cpu_of(v), *base) {
         (Some(now), Some(b)) => now.saturating_sub(b),
-        (Some(now), None) => {
-            *base = Some(now);
-            0
-        }
-        (None, _) => 0,
+        _ => 0,
     }
 }
 
