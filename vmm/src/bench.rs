@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 
+pub mod limit;
 pub mod socket;
 
 use crate::accounting::Level;

@@ -233,6 +233,8 @@ pub struct RunOptions {
     /// vCPU groups, `NAME:VCPUS:LIMIT`.
     #[serde(default)]
     pub vcpu_group: Vec<String>,
+    /// Who enforces the limits: `vmm` (default) or `cgroup`.
+    pub limit_backend: Option<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -272,7 +274,11 @@ pub fn parse_limits(
         .map(|g| GroupSpec::parse(g))
         .collect::<Result<Vec<_>, _>>()?;
     check_groups(&groups, vcpus)?;
-    Ok(crate::limits::limiter::LimitConfig { vm, groups })
+    Ok(crate::limits::limiter::LimitConfig {
+        vm,
+        groups,
+        backend: Default::default(),
+    })
 }
 
 impl RunOptions {
@@ -313,6 +319,7 @@ impl RunOptions {
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             cpu_limit: over.cpu_limit.or(self.cpu_limit),
+            limit_backend: over.limit_backend.or(self.limit_backend),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
             } else {
@@ -366,7 +373,14 @@ impl RunOptions {
             ),
         };
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
-        let limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
+        let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
+        limits.backend = match self.limit_backend.as_deref() {
+            None | Some("vmm") => crate::limits::limiter::Backend::Vmm,
+            Some("cgroup") => crate::limits::limiter::Backend::Cgroup,
+            Some(other) => {
+                return Err(crate::limits::LimitError::BackendName(other.to_string()).into())
+            }
+        };
         let config = VmConfig {
             vcpus,
             memory_mib: self.memory_mib.unwrap_or(d.memory_mib),

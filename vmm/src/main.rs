@@ -88,6 +88,9 @@ struct BenchArgs {
     /// `stats` requests per second in the loaded runs (socket).
     #[arg(long, default_value_t = 1000)]
     rate: u32,
+    /// Periods per run (limit).
+    #[arg(long, default_value_t = 50)]
+    periods: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -96,6 +99,8 @@ enum BenchKind {
     Overhead,
     /// Control socket: stats latency with 64 vCPUs, and guest throughput under 1000 stats/s.
     Socket,
+    /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy vCPU.
+    Limit,
 }
 
 #[derive(Args)]
@@ -159,6 +164,10 @@ struct RunArgs {
     /// repeatable.
     #[arg(long, value_name = "NAME:VCPUS:LIMIT")]
     vcpu_group: Vec<String>,
+    /// Who enforces the limits: vmm (precise, default) or cgroup (CFS bandwidth control, for
+    /// comparison).
+    #[arg(long, value_name = "vmm|cgroup")]
+    limit_backend: Option<String>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -185,6 +194,7 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         metrics_addr: args.metrics_addr,
         cpu_limit: args.cpu_limit,
         vcpu_group: args.vcpu_group,
+        limit_backend: args.limit_backend,
     };
     Ok(file.merge(cli))
 }
@@ -251,6 +261,17 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             let r = ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(40_000),
                 rounds: args.rounds,
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", r.to_text());
+            }
+        }
+        BenchKind::Limit => {
+            let r = ppa_vmm::bench::limit::limit(ppa_vmm::bench::limit::LimitOptions {
+                periods: args.periods,
+                percent: 25,
             })?;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);

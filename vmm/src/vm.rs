@@ -31,7 +31,11 @@ use crate::config::{ConfigError, ImageSource, VmConfig};
 use crate::devices::{Doorbells, WorkloadPort};
 use crate::kick::now_ns;
 use crate::kvm_stats::KvmStats;
-use crate::limits::limiter::Limiter;
+use crate::limits::cgroup::CgroupLimits;
+use crate::limits::limiter::{Backend, Limiter};
+
+/// Numbers the VMs of this process (names their cgroups apart).
+static VM_SEQ: AtomicU64 = AtomicU64::new(0);
 use crate::loader::{parse_elf, LoaderError};
 use crate::report::{Report, VmInfo};
 use crate::sampler::Sampler;
@@ -114,6 +118,9 @@ pub enum VmError {
     /// The control socket or metrics endpoint could not be served.
     #[error(transparent)]
     Socket(#[from] crate::api::SocketError),
+    /// The cgroup limit backend could not be set up.
+    #[error("cannot set up the cgroup limit backend: {0}")]
+    Cgroup(String),
     /// The sampler thread could not be started.
     #[error("cannot start the sampler thread")]
     Sampler(#[source] std::io::Error),
@@ -410,11 +417,27 @@ impl TryFrom<VmConfig> for Vm {
         // the exit out of KVM_RUN and the park. Measured here at about two exit round trips
         // plus 30 µs (docs/limits.md); the stop margin is that estimate.
         let margin_ns = kvm_exit_cost.map_or(70_000, |c| 2 * c.hot_ns + 30_000);
-        let limiter = Arc::new(Limiter::new(
+        let cgroup = match config.limits.backend {
+            Backend::Vmm => None,
+            Backend::Cgroup => Some(
+                CgroupLimits::create(
+                    &config.limits,
+                    config.vcpus,
+                    &format!(
+                        "{}-{}",
+                        std::process::id(),
+                        VM_SEQ.fetch_add(1, Ordering::Relaxed)
+                    ),
+                )
+                .map_err(VmError::Cgroup)?,
+            ),
+        };
+        let limiter = Arc::new(Limiter::with_cgroup(
             &config.limits,
             shared.clone(),
             Some(Arc::clone(&hub)),
             margin_ns,
+            cgroup,
         ));
         Ok(Vm {
             status: Arc::new(VmStatus::new(name)),
@@ -695,6 +718,20 @@ impl Vm {
             }
         }
         drop(done_tx);
+        if let Err(e) = self.limiter.place_threads() {
+            stop_all(&shared);
+            crate::kick::futex_wake(&start_gate);
+            handles.into_iter().for_each(|h| {
+                let _ = h.join();
+            });
+            sampler.stop();
+            self.limiter.stop();
+            let _ = limiter.join();
+            if let Some(s) = server {
+                s.stop();
+            }
+            return Err(VmError::Cgroup(e));
+        }
         self.status.mark_started();
         crate::kick::futex_wake(&start_gate);
 

@@ -26,6 +26,16 @@ use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_VM};
 
+/// Who enforces the limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The VMM itself (this module).
+    #[default]
+    Vmm,
+    /// The kernel's CFS bandwidth control, through cgroups ([`super::cgroup`]).
+    Cgroup,
+}
+
 /// The limits of a VM at start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LimitConfig {
@@ -33,7 +43,16 @@ pub struct LimitConfig {
     pub vm: Option<(Limit, String)>,
     /// The vCPU groups.
     pub groups: Vec<GroupSpec>,
+    /// Who enforces them.
+    pub backend: Backend,
 }
+
+/// Bounds of the learnt stop margin.
+const MIN_MARGIN_NS: i64 = 5_000;
+const MAX_MARGIN_NS: i64 = 2_000_000;
+
+/// Per-period CPU use kept for `bench limit` (the most recent periods).
+const PERIOD_LOG: usize = 100_000;
 
 /// A limit's state, kept by the thread.
 struct Entity {
@@ -57,6 +76,13 @@ struct Entity {
     /// Members' limited time when the limit was set.
     limited_base: Vec<u64>,
     next_look: Option<u64>,
+    /// CPU time used in each closed period, most recent last.
+    log: Vec<u64>,
+    /// The stop margin, learnt: after each period in which members were stopped, it moves
+    /// by half the period's error shared among them, so the mean error tends to zero.
+    margin_ns: u64,
+    /// Members stopped in the period in progress.
+    stops_this_period: u64,
 }
 
 /// What the socket and the report share with the thread.
@@ -68,6 +94,7 @@ pub struct Limiter {
     hub: Option<Arc<EventHub>>,
     start_ns: u64,
     margin_ns: u64,
+    cgroup: Option<super::cgroup::CgroupLimits>,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -115,6 +142,9 @@ impl Entity {
             overshoot_max: 0,
             limited_base: vec![0; n],
             next_look: None,
+            log: Vec::new(),
+            margin_ns: 0,
+            stops_this_period: 0,
         }
     }
 
@@ -158,7 +188,23 @@ impl Limiter {
         hub: Option<Arc<EventHub>>,
         margin_ns: u64,
     ) -> Self {
+        Self::with_cgroup(config, vcpus, hub, margin_ns, None)
+    }
+
+    /// The same, with the limits enforced by `cgroup` instead (the VMM then enforces none).
+    pub fn with_cgroup(
+        config: &LimitConfig,
+        vcpus: Vec<Arc<VcpuShared>>,
+        hub: Option<Arc<EventHub>>,
+        margin_ns: u64,
+        cgroup: Option<super::cgroup::CgroupLimits>,
+    ) -> Self {
         let mut entities = Vec::new();
+        let config = if cgroup.is_some() {
+            &LimitConfig::default()
+        } else {
+            config
+        };
         let all: Vec<usize> = (0..vcpus.len()).collect();
         if let Some(vm) = &config.vm {
             entities.push(Entity::new(
@@ -184,7 +230,42 @@ impl Limiter {
             hub,
             start_ns: now_ns(),
             margin_ns,
+            cgroup,
         }
+    }
+
+    /// The cgroups, with the cgroup backend.
+    pub fn cgroup(&self) -> Option<&super::cgroup::CgroupLimits> {
+        self.cgroup.as_ref()
+    }
+
+    /// With the cgroup backend: waits (at most 5 s) until every vCPU thread has its id, and
+    /// places each in its cgroup. Call before the vCPUs are released.
+    pub fn place_threads(&self) -> Result<(), String> {
+        let Some(cg) = &self.cgroup else {
+            return Ok(());
+        };
+        let deadline = now_ns() + 5_000_000_000;
+        let tids = loop {
+            let tids: Vec<i32> = self.vcpus.iter().map(|v| v.host_tid()).collect();
+            if tids.iter().all(|t| *t != 0) {
+                break tids;
+            }
+            if now_ns() > deadline {
+                return Err("the vCPU threads did not start within 5 s".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        cg.place(&tids)
+    }
+
+    /// CPU time used in each closed period of limit `name`, oldest first (VMM backend).
+    pub fn period_log(&self, name: &str) -> Vec<u64> {
+        self.lock()
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.log.clone())
+            .unwrap_or_default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entity>> {
@@ -193,6 +274,14 @@ impl Limiter {
 
     /// Every limit's figures now.
     pub fn groups(&self) -> Vec<GroupStats> {
+        if let Some(cg) = &self.cgroup {
+            return cg.groups(|i| {
+                let v = &self.vcpus[i].acct;
+                v.thread_cpu_ns()
+                    .unwrap_or(0)
+                    .saturating_sub(v.origin_cpu_ns().unwrap_or(0))
+            });
+        }
         let now = now_ns();
         self.lock()
             .iter()
@@ -203,6 +292,9 @@ impl Limiter {
     /// Sets, changes or removes (`none`) the limit of `group` (`vm`: the VM-wide one). A
     /// change applies at the limit's next period boundary; a new limit at once.
     pub fn set_limit(&self, group: &str, limit: &str) -> Result<(), LimitError> {
+        if self.cgroup.is_some() {
+            return Err(LimitError::Backend);
+        }
         let new = match limit.trim() {
             "none" | "off" => None,
             text => {
@@ -277,6 +369,7 @@ impl Limiter {
         }
         e.period_start = now;
         e.stopped_this_period = false;
+        e.stops_this_period = 0;
         e.next_look = Some(now);
     }
 
@@ -291,8 +384,16 @@ impl Limiter {
                 .sum();
             e.periods += 1;
             e.used_ns += used;
+            if e.log.len() < PERIOD_LOG {
+                e.log.push(used);
+            }
             if e.stopped_this_period {
                 e.throttled_periods += 1;
+                // Learn the margin from the error of a period that ended in stops.
+                let err = used as i64 - l.quota_ns as i64;
+                let step = err / 2 / e.stops_this_period.max(1) as i64;
+                e.margin_ns =
+                    (e.margin_ns as i64 + step).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS) as u64;
             }
             if used > l.quota_ns {
                 let over = used - l.quota_ns;
@@ -361,7 +462,10 @@ impl Limiter {
                 }
             })
             .collect();
-        let d = decide(l.quota_ns, &members, self.margin_ns);
+        if e.margin_ns == 0 {
+            e.margin_ns = self.margin_ns;
+        }
+        let d = decide(l.quota_ns, &members, e.margin_ns);
         let mut newly = Vec::new();
         let mut released = false;
         for (k, &i) in e.members.iter().enumerate() {
@@ -369,6 +473,7 @@ impl Limiter {
                 (false, true) => {
                     self.vcpus[i].kick(e.bit);
                     e.stopped[k] = true;
+                    e.stops_this_period += 1;
                     newly.push(i);
                 }
                 (true, false) => {
@@ -449,6 +554,7 @@ mod tests {
         let cfg = LimitConfig {
             vm: None,
             groups: vec![g],
+            backend: Backend::Vmm,
         };
         let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
         assert!(matches!(

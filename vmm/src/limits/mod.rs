@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use thiserror::Error;
 
+pub mod cgroup;
 pub mod engine;
 pub mod limiter;
 
@@ -82,6 +83,12 @@ pub enum LimitError {
     /// No such group (socket).
     #[error("there is no group `{0}`")]
     NoSuchGroup(String),
+    /// Run-time changes under the cgroup backend.
+    #[error("limits cannot be changed at run time with the cgroup backend")]
+    Backend,
+    /// An unknown backend name.
+    #[error("`{0}` is not a limit backend (vmm or cgroup)")]
+    BackendName(String),
 }
 
 /// A CPU budget: `quota_ns` of CPU time per `period_ns` of wall time.
