@@ -203,6 +203,9 @@ fn demo_options() -> RunOptions {
     RunOptions {
         vcpus: Some(4),
         workload: vec!["mixed:ms=1500".to_string()],
+        // The busy and the periodic vCPU share 60 % of one CPU: the periodic one takes what
+        // it needs (max-min fair), the busy one is held to the rest.
+        vcpu_group: vec!["app:0-1:60%".to_string()],
         report: Some(ReportFormat::Text),
         ..Default::default()
     }

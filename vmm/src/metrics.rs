@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::{VcpuTimes, VmStats};
+use ppa_vmm_api::{GroupStats, VcpuTimes, VmStats};
 
 /// Content type to serve it with over HTTP.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -282,6 +282,37 @@ fn declare_all(f: &mut Families) {
         Gauge,
         "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused).",
     );
+    f.declare(
+        "ppa_group_quota_seconds",
+        Gauge,
+        "CPU time a limit allows per period (group vm: the VM-wide limit); 0 when removed.",
+    );
+    f.declare("ppa_group_period_seconds", Gauge, "Period of the limit.");
+    f.declare(
+        "ppa_group_periods_total",
+        Counter,
+        "Periods completed since the limit was set.",
+    );
+    f.declare(
+        "ppa_group_throttled_periods_total",
+        Counter,
+        "Periods in which the limit stopped a member.",
+    );
+    f.declare(
+        "ppa_group_used_seconds_total",
+        Counter,
+        "CPU time the members used in completed periods.",
+    );
+    f.declare(
+        "ppa_group_limited_seconds_total",
+        Counter,
+        "Time the members spent stopped by the limit (their limited time, summed; cgroup backend: the cgroup's throttled time).",
+    );
+    f.declare(
+        "ppa_group_overshoot_max_seconds",
+        Gauge,
+        "Largest overshoot of a period (used - quota).",
+    );
 }
 
 /// Adds the samples of one vCPU.
@@ -369,6 +400,8 @@ pub struct Detailed {
     pub vm: VmStats,
     /// Every vCPU.
     pub vcpus: Vec<VcpuTimes>,
+    /// Every CPU limit.
+    pub groups: Vec<GroupStats>,
 }
 
 /// Renders `stats` in the Prometheus text exposition format 0.0.4 (serve it with
@@ -412,6 +445,32 @@ pub fn render(stats: &Detailed) -> String {
     }
     for v in &stats.vcpus {
         add_vcpu(&mut f, vm, v);
+    }
+    for g in &stats.groups {
+        let labels = [
+            ("vm", vm),
+            ("group", g.name.as_str()),
+            ("backend", g.backend.as_str()),
+        ];
+        f.add("ppa_group_quota_seconds", &labels, seconds(g.quota_ns));
+        f.add("ppa_group_period_seconds", &labels, seconds(g.period_ns));
+        f.add("ppa_group_periods_total", &labels, g.periods.to_string());
+        f.add(
+            "ppa_group_throttled_periods_total",
+            &labels,
+            g.throttled_periods.to_string(),
+        );
+        f.add("ppa_group_used_seconds_total", &labels, seconds(g.used_ns));
+        f.add(
+            "ppa_group_limited_seconds_total",
+            &labels,
+            seconds(g.limited_ns),
+        );
+        f.add(
+            "ppa_group_overshoot_max_seconds",
+            &labels,
+            seconds(g.overshoot_max_ns),
+        );
     }
     f.render()
 }
@@ -488,6 +547,7 @@ mod tests {
                 host_threads_ns: 42_000_000,
             },
             vcpus: vec![vcpu(0, None, Some(7_000_000)), vcpu(1, Some(3), None)],
+            groups: Vec::new(),
         }
     }
 
@@ -735,7 +795,28 @@ mod tests {
     /// an error or a lint warning.
     #[test]
     fn promtool_accepts_the_output() {
-        let text = render(&stats());
+        let mut s = stats();
+        s.groups.push(GroupStats {
+            name: "dataplane".into(),
+            vcpus: vec![0, 1],
+            backend: "vmm".into(),
+            limit: "50%".into(),
+            quota_ns: 50_000_000,
+            period_ns: 100_000_000,
+            periods: 12,
+            throttled_periods: 11,
+            used_ns: 600_000_000,
+            limited_ns: 1_100_000_000,
+            overshoot_max_ns: 40_000,
+            overshoot: crate::accounting::histogram::HistogramSnapshot::empty(3).to_json(),
+        });
+        let text = render(&s);
+        assert!(
+            text.contains(
+                "ppa_group_used_seconds_total{vm=\"we\\\"ird\\\\vm\\nname\",group=\"dataplane\",backend=\"vmm\"} 0.6"
+            ),
+            "{text}"
+        );
         let mut child = match Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(Stdio::piped())

@@ -270,7 +270,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
             "VCPU",
             "WORKLOAD",
             "END",
@@ -281,6 +281,7 @@ impl Report {
             "STEAL",
             "IDLE",
             "HALT",
+            "LMTD",
             "/proc ms",
             "EXITS",
             "IDENT"
@@ -299,7 +300,7 @@ impl Report {
             w.truncate(24);
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
@@ -310,6 +311,7 @@ impl Report {
                 ms(t.steal_ns),
                 ms(t.idle_ns),
                 ms(t.halted_ns),
+                ms(t.limited_ns),
                 ticks,
                 total,
                 t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64,
@@ -321,6 +323,22 @@ impl Report {
              GUEST/VMM split: {}. IDENT = wall - (used+steal+halted+idle+limited+paused).",
             self.vcpus.first().map_or("-", |v| v.times.split.as_str())
         );
+        for g in &self.groups {
+            let _ = writeln!(
+                out,
+                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms                  = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us",
+                g.name,
+                g.vcpus,
+                g.limit,
+                g.backend,
+                g.throttled_periods,
+                g.periods,
+                ms(g.used_ns),
+                g.used_ns as f64 * 100.0 / (g.periods * g.period_ns).max(1) as f64,
+                ms(g.limited_ns),
+                g.overshoot_max_ns as f64 / 1e3,
+            );
+        }
         let _ = writeln!(
             out,
             "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}  (the guest's own rdtsc view)",

@@ -170,7 +170,8 @@ impl Handler {
     pub fn metrics_text(&mut self) -> String {
         let vm = self.stats().stats.vm.clone();
         let vcpus = self.vm.vcpus().iter().map(|v| v.times().0).collect();
-        crate::metrics::render(&crate::metrics::Detailed { vm, vcpus })
+        let groups = self.vm.limiter().groups();
+        crate::metrics::render(&crate::metrics::Detailed { vm, vcpus, groups })
     }
 
     /// Drops the `stats` snapshot (after a command that changes what it shows).

@@ -3,8 +3,10 @@
 //!
 //! Sharing (docs/limits.md): the budget of a period is shared max-min fairly among the
 //! members that want CPU ("demanding": running, or stopped by this limit). Members that idle
-//! leave their unused part to the others. With `B` = quota − what idle members used, the
-//! fair share `f` is the level at which `Σ max(used_i, f) = B` over the demanding members; a
+//! leave their unused part to the others, except what they used in the previous period (up
+//! to an equal share), which they are likely to want again. With `B` = quota − what idle
+//! members used and keep, the fair share `f` is the level at which `Σ max(used_i, f) = B`
+//! over the demanding members; a
 //! member whose remaining share `f − used_i` is within the stop margin (the time a kick takes
 //! to get a vCPU out of KVM_RUN) is stopped, and released again if the share grows (another
 //! member went idle). Each member runs on at most one CPU, so no member can pass its share
@@ -21,6 +23,9 @@ pub struct Member {
     pub stopped: bool,
     /// May run before the next look (not finished): an idle member can wake up at any time.
     pub can_run: bool,
+    /// What it used in the previous period: an idle member keeps this much of the budget
+    /// (up to an equal share), since it is likely to wake and want it again.
+    pub expected_ns: u64,
 }
 
 /// The decision.
@@ -60,12 +65,18 @@ pub fn fair_share(budget: u64, used: &[u64]) -> u64 {
 
 /// Decides for a limit of `quota_ns` per period, given its members now.
 pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
-    let idle_used: u64 = members
-        .iter()
-        .filter(|m| !m.demanding)
-        .map(|m| m.used_ns)
-        .sum();
-    let budget = quota_ns.saturating_sub(idle_used);
+    let equal = quota_ns / members.len().max(1) as u64;
+    // What idle members used, plus what they are expected to want again this period.
+    let claim = |m: &Member| {
+        let reserve = if m.can_run {
+            m.expected_ns.min(equal).saturating_sub(m.used_ns)
+        } else {
+            0
+        };
+        m.used_ns + reserve
+    };
+    let idle_claim: u64 = members.iter().filter(|m| !m.demanding).map(claim).sum();
+    let budget = quota_ns.saturating_sub(idle_claim);
     let demanding: Vec<u64> = members
         .iter()
         .filter(|m| m.demanding)
@@ -77,10 +88,18 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
     let stop: Vec<bool> = members
         .iter()
         .map(|m| {
-            if !m.demanding {
+            let left = if m.demanding {
+                share.saturating_sub(m.used_ns)
+            } else if m.can_run {
+                // What it could use if it woke now. An idle member with nothing left is
+                // stopped where it sleeps: it parks as limited when it wakes, and the limiter
+                // need not watch it until the period ends.
+                let mut with = demanding.clone();
+                with.push(m.used_ns);
+                fair_share(budget + claim(m), &with).saturating_sub(m.used_ns)
+            } else {
                 return false;
-            }
-            let left = share.saturating_sub(m.used_ns);
+            };
             // Hysteresis: a stopped member is released only with room for a few margins.
             let keep_stopped = m.stopped && left <= 4 * margin_ns;
             let must_stop = left <= margin_ns || keep_stopped;
@@ -90,18 +109,6 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
             must_stop
         })
         .collect();
-    // An idle member may wake up and run at up to one CPU: look again before it could pass
-    // the share it would have as a demanding member.
-    for m in members.iter().filter(|m| !m.demanding && m.can_run) {
-        let mut with = demanding.clone();
-        with.push(m.used_ns);
-        let f = fair_share(budget + m.used_ns, &with);
-        look_by(
-            f.saturating_sub(m.used_ns)
-                .saturating_sub(margin_ns)
-                .max(MIN_RECHECK_NS),
-        );
-    }
     // Together, the members that may run can use at most one CPU each: look again before
     // they could spend the whole budget.
     let runnable = members
@@ -133,6 +140,7 @@ mod tests {
             demanding,
             stopped: false,
             can_run: true,
+            expected_ns: 0,
         }
     }
 
@@ -180,6 +188,7 @@ mod tests {
             demanding: true,
             stopped: true,
             can_run: true,
+            expected_ns: 0,
         };
         let d = decide(50_000_000, &[stopped, m(10_000_000, false)], 30_000);
         assert_eq!(d.stop, vec![false, false], "released: 15 ms are free");
@@ -209,6 +218,20 @@ mod tests {
         let idle = [m(0, false), m(0, false), m(0, false), m(0, false)];
         let d = decide(100_000_000, &idle, 30_000);
         assert_eq!(d.recheck_ns, Some((100_000_000 - 4 * 30_000) / 4));
+    }
+
+    #[test]
+    fn an_idle_member_keeps_what_it_used_last_period() {
+        // A periodic member used 10 of its 30 last period and idles now: the busy member may
+        // use 50, not 60, and the periodic one still gets its 10 when it wakes.
+        let mut periodic = m(2_000_000, false);
+        periodic.expected_ns = 10_000_000;
+        let d = decide(60_000_000, &[m(0, true), periodic], 30_000);
+        assert_eq!(d.share_ns, 50_000_000);
+        let mut periodic = m(2_000_000, true);
+        periodic.expected_ns = 10_000_000;
+        let d = decide(60_000_000, &[m(50_000_000, true), periodic], 30_000);
+        assert_eq!(d.stop, vec![true, false], "the periodic one runs on");
     }
 
     #[test]

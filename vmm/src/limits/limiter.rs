@@ -83,6 +83,12 @@ struct Entity {
     margin_ns: u64,
     /// Members stopped in the period in progress.
     stops_this_period: u64,
+    /// What each member is expected to want this period: its use in the previous period,
+    /// with 10 % headroom, or at least an equal share if it was stopped then (its use then
+    /// understates what it wanted).
+    last_used: Vec<u64>,
+    /// Members stopped at some time in the period in progress.
+    was_stopped: Vec<bool>,
 }
 
 /// What the socket and the report share with the thread.
@@ -145,6 +151,8 @@ impl Entity {
             log: Vec::new(),
             margin_ns: 0,
             stops_this_period: 0,
+            last_used: vec![0; n],
+            was_stopped: vec![false; n],
         }
     }
 
@@ -370,18 +378,33 @@ impl Limiter {
         e.period_start = now;
         e.stopped_this_period = false;
         e.stops_this_period = 0;
+        e.was_stopped.iter_mut().for_each(|w| *w = false);
         e.next_look = Some(now);
     }
 
     /// Closes the period that ended at `boundary`; applies a pending change.
     fn end_period(&self, e: &mut Entity, boundary: u64, now: u64) {
         if let Some((l, _)) = &e.limit {
-            let used: u64 = e
+            let per: Vec<u64> = e
                 .members
                 .iter()
                 .zip(e.base_cpu.iter_mut())
                 .map(|(&i, b)| used_since(&self.vcpus[i], b))
-                .sum();
+                .collect();
+            let used: u64 = per.iter().sum();
+            let equal = l.quota_ns / e.members.len().max(1) as u64;
+            e.last_used = per
+                .iter()
+                .zip(&e.was_stopped)
+                .map(|(&u, &s)| {
+                    let want = u + u / 10;
+                    if s {
+                        want.max(equal)
+                    } else {
+                        want
+                    }
+                })
+                .collect();
             e.periods += 1;
             e.used_ns += used;
             if e.log.len() < PERIOD_LOG {
@@ -459,6 +482,7 @@ impl Limiter {
                     demanding,
                     stopped: e.stopped[k],
                     can_run: v.state() != VcpuState::Finished,
+                    expected_ns: e.last_used[k],
                 }
             })
             .collect();
@@ -473,6 +497,7 @@ impl Limiter {
                 (false, true) => {
                     self.vcpus[i].kick(e.bit);
                     e.stopped[k] = true;
+                    e.was_stopped[k] = true;
                     e.stops_this_period += 1;
                     newly.push(i);
                 }
