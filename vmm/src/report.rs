@@ -326,7 +326,7 @@ impl Report {
         for g in &self.groups {
             let _ = writeln!(
                 out,
-                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms                  = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us",
+                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us",
                 g.name,
                 g.vcpus,
                 g.limit,

@@ -319,6 +319,10 @@ impl Limiter {
                 if e.limit.is_none() {
                     e.limit = new;
                     e.period_start = 0;
+                    let now = now_ns();
+                    for (k, &i) in e.members.iter().enumerate() {
+                        e.limited_base[k] = limited_total(&self.vcpus[i], now);
+                    }
                 } else {
                     e.pending = Some(new);
                 }
@@ -328,7 +332,12 @@ impl Limiter {
                 if let Some((l, text)) = &new {
                     l.check_members(text, all.len())?;
                 }
-                entities.insert(0, Entity::new(VM_GROUP.into(), all, REQ_LIMIT_VM, new));
+                let mut e = Entity::new(VM_GROUP.into(), all, REQ_LIMIT_VM, new);
+                let now = now_ns();
+                for (k, &i) in e.members.iter().enumerate() {
+                    e.limited_base[k] = limited_total(&self.vcpus[i], now);
+                }
+                entities.insert(0, e);
             }
             None => {
                 check_name(group)?;
