@@ -211,10 +211,123 @@ fn limits_change_at_run_time_through_the_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn run_opts(opts: RunOptions) -> RunOutcome {
+    common::require_kvm();
+    let (config, _) = opts.into_config().expect("valid config");
+    Vm::try_from(config)
+        .expect("VM builds")
+        .run()
+        .expect("VM runs")
+}
+
+#[test]
+fn a_runaway_vcpu_is_held_to_the_throttle_limit() {
+    let _g = common::serial();
+    let out = run_opts(RunOptions {
+        vcpus: Some(1),
+        workload: vec!["busy:ms=2000".into()],
+        runaway: Some(100.0),
+        overload_action: Some("throttle:25%".into()),
+        max_runtime: Some(60.0),
+        ..Default::default()
+    });
+    let v = &out.report.vcpus[0];
+    assert_eq!(v.times.overloads, 1, "one runaway");
+    let g = out
+        .report
+        .groups
+        .iter()
+        .find(|g| g.name == "runaway-0")
+        .expect("the throttle applied as limit runaway-0");
+    assert!(g.periods >= 15, "{g:?}");
+    let share = g.used_ns as f64 / (g.periods * g.period_ns) as f64;
+    assert!(
+        (share - 0.25).abs() <= 0.02,
+        "held to {:.2} %",
+        share * 100.0
+    );
+    assert!(v.times.limited_ns > 1_000_000_000, "{:?}", v.times);
+    common::assert_identity(&out.report, v);
+}
+
+#[test]
+fn a_runaway_with_notify_raises_exactly_one_overload_event() {
+    common::require_kvm();
+    let _g = common::serial();
+    let dir = std::env::temp_dir().join(format!("ppa-runaway-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s");
+    // 300 ms, not 100: the test must subscribe before the first guest run gets that long.
+    let child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
+        .args(["run", "--vcpus", "2", "--workload", "0=busy:ms=1500"])
+        .args([
+            "--workload",
+            "1=periodic:run_us=300,period_us=3000,count=400",
+        ])
+        .args(["--runaway", "300", "--report", "json", "--api-sock"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&sock) {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    writeln!(
+        writer,
+        r#"{{"cmd":"subscribe","events":["overload","vm-exit"]}}"#
+    )
+    .unwrap();
+    let mut overloads = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        let v: Value = serde_json::from_str(&line).unwrap();
+        match v["event"].as_str() {
+            Some("overload") => overloads.push(v),
+            Some("vm-exit") => break,
+            _ => {}
+        }
+    }
+    assert_eq!(overloads.len(), 1, "{overloads:?}");
+    assert_eq!(
+        overloads[0]["vcpu"],
+        json!(0),
+        "the busy vCPU, not the periodic one"
+    );
+    assert_eq!(overloads[0]["kind"], json!("runaway"));
+    assert_eq!(overloads[0]["action"], json!("notify"));
+    let out = child.wait_with_output().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["vcpus"][0]["overloads"], json!(1));
+    assert_eq!(report["vcpus"][1]["overloads"], json!(0));
+    assert_eq!(
+        report["vcpus"][0]["limited_ns"],
+        json!(0),
+        "notify does not throttle"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_limits_are_refused_at_start() {
     common::require_kvm();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 13] = [
+        (&["--runaway", "0"], "not a runaway threshold"),
+        (&["--overload", "90"], "not an overload rule"),
+        (&["--overload", "0:3"], "not an overload rule"),
+        (&["--overload-action", "kill"], "not an overload action"),
         (&["--cpu-limit", "0%"], "no CPU time"),
         (&["--cpu-limit=-5%"], "not a CPU limit"),
         (&["--cpu-limit", "abc"], "not a CPU limit"),

@@ -17,16 +17,19 @@ pub enum EventKind {
     ThrottleStart,
     /// A CPU limit released its members (period boundary, or budget redistributed).
     ThrottleEnd,
+    /// A runaway or overloaded vCPU (PPA requirement 20).
+    Overload,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::VcpuExit,
         EventKind::VmExit,
         EventKind::Threshold,
         EventKind::ThrottleStart,
         EventKind::ThrottleEnd,
+        EventKind::Overload,
     ];
 }
 
@@ -89,6 +92,20 @@ pub enum Event {
         /// `period` (a new period began) or `redistributed` (members went idle).
         why: String,
     },
+    /// A vCPU stayed in the guest too long without an exit (`runaway`), or used more than
+    /// its share for too many windows (`overload`); the action was applied.
+    Overload {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// vCPU index.
+        vcpu: usize,
+        /// `runaway` or `overload`.
+        kind: String,
+        /// What was seen, in one sentence.
+        detail: String,
+        /// `notify`, `pause` or `throttle:LIMIT`.
+        action: String,
+    },
     /// This client did not read fast enough: `count` events were dropped before the next one.
     Dropped {
         /// Events lost.
@@ -105,6 +122,7 @@ impl Event {
             Event::Threshold { .. } => Some(EventKind::Threshold),
             Event::ThrottleStart { .. } => Some(EventKind::ThrottleStart),
             Event::ThrottleEnd { .. } => Some(EventKind::ThrottleEnd),
+            Event::Overload { .. } => Some(EventKind::Overload),
             Event::Dropped { .. } => None,
         }
     }

@@ -205,6 +205,8 @@ pub struct VcpuTimes {
     pub park_cpu_ns: u64,
     /// Tick-based utime + stime from /proc (final reports only).
     pub proc_ticks: Option<TickTimes>,
+    /// Runaway and overload detections since the vCPU started.
+    pub overloads: u64,
 }
 
 impl VcpuTimes {
@@ -264,6 +266,8 @@ pub struct VcpuSummary {
     pub parks: u64,
     /// Userspace exits by reason (reasons with at least one exit).
     pub exits: BTreeMap<String, u64>,
+    /// Runaway and overload detections since the vCPU started.
+    pub overloads: u64,
 }
 
 impl VcpuSummary {
@@ -302,6 +306,7 @@ impl From<VcpuTimes> for VcpuSummary {
             identity_error_ns: t.identity_error_ns,
             parks: t.parks,
             exits: t.exits.into_iter().filter(|(_, n)| *n > 0).collect(),
+            overloads: t.overloads,
         }
     }
 }

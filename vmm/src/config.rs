@@ -126,6 +126,8 @@ pub struct VmConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// CPU limits at start.
     pub limits: crate::limits::limiter::LimitConfig,
+    /// Runaway and overload detection.
+    pub overload: crate::limits::overload::OverloadConfig,
 }
 
 impl Default for VmConfig {
@@ -145,6 +147,7 @@ impl Default for VmConfig {
             api_sock: None,
             metrics_addr: None,
             limits: Default::default(),
+            overload: Default::default(),
         }
     }
 }
@@ -235,6 +238,12 @@ pub struct RunOptions {
     pub vcpu_group: Vec<String>,
     /// Who enforces the limits: `vmm` (default) or `cgroup`.
     pub limit_backend: Option<String>,
+    /// Guest run (ms) without an exit or idle that counts as a runaway.
+    pub runaway: Option<f64>,
+    /// `PCT:WINDOWS`: above PCT % of the time for WINDOWS windows of 100 ms.
+    pub overload: Option<String>,
+    /// `notify` (default), `pause` or `throttle:LIMIT`.
+    pub overload_action: Option<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -320,6 +329,9 @@ impl RunOptions {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             cpu_limit: over.cpu_limit.or(self.cpu_limit),
             limit_backend: over.limit_backend.or(self.limit_backend),
+            runaway: over.runaway.or(self.runaway),
+            overload: over.overload.or(self.overload),
+            overload_action: over.overload_action.or(self.overload_action),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
             } else {
@@ -396,6 +408,11 @@ impl RunOptions {
             api_sock: self.api_sock,
             metrics_addr,
             limits,
+            overload: crate::limits::overload::OverloadConfig::parse(
+                self.runaway,
+                self.overload.as_deref(),
+                self.overload_action.as_deref(),
+            )?,
         };
         config.validate()?;
         let report = ReportOptions {

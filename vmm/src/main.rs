@@ -168,6 +168,17 @@ struct RunArgs {
     /// comparison).
     #[arg(long, value_name = "vmm|cgroup")]
     limit_backend: Option<String>,
+    /// Raise an overload event when a vCPU stays in the guest this long (ms) without an exit
+    /// or an idle (PPA's runaway process).
+    #[arg(long, value_name = "MS")]
+    runaway: Option<f64>,
+    /// Raise an overload event when a vCPU uses more than PCT % of its time for WINDOWS
+    /// windows of 100 ms in a row.
+    #[arg(long, value_name = "PCT:WINDOWS")]
+    overload: Option<String>,
+    /// What a runaway or overload does besides the event: notify, pause or throttle:LIMIT.
+    #[arg(long, value_name = "ACTION")]
+    overload_action: Option<String>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -195,6 +206,9 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         cpu_limit: args.cpu_limit,
         vcpu_group: args.vcpu_group,
         limit_backend: args.limit_backend,
+        runaway: args.runaway,
+        overload: args.overload,
+        overload_action: args.overload_action,
     };
     Ok(file.merge(cli))
 }

@@ -283,6 +283,11 @@ fn declare_all(f: &mut Families) {
         "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused).",
     );
     f.declare(
+        "ppa_vcpu_overloads_total",
+        Counter,
+        "Runaway and overload detections of the vCPU.",
+    );
+    f.declare(
         "ppa_group_quota_seconds",
         Gauge,
         "CPU time a limit allows per period (group vm: the VM-wide limit); 0 when removed.",
@@ -389,6 +394,7 @@ fn add_vcpu(f: &mut Families, vm: &str, v: &VcpuTimes) {
         &base,
         seconds_signed(v.identity_error_ns),
     );
+    f.add("ppa_vcpu_overloads_total", &base, v.overloads.to_string());
 }
 
 /// What the metrics are rendered from: the VM's figures and every vCPU's full record (the
@@ -528,6 +534,7 @@ mod tests {
             kvm_run_wall_ns: 1_300_000_000,
             park_cpu_ns: 20_000,
             proc_ticks: None,
+            overloads: 0,
         }
     }
 
@@ -755,6 +762,7 @@ mod tests {
             "ppa_vcpu_parks_total",
             "ppa_vcpu_threshold_exceeded_total",
             "ppa_vcpu_identity_error_seconds",
+            "ppa_vcpu_overloads_total",
         ];
         for name in &every {
             assert_eq!(help.get(name), Some(&1), "HELP of {name}");
@@ -775,10 +783,10 @@ mod tests {
             assert!(seen.insert((s.name, s.labels)), "duplicate series {line}");
             n += 1;
         }
-        // 4 VM samples + 4 thresholds; per vCPU: info, 11 times, 2 + 2 exit figures,
+        // 4 VM samples + 4 thresholds; per vCPU: info, 11 times, 2 + 2 exit figures, overloads,
         // migrations and parks, 4 thresholds, identity; then vCPU 0's two estimates and
         // kvm_exits, and vCPU 1's kvm_ns.
-        assert_eq!(n, 8 + (1 + 11 + 4 + 2 + 4 + 1) * 2 + 3 + 1, "{text}");
+        assert_eq!(n, 8 + (1 + 11 + 4 + 2 + 4 + 1 + 1) * 2 + 3 + 1, "{text}");
         assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
     }
 

@@ -3,16 +3,23 @@
 //! Data flow: every `sample_interval_ns` (10 ms by default) it reads run_delay of every vCPU
 //! whose thread has started and not finished, and counts windows whose steal exceeded the
 //! `steal_window_ns` threshold into that vCPU's `steal_windows` counter (the sampler is that
-//! counter's only writer). Reading schedstat costs ~1 µs per vCPU here, which is why it happens
-//! here and not on the exit path. It stops when told, within one window.
+//! counter's only writer). With `--runaway` or `--overload` it also runs the detectors of
+//! `limits::overload` on every vCPU and applies their action. Reading schedstat costs ~1 µs
+//! per vCPU here, which is why it happens here and not on the exit path. It stops when told, within one window.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use ppa_vmm_api::Event;
+
+use crate::accounting::meter::MicroState;
 use crate::accounting::AccountingControl;
+use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::VcpuShared;
+use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
+use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
+use crate::vm::VmHandle;
 
 /// A running sampler.
 pub struct Sampler {
@@ -21,16 +28,18 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Starts the sampler thread over `vcpus`.
+    /// Starts the sampler thread over `vcpus`, with runaway and overload detection when
+    /// `overload` is given.
     pub fn start(
         vcpus: Vec<Arc<VcpuShared>>,
         control: Arc<AccountingControl>,
+        overload: Option<Overload>,
     ) -> std::io::Result<Sampler> {
         let stop = Arc::new((AtomicBool::new(false), AtomicU32::new(0)));
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run(&vcpus, &control, &s))?;
+            .spawn(move || run(&vcpus, &control, &s, overload))?;
         Ok(Sampler {
             stop,
             handle: Some(handle),
@@ -47,7 +56,74 @@ impl Sampler {
     }
 }
 
-fn run(vcpus: &[Arc<VcpuShared>], control: &AccountingControl, stop: &(AtomicBool, AtomicU32)) {
+/// What runaway and overload detection needs.
+pub struct Overload {
+    /// The settings.
+    pub config: OverloadConfig,
+    /// The VM (its limiter applies the throttle action; its uptime stamps the events).
+    pub vm: VmHandle,
+    /// Where the events go.
+    pub hub: Arc<EventHub>,
+}
+
+impl Overload {
+    /// Checks every vCPU; every `WINDOW_NS` also the overload windows.
+    fn check(&self, vcpus: &[Arc<VcpuShared>], det: &mut [Detector], window: bool) {
+        let now = now_ns();
+        for (v, d) in vcpus.iter().zip(det.iter_mut()) {
+            if v.state() != VcpuState::Running && v.state() != VcpuState::Parked {
+                continue;
+            }
+            let m = v.acct.meter.read();
+            let in_guest = m.micro_state() == MicroState::Guest;
+            let mut fired = d.check_runaway(&self.config, in_guest, m.since, now);
+            if window && fired.is_none() {
+                if let Some(cpu) = v.acct.thread_cpu_ns() {
+                    fired = d.check_window(&self.config, cpu, now);
+                }
+            }
+            let Some(f) = fired else { continue };
+            v.overloads.add(1);
+            let (kind, detail) = match f {
+                Fired::Runaway { ns } => (
+                    "runaway",
+                    format!(
+                        "in the guest for {:.1} ms without an exit or an idle",
+                        ns as f64 / 1e6
+                    ),
+                ),
+                Fired::Overload { per_mille, windows } => (
+                    "overload",
+                    format!(
+                        "used {:.1} % of the last window, above the limit for {windows} windows of 100 ms",
+                        per_mille as f64 / 10.0
+                    ),
+                ),
+            };
+            match &self.config.action {
+                Action::Notify => {}
+                Action::Pause => v.kick(REQ_PAUSE),
+                Action::Throttle(l, given) => self.vm.limiter().throttle_vcpu(v.id, *l, given),
+            }
+            self.hub.push(Event::Overload {
+                uptime_ns: self.vm.uptime_ns(),
+                vcpu: v.id,
+                kind: kind.into(),
+                detail,
+                action: self.config.action.name(),
+            });
+        }
+    }
+}
+
+fn run(
+    vcpus: &[Arc<VcpuShared>],
+    control: &AccountingControl,
+    stop: &(AtomicBool, AtomicU32),
+    overload: Option<Overload>,
+) {
+    let mut detectors = vec![Detector::default(); vcpus.len()];
+    let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];
     let interval = control.sample_interval_ns().max(1_000_000);
     let mut next = now_ns() + interval;
@@ -77,6 +153,11 @@ fn run(vcpus: &[Arc<VcpuShared>], control: &AccountingControl, stop: &(AtomicBoo
                 }
             }
             *prev = Some(s.run_delay_ns);
+        }
+        if let Some(o) = &overload {
+            ticks += 1;
+            let window = ticks % (WINDOW_NS / interval).max(1) == 0;
+            o.check(vcpus, &mut detectors, window);
         }
     }
 }

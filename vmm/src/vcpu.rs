@@ -78,8 +78,10 @@ pub const REQ_PAUSE: u32 = 2;
 pub const REQ_LIMIT_GROUP: u32 = 4;
 /// Request bit: the same for the VM-wide limit.
 pub const REQ_LIMIT_VM: u32 = 8;
-/// Either limit bit.
-pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM;
+/// Request bit: the same for a throttle that runaway detection applied to this vCPU.
+pub const REQ_LIMIT_RUNAWAY: u32 = 16;
+/// Any limit bit.
+pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM | REQ_LIMIT_RUNAWAY;
 
 /// Doorbell accesses by kind, so that workload exits are told apart from the protocol's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -198,6 +200,8 @@ pub struct VcpuShared {
     pub counters: VcpuCounters,
     /// Accounting: the meter the thread writes, its sources, the reset baseline.
     pub acct: VcpuAccounting,
+    /// Runaway and overload detections (written by the sampler).
+    pub overloads: Counter,
     end: OnceLock<VcpuEnd>,
 }
 
@@ -212,6 +216,7 @@ impl VcpuShared {
             wake: AtomicU32::new(0),
             counters: VcpuCounters::default(),
             acct,
+            overloads: Counter::default(),
             end: OnceLock::new(),
         }
     }
@@ -270,6 +275,7 @@ impl VcpuShared {
         let (mut t, h) = self.acct.times_with(with_hist);
         t.id = self.id;
         t.host_tid = self.host_tid();
+        t.overloads = self.overloads.get();
         if self.state() == VcpuState::Finished {
             t.state = "finished".into();
         }

@@ -184,6 +184,7 @@ pub struct Vm {
     pio: Arc<Bus>,
     max_runtime: Option<std::time::Duration>,
     server_options: ServerOptions,
+    overload: crate::limits::overload::OverloadConfig,
     // Kept alive (and dropped after the vCPUs) for the VM's whole life.
     _memory: GuestMemoryMmap,
     _vm_fd: VmFd,
@@ -458,6 +459,7 @@ impl TryFrom<VmConfig> for Vm {
             mmio: Arc::new(mmio),
             pio: Arc::new(pio),
             max_runtime: config.max_runtime,
+            overload: config.overload.clone(),
             server_options: ServerOptions {
                 api_sock: config.api_sock.clone(),
                 metrics_addr: config.metrics_addr,
@@ -686,8 +688,16 @@ impl Vm {
         let shared = std::mem::take(&mut self.shared);
         let mut handles = Vec::with_capacity(self.vcpus.len());
         let stop_all = |shared: &[Arc<VcpuShared>]| shared.iter().for_each(|s| s.kick(REQ_STOP));
-        let sampler =
-            Sampler::start(shared.clone(), Arc::clone(&self.control)).map_err(VmError::Sampler)?;
+        let sampler = Sampler::start(
+            shared.clone(),
+            Arc::clone(&self.control),
+            self.overload.enabled().then(|| crate::sampler::Overload {
+                config: self.overload.clone(),
+                vm: handle.clone(),
+                hub: Arc::clone(&self.hub),
+            }),
+        )
+        .map_err(VmError::Sampler)?;
         let start_gate = Arc::new(std::sync::atomic::AtomicU32::new(0));
         for (s, fd) in shared.iter().zip(self.vcpus.drain(..)) {
             let spawned = vcpu::spawn(VcpuThread {

@@ -558,6 +558,7 @@ pub fn derive(
         kvm_run_wall_ns: m.wall[0].saturating_sub(bm.wall[0]),
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
+        overloads: 0,
     };
     (times, hist)
 }

@@ -133,6 +133,7 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         kvm_run_wall_ns: 0,
         park_cpu_ns: 0,
         proc_ticks: None,
+        overloads: 0,
     }
 }
 

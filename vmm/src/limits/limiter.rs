@@ -24,7 +24,7 @@ use crate::accounting::histogram::Histogram;
 use crate::accounting::meter::MicroState;
 use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_VM};
+use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
 
 /// Who enforces the limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -348,6 +348,30 @@ impl Limiter {
         self.wake.fetch_add(1, Ordering::Release);
         futex_wake(&self.wake);
         Ok(())
+    }
+
+    /// Holds vCPU `vcpu` to `limit` from now on, as its own limit `runaway-N` (runaway
+    /// detection's throttle action). Does nothing if it already has one.
+    pub fn throttle_vcpu(&self, vcpu: usize, limit: Limit, given: &str) {
+        if vcpu >= self.vcpus.len() {
+            return;
+        }
+        let name = format!("runaway-{vcpu}");
+        let mut entities = self.lock();
+        if entities.iter().any(|e| e.name == name) {
+            return;
+        }
+        let mut e = Entity::new(
+            name,
+            vec![vcpu],
+            REQ_LIMIT_RUNAWAY,
+            Some((limit, given.to_string())),
+        );
+        e.limited_base[0] = limited_total(&self.vcpus[vcpu], now_ns());
+        entities.push(e);
+        drop(entities);
+        self.wake.fetch_add(1, Ordering::Release);
+        futex_wake(&self.wake);
     }
 
     /// Ends the thread's loop (it releases every member it stopped).

@@ -16,6 +16,7 @@ use thiserror::Error;
 pub mod cgroup;
 pub mod engine;
 pub mod limiter;
+pub mod overload;
 
 /// Shortest period accepted.
 pub const MIN_PERIOD_NS: u64 = 1_000_000;
@@ -86,6 +87,15 @@ pub enum LimitError {
     /// Run-time changes under the cgroup backend.
     #[error("limits cannot be changed at run time with the cgroup backend")]
     Backend,
+    /// A bad runaway threshold.
+    #[error("`{0}` is not a runaway threshold (milliseconds, 1 to 3600000)")]
+    Runaway(String),
+    /// A bad overload spec.
+    #[error("`{0}` is not an overload rule (PCT:WINDOWS, e.g. 90:5: above 90 % of the time for 5 windows of 100 ms)")]
+    Overload(String),
+    /// A bad action.
+    #[error("`{0}` is not an overload action (notify, pause or throttle:LIMIT)")]
+    Action(String),
     /// An unknown backend name.
     #[error("`{0}` is not a limit backend (vmm or cgroup)")]
     BackendName(String),

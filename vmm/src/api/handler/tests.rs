@@ -178,7 +178,7 @@ fn reset_and_subscribe() {
         o => panic!("{o:?}"),
     }
     match h.handle_line(br#"{"cmd":"subscribe"}"#) {
-        Outcome::Subscribe(_, mask) => assert_eq!(mask, 0b11111, "every kind by default"),
+        Outcome::Subscribe(_, mask) => assert_eq!(mask, 0b111111, "every kind by default"),
         o => panic!("{o:?}"),
     }
 }
