@@ -181,6 +181,28 @@ fn limits_change_at_run_time_through_the_socket() {
     assert!((share - 0.25).abs() <= 0.02, "at 25 %: {share}");
     assert!(limited > 0);
 
+    // Throttle events reach a subscriber.
+    let ev = UnixStream::connect(&sock).unwrap();
+    let mut ev_writer = ev.try_clone().unwrap();
+    let mut ev_reader = BufReader::new(ev);
+    writeln!(
+        ev_writer,
+        r#"{{"cmd":"subscribe","events":["throttle-start","throttle-end"]}}"#
+    )
+    .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut line = String::new();
+    while seen.len() < 2 {
+        line.clear();
+        ev_reader.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if let Some(e) = v["event"].as_str() {
+            assert_eq!(v["group"], json!("vm"), "{v}");
+            seen.insert(e.to_string());
+        }
+    }
+    drop(ev_writer);
+
     // A bad change is refused and the old limit stays.
     let r = c.call(json!({"cmd": "set-limit", "group": "vm", "limit": "0%"}));
     assert_eq!(r["error"]["kind"], json!("bad-limit"), "{r}");
@@ -209,6 +231,41 @@ fn limits_change_at_run_time_through_the_socket() {
     assert_eq!(report["groups"][0]["name"], json!("vm"));
     assert!(report["groups"][0]["throttled_periods"].as_u64().unwrap() >= 15);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_cgroup_backend_reports_the_cgroups_own_figures() {
+    let _g = common::serial();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("the cgroup backend writes under /sys/fs/cgroup and needs root (CI runs as root)");
+    }
+    let out = run_opts(RunOptions {
+        vcpus: Some(1),
+        workload: vec!["busy:ms=1500".into()],
+        cpu_limit: Some("25%".into()),
+        limit_backend: Some("cgroup".into()),
+        max_runtime: Some(60.0),
+        ..Default::default()
+    });
+    let g = &out.report.groups[0];
+    assert_eq!(g.backend, "cgroup");
+    assert!(g.periods >= 10 && g.throttled_periods >= 10, "{g:?}");
+    assert!(
+        g.limited_ns > 500_000_000,
+        "the cgroup's throttled time: {g:?}"
+    );
+    let t = &out.report.vcpus[0].times;
+    let share = t.used_ns as f64 / t.wall_ns as f64;
+    assert!(
+        (share - 0.25).abs() <= 0.05,
+        "CFS held it to {:.2} %",
+        share * 100.0
+    );
+    // The kernel's throttling is not the VMM's: the vCPU has no limited time, and the time
+    // it was held back shows as run-queue wait.
+    assert_eq!(t.limited_ns, 0);
+    assert!(t.steal_ns > t.wall_ns / 2, "{t:?}");
 }
 
 fn run_opts(opts: RunOptions) -> RunOutcome {
