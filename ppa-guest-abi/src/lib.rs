@@ -8,7 +8,8 @@
 //! - the doorbell page: a guest-physical page with no memory behind it, so that each write to it
 //!   is an MMIO exit the VMM handles ([`doorbell`]);
 //! - the port of the port-I/O workload doorbell ([`WORKLOAD_PIO_PORT`]);
-//! - the workload encoding ([`WorkloadDesc`], [`workload`]) and the report keys ([`report`]).
+//! - the workload encoding ([`WorkloadDesc`], [`workload`]) and the report keys ([`report`]);
+//! - the PPA page shared by the VMM and the guest, and its sequence protocol ([`ppa_page`]).
 //!
 //! Data flow: the VMM parses a workload spec, encodes it into a [`WorkloadDesc`] inside the
 //! vCPU's [`BootInfo`] in guest memory; the guest reads it, runs it, measures itself with rdtsc and
@@ -17,6 +18,8 @@
 //! compile time below. The layout is append-only: new fields go into reserved space and bump
 //! [`BOOT_INFO_VERSION`]'s minor half.
 #![no_std]
+
+pub mod ppa_page;
 
 /// Magic value of [`BootInfo::magic`]: "PPAB" in little-endian.
 pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");

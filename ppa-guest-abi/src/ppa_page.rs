@@ -1,0 +1,352 @@
+//! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
+//! share, layout version 1.0. The VMM writes the host section (each vCPU's section 4 figures,
+//! so a guest sees its own steal and limited time); the guest writes the guest section
+//! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
+//! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
+//!
+//! Every record is `#[repr(C)]`, little-endian, 8-byte aligned, with its size and offsets
+//! asserted at compile time. Records that change while the other side reads start with a
+//! sequence counter (`seq`): odd while a write is in progress. The protocols are
+//! [`write_record`] and [`read_record`]; their memory orderings are documented there.
+//!
+//! Layout of a region of `total_size` bytes (offsets in bytes from the region's start):
+//!
+//! ```text
+//! 0                      RegionHeader (64)            written once by the VMM
+//! host_offset            host_count × HostVcpu (128)  VMM writes, guest reads
+//! guest_offset           GuestHeader (64)             guest writes, VMM reads
+//!   + threads_offset     threads_count × GuestThread (192)
+//!   + cpus_offset        cpus_count × GuestCpu (192)
+//! ```
+//!
+//! Extending the ABI: records only grow at their end, into their reserved words or by a larger
+//! `*_record_size` (readers use the size given in the header, never their own); a new field
+//! bumps the minor version; a reader accepts any minor of its major. A new major is a new,
+//! incompatible layout.
+
+use core::sync::atomic::{fence, AtomicU32, Ordering};
+
+/// "PPAP": magic of [`RegionHeader`].
+pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"PPAP");
+/// "PPAG": magic of [`GuestHeader`].
+pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
+/// Major version of this layout.
+pub const MAJOR: u16 = 1;
+/// Minor version of this layout.
+pub const MINOR: u16 = 0;
+/// Default size of the region.
+pub const DEFAULT_SIZE: u64 = 64 * 1024;
+/// Length of a thread name, NUL-padded (a name of 16 bytes has no NUL).
+pub const COMM_LEN: usize = 16;
+/// Softirq kinds counted per guest CPU, in Linux's order: HI, TIMER, NET_TX, NET_RX, BLOCK,
+/// IRQ_POLL, TASKLET, SCHED, HRTIMER, RCU.
+pub const SOFTIRQ_KINDS: usize = 10;
+
+/// The region's header, at offset 0. Written once by the VMM before the guest starts.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionHeader {
+    /// [`REGION_MAGIC`].
+    pub magic: u32,
+    /// [`MAJOR`].
+    pub major: u16,
+    /// [`MINOR`].
+    pub minor: u16,
+    /// Size of the whole region, bytes.
+    pub total_size: u32,
+    /// Size of this header, bytes (64).
+    pub header_size: u32,
+    /// Offset of the host section.
+    pub host_offset: u32,
+    /// Number of [`HostVcpu`] records (one per vCPU).
+    pub host_count: u32,
+    /// Size of one host record (128 in 1.0).
+    pub host_record_size: u32,
+    /// Offset of the guest section.
+    pub guest_offset: u32,
+    /// Size of the guest section, bytes.
+    pub guest_size: u32,
+    /// Nominal refresh interval of the host section, ns.
+    pub host_refresh_ns: u32,
+    /// Reserved, zero.
+    pub reserved: [u64; 3],
+}
+
+/// One vCPU's host-side figures (spec section 4), refreshed by the VMM at least every 10 ms.
+/// Times are ns since the vCPU started or was reset.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostVcpu {
+    /// Sequence counter, odd while the VMM writes.
+    pub seq: u32,
+    /// vCPU index.
+    pub vcpu: u32,
+    /// VM uptime when the figures were taken, ns.
+    pub updated_ns: u64,
+    /// wall_ns.
+    pub wall_ns: u64,
+    /// used_ns.
+    pub used_ns: u64,
+    /// guest_ns.
+    pub guest_ns: u64,
+    /// vmm_ns.
+    pub vmm_ns: u64,
+    /// steal_ns.
+    pub steal_ns: u64,
+    /// halted_ns.
+    pub halted_ns: u64,
+    /// idle_ns.
+    pub idle_ns: u64,
+    /// limited_ns.
+    pub limited_ns: u64,
+    /// paused_ns.
+    pub paused_ns: u64,
+    /// Userspace exits, all reasons.
+    pub exits: u64,
+    /// Runaway and overload detections.
+    pub overloads: u64,
+    /// Reserved, zero.
+    pub reserved: [u64; 3],
+}
+
+/// The guest section's header, at `guest_offset`. Offsets here are relative to the guest
+/// section's start; the VMM checks every one against `guest_size`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestHeader {
+    /// Sequence counter of this header, odd while the guest writes it.
+    pub seq: u32,
+    /// [`GUEST_MAGIC`].
+    pub magic: u32,
+    /// [`MAJOR`].
+    pub major: u16,
+    /// [`MINOR`].
+    pub minor: u16,
+    /// Number of guest CPUs.
+    pub nr_cpus: u32,
+    /// Guest time of the last update of any record, ns (guest clock).
+    pub updated_ns: u64,
+    /// Offset of the thread records.
+    pub threads_offset: u32,
+    /// Number of thread records in use.
+    pub threads_count: u32,
+    /// Size of one thread record (192 in 1.0).
+    pub thread_record_size: u32,
+    /// Offset of the CPU records.
+    pub cpus_offset: u32,
+    /// Number of CPU records.
+    pub cpus_count: u32,
+    /// Size of one CPU record (192 in 1.0).
+    pub cpu_record_size: u32,
+    /// Transient tasks (PPA requirement 22): threads that exited since the guest started,
+    /// whose records are gone.
+    pub transient_count: u64,
+    /// Their CPU time, ns.
+    pub transient_cpu_ns: u64,
+}
+
+/// One guest thread (PPA's rawppa for a thread, with Linux's delay accounting).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestThread {
+    /// Sequence counter, odd while the guest writes.
+    pub seq: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread group (process) id.
+    pub tgid: u32,
+    /// CPU it last ran on.
+    pub last_cpu: u32,
+    /// Name, UTF-8, NUL-padded.
+    pub comm: [u8; COMM_LEN],
+    /// On-CPU time, ns.
+    pub on_cpu_ns: u64,
+    /// User time, ns.
+    pub utime_ns: u64,
+    /// System time, ns.
+    pub stime_ns: u64,
+    /// Time runnable but waiting for a CPU, ns.
+    pub run_delay_ns: u64,
+    /// Times it was put on a CPU.
+    pub timeslices: u64,
+    /// Voluntary context switches.
+    pub nvcsw: u64,
+    /// Involuntary context switches.
+    pub nivcsw: u64,
+    /// Delay accounting: block I/O, ns.
+    pub blkio_delay_ns: u64,
+    /// Delay accounting: swap-in, ns.
+    pub swapin_delay_ns: u64,
+    /// Delay accounting: memory reclaim, ns.
+    pub freepages_delay_ns: u64,
+    /// Delay accounting: IRQ handling on its time, ns.
+    pub irq_delay_ns: u64,
+    /// Guest time of this record's last update, ns.
+    pub updated_ns: u64,
+    /// Application-defined count of work done (the tiny guest: loop iterations).
+    pub work: u64,
+    /// Reserved, zero.
+    pub reserved: [u64; 7],
+}
+
+/// One guest CPU (PPA's rawsysppa for a CPU, with /proc/stat's split).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestCpu {
+    /// Sequence counter, odd while the guest writes.
+    pub seq: u32,
+    /// CPU number.
+    pub cpu: u32,
+    /// User time, ns.
+    pub user_ns: u64,
+    /// System time, ns.
+    pub system_ns: u64,
+    /// Idle time, ns.
+    pub idle_ns: u64,
+    /// I/O wait, ns.
+    pub iowait_ns: u64,
+    /// Hard interrupts, ns.
+    pub irq_ns: u64,
+    /// Softirqs, ns.
+    pub softirq_ns: u64,
+    /// Steal the guest saw, ns.
+    pub steal_ns: u64,
+    /// Interrupts.
+    pub interrupts: u64,
+    /// Context switches.
+    pub context_switches: u64,
+    /// Softirqs by kind ([`SOFTIRQ_KINDS`]).
+    pub softirqs: [u64; SOFTIRQ_KINDS],
+    /// Guest time of this record's last update, ns.
+    pub updated_ns: u64,
+    /// Reserved, zero.
+    pub reserved: [u64; 3],
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<RegionHeader>() == 64);
+    assert!(offset_of!(RegionHeader, total_size) == 8);
+    assert!(offset_of!(RegionHeader, host_offset) == 16);
+    assert!(offset_of!(RegionHeader, guest_offset) == 28);
+    assert!(offset_of!(RegionHeader, reserved) == 40);
+    assert!(size_of::<HostVcpu>() == 128);
+    assert!(offset_of!(HostVcpu, updated_ns) == 8);
+    assert!(offset_of!(HostVcpu, steal_ns) == 48);
+    assert!(offset_of!(HostVcpu, limited_ns) == 72);
+    assert!(offset_of!(HostVcpu, overloads) == 96);
+    assert!(size_of::<GuestHeader>() == 64);
+    assert!(offset_of!(GuestHeader, updated_ns) == 16);
+    assert!(offset_of!(GuestHeader, threads_offset) == 24);
+    assert!(offset_of!(GuestHeader, transient_count) == 48);
+    assert!(size_of::<GuestThread>() == 192);
+    assert!(offset_of!(GuestThread, comm) == 16);
+    assert!(offset_of!(GuestThread, on_cpu_ns) == 32);
+    assert!(offset_of!(GuestThread, run_delay_ns) == 56);
+    assert!(offset_of!(GuestThread, updated_ns) == 120);
+    assert!(offset_of!(GuestThread, work) == 128);
+    assert!(size_of::<GuestCpu>() == 192);
+    assert!(offset_of!(GuestCpu, steal_ns) == 56);
+    assert!(offset_of!(GuestCpu, softirqs) == 80);
+    assert!(offset_of!(GuestCpu, updated_ns) == 160);
+};
+
+/// Plain-old-data records: every bit pattern is a valid value, and the first field is the
+/// `u32` sequence counter.
+///
+/// # Safety
+///
+/// Implementors must be `#[repr(C)]`, contain only integer fields (any bit pattern valid),
+/// and have a `u32` sequence counter at offset 0.
+pub unsafe trait Record: Copy {}
+
+// SAFETY: repr(C), integers only, `seq: u32` first.
+unsafe impl Record for HostVcpu {}
+// SAFETY: as above.
+unsafe impl Record for GuestHeader {}
+// SAFETY: as above.
+unsafe impl Record for GuestThread {}
+// SAFETY: as above.
+unsafe impl Record for GuestCpu {}
+
+/// Writes `value` (its `seq` field ignored) into the shared record at `dst` under the
+/// sequence protocol: `seq` becomes odd (Relaxed store, then a Release fence so that no
+/// payload store is seen before it), the payload is stored with volatile writes, then `seq`
+/// becomes even again with a Release store (the payload is seen before it). One writer per
+/// record.
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `size_of::<T>()` bytes, aligned to 8, and only this
+/// writer may write it; readers may read it concurrently.
+pub unsafe fn write_record<T: Record>(dst: *mut T, value: &T) {
+    // SAFETY: the caller guarantees `dst` is valid and aligned; `seq` is its first u32, and
+    // an AtomicU32 has the layout of a u32.
+    let seq = unsafe { &*(dst as *const AtomicU32) };
+    let s = seq.load(Ordering::Relaxed);
+    let odd = s.wrapping_add(1) | 1;
+    seq.store(odd, Ordering::Relaxed);
+    fence(Ordering::Release);
+    let src = value as *const T as *const u8;
+    let out = dst as *mut u8;
+    // Payload after the counter, byte for byte (the record is plain data).
+    for i in 4..core::mem::size_of::<T>() {
+        // SAFETY: `i` is within both records; volatile, as another agent reads concurrently.
+        unsafe { core::ptr::write_volatile(out.add(i), core::ptr::read(src.add(i))) };
+    }
+    seq.store(odd.wrapping_add(1), Ordering::Release);
+}
+
+/// Why a record could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadError {
+    /// The writer was always writing (odd, or changed `seq`) in `tries` attempts.
+    Torn {
+        /// Attempts made.
+        tries: u32,
+    },
+}
+
+/// Reads a consistent copy of the shared record at `src`, trying at most `tries` times: load
+/// `seq` (Acquire); if odd, try again; copy the payload with volatile reads; an Acquire fence;
+/// load `seq` again; the copy is consistent when both loads are the same even value. Never
+/// blocks and never loops past `tries`.
+///
+/// # Safety
+///
+/// `src` must be valid for reads of `size_of::<T>()` bytes and aligned to 8. It may be written
+/// concurrently by one writer following [`write_record`] (or by a hostile one: the result is
+/// then any bit pattern, which every [`Record`] accepts, or an error).
+pub unsafe fn read_record<T: Record>(src: *const T, tries: u32) -> Result<T, ReadError> {
+    // SAFETY: the caller guarantees `src` is valid and aligned; `seq` is its first u32.
+    let seq = unsafe { &*(src as *const AtomicU32) };
+    for _ in 0..tries {
+        let s1 = seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            core::hint::spin_loop();
+            continue;
+        }
+        let mut out = core::mem::MaybeUninit::<T>::uninit();
+        let dst = out.as_mut_ptr() as *mut u8;
+        let from = src as *const u8;
+        for i in 0..core::mem::size_of::<T>() {
+            // SAFETY: `i` is within both; volatile, as the writer may be storing.
+            unsafe { dst.add(i).write(core::ptr::read_volatile(from.add(i))) };
+        }
+        fence(Ordering::Acquire);
+        let s2 = seq.load(Ordering::Relaxed);
+        if s1 == s2 {
+            // SAFETY: every byte was written above, and any bit pattern is a valid `T`
+            // (the `Record` contract).
+            let mut v = unsafe { out.assume_init() };
+            // The copy's own counter is whatever was read; report the stable one.
+            // SAFETY: `seq` is the first u32 of `v` (the `Record` contract).
+            unsafe { *(&mut v as *mut T as *mut u32) = s1 };
+            return Ok(v);
+        }
+    }
+    Err(ReadError::Torn { tries })
+}
+
+#[cfg(test)]
+mod tests;

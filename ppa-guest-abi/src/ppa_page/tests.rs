@@ -1,0 +1,229 @@
+//! Layout (golden numbers) and the sequence protocol under two threads.
+
+extern crate std;
+
+use super::*;
+use core::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::vec::Vec;
+
+#[test]
+fn golden_layout() {
+    // The numbers docs/abi.md gives, so a C implementation can be checked against them.
+    assert_eq!(size_of::<RegionHeader>(), 64);
+    assert_eq!(
+        [
+            offset_of!(RegionHeader, magic),
+            offset_of!(RegionHeader, major),
+            offset_of!(RegionHeader, minor),
+            offset_of!(RegionHeader, total_size),
+            offset_of!(RegionHeader, header_size),
+            offset_of!(RegionHeader, host_offset),
+            offset_of!(RegionHeader, host_count),
+            offset_of!(RegionHeader, host_record_size),
+            offset_of!(RegionHeader, guest_offset),
+            offset_of!(RegionHeader, guest_size),
+            offset_of!(RegionHeader, host_refresh_ns),
+            offset_of!(RegionHeader, reserved),
+        ],
+        [0, 4, 6, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    );
+    assert_eq!(size_of::<HostVcpu>(), 128);
+    assert_eq!(
+        [
+            offset_of!(HostVcpu, seq),
+            offset_of!(HostVcpu, vcpu),
+            offset_of!(HostVcpu, updated_ns),
+            offset_of!(HostVcpu, wall_ns),
+            offset_of!(HostVcpu, used_ns),
+            offset_of!(HostVcpu, guest_ns),
+            offset_of!(HostVcpu, vmm_ns),
+            offset_of!(HostVcpu, steal_ns),
+            offset_of!(HostVcpu, halted_ns),
+            offset_of!(HostVcpu, idle_ns),
+            offset_of!(HostVcpu, limited_ns),
+            offset_of!(HostVcpu, paused_ns),
+            offset_of!(HostVcpu, exits),
+            offset_of!(HostVcpu, overloads),
+            offset_of!(HostVcpu, reserved),
+        ],
+        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104]
+    );
+    assert_eq!(size_of::<GuestHeader>(), 64);
+    assert_eq!(
+        [
+            offset_of!(GuestHeader, seq),
+            offset_of!(GuestHeader, magic),
+            offset_of!(GuestHeader, major),
+            offset_of!(GuestHeader, minor),
+            offset_of!(GuestHeader, nr_cpus),
+            offset_of!(GuestHeader, updated_ns),
+            offset_of!(GuestHeader, threads_offset),
+            offset_of!(GuestHeader, threads_count),
+            offset_of!(GuestHeader, thread_record_size),
+            offset_of!(GuestHeader, cpus_offset),
+            offset_of!(GuestHeader, cpus_count),
+            offset_of!(GuestHeader, cpu_record_size),
+            offset_of!(GuestHeader, transient_count),
+            offset_of!(GuestHeader, transient_cpu_ns),
+        ],
+        [0, 4, 8, 10, 12, 16, 24, 28, 32, 36, 40, 44, 48, 56]
+    );
+    assert_eq!(size_of::<GuestThread>(), 192);
+    assert_eq!(
+        [
+            offset_of!(GuestThread, seq),
+            offset_of!(GuestThread, tid),
+            offset_of!(GuestThread, tgid),
+            offset_of!(GuestThread, last_cpu),
+            offset_of!(GuestThread, comm),
+            offset_of!(GuestThread, on_cpu_ns),
+            offset_of!(GuestThread, utime_ns),
+            offset_of!(GuestThread, stime_ns),
+            offset_of!(GuestThread, run_delay_ns),
+            offset_of!(GuestThread, timeslices),
+            offset_of!(GuestThread, nvcsw),
+            offset_of!(GuestThread, nivcsw),
+            offset_of!(GuestThread, blkio_delay_ns),
+            offset_of!(GuestThread, swapin_delay_ns),
+            offset_of!(GuestThread, freepages_delay_ns),
+            offset_of!(GuestThread, irq_delay_ns),
+            offset_of!(GuestThread, updated_ns),
+            offset_of!(GuestThread, work),
+            offset_of!(GuestThread, reserved),
+        ],
+        [0, 4, 8, 12, 16, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136]
+    );
+    assert_eq!(size_of::<GuestCpu>(), 192);
+    assert_eq!(
+        [
+            offset_of!(GuestCpu, seq),
+            offset_of!(GuestCpu, cpu),
+            offset_of!(GuestCpu, user_ns),
+            offset_of!(GuestCpu, system_ns),
+            offset_of!(GuestCpu, idle_ns),
+            offset_of!(GuestCpu, iowait_ns),
+            offset_of!(GuestCpu, irq_ns),
+            offset_of!(GuestCpu, softirq_ns),
+            offset_of!(GuestCpu, steal_ns),
+            offset_of!(GuestCpu, interrupts),
+            offset_of!(GuestCpu, context_switches),
+            offset_of!(GuestCpu, softirqs),
+            offset_of!(GuestCpu, updated_ns),
+            offset_of!(GuestCpu, reserved),
+        ],
+        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 160, 168]
+    );
+    assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
+    assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
+}
+
+#[test]
+fn write_then_read_and_stuck_odd_counters() {
+    let mut rec = HostVcpu::default();
+    let v = HostVcpu {
+        vcpu: 3,
+        steal_ns: 42,
+        ..Default::default()
+    };
+    // SAFETY: `rec` is a valid, aligned record owned by this test.
+    unsafe { write_record(&mut rec, &v) };
+    assert_eq!(rec.seq, 2, "even after one write");
+    // SAFETY: as above.
+    let got = unsafe { read_record(&rec, 4) }.unwrap();
+    assert_eq!((got.vcpu, got.steal_ns, got.seq), (3, 42, 2));
+    // A writer that died mid-write (or a hostile one) leaves the counter odd: the reader
+    // gives up after its tries instead of spinning.
+    rec.seq = 7;
+    // SAFETY: as above.
+    let r = unsafe { read_record(&rec, 100) };
+    assert_eq!(r, Err(ReadError::Torn { tries: 100 }));
+}
+
+/// A shared record both threads reach through a raw pointer (as guest and VMM reach the page).
+struct Shared(*mut GuestThread);
+// SAFETY: the record is accessed only through the sequence protocol in this test.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+#[test]
+fn a_torn_record_is_never_returned_as_valid() {
+    let boxed = std::boxed::Box::new(GuestThread::default());
+    let shared = Arc::new(Shared(std::boxed::Box::into_raw(boxed)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                // Every payload word carries the same value: a torn copy mixes two.
+                let v = GuestThread {
+                    tid: k as u32,
+                    tgid: k as u32,
+                    last_cpu: k as u32,
+                    comm: [k as u8; COMM_LEN],
+                    on_cpu_ns: k,
+                    utime_ns: k,
+                    stime_ns: k,
+                    run_delay_ns: k,
+                    timeslices: k,
+                    nvcsw: k,
+                    nivcsw: k,
+                    blkio_delay_ns: k,
+                    swapin_delay_ns: k,
+                    freepages_delay_ns: k,
+                    irq_delay_ns: k,
+                    updated_ns: k,
+                    work: k,
+                    reserved: [k; 7],
+                    seq: 0,
+                };
+                // SAFETY: the record lives until both threads are joined; one writer.
+                unsafe { write_record(shared.0, &v) };
+            }
+            k
+        })
+    };
+    let (mut ok, mut torn) = (0u64, 0u64);
+    let mut last = 0u64;
+    for _ in 0..200_000 {
+        // SAFETY: as above; this thread only reads.
+        match unsafe { read_record(shared.0 as *const GuestThread, 8) } {
+            Ok(r) => {
+                let k = r.on_cpu_ns;
+                let words = [
+                    r.utime_ns,
+                    r.stime_ns,
+                    r.run_delay_ns,
+                    r.timeslices,
+                    r.nvcsw,
+                    r.nivcsw,
+                    r.blkio_delay_ns,
+                    r.swapin_delay_ns,
+                    r.freepages_delay_ns,
+                    r.irq_delay_ns,
+                    r.updated_ns,
+                    r.work,
+                ];
+                assert!(words.iter().all(|w| *w == k), "torn copy returned: {r:?}");
+                assert!(r.reserved.iter().all(|w| *w == k), "torn copy: {r:?}");
+                assert_eq!(r.tid, k as u32);
+                assert_eq!(r.comm, [k as u8; COMM_LEN]);
+                assert!(k >= last, "went back from {last} to {k}");
+                last = k;
+                ok += 1;
+            }
+            Err(ReadError::Torn { .. }) => torn += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    // SAFETY: both threads are done; the pointer came from Box::into_raw.
+    drop(unsafe { std::boxed::Box::from_raw(shared.0) });
+    assert!(written > 100, "the writer ran ({written} writes)");
+    assert!(ok > 0, "some reads succeeded ({ok} ok, {torn} torn)");
+    let _ = Vec::<u8>::new();
+}
