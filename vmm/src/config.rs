@@ -128,6 +128,10 @@ pub struct VmConfig {
     pub limits: crate::limits::limiter::LimitConfig,
     /// Runaway and overload detection.
     pub overload: crate::limits::overload::OverloadConfig,
+    /// Size of the PPA page (0: none).
+    pub ppa_page_size: u64,
+    /// Back the PPA page with this file (host tools can map it).
+    pub ppa_page_file: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -148,6 +152,8 @@ impl Default for VmConfig {
             metrics_addr: None,
             limits: Default::default(),
             overload: Default::default(),
+            ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
+            ppa_page_file: None,
         }
     }
 }
@@ -244,6 +250,10 @@ pub struct RunOptions {
     pub overload: Option<String>,
     /// `notify` (default), `pause` or `throttle:LIMIT`.
     pub overload_action: Option<String>,
+    /// Size of the PPA page in bytes (0: none).
+    pub ppa_page_size: Option<u64>,
+    /// File backing the PPA page.
+    pub ppa_page_file: Option<PathBuf>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -332,6 +342,8 @@ impl RunOptions {
             runaway: over.runaway.or(self.runaway),
             overload: over.overload.or(self.overload),
             overload_action: over.overload_action.or(self.overload_action),
+            ppa_page_size: over.ppa_page_size.or(self.ppa_page_size),
+            ppa_page_file: over.ppa_page_file.or(self.ppa_page_file),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
             } else {
@@ -413,6 +425,8 @@ impl RunOptions {
                 self.overload.as_deref(),
                 self.overload_action.as_deref(),
             )?,
+            ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
+            ppa_page_file: self.ppa_page_file,
         };
         config.validate()?;
         let report = ReportOptions {

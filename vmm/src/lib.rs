@@ -20,6 +20,7 @@ pub mod kvm_stats;
 pub mod limits;
 pub mod loader;
 pub mod metrics;
+pub mod ppa_page;
 pub mod report;
 pub mod sampler;
 pub mod vcpu;

@@ -179,6 +179,12 @@ struct RunArgs {
     /// What a runaway or overload does besides the event: notify, pause or throttle:LIMIT.
     #[arg(long, value_name = "ACTION")]
     overload_action: Option<String>,
+    /// Size of the PPA page shared with the guest, bytes (default 65536; 0: none).
+    #[arg(long, value_name = "BYTES")]
+    ppa_page_size: Option<u64>,
+    /// Back the PPA page with this file, so host tools can map it (removed at the end).
+    #[arg(long, value_name = "PATH")]
+    ppa_page_file: Option<PathBuf>,
 }
 
 fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -209,6 +215,8 @@ fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
         runaway: args.runaway,
         overload: args.overload,
         overload_action: args.overload_action,
+        ppa_page_size: args.ppa_page_size,
+        ppa_page_file: args.ppa_page_file,
     };
     Ok(file.merge(cli))
 }

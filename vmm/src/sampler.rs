@@ -5,12 +5,14 @@
 //! `steal_window_ns` threshold into that vCPU's `steal_windows` counter (the sampler is that
 //! counter's only writer). With `--runaway` or `--overload` it also runs the detectors of
 //! `limits::overload` on every vCPU and applies their action. Reading schedstat costs ~1 µs
-//! per vCPU here, which is why it happens here and not on the exit path. It stops when told, within one window.
+//! per vCPU here, which is why it happens here and not on the exit path. With a PPA page it
+//! also refreshes the page's host section every tick (docs/abi.md). It stops when told, within one window.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use ppa_guest_abi::ppa_page::HostVcpu;
 use ppa_vmm_api::Event;
 
 use crate::accounting::meter::MicroState;
@@ -18,6 +20,7 @@ use crate::accounting::AccountingControl;
 use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
+use crate::ppa_page::PpaPage;
 use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
 use crate::vm::VmHandle;
 
@@ -34,12 +37,13 @@ impl Sampler {
         vcpus: Vec<Arc<VcpuShared>>,
         control: Arc<AccountingControl>,
         overload: Option<Overload>,
+        ppa: Option<(Arc<PpaPage>, VmHandle)>,
     ) -> std::io::Result<Sampler> {
         let stop = Arc::new((AtomicBool::new(false), AtomicU32::new(0)));
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run(&vcpus, &control, &s, overload))?;
+            .spawn(move || run(&vcpus, &control, &s, overload, ppa))?;
         Ok(Sampler {
             stop,
             handle: Some(handle),
@@ -116,11 +120,40 @@ impl Overload {
     }
 }
 
+/// Writes every started vCPU's figures into its host record of the PPA page.
+fn publish(page: &PpaPage, vm: &VmHandle, vcpus: &[Arc<VcpuShared>]) {
+    let updated_ns = vm.uptime_ns();
+    for v in vcpus.iter().filter(|v| v.host_tid() != 0) {
+        let t = v.summary();
+        page.publish(
+            v.id,
+            &HostVcpu {
+                seq: 0,
+                vcpu: v.id as u32,
+                updated_ns,
+                wall_ns: t.wall_ns,
+                used_ns: t.used_ns,
+                guest_ns: t.guest_ns,
+                vmm_ns: t.vmm_ns,
+                steal_ns: t.steal_ns,
+                halted_ns: t.halted_ns,
+                idle_ns: t.idle_ns,
+                limited_ns: t.limited_ns,
+                paused_ns: t.paused_ns,
+                exits: t.total_exits(),
+                overloads: t.overloads,
+                reserved: [0; 3],
+            },
+        );
+    }
+}
+
 fn run(
     vcpus: &[Arc<VcpuShared>],
     control: &AccountingControl,
     stop: &(AtomicBool, AtomicU32),
     overload: Option<Overload>,
+    ppa: Option<(Arc<PpaPage>, VmHandle)>,
 ) {
     let mut detectors = vec![Detector::default(); vcpus.len()];
     let mut ticks = 0u64;
@@ -153,6 +186,9 @@ fn run(
                 }
             }
             *prev = Some(s.run_delay_ns);
+        }
+        if let Some((page, vm)) = &ppa {
+            publish(page, vm, vcpus);
         }
         if let Some(o) = &overload {
             ticks += 1;

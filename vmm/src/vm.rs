@@ -33,6 +33,7 @@ use crate::kick::now_ns;
 use crate::kvm_stats::KvmStats;
 use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
+use crate::ppa_page::PpaPage;
 
 /// Numbers the VMs of this process (names their cgroups apart).
 static VM_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -118,6 +119,9 @@ pub enum VmError {
     /// The control socket or metrics endpoint could not be served.
     #[error(transparent)]
     Socket(#[from] crate::api::SocketError),
+    /// The PPA page could not be made.
+    #[error(transparent)]
+    PpaPage(#[from] crate::ppa_page::PpaPageError),
     /// The cgroup limit backend could not be set up.
     #[error("cannot set up the cgroup limit backend: {0}")]
     Cgroup(String),
@@ -185,6 +189,7 @@ pub struct Vm {
     max_runtime: Option<std::time::Duration>,
     server_options: ServerOptions,
     overload: crate::limits::overload::OverloadConfig,
+    ppa_page: Option<Arc<PpaPage>>,
     // Kept alive (and dropped after the vCPUs) for the VM's whole life.
     _memory: GuestMemoryMmap,
     _vm_fd: VmFd,
@@ -345,6 +350,28 @@ impl TryFrom<VmConfig> for Vm {
         unsafe { vm_fd.set_user_memory_region(region) }
             .map_err(kvm_err("register guest memory"))?;
 
+        let ppa_page = match config.ppa_page_size {
+            0 => None,
+            size => Some(Arc::new(PpaPage::create(
+                size,
+                config.vcpus,
+                config.ppa_page_file.as_deref(),
+            )?)),
+        };
+        if let Some(p) = &ppa_page {
+            let region = kvm_userspace_memory_region {
+                slot: 1,
+                flags: 0,
+                guest_phys_addr: layout::PPA_PAGE_GPA,
+                memory_size: p.size(),
+                userspace_addr: p.host_addr(),
+            };
+            // SAFETY: the region is a shared mapping of `size` bytes owned by `p`, which the
+            // Vm keeps (an Arc) until after its vCPUs are joined, as for guest RAM.
+            unsafe { vm_fd.set_user_memory_region(region) }
+                .map_err(kvm_err("register the PPA page"))?;
+        }
+
         for (gpa, table) in boot::page_tables() {
             let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
             write(&memory, gpa, &bytes)?;
@@ -398,6 +425,10 @@ impl TryFrom<VmConfig> for Vm {
             info.tsc_khz = tsc_khz;
             info.gap_threshold_ns = config.gap_threshold_ns;
             info.workload = w.to_desc();
+            if let Some(p) = &ppa_page {
+                info.ppa_page_gpa = layout::PPA_PAGE_GPA;
+                info.ppa_page_size = p.size();
+            }
             write(&memory, layout::boot_info_gpa(index), &info.to_bytes())?;
         }
 
@@ -460,6 +491,7 @@ impl TryFrom<VmConfig> for Vm {
             pio: Arc::new(pio),
             max_runtime: config.max_runtime,
             overload: config.overload.clone(),
+            ppa_page,
             server_options: ServerOptions {
                 api_sock: config.api_sock.clone(),
                 metrics_addr: config.metrics_addr,
@@ -696,6 +728,7 @@ impl Vm {
                 vm: handle.clone(),
                 hub: Arc::clone(&self.hub),
             }),
+            self.ppa_page.clone().map(|p| (p, handle.clone())),
         )
         .map_err(VmError::Sampler)?;
         let start_gate = Arc::new(std::sync::atomic::AtomicU32::new(0));

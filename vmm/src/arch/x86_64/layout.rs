@@ -41,6 +41,9 @@ pub const IMAGE_MIN_GPA: u64 = 0x10_0000;
 pub const STACK_SIZE: u64 = 64 * 1024;
 /// Largest RAM size: RAM must end below the doorbell page.
 pub const MAX_RAM_BYTES: u64 = 3 << 30;
+/// Guest-physical address of the PPA page: right above the largest RAM, below the doorbell
+/// page, inside the identity map the page tables give (docs/abi.md).
+pub const PPA_PAGE_GPA: u64 = 3 << 30;
 /// Smallest RAM size.
 pub const MIN_RAM_BYTES: u64 = 2 << 20;
 
