@@ -17,8 +17,9 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use types::{
-    GroupStats, HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
-    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+    GroupStats, GuestCpuView, GuestThreadView, GuestView, HistogramJson, HostCpu, Level, SlotJson,
+    Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes,
+    VersionInfo, VmStats, THRESHOLD_NAMES,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.
@@ -100,6 +101,8 @@ pub enum Command {
     },
     /// The CPU limits and what they did.
     Groups {},
+    /// The PPA page: what the guest published, decoded and checked.
+    Guest {},
     /// Parks every vCPU until `resume`.
     Pause {},
     /// Releases a pause.
@@ -117,7 +120,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 15] = [
+pub const COMMANDS: [&str; 16] = [
     "version",
     "stats",
     "vcpu",
@@ -128,6 +131,7 @@ pub const COMMANDS: [&str; 15] = [
     "threads",
     "set-limit",
     "groups",
+    "guest",
     "pause",
     "resume",
     "shutdown",
@@ -137,7 +141,7 @@ pub const COMMANDS: [&str; 15] = [
 
 /// Commands of the specification that later versions add (told apart from misspellings in
 /// the error message).
-pub const LATER_COMMANDS: [&str; 1] = ["guest"];
+pub const LATER_COMMANDS: [&str; 0] = [];
 
 /// A parsed request.
 #[derive(Debug, Clone, PartialEq)]

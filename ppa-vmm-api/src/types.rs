@@ -453,3 +453,90 @@ pub struct Threads {
     /// Each vCPU thread.
     pub vcpus: Vec<ThreadInfo>,
 }
+
+/// One guest thread as decoded from the PPA page (result of `guest`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestThreadView {
+    /// Index of the record.
+    pub slot: usize,
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// Name (invalid UTF-8 replaced, see `errors`).
+    pub comm: String,
+    /// CPU it last ran on.
+    pub last_cpu: u32,
+    /// On-CPU time, ns.
+    pub on_cpu_ns: u64,
+    /// User time, ns.
+    pub utime_ns: u64,
+    /// System time, ns.
+    pub stime_ns: u64,
+    /// Run-queue wait, ns.
+    pub run_delay_ns: u64,
+    /// Timeslices.
+    pub timeslices: u64,
+    /// Voluntary switches.
+    pub nvcsw: u64,
+    /// Involuntary switches.
+    pub nivcsw: u64,
+    /// Delay accounting totals (block I/O, swap-in, reclaim, IRQ), ns.
+    pub delays_ns: [u64; 4],
+    /// Application work count.
+    pub work: u64,
+    /// Guest time of its last update, ns.
+    pub updated_ns: u64,
+    /// How far its update lags the guest header's, ns.
+    pub lag_ns: u64,
+    /// Lags the header by more than a second.
+    pub stale: bool,
+}
+
+/// One guest CPU as decoded from the PPA page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestCpuView {
+    /// CPU number.
+    pub cpu: u32,
+    /// user, system, idle, iowait, irq, softirq, steal, ns.
+    pub times_ns: [u64; 7],
+    /// Interrupts.
+    pub interrupts: u64,
+    /// Context switches.
+    pub context_switches: u64,
+    /// Softirqs by kind.
+    pub softirqs: [u64; 10],
+    /// Guest time of its last update, ns.
+    pub updated_ns: u64,
+}
+
+/// The decoded PPA page (result of `guest`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestView {
+    /// Whether the VM has a PPA page.
+    pub page: bool,
+    /// Whether the guest has published a valid header.
+    pub published: bool,
+    /// The guest's layout version, `major.minor`.
+    pub version: String,
+    /// Guest CPUs the guest declares.
+    pub nr_cpus: u32,
+    /// Guest time of the last update, ns.
+    pub updated_ns: u64,
+    /// Threads, by on-CPU time, highest first.
+    pub threads: Vec<GuestThreadView>,
+    /// Guest CPUs.
+    pub cpus: Vec<GuestCpuView>,
+    /// Threads that exited.
+    pub transient_count: u64,
+    /// Their CPU time, ns.
+    pub transient_cpu_ns: u64,
+    /// What was wrong with what the guest wrote (each a sentence); valid parts are shown.
+    pub errors: Vec<String>,
+    /// The host section as the guest sees it: each vCPU's steal, limited and used ns and
+    /// the VM uptime of its last refresh.
+    pub host: Vec<[u64; 4]>,
+}

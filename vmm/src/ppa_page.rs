@@ -19,6 +19,8 @@ use ppa_guest_abi::ppa_page::{
 };
 use thiserror::Error;
 
+pub mod decode;
+
 /// Smallest region: a page.
 pub const MIN_SIZE: u64 = 4096;
 /// Largest region.
@@ -188,6 +190,28 @@ impl PpaPage {
             // writer; the guest and host tools only read it.
             unsafe { write_record(p, rec) };
         }
+    }
+
+    /// The guest section, live.
+    pub fn guest_section(&self) -> decode::Section {
+        // SAFETY: `layout` placed the guest section inside the mapping, 8-byte aligned, and
+        // the mapping lives as long as `self`.
+        unsafe {
+            decode::Section::new(
+                self.ptr.add(self.header.guest_offset as usize),
+                self.header.guest_size as usize,
+            )
+        }
+    }
+
+    /// What the guest published, decoded, with the host section as the guest sees it.
+    pub fn guest_view(&self) -> ppa_vmm_api::GuestView {
+        let mut v = decode::decode(self.guest_section());
+        v.host = (0..self.vcpus)
+            .filter_map(|i| self.read_host(i, 8)?.ok())
+            .map(|r| [r.steal_ns, r.limited_ns, r.used_ns, r.updated_ns])
+            .collect();
+        v
     }
 
     /// Reads vCPU `vcpu`'s host record (at most `tries` attempts).

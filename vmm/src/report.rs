@@ -115,6 +115,9 @@ pub struct Report {
     pub vcpus: Vec<VcpuReport>,
     /// CPU limits (the VM's as group `vm`, then each vCPU group) and what they did.
     pub groups: Vec<ppa_vmm_api::GroupStats>,
+    /// What the guest published in the PPA page at the end, decoded (when there is a page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<ppa_vmm_api::GuestView>,
 }
 
 fn vcpu_report(s: &VcpuShared, workload: &Workload) -> (VcpuReport, HistSnapshots) {
@@ -218,6 +221,7 @@ impl Report {
             },
             vcpus,
             groups: Vec::new(),
+            guest: None,
         }
     }
 

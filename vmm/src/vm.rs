@@ -512,6 +512,7 @@ pub struct VmHandle {
     vcpus: Arc<[Arc<VcpuShared>]>,
     status: Arc<VmStatus>,
     limiter: Arc<Limiter>,
+    ppa_page: Option<Arc<PpaPage>>,
 }
 
 impl VmHandle {
@@ -522,13 +523,20 @@ impl VmHandle {
         vcpus: Vec<Arc<VcpuShared>>,
         status: Arc<VmStatus>,
         limiter: Arc<Limiter>,
+        ppa_page: Option<Arc<PpaPage>>,
     ) -> Self {
         VmHandle {
             control,
             vcpus: vcpus.into(),
             status,
             limiter,
+            ppa_page,
         }
+    }
+
+    /// The PPA page, when the VM has one.
+    pub fn ppa_page(&self) -> Option<&PpaPage> {
+        self.ppa_page.as_deref()
     }
 
     /// The CPU limits.
@@ -692,6 +700,7 @@ impl Vm {
             vcpus: self.shared.clone().into(),
             status: Arc::clone(&self.status),
             limiter: Arc::clone(&self.limiter),
+            ppa_page: self.ppa_page.clone(),
         }
     }
 
@@ -862,6 +871,7 @@ impl Vm {
         );
         let mut report = report;
         report.groups = self.limiter.groups();
+        report.guest = self.ppa_page.as_ref().map(|p| p.guest_view());
         let exit_code = report.exit_code();
         if let Some(s) = server {
             s.hub().push(ppa_vmm_api::Event::VmExit {

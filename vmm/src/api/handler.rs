@@ -270,6 +270,13 @@ impl Handler {
                 to_value(&vm.limiter().groups())
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
+            Command::Guest {} => match vm.ppa_page() {
+                Some(p) => to_value(&p.guest_view()),
+                None => Err(ErrorBody::new(
+                    ErrorKind::InvalidState,
+                    "this VM has no PPA page (it was started with --ppa-page-size 0)",
+                )),
+            },
             // Answered by handle_line.
             Command::Stats {} | Command::Subscribe { .. } => Err(ErrorBody::new(
                 ErrorKind::Internal,

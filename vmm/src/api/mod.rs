@@ -50,6 +50,7 @@ pub(crate) mod tests_support {
             vcpus,
             Arc::new(VmStatus::new("test \"vm\"".into())),
             limiter,
+            None,
         )
     }
 }

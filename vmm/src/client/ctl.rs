@@ -408,8 +408,6 @@ mod tests {
         let e = refused("frobnicate", &[]);
         assert_eq!(e.kind, ErrorKind::UnknownCommand);
         assert!(e.message.contains("unknown command `frobnicate`"), "{e:?}");
-        let e = refused("guest", &[]);
-        assert!(e.message.contains("not available in this version"), "{e:?}");
         let e = refused("vcpu", &["vcpu=abc"]);
         assert_eq!(e.kind, ErrorKind::BadRequest);
         assert!(e.message.contains("invalid type"), "{e:?}");

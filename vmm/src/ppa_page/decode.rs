@@ -1,0 +1,271 @@
+//! Decoding the guest section of the PPA page: untrusted input.
+//!
+//! Data flow: the `guest` command (and tests, and the fuzz test) hand [`decode`] a
+//! [`Section`]: the guest section's memory, live (the guest may rewrite it while we read) or a
+//! copy. The decoder reads the header with the sequence protocol, checks every field it will
+//! use (magic, major version, record sizes, offsets, counts, alignment, bounds, with checked
+//! arithmetic), reads each record with a bounded number of tries, checks names (NUL, UTF-8),
+//! flags stale records, and returns what is valid plus one sentence per problem. Its work is
+//! bounded by [`MAX_RECORDS`] records of [`MAX_TRIES`] tries each, whatever the guest wrote:
+//! it never panics, never loops past its bounds and never blocks.
+
+use ppa_guest_abi::ppa_page::{
+    read_record, GuestCpu, GuestHeader, GuestThread, Record, COMM_LEN, GUEST_MAGIC, MAJOR,
+};
+use ppa_vmm_api::{GuestCpuView, GuestThreadView, GuestView};
+
+/// Most records of each kind decoded.
+pub const MAX_RECORDS: u32 = 1024;
+/// Tries per record before it is reported as torn.
+pub const MAX_TRIES: u32 = 8;
+/// A record whose update lags the header's by more than this is flagged stale.
+pub const STALE_NS: u64 = 1_000_000_000;
+
+/// The guest section's memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    base: *const u8,
+    len: usize,
+}
+
+impl Section {
+    /// The section at `base`, `len` bytes.
+    ///
+    /// # Safety
+    ///
+    /// `base` must be valid for reads of `len` bytes, 8-byte aligned, for as long as the
+    /// section is used; another agent may write it concurrently.
+    pub unsafe fn new(base: *const u8, len: usize) -> Section {
+        Section { base, len }
+    }
+
+    /// A section over words the caller owns (tests and fuzzing).
+    pub fn of_words(words: &[u64]) -> Section {
+        Section {
+            base: words.as_ptr().cast(),
+            len: std::mem::size_of_val(words),
+        }
+    }
+
+    /// Reads the record of type `T` at byte offset `off`, checked against the section.
+    fn read<T: Record>(&self, off: u64) -> Result<Result<T, ()>, String> {
+        let size = std::mem::size_of::<T>() as u64;
+        let end = off
+            .checked_add(size)
+            .ok_or_else(|| format!("offset {off} overflows"))?;
+        if end > self.len as u64 {
+            return Err(format!(
+                "a record at offset {off} ends at {end}, past the section's {} bytes",
+                self.len
+            ));
+        }
+        if off % 8 != 0 {
+            return Err(format!("a record at offset {off} is not 8-byte aligned"));
+        }
+        // SAFETY: `off + size <= len` and `off` is 8-aligned within an 8-aligned section, so
+        // the record is valid for reads and aligned (the `Section` contract).
+        let p = unsafe { self.base.add(off as usize) }.cast::<T>();
+        // SAFETY: as above; `T: Record` accepts any bit pattern.
+        Ok(unsafe { read_record(p, MAX_TRIES) }.map_err(|_| ()))
+    }
+}
+
+fn comm(raw: &[u8; COMM_LEN], errors: &mut Vec<String>, slot: usize) -> String {
+    let len = raw.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    match std::str::from_utf8(&raw[..len]) {
+        Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
+        Ok(s) => {
+            errors.push(format!(
+                "thread record {slot}: its name has control characters"
+            ));
+            s.chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect()
+        }
+        Err(_) => {
+            errors.push(format!("thread record {slot}: its name is not valid UTF-8"));
+            String::from_utf8_lossy(&raw[..len]).into_owned()
+        }
+    }
+}
+
+/// Where a table of `count` records of `size` bytes at `off` lies, checked.
+fn table(
+    what: &str,
+    off: u32,
+    count: u32,
+    size: u32,
+    min: usize,
+    len: usize,
+) -> Result<(u64, u64, u32), String> {
+    if (size as usize) < min || size % 8 != 0 {
+        return Err(format!(
+            "the {what} record size {size} is smaller than {min} or not a multiple of 8"
+        ));
+    }
+    let count = if count > MAX_RECORDS {
+        return Err(format!(
+            "the guest declares {count} {what} records, more than {MAX_RECORDS}"
+        ));
+    } else {
+        count
+    };
+    let end = u64::from(off) + u64::from(count) * u64::from(size);
+    if end > len as u64 {
+        return Err(format!(
+            "the {what} table ({count} × {size} bytes at offset {off}) ends at {end}, past the section's {len} bytes"
+        ));
+    }
+    Ok((u64::from(off), u64::from(size), count))
+}
+
+/// Decodes the guest section.
+pub fn decode(section: Section) -> GuestView {
+    let mut v = GuestView {
+        page: true,
+        published: false,
+        version: String::new(),
+        nr_cpus: 0,
+        updated_ns: 0,
+        threads: Vec::new(),
+        cpus: Vec::new(),
+        transient_count: 0,
+        transient_cpu_ns: 0,
+        errors: Vec::new(),
+        host: Vec::new(),
+    };
+    let h: GuestHeader = match section.read::<GuestHeader>(0) {
+        Err(e) => {
+            v.errors.push(e);
+            return v;
+        }
+        Ok(Err(())) => {
+            v.errors.push(format!(
+                "the guest header stayed mid-update (odd or changing sequence counter) for {MAX_TRIES} tries"
+            ));
+            return v;
+        }
+        Ok(Ok(h)) => h,
+    };
+    if h.magic == 0 && h.seq == 0 {
+        // Nothing published yet: not an error.
+        return v;
+    }
+    if h.magic != GUEST_MAGIC {
+        v.errors.push(format!(
+            "the guest header's magic is {:#010x}, not \"PPAG\"",
+            h.magic
+        ));
+        return v;
+    }
+    v.version = format!("{}.{}", h.major, h.minor);
+    if h.major != MAJOR {
+        v.errors.push(format!(
+            "the guest writes layout {}.{}; this VMM reads major version {MAJOR}",
+            h.major, h.minor
+        ));
+        return v;
+    }
+    v.published = true;
+    v.nr_cpus = h.nr_cpus;
+    v.updated_ns = h.updated_ns;
+    v.transient_count = h.transient_count;
+    v.transient_cpu_ns = h.transient_cpu_ns;
+
+    match table(
+        "thread",
+        h.threads_offset,
+        h.threads_count,
+        h.thread_record_size,
+        std::mem::size_of::<GuestThread>(),
+        section.len,
+    ) {
+        Err(e) => v.errors.push(e),
+        Ok((off, size, count)) => {
+            for slot in 0..count as usize {
+                match section.read::<GuestThread>(off + slot as u64 * size) {
+                    Err(e) => v.errors.push(e),
+                    Ok(Err(())) => v.errors.push(format!(
+                        "thread record {slot} stayed mid-update for {MAX_TRIES} tries"
+                    )),
+                    Ok(Ok(t)) => {
+                        let name = comm(&t.comm, &mut v.errors, slot);
+                        let lag_ns = h.updated_ns.saturating_sub(t.updated_ns);
+                        v.threads.push(GuestThreadView {
+                            slot,
+                            tid: t.tid,
+                            tgid: t.tgid,
+                            comm: name,
+                            last_cpu: t.last_cpu,
+                            on_cpu_ns: t.on_cpu_ns,
+                            utime_ns: t.utime_ns,
+                            stime_ns: t.stime_ns,
+                            run_delay_ns: t.run_delay_ns,
+                            timeslices: t.timeslices,
+                            nvcsw: t.nvcsw,
+                            nivcsw: t.nivcsw,
+                            delays_ns: [
+                                t.blkio_delay_ns,
+                                t.swapin_delay_ns,
+                                t.freepages_delay_ns,
+                                t.irq_delay_ns,
+                            ],
+                            work: t.work,
+                            updated_ns: t.updated_ns,
+                            lag_ns,
+                            stale: lag_ns > STALE_NS,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    v.threads
+        .sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.slot.cmp(&b.slot)));
+
+    match table(
+        "CPU",
+        h.cpus_offset,
+        h.cpus_count,
+        h.cpu_record_size,
+        std::mem::size_of::<GuestCpu>(),
+        section.len,
+    ) {
+        Err(e) => v.errors.push(e),
+        Ok((off, size, count)) => {
+            for slot in 0..count as usize {
+                match section.read::<GuestCpu>(off + slot as u64 * size) {
+                    Err(e) => v.errors.push(e),
+                    Ok(Err(())) => v.errors.push(format!(
+                        "CPU record {slot} stayed mid-update for {MAX_TRIES} tries"
+                    )),
+                    Ok(Ok(c)) => v.cpus.push(GuestCpuView {
+                        cpu: c.cpu,
+                        times_ns: [
+                            c.user_ns,
+                            c.system_ns,
+                            c.idle_ns,
+                            c.iowait_ns,
+                            c.irq_ns,
+                            c.softirq_ns,
+                            c.steal_ns,
+                        ],
+                        interrupts: c.interrupts,
+                        context_switches: c.context_switches,
+                        softirqs: c.softirqs,
+                        updated_ns: c.updated_ns,
+                    }),
+                }
+            }
+        }
+    }
+    if v.errors.len() > 64 {
+        let n = v.errors.len() - 64;
+        v.errors.truncate(64);
+        v.errors.push(format!("and {n} more problems"));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests;
