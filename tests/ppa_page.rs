@@ -125,3 +125,95 @@ fn the_host_section_matches_stats_and_keeps_being_refreshed() {
     assert!(!file.exists(), "the file goes with the VM");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
+    common::require_kvm();
+    let _g = common::serial();
+    let dir = std::env::temp_dir().join(format!("ppa-page-g-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, file) = (dir.join("s"), dir.join("page"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
+        .args(["run", "--vcpus", "2", "--workload", "busy:ms=60000"])
+        .args(["--report", "json", "--max-runtime", "60", "--api-sock"])
+        .arg(&sock)
+        .arg("--ppa-page-file")
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&sock) {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    let mut call = |cmd: &str| -> Value {
+        writeln!(w, r#"{{"cmd":"{cmd}"}}"#).unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let g = call("guest");
+    assert_eq!(g["ok"], Value::Bool(true), "{g}");
+    assert_eq!(g["result"]["page"], Value::Bool(true));
+    assert_eq!(
+        g["result"]["published"],
+        Value::Bool(false),
+        "nothing published yet"
+    );
+    assert_eq!(g["result"]["host"].as_array().unwrap().len(), 2, "{g}");
+
+    // A hostile writer (here through the file; a guest would write the same memory):
+    // garbage over the guest section, many times, while the VMM is asked to decode it.
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    let guest_offset = 64 + 2 * 128;
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let used0 = call("stats")["result"]["vcpus"][0]["used_ns"]
+        .as_u64()
+        .unwrap();
+    for round in 0..50 {
+        let mut junk = vec![0u8; 4096];
+        for b in junk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        if round % 2 == 0 {
+            // A plausible header with absurd tables.
+            junk[4..8].copy_from_slice(b"PPAG");
+            junk[0..4].copy_from_slice(&0u32.to_le_bytes());
+            junk[8..10].copy_from_slice(&1u16.to_le_bytes());
+        }
+        f.write_all_at(&junk, guest_offset).unwrap();
+        let g = call("guest");
+        assert_eq!(g["ok"], Value::Bool(true), "{g}");
+    }
+    let g = call("guest");
+    assert!(
+        !g["result"]["errors"].as_array().unwrap().is_empty(),
+        "garbage is reported: {g}"
+    );
+    // The VMM and its vCPUs went on.
+    let s = call("stats");
+    assert!(s["result"]["vcpus"][0]["used_ns"].as_u64().unwrap() > used0);
+    assert_eq!(s["result"]["vm"]["state"], Value::from("running"));
+    call("shutdown");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["guest"]["errors"].is_array(),
+        "the report has the guest section"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
