@@ -134,7 +134,7 @@ fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (sock, file) = (dir.join("s"), dir.join("page"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
+    let child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
         .args(["run", "--vcpus", "2", "--workload", "busy:ms=60000"])
         .args(["--report", "json", "--max-runtime", "60", "--api-sock"])
         .arg(&sock)
