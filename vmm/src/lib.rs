@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod ppa_page;
 pub mod report;
 pub mod sampler;
+pub mod sched;
 pub mod vcpu;
 pub mod vm;
 pub mod workload;

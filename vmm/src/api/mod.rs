@@ -10,7 +10,9 @@
 pub mod board;
 pub mod conn;
 pub mod handler;
+pub mod http;
 pub mod server;
+pub mod unix;
 
 pub use server::{ApiServer, EventHub, ServerOptions, SocketError};
 

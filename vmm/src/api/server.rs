@@ -15,9 +15,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,6 +31,8 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::board::{run_refresher, Board};
 use super::conn::{LineBuffer, Next, OutQueue};
 use super::handler::{kind_bit, Handler, Outcome};
+use super::http::{http_head_complete, http_reply, http_response, MAX_HTTP_HEAD};
+use super::unix::{bind_unix, peer_uid};
 use crate::accounting::THRESHOLD_NAMES;
 use crate::vm::VmHandle;
 
@@ -40,8 +42,6 @@ pub const OUT_HIGH_WATER: usize = 4 << 20;
 pub const EVENT_QUEUE_BYTES: usize = 256 << 10;
 /// Connections served at once (API and HTTP together); more are told so and closed.
 pub const MAX_CLIENTS: usize = 1024;
-/// Longest HTTP request head accepted.
-const MAX_HTTP_HEAD: usize = 8 << 10;
 
 /// Why the server could not start.
 #[derive(Debug, Error)]
@@ -142,101 +142,6 @@ const TOKEN_HUB: u32 = 2;
 const TOKEN_TIMER: u32 = 3;
 const TOKEN_STOP: u32 = 4;
 const FIRST_CONN: u32 = 16;
-
-/// Makes a Unix listener at `path` whose file has mode 0600 from the start: the mode of the
-/// socket inode is set before bind, which creates the file with it.
-fn bind_unix(path: &Path) -> Result<UnixListener, SocketError> {
-    let bytes = path.as_os_str().as_encoded_bytes();
-    // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(SocketError::PathTooLong(path.to_path_buf()));
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            return Err(SocketError::NotASocket(path.to_path_buf()));
-        }
-        match UnixStream::connect(path) {
-            Ok(_) => return Err(SocketError::InUse(path.to_path_buf())),
-            // Left behind by a VMM that is gone.
-            Err(_) => {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-    }
-    let bind_err = |source| SocketError::Bind {
-        path: path.to_path_buf(),
-        source,
-    };
-    // SAFETY: socket() takes no pointers; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(bind_err(io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a new socket this function owns; OwnedFd closes it on every path.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    // SAFETY: fchmod on a socket fd we own changes only its inode's mode.
-    let rc = unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) };
-    if rc != 0 {
-        return Err(bind_err(io::Error::last_os_error()));
-    }
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes (NUL-terminated path that fits).
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(bind_err(io::Error::last_os_error()));
-    }
-    // Belt and braces: whatever the umask did, the file ends up 0600.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
-    // SAFETY: listen() on a bound socket we own.
-    if unsafe { libc::listen(fd.as_raw_fd(), 256) } != 0 {
-        return Err(bind_err(io::Error::last_os_error()));
-    }
-    Ok(UnixListener::from(fd))
-}
-
-/// The uid of the process at the other end of `stream`.
-fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the kernel writes at
-    // most `len` bytes into `cred`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
 
 enum Stream {
     Api(UnixStream),
@@ -690,52 +595,6 @@ impl MutEventSubscriber for Serve {
     }
 }
 
-/// Takes a complete HTTP request head out of `input`; returns its request target.
-fn http_head_complete(input: &mut LineBuffer) -> Option<String> {
-    if !input.contains(b"\r\n\r\n") && !input.contains(b"\n\n") {
-        return None;
-    }
-    let mut first: Option<String> = None;
-    loop {
-        match input.next_line(MAX_HTTP_HEAD) {
-            Next::Line(l) if l.is_empty() => return Some(first.unwrap_or_default()),
-            Next::Line(l) => {
-                if first.is_none() {
-                    first = Some(String::from_utf8_lossy(&l).into_owned());
-                }
-            }
-            Next::TooLong(_) | Next::Pending => return Some(first.unwrap_or_default()),
-        }
-    }
-}
-
-fn http_response(status: &str, content_type: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
-fn http_reply(request_line: &str, handler: &mut Handler) -> String {
-    let mut parts = request_line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => http_response(
-            "200 OK",
-            crate::metrics::CONTENT_TYPE,
-            &handler.metrics_text(),
-        ),
-        ("GET", _) => http_response("404 Not Found", "text/plain", "only /metrics is served\n"),
-        ("", _) => http_response("400 Bad Request", "text/plain", "bad request\n"),
-        _ => http_response(
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET is served\n",
-        ),
-    }
-}
-
 impl ApiServer {
     /// Binds what `opts` asks for and starts the `api` thread; `None` when there is nothing
     /// to serve.
@@ -770,7 +629,7 @@ impl ApiServer {
                 .name("api-stats".into())
                 .spawn(move || {
                     // As prompt as the api thread, which waits for its posts.
-                    raise_priority(API_NICE, "stats refresher");
+                    crate::sched::raise_priority(crate::sched::API_NICE, "stats refresher");
                     run_refresher(&board, super::handler::STATS_REFRESH_NS, || {
                         super::handler::snapshot(&vm)
                     })
@@ -836,43 +695,8 @@ impl ApiServer {
     }
 }
 
-/// Nice value of the `api` thread: the control socket must answer promptly even when every
-/// host CPU runs vCPU threads, and its work per request is small and bounded.
-pub const API_NICE: i32 = -10;
-
-/// Raises the calling thread's scheduling weight to `nice` (best effort: without
-/// CAP_SYS_NICE it stays as it is, and says so once).
-pub fn raise_priority(nice: i32, what: &str) {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a tid applies to that
-    // thread only on Linux.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
-    if rc != 0 {
-        log::info!(
-            "{what}: cannot raise the thread's priority to nice {nice}: {}",
-            io::Error::last_os_error()
-        );
-    }
-}
-
-/// Asks SCHED_FIFO priority 1 for the calling thread (for threads whose lateness is an error:
-/// the limiter); without the privilege, nice -10, and says so.
-pub fn raise_realtime(what: &str) {
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: sched_setscheduler on the calling thread (0) with a valid sched_param.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-    if rc != 0 {
-        log::info!(
-            "{what}: cannot use SCHED_FIFO ({}); running at nice {API_NICE}",
-            io::Error::last_os_error()
-        );
-        raise_priority(API_NICE, what);
-    }
-}
-
 fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
-    raise_priority(API_NICE, "control socket");
+    crate::sched::raise_priority(crate::sched::API_NICE, "control socket");
     let mut deadline = None;
     loop {
         let timeout = if deadline.is_some() { 10 } else { -1 };
@@ -890,62 +714,5 @@ fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
                 return;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn http_replies() {
-        let mut h = Handler::new(crate::api::tests_support::handle(2), 0);
-        let ok = http_reply("GET /metrics HTTP/1.1", &mut h);
-        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-        assert!(ok.contains("ppa_vcpu_used_seconds_total"), "{ok}");
-        let body = ok.split("\r\n\r\n").nth(1).unwrap();
-        let len: usize = ok
-            .lines()
-            .find_map(|l| l.strip_prefix("Content-Length: "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(len, body.len());
-        assert!(http_reply("GET / HTTP/1.1", &mut h).starts_with("HTTP/1.1 404"));
-        assert!(http_reply("POST /metrics HTTP/1.1", &mut h).starts_with("HTTP/1.1 405"));
-        assert!(http_reply("", &mut h).starts_with("HTTP/1.1 400"));
-    }
-
-    #[test]
-    fn http_head_is_taken_whole() {
-        let mut b = LineBuffer::default();
-        b.push(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
-        assert_eq!(http_head_complete(&mut b), None);
-        b.push(b"Accept: */*\r\n\r\n");
-        assert_eq!(
-            http_head_complete(&mut b).as_deref(),
-            Some("GET /metrics HTTP/1.1")
-        );
-    }
-
-    #[test]
-    fn refuses_paths_that_are_not_sockets_or_too_long() {
-        let dir = std::env::temp_dir().join(format!("ppa-sock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("plain");
-        std::fs::write(&file, b"x").unwrap();
-        assert!(matches!(bind_unix(&file), Err(SocketError::NotASocket(_))));
-        let long = dir.join("x".repeat(120));
-        assert!(matches!(bind_unix(&long), Err(SocketError::PathTooLong(_))));
-        // A stale socket file is replaced; a live one is refused.
-        let sock = dir.join("s");
-        let l = bind_unix(&sock).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        assert!(matches!(bind_unix(&sock), Err(SocketError::InUse(_))));
-        drop(l);
-        assert!(bind_unix(&sock).is_ok(), "a stale socket is replaced");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

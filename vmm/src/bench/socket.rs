@@ -91,7 +91,7 @@ fn sock_path(round: usize) -> PathBuf {
 fn client(path: &Path, rate: u32, stop: &AtomicBool) -> (Vec<u64>, usize) {
     // A monitoring agent runs at its own priority; the bench measures the server, not how
     // long a client waits behind 64 busy vCPU threads for its own CPU.
-    crate::api::server::raise_priority(crate::api::server::API_NICE, "bench client");
+    crate::sched::raise_priority(crate::sched::API_NICE, "bench client");
     let t0 = Instant::now();
     let stream = loop {
         match UnixStream::connect(path) {

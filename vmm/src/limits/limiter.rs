@@ -568,7 +568,7 @@ impl Limiter {
 
     /// The thread's loop; returns after [`Limiter::stop`], with every member released.
     pub fn run(&self) {
-        crate::api::server::raise_realtime("limiter");
+        crate::sched::raise_realtime("limiter");
         loop {
             let seen = self.wake.load(Ordering::Acquire);
             if self.stop.load(Ordering::Acquire) {

@@ -1,0 +1,179 @@
+//! [`VmHandle`]: what other threads (the control socket, the sampler, benches) hold of a
+//! running VM. Every call reads the vCPUs' published state or sets a request bit; none takes
+//! a lock a vCPU thread waits on.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{VmError, VmStatus};
+use crate::accounting::host::process_cpu_ns;
+use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
+use crate::accounting::{AccountingControl, Level, Thresholds};
+use crate::kick::now_ns;
+use crate::limits::limiter::Limiter;
+use crate::ppa_page::PpaPage;
+use crate::vcpu::{VcpuShared, REQ_PAUSE, REQ_STOP};
+
+/// A handle on a VM's accounting, usable from other threads while it runs (the control socket
+/// uses it). Every call is a reader: none takes a lock a vCPU thread waits on.
+#[derive(Clone)]
+pub struct VmHandle {
+    pub(super) control: Arc<AccountingControl>,
+    pub(super) vcpus: Arc<[Arc<VcpuShared>]>,
+    pub(super) status: Arc<VmStatus>,
+    pub(super) limiter: Arc<Limiter>,
+    pub(super) ppa_page: Option<Arc<PpaPage>>,
+}
+
+impl VmHandle {
+    /// A handle over given parts (a VM's own handle comes from [`Vm::handle`]; tests build
+    /// handles over synthetic vCPUs with this).
+    pub fn new(
+        control: Arc<AccountingControl>,
+        vcpus: Vec<Arc<VcpuShared>>,
+        status: Arc<VmStatus>,
+        limiter: Arc<Limiter>,
+        ppa_page: Option<Arc<PpaPage>>,
+    ) -> Self {
+        VmHandle {
+            control,
+            vcpus: vcpus.into(),
+            status,
+            limiter,
+            ppa_page,
+        }
+    }
+
+    /// The PPA page, when the VM has one.
+    pub fn ppa_page(&self) -> Option<&PpaPage> {
+        self.ppa_page.as_deref()
+    }
+
+    /// The CPU limits.
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.status.name
+    }
+
+    /// Time since the vCPUs were released (0 before).
+    pub fn uptime_ns(&self) -> u64 {
+        match self.status.start_ns.load(Ordering::Acquire) {
+            0 => 0,
+            t => now_ns().saturating_sub(t),
+        }
+    }
+
+    /// `created`, `running`, `paused`, `stopping` or `finished`.
+    pub fn state(&self) -> &'static str {
+        if self.status.finished.load(Ordering::Acquire) {
+            "finished"
+        } else if self.status.shutdown.load(Ordering::Acquire) {
+            "stopping"
+        } else if self.status.start_ns.load(Ordering::Acquire) == 0 {
+            "created"
+        } else if self.paused() {
+            "paused"
+        } else {
+            "running"
+        }
+    }
+
+    /// Whether every vCPU thread has ended.
+    pub fn finished(&self) -> bool {
+        self.status.finished.load(Ordering::Acquire)
+    }
+
+    /// Stops every vCPU at its next exit (a paused vCPU too); the run then ends as
+    /// `shutdown` and writes its final report.
+    pub fn shutdown(&self) {
+        self.status.shutdown.store(true, Ordering::Release);
+        self.vcpus.iter().for_each(|v| v.kick(REQ_STOP));
+    }
+
+    /// Whether a shutdown was asked for.
+    pub fn shutdown_requested(&self) -> bool {
+        self.status.shutdown.load(Ordering::Acquire)
+    }
+
+    /// CPU time of every thread of the process that is not a vCPU thread (the main thread,
+    /// the sampler, the control socket), now.
+    pub fn host_threads_ns(&self) -> u64 {
+        let vcpu: u64 = self
+            .vcpus
+            .iter()
+            .filter_map(|v| v.acct.thread_cpu_ns())
+            .sum();
+        process_cpu_ns().saturating_sub(vcpu)
+    }
+
+    /// Number of vCPUs.
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus.len()
+    }
+
+    /// The accounting level.
+    pub fn level(&self) -> Level {
+        self.control.level()
+    }
+
+    /// Switches the accounting level; each vCPU applies it at its next exit.
+    pub fn set_level(&self, level: Level) {
+        self.control.set_level(level);
+    }
+
+    /// The thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        self.control.thresholds()
+    }
+
+    /// Replaces the thresholds.
+    pub fn set_thresholds(&self, t: Thresholds) {
+        self.control.set_thresholds(t);
+    }
+
+    fn vcpu(&self, index: usize) -> Result<&Arc<VcpuShared>, VmError> {
+        self.vcpus.get(index).ok_or(VmError::NoSuchVcpu {
+            index,
+            count: self.vcpus.len(),
+        })
+    }
+
+    /// Restarts the figures of one vCPU, or of all, from zero.
+    pub fn reset(&self, vcpu: Option<usize>) -> Result<(), VmError> {
+        match vcpu {
+            Some(i) => self.vcpu(i)?.acct.reset(),
+            None => self.vcpus.iter().for_each(|v| v.acct.reset()),
+        }
+        Ok(())
+    }
+
+    /// The section 4 fields of one vCPU now, with its histograms.
+    pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), VmError> {
+        Ok(self.vcpu(vcpu)?.times())
+    }
+
+    /// Parks every vCPU at its next exit (a running vCPU is kicked out of KVM_RUN) until
+    /// [`VmHandle::resume`]; the parked time is each vCPU's paused_ns.
+    pub fn pause(&self) {
+        self.vcpus.iter().for_each(|v| v.kick(REQ_PAUSE));
+    }
+
+    /// Releases every paused vCPU.
+    pub fn resume(&self) {
+        self.vcpus.iter().for_each(|v| v.resume());
+    }
+
+    /// Whether a pause is in force.
+    pub fn paused(&self) -> bool {
+        self.vcpus.iter().any(|v| v.pause_requested())
+    }
+
+    /// The shared state of every vCPU.
+    pub fn vcpus(&self) -> &[Arc<VcpuShared>] {
+        &self.vcpus
+    }
+}
