@@ -213,18 +213,24 @@ impl VcpuTimes {
     /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
     /// the vCPU stopped (`stopped`), within 1 % while it runs.
     pub fn identity_holds(&self, stopped: bool) -> bool {
-        let tol = if stopped {
-            (self.wall_ns / 200).max(200_000)
-        } else {
-            self.wall_ns / 100
-        };
-        self.identity_error_ns.unsigned_abs() <= tol
+        identity_within(self.wall_ns, self.identity_error_ns, stopped)
     }
 
     /// Total userspace exits.
     pub fn total_exits(&self) -> u64 {
         self.exits.values().sum()
     }
+}
+
+/// Whether an identity error is within spec section 4's tolerance: max(0.5 % of wall,
+/// 200 µs) after the vCPU stopped, 1 % of wall while it runs.
+pub fn identity_within(wall_ns: u64, error_ns: i64, stopped: bool) -> bool {
+    let tol = if stopped {
+        (wall_ns / 200).max(200_000)
+    } else {
+        wall_ns / 100
+    };
+    error_ns.unsigned_abs() <= tol
 }
 
 /// The overview of one vCPU in `stats`: the section 4 times and the exit counts. `vcpu`
@@ -273,12 +279,7 @@ pub struct VcpuSummary {
 impl VcpuSummary {
     /// Whether the identity of spec section 4 holds (see [`VcpuTimes::identity_holds`]).
     pub fn identity_holds(&self, stopped: bool) -> bool {
-        let tol = if stopped {
-            (self.wall_ns / 200).max(200_000)
-        } else {
-            self.wall_ns / 100
-        };
-        self.identity_error_ns.unsigned_abs() <= tol
+        identity_within(self.wall_ns, self.identity_error_ns, stopped)
     }
 
     /// Total userspace exits.

@@ -268,17 +268,7 @@ fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(outcome.exit_code)
 }
 
-/// The error and each of its causes, joined into one sentence chain.
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+use ppa_vmm::client::describe;
 
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     match args.which {

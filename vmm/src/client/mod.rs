@@ -296,7 +296,7 @@ impl Client {
 }
 
 /// The error and each of its causes, joined into one line.
-pub(crate) fn describe(e: &dyn std::error::Error) -> String {
+pub fn describe(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
