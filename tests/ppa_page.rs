@@ -203,7 +203,9 @@ fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
         !g["result"]["errors"].as_array().unwrap().is_empty(),
         "garbage is reported: {g}"
     );
-    // The VMM and its vCPUs went on.
+    // The VMM and its vCPUs went on (after the stats snapshot's maximum age, 15 ms, so that
+    // this is a new snapshot).
+    std::thread::sleep(Duration::from_millis(100));
     let s = call("stats");
     assert!(s["result"]["vcpus"][0]["used_ns"].as_u64().unwrap() > used0);
     assert_eq!(s["result"]["vm"]["state"], Value::from("running"));
