@@ -138,7 +138,14 @@ fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
     std::fs::create_dir_all(&dir).unwrap();
     let (sock, file) = (dir.join("s"), dir.join("page"));
     let child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
-        .args(["run", "--vcpus", "2", "--workload", "busy:ms=60000"])
+        // publish=off: the guest leaves the section alone, so only this test writes it.
+        .args([
+            "run",
+            "--vcpus",
+            "2",
+            "--workload",
+            "busy:ms=60000,publish=off",
+        ])
         .args(["--report", "json", "--max-runtime", "60", "--api-sock"])
         .arg(&sock)
         .arg("--ppa-page-file")

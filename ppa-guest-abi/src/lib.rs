@@ -23,8 +23,9 @@ pub mod ppa_page;
 
 /// Magic value of [`BootInfo::magic`]: "PPAB" in little-endian.
 pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
-/// Boot-info layout version: major in the high 16 bits, minor in the low 16 bits.
-pub const BOOT_INFO_VERSION: u32 = 1 << 16;
+/// Boot-info layout version: major in the high 16 bits, minor in the low 16 bits. Minor 1
+/// gave [`WorkloadDesc::flags`] its first bit ([`workload::FLAG_NO_PUBLISH`]).
+pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 1;
 /// Size of one boot-info record in guest memory.
 pub const BOOT_INFO_SIZE: usize = 256;
 
@@ -70,9 +71,16 @@ pub mod report {
     pub const ITERATIONS: u64 = 5;
     /// TSC time from the vCPU's first instruction to its report.
     pub const ELAPSED_NS: u64 = 6;
+    /// `steal_ns` of this vCPU's host record in the PPA page, as the guest last read it (just
+    /// before reporting). Reported only when the guest publishes to a PPA page.
+    pub const STEAL_SEEN_NS: u64 = 7;
+    /// `wall_ns` of that same host record: how far into the vCPU's life the VMM took it.
+    pub const STEAL_SEEN_WALL_NS: u64 = 8;
+    /// Number of times the guest published its PPA page records.
+    pub const PUBLISHES: u64 = 9;
 
     /// Name of each key, index = key.
-    pub const NAMES: [&str; 7] = [
+    pub const NAMES: [&str; 10] = [
         "spin_ns",
         "lost_ns",
         "gaps",
@@ -80,6 +88,9 @@ pub mod report {
         "exits_made",
         "iterations",
         "elapsed_ns",
+        "steal_seen_ns",
+        "steal_seen_wall_ns",
+        "publishes",
     ];
 }
 
@@ -95,6 +106,12 @@ pub mod workload {
     pub const EXITS: u32 = 4;
     /// `fault`: params[0] = [`FAULT_HLT`] or [`FAULT_UD`]; shuts the vCPU down on purpose.
     pub const FAULT: u32 = 5;
+    /// `hostile`: params = [ms, mode]; writes bad data into the PPA page's guest section as
+    /// fast as it can for `ms`, in one of the `HOSTILE_*` modes. It never publishes honestly.
+    pub const HOSTILE: u32 = 6;
+
+    /// [`crate::WorkloadDesc::flags`] bit: do not publish to the PPA page.
+    pub const FLAG_NO_PUBLISH: u32 = 1;
 
     /// `exits` through the MMIO workload doorbell.
     pub const EXITS_MMIO: u64 = 0;
@@ -104,6 +121,30 @@ pub mod workload {
     pub const FAULT_HLT: u64 = 0;
     /// `fault` by UD2 (#UD).
     pub const FAULT_UD: u64 = 1;
+
+    /// `hostile`: random bytes over the whole guest section, rewritten without pause.
+    pub const HOSTILE_STORM: u64 = 0;
+    /// `hostile`: a well-formed guest header with a wrong magic.
+    pub const HOSTILE_MAGIC: u64 = 1;
+    /// `hostile`: the right magic with major version 9.
+    pub const HOSTILE_VERSION: u64 = 2;
+    /// `hostile`: thread and CPU counts larger than the section can hold.
+    pub const HOSTILE_COUNTS: u64 = 3;
+    /// `hostile`: table offsets outside the section.
+    pub const HOSTILE_OFFSETS: u64 = 4;
+    /// `hostile`: thread record 0's sequence counter stuck odd; record 1 well-formed.
+    pub const HOSTILE_ODD: u64 = 5;
+    /// `hostile`: names with no NUL, with invalid UTF-8 and with control characters.
+    pub const HOSTILE_NAMES: u64 = 6;
+    /// `hostile`: one well-formed thread record rewritten back to back under the sequence
+    /// protocol; every field that counts holds the same number, so a torn copy shows.
+    pub const HOSTILE_REWRITE: u64 = 7;
+    /// `hostile`: every mode above in turn, 10 ms each.
+    pub const HOSTILE_ALL: u64 = 8;
+    /// Names of the modes, index = mode.
+    pub const HOSTILE_MODES: [&str; 9] = [
+        "storm", "magic", "version", "counts", "offsets", "odd", "names", "rewrite", "all",
+    ];
 }
 
 /// A workload as the guest reads it.
@@ -112,7 +153,7 @@ pub mod workload {
 pub struct WorkloadDesc {
     /// One of the [`workload`] kinds.
     pub kind: u32,
-    /// Reserved, zero.
+    /// [`workload::FLAG_NO_PUBLISH`]; the other bits are reserved, zero.
     pub flags: u32,
     /// Kind-specific parameters.
     pub params: [u64; 4],

@@ -41,7 +41,7 @@ use crate::loader::{parse_elf, LoaderError};
 use crate::report::{Report, VmInfo};
 use crate::sampler::Sampler;
 use crate::vcpu::{self, VcpuEnd, VcpuError, VcpuShared, VcpuThread, REQ_STOP};
-use crate::workload::{resolve, Workload, WorkloadError};
+use crate::workload::{resolve, VcpuWorkload, WorkloadError};
 
 mod handle;
 pub use handle::VmHandle;
@@ -185,7 +185,7 @@ pub struct Vm {
     vcpus: Vec<VcpuFd>,
     shared: Vec<Arc<VcpuShared>>,
     control: Arc<AccountingControl>,
-    workloads: Vec<Workload>,
+    workloads: Vec<VcpuWorkload>,
     info: VmInfo,
     mmio: Arc<Bus>,
     pio: Arc<Bus>,

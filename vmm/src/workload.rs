@@ -1,9 +1,10 @@
 //! Tiny-guest workloads: parsing `NAME:key=value,...` specs and assigning them to vCPUs.
 //!
 //! Data flow: the CLI or config file gives strings such as `busy:ms=300` or `2=exits:n=10`;
-//! [`Assignment::parse`] turns each into a target (one vCPU or all) and a [`Spec`];
-//! [`resolve`] applies them in order to the VM's vCPUs (later ones win) and expands the
-//! `mixed` preset; [`Workload::to_desc`] encodes one workload for the guest's boot-info record.
+//! [`Assignment::parse`] turns each into a target (one vCPU or all), a [`Spec`] and whether the
+//! guest publishes to the PPA page (`publish=on|off`, any workload); [`resolve`] applies them
+//! in order to the VM's vCPUs (later ones win) and expands the `mixed` preset;
+//! [`VcpuWorkload::to_desc`] encodes one vCPU's workload for its boot-info record.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,7 +16,9 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WorkloadError {
     /// The name before the colon is not a workload.
-    #[error("unknown workload `{0}` (expected idle, busy, periodic, exits, mixed or fault)")]
+    #[error(
+        "unknown workload `{0}` (expected idle, busy, periodic, exits, mixed, fault or hostile)"
+    )]
     UnknownWorkload(String),
     /// A key the workload does not take.
     #[error("workload `{workload}` has no parameter `{key}` (it takes: {allowed})")]
@@ -74,6 +77,21 @@ pub enum FaultKind {
     Ud,
 }
 
+/// What the `hostile` workload writes into the PPA page's guest section (see
+/// `ppa_guest_abi::workload::HOSTILE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostileMode(pub u64);
+
+impl HostileMode {
+    /// The mode's name.
+    pub fn name(self) -> &'static str {
+        abi::HOSTILE_MODES
+            .get(self.0 as usize)
+            .copied()
+            .unwrap_or("?")
+    }
+}
+
 /// One vCPU's workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
@@ -108,6 +126,22 @@ pub enum Workload {
         /// Which instruction.
         kind: FaultKind,
     },
+    /// Write bad data into the PPA page's guest section for `ms`.
+    Hostile {
+        /// Duration in ms.
+        ms: u64,
+        /// What to write.
+        mode: HostileMode,
+    },
+}
+
+/// One vCPU's workload and whether its guest publishes to the PPA page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VcpuWorkload {
+    /// What it runs.
+    pub workload: Workload,
+    /// Whether it publishes its thread and CPU records (default on).
+    pub publish: bool,
 }
 
 /// A parsed spec: one workload, or the `mixed` preset that depends on the vCPU index.
@@ -129,6 +163,8 @@ pub struct Assignment {
     pub target: Option<usize>,
     /// What to run.
     pub spec: Spec,
+    /// `publish=on|off` (default on).
+    pub publish: bool,
 }
 
 const MAX_MS: u64 = 86_400_000;
@@ -251,6 +287,18 @@ impl FromStr for Spec {
                     kind: p.choice("kind", &[("hlt", FaultKind::Hlt), ("ud", FaultKind::Ud)])?,
                 })
             }
+            "hostile" => {
+                let p = Params::parse("hostile", "ms, mode", rest)?;
+                let modes: Vec<(&str, HostileMode)> = abi::HOSTILE_MODES
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (*n, HostileMode(i as u64)))
+                    .collect();
+                Spec::One(Workload::Hostile {
+                    ms: p.num("ms", 1000, (0, MAX_MS))?,
+                    mode: p.choice("mode", &modes)?,
+                })
+            }
             "mixed" => {
                 let p = Params::parse("mixed", "ms", rest)?;
                 Spec::Mixed {
@@ -296,42 +344,103 @@ impl Assignment {
                     let index = head
                         .parse()
                         .map_err(|_| WorkloadError::BadTarget(head.to_string()))?;
+                    let (spec, publish) = spec_and_publish(tail)?;
                     return Ok(Assignment {
                         target: Some(index),
-                        spec: tail.parse()?,
+                        spec,
+                        publish,
                     });
                 }
                 return Err(WorkloadError::BadTarget(head.to_string()));
             }
         }
+        let (spec, publish) = spec_and_publish(s)?;
         Ok(Assignment {
             target: None,
-            spec: s.parse()?,
+            spec,
+            publish,
         })
     }
 }
 
+/// Splits the `publish=on|off` parameter, which every workload takes, from the spec's own.
+fn spec_and_publish(s: &str) -> Result<(Spec, bool), WorkloadError> {
+    let (name, rest) = s.trim().split_once(':').unwrap_or((s.trim(), ""));
+    let mut publish = None;
+    let mut others = Vec::new();
+    for item in rest.split(',') {
+        match item.split_once('=') {
+            Some((k, v)) if k.trim() == "publish" => {
+                if publish.is_some() {
+                    return Err(WorkloadError::DuplicateKey("publish".into()));
+                }
+                publish = Some(match v.trim() {
+                    "on" => true,
+                    "off" => false,
+                    other => {
+                        return Err(WorkloadError::BadValue {
+                            key: "publish".into(),
+                            value: other.into(),
+                            why: "not on or off",
+                        })
+                    }
+                });
+            }
+            _ => others.push(item),
+        }
+    }
+    let spec = format!("{name}:{}", others.join(",")).parse()?;
+    Ok((spec, publish.unwrap_or(true)))
+}
+
 /// The workload of each of `vcpus` vCPUs: `mixed` unless an assignment says otherwise; later
 /// assignments override earlier ones.
-pub fn resolve(assignments: &[Assignment], vcpus: usize) -> Result<Vec<Workload>, WorkloadError> {
-    let default = Spec::Mixed { ms: 1000 };
+pub fn resolve(
+    assignments: &[Assignment],
+    vcpus: usize,
+) -> Result<Vec<VcpuWorkload>, WorkloadError> {
+    let default = (Spec::Mixed { ms: 1000 }, true);
     let mut specs = vec![default; vcpus];
     for a in assignments {
         match a.target {
-            None => specs.iter_mut().for_each(|s| *s = a.spec),
-            Some(index) if index < vcpus => specs[index] = a.spec,
+            None => specs.iter_mut().for_each(|s| *s = (a.spec, a.publish)),
+            Some(index) if index < vcpus => specs[index] = (a.spec, a.publish),
             Some(index) => return Err(WorkloadError::NoSuchVcpu { index, vcpus }),
         }
     }
     Ok(specs
         .iter()
         .enumerate()
-        .map(|(i, s)| s.for_vcpu(i))
+        .map(|(i, (s, publish))| VcpuWorkload {
+            workload: s.for_vcpu(i),
+            publish: *publish,
+        })
         .collect())
 }
 
-impl Workload {
+impl VcpuWorkload {
     /// The encoding the guest reads from its boot-info record.
+    pub fn to_desc(&self) -> WorkloadDesc {
+        let mut d = self.workload.to_desc();
+        if !self.publish {
+            d.flags |= abi::FLAG_NO_PUBLISH;
+        }
+        d
+    }
+}
+
+impl fmt::Display for VcpuWorkload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.workload)?;
+        if !self.publish {
+            write!(f, ",publish=off")?;
+        }
+        Ok(())
+    }
+}
+
+impl Workload {
+    /// The encoding the guest reads from its boot-info record (publishing on).
     pub fn to_desc(&self) -> WorkloadDesc {
         let (kind, params) = match *self {
             Workload::Idle { ms } => (abi::IDLE, [ms, 0, 0, 0]),
@@ -355,6 +464,7 @@ impl Workload {
                 };
                 (abi::FAULT, [k, 0, 0, 0])
             }
+            Workload::Hostile { ms, mode } => (abi::HOSTILE, [ms, mode.0, 0, 0]),
         };
         WorkloadDesc {
             kind,
@@ -389,6 +499,7 @@ impl fmt::Display for Workload {
                 let k = if kind == FaultKind::Hlt { "hlt" } else { "ud" };
                 write!(f, "fault:kind={k}")
             }
+            Workload::Hostile { ms, mode } => write!(f, "hostile:ms={ms},mode={}", mode.name()),
         }
     }
 }
@@ -494,15 +605,20 @@ mod tests {
         let a = |s: &str| Assignment::parse(s).unwrap();
         assert_eq!(a("busy:ms=1").target, None);
         assert_eq!(a("3=busy:ms=1").target, Some(3));
-        let w = resolve(&[a("busy:ms=1"), a("1=idle:ms=2")], 3).unwrap();
+        let w = resolve(&[a("busy:ms=1"), a("1=idle:ms=2,publish=off")], 3).unwrap();
         assert_eq!(
-            w,
+            w.iter()
+                .map(|v| (v.workload, v.publish))
+                .collect::<Vec<_>>(),
             vec![
-                Workload::Busy { ms: 1 },
-                Workload::Idle { ms: 2 },
-                Workload::Busy { ms: 1 }
+                (Workload::Busy { ms: 1 }, true),
+                (Workload::Idle { ms: 2 }, false),
+                (Workload::Busy { ms: 1 }, true)
             ]
         );
+        assert_eq!(w[1].to_string(), "idle:ms=2,publish=off");
+        assert_eq!(w[1].to_desc().flags, abi::FLAG_NO_PUBLISH);
+        assert_eq!(w[0].to_desc().flags, 0);
         assert_eq!(
             resolve(&[a("4=busy")], 4),
             Err(WorkloadError::NoSuchVcpu { index: 4, vcpus: 4 })
@@ -515,12 +631,55 @@ mod tests {
 
     #[test]
     fn mixed_cycles_through_four_kinds() {
-        let w = resolve(&[], 5).unwrap();
+        let w: Vec<Workload> = resolve(&[], 5)
+            .unwrap()
+            .iter()
+            .map(|v| v.workload)
+            .collect();
         assert!(matches!(w[0], Workload::Busy { ms: 1000 }));
         assert!(matches!(w[1], Workload::Periodic { .. }));
         assert!(matches!(w[2], Workload::Exits { .. }));
         assert!(matches!(w[3], Workload::Idle { .. }));
         assert!(matches!(w[4], Workload::Busy { .. }));
+    }
+
+    #[test]
+    fn hostile_modes_and_publish_parse() {
+        assert_eq!(
+            one("hostile:ms=5,mode=odd"),
+            Workload::Hostile {
+                ms: 5,
+                mode: HostileMode(abi::HOSTILE_ODD)
+            }
+        );
+        assert_eq!(
+            one("hostile"),
+            Workload::Hostile {
+                ms: 1000,
+                mode: HostileMode(abi::HOSTILE_STORM)
+            }
+        );
+        assert_eq!(
+            one("hostile:mode=all,ms=2").to_string(),
+            "hostile:ms=2,mode=all"
+        );
+        let d = one("hostile:mode=rewrite").to_desc();
+        assert_eq!((d.kind, d.params[1]), (abi::HOSTILE, abi::HOSTILE_REWRITE));
+        assert!(matches!(
+            "hostile:mode=nice".parse::<Spec>(),
+            Err(WorkloadError::BadValue { .. })
+        ));
+        let a = |s: &str| Assignment::parse(s);
+        assert!(a("busy:publish=on").unwrap().publish);
+        assert!(!a("2=mixed:publish=off,ms=5").unwrap().publish);
+        assert!(matches!(
+            a("busy:publish=maybe"),
+            Err(WorkloadError::BadValue { .. })
+        ));
+        assert!(matches!(
+            a("busy:publish=on,publish=off"),
+            Err(WorkloadError::DuplicateKey(_))
+        ));
     }
 
     #[test]

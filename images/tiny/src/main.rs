@@ -7,18 +7,24 @@
 //!    address, the TSC frequency, the gap threshold and the [`WorkloadDesc`] from it. Nothing
 //!    else comes in; the image keeps no state outside the stack, so all vCPUs share it safely.
 //! 2. **Run:** vCPU 0 prints one console line (one CONSOLE doorbell write per byte), then each
-//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits` or `fault`). The spin loops
-//!    read the TSC back to back; a step between two reads longer than the gap threshold means
-//!    the vCPU was not running guest code, and is summed as lost time.
-//! 3. **Out:** the measurements go to the VMM as one write per [`report`] key to
+//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault` or `hostile`). The
+//!    spin loops read the TSC back to back; a step between two reads longer than the gap
+//!    threshold means the vCPU was not running guest code, and is summed as lost time.
+//! 3. **Publish** (unless the workload's `FLAG_NO_PUBLISH` is set): every 2 ms of TSC time the
+//!    vCPU writes its running measurements into the PPA page as a worker thread record and a
+//!    CPU record, and reads the host's figures for itself ([`ppa`]). The `hostile` workload
+//!    writes bad data there instead ([`hostile`]).
+//! 4. **Out:** the measurements go to the VMM as one write per [`report`] key to
 //!    `doorbell_gpa + REPORT_BASE + 8 * key`, then the exit code goes to the EXIT doorbell.
 //!
 //! Exit codes: 0 done, `0xE1` bad boot info, `0xE2` unknown workload, `0xE3` a fault workload
-//! that did not fault, `0xDEAD` panic.
+//! that did not fault, `0xE4` a hostile workload without a PPA page, `0xDEAD` panic.
 #![no_std]
 #![no_main]
 
+mod hostile;
 mod mem;
+mod ppa;
 
 use core::arch::asm;
 use core::panic::PanicInfo;
@@ -34,6 +40,8 @@ const EXIT_BAD_BOOT: u64 = 0xE1;
 const EXIT_BAD_WORKLOAD: u64 = 0xE2;
 /// Exit code: a `fault` workload instruction returned instead of shutting the vCPU down.
 const EXIT_NO_FAULT: u64 = 0xE3;
+/// Exit code: a `hostile` workload found no PPA page to write into.
+const EXIT_NO_PAGE: u64 = 0xE4;
 /// Exit code: the guest panicked.
 const EXIT_PANIC: u64 = 0xDEAD;
 /// Longest single halt of the `idle` workload.
@@ -76,20 +84,20 @@ impl Doorbell {
 
 /// Converts between TSC cycles and time.
 #[derive(Clone, Copy)]
-struct Clock {
+pub struct Clock {
     /// TSC frequency in kHz (= cycles per ms), never zero.
     khz: u64,
 }
 
 impl Clock {
     /// Cycles to ns, saturating.
-    fn ns(self, cycles: u64) -> u64 {
+    pub fn ns(self, cycles: u64) -> u64 {
         sat(u128::from(cycles) * 1_000_000 / u128::from(self.khz))
     }
 
     /// `amount` units of `unit_ns` ns each (1 = ns, 1_000 = us, 1_000_000 = ms) to cycles,
     /// saturating.
-    fn cycles(self, amount: u64, unit_ns: u64) -> u64 {
+    pub fn cycles(self, amount: u64, unit_ns: u64) -> u64 {
         sat(u128::from(amount) * u128::from(unit_ns) * u128::from(self.khz) / 1_000_000)
     }
 }
@@ -101,7 +109,7 @@ fn sat(v: u128) -> u64 {
 
 /// Reads the TSC (allowed at CPL 3: the VMM leaves CR4.TSD clear).
 #[inline(always)]
-fn rdtsc() -> u64 {
+pub fn rdtsc() -> u64 {
     let (lo, hi): (u32, u32);
     // SAFETY: rdtsc only writes EDX:EAX (declared as outputs); it touches no memory, no stack
     // and no flags. The asm is not `pure`, so every call is a real read that the compiler may
@@ -114,17 +122,24 @@ fn rdtsc() -> u64 {
 
 /// What the workload measured; times in TSC cycles.
 #[derive(Default)]
-struct Stats {
+pub struct Stats {
     /// TSC time spent in spin loops.
-    spin: u64,
+    pub spin: u64,
     /// Sum of the gaps longer than the threshold.
-    lost: u64,
+    pub lost: u64,
     /// Number of such gaps.
-    gaps: u64,
+    pub gaps: u64,
     /// Exits made on purpose (console, halt and workload doorbells, pio).
-    exits: u64,
+    pub exits: u64,
     /// Workload iterations.
-    iterations: u64,
+    pub iterations: u64,
+    /// TSC time spent in halt doorbells.
+    pub halted: u64,
+    /// Halt doorbells.
+    pub halts: u64,
+    /// TSC time in the `exits` workload's doorbell loop: guest code the whole time, from the
+    /// guest's point of view, though each pass waits for an exit.
+    pub looped: u64,
 }
 
 /// Spins reading the TSC back to back until it reaches `deadline`. A step between two reads
@@ -150,77 +165,141 @@ fn spin_until(deadline: u64, gap: u64, st: &mut Stats) -> u64 {
     passes
 }
 
-/// Parks the vCPU for `ns` through the HALT doorbell.
-fn halt(db: Doorbell, ns: u64, st: &mut Stats) {
-    db.write(doorbell::HALT, ns);
-    st.exits += 1;
+/// One vCPU's running state: its boot record, doorbell, clock, measurements and publisher.
+pub struct Ctx {
+    /// This vCPU's boot-info record.
+    pub boot: &'static BootInfo,
+    db: Doorbell,
+    /// Its TSC clock.
+    pub clk: Clock,
+    /// The gap threshold in cycles.
+    gap: u64,
+    /// The measurements so far.
+    pub st: Stats,
+    /// The PPA page publisher, when publishing.
+    ppa: Option<ppa::Publisher>,
+    /// Spin-loop passes so far.
+    passes: u64,
+    /// Whether the passes are the work count (`busy`), not the iterations.
+    passes_are_work: bool,
+}
+
+impl Ctx {
+    /// The work count published: spin-loop passes for `busy`, iterations otherwise.
+    fn work(&self) -> u64 {
+        if self.passes_are_work {
+            self.passes
+        } else {
+            self.st.iterations
+        }
+    }
+
+    /// Publishes when due (never makes an exit).
+    fn tick(&mut self) {
+        let work = self.work();
+        if let Some(p) = &mut self.ppa {
+            let now = rdtsc();
+            if now >= p.next {
+                p.publish(now, &self.st, work);
+            }
+        }
+    }
+
+    /// Spins until `deadline`, in chunks that end when a publication is due. The publishing
+    /// itself happens between chunks, outside the measured spin time. Returns the passes.
+    fn spin(&mut self, deadline: u64) -> u64 {
+        let mut passes = 0;
+        loop {
+            let end = self.ppa.as_ref().map_or(deadline, |p| p.next.min(deadline));
+            let n = spin_until(end, self.gap, &mut self.st);
+            passes += n;
+            self.passes += n;
+            if end >= deadline {
+                return passes;
+            }
+            self.tick();
+        }
+    }
+
+    /// Parks the vCPU for `ns` through the HALT doorbell; the time it took counts as halted.
+    fn halt(&mut self, ns: u64) {
+        let t0 = rdtsc();
+        self.db.write(doorbell::HALT, ns);
+        self.st.halted += rdtsc().saturating_sub(t0);
+        self.st.halts += 1;
+        self.st.exits += 1;
+        self.tick();
+    }
 }
 
 /// `idle`: halts in steps of at most [`IDLE_STEP_NS`] until `ms` of TSC time passed.
-fn idle(db: Doorbell, clk: Clock, ms: u64, st: &mut Stats) {
+fn idle(ctx: &mut Ctx, ms: u64) {
     let t0 = rdtsc();
     let total_ns = ms.saturating_mul(1_000_000);
     loop {
-        let elapsed_ns = clk.ns(rdtsc().saturating_sub(t0));
+        let elapsed_ns = ctx.clk.ns(rdtsc().saturating_sub(t0));
         if elapsed_ns >= total_ns {
             break;
         }
-        halt(db, IDLE_STEP_NS.min(total_ns - elapsed_ns), st);
-        st.iterations += 1;
+        ctx.st.iterations += 1;
+        ctx.halt(IDLE_STEP_NS.min(total_ns - elapsed_ns));
     }
 }
 
 /// `busy`: spins for `ms` of TSC time.
-fn busy(clk: Clock, gap: u64, ms: u64, st: &mut Stats) {
-    let deadline = rdtsc().saturating_add(clk.cycles(ms, 1_000_000));
-    st.iterations = spin_until(deadline, gap, st);
+fn busy(ctx: &mut Ctx, ms: u64) {
+    let deadline = rdtsc().saturating_add(ctx.clk.cycles(ms, 1_000_000));
+    ctx.st.iterations = ctx.spin(deadline);
 }
 
 /// `periodic`: `count` periods of `period_us`, each spinning `run_us` from the period's start
 /// and halting for the rest of it.
-fn periodic(db: Doorbell, clk: Clock, gap: u64, params: [u64; 4], st: &mut Stats) {
-    let run = clk.cycles(params[0], 1_000);
-    let period = clk.cycles(params[1], 1_000);
+fn periodic(ctx: &mut Ctx, params: [u64; 4]) {
+    let run = ctx.clk.cycles(params[0], 1_000);
+    let period = ctx.clk.cycles(params[1], 1_000);
     let count = params[2].max(1);
     let base = rdtsc();
     for k in 0..count {
         let start = base.saturating_add(k.saturating_mul(period));
-        spin_until(start.saturating_add(run), gap, st);
+        ctx.spin(start.saturating_add(run));
+        ctx.st.iterations += 1;
         let next = start.saturating_add(period);
         let now = rdtsc();
         if now < next {
-            let ns = clk.ns(next - now);
+            let ns = ctx.clk.ns(next - now);
             if ns > 0 {
-                halt(db, ns, st);
+                ctx.halt(ns);
             }
         }
-        st.iterations += 1;
     }
 }
 
 /// `exits`: `n` writes to the MMIO workload doorbell or `n` 32-bit `out`s to the pio port.
-fn exits(db: Doorbell, n: u64, kind: u64, st: &mut Stats) {
-    match kind {
-        workload::EXITS_MMIO => {
-            for i in 0..n {
-                db.write(doorbell::WORKLOAD, i);
-            }
-        }
-        workload::EXITS_PIO => {
-            for i in 0..n {
-                // SAFETY: the VMM sets RFLAGS.IOPL = 3, so `out` at CPL 3 does not fault; it
-                // only exits to the VMM. It reads DX and EAX (declared inputs) and touches no
-                // memory, no stack and no flags.
-                unsafe {
-                    asm!("out dx, eax", in("dx") WORKLOAD_PIO_PORT, in("eax") i as u32,
-                        options(nomem, nostack, preserves_flags));
-                }
-            }
-        }
-        _ => db.exit(EXIT_BAD_WORKLOAD),
+fn exits(ctx: &mut Ctx, n: u64, kind: u64) {
+    if kind != workload::EXITS_MMIO && kind != workload::EXITS_PIO {
+        ctx.db.exit(EXIT_BAD_WORKLOAD);
     }
-    st.exits += n;
-    st.iterations = n;
+    let t0 = rdtsc();
+    for i in 0..n {
+        if kind == workload::EXITS_MMIO {
+            ctx.db.write(doorbell::WORKLOAD, i);
+        } else {
+            // SAFETY: the VMM sets RFLAGS.IOPL = 3, so `out` at CPL 3 does not fault; it only
+            // exits to the VMM. It reads DX and EAX (declared inputs) and touches no memory,
+            // no stack and no flags.
+            unsafe {
+                asm!("out dx, eax", in("dx") WORKLOAD_PIO_PORT, in("eax") i as u32,
+                    options(nomem, nostack, preserves_flags));
+            }
+        }
+        ctx.st.exits += 1;
+        ctx.st.iterations += 1;
+        if i % 64 == 0 {
+            ctx.st.looped = rdtsc().saturating_sub(t0);
+            ctx.tick();
+        }
+    }
+    ctx.st.looped = rdtsc().saturating_sub(t0);
 }
 
 /// `fault`: shuts the vCPU down on purpose. Returns only if the instruction did not fault.
@@ -237,24 +316,28 @@ fn fault(db: Doorbell, kind: u64) -> ! {
     db.exit(EXIT_NO_FAULT)
 }
 
-/// Writes "tiny: N vcpus\n" to the console, one byte per exit.
-fn hello(db: Doorbell, vcpus: u32, st: &mut Stats) {
-    let mut put = |bytes: &[u8]| {
-        for &b in bytes {
-            db.console(b);
-            st.exits += 1;
-        }
-    };
-    put(b"tiny: ");
+/// Calls `f` with each decimal digit of `n`, most significant first.
+fn digits(n: u32, mut f: impl FnMut(u8)) {
     let mut div = 1;
-    while div <= vcpus / 10 {
+    while div <= n / 10 {
         div *= 10;
     }
     while div > 0 {
-        put(&[b'0' + (vcpus / div % 10) as u8]);
+        f(b'0' + (n / div % 10) as u8);
         div /= 10;
     }
-    put(if vcpus == 1 { b" vcpu\n" } else { b" vcpus\n" });
+}
+
+/// Writes "tiny: N vcpus\n" to the console, one byte per exit.
+fn hello(db: Doorbell, vcpus: u32, st: &mut Stats) {
+    let mut put = |b: u8| {
+        db.console(b);
+        st.exits += 1;
+    };
+    b"tiny: ".iter().for_each(|&b| put(b));
+    digits(vcpus, &mut put);
+    let tail: &[u8] = if vcpus == 1 { b" vcpu\n" } else { b" vcpus\n" };
+    tail.iter().for_each(|&b| put(b));
 }
 
 /// The boot-info record at `boot` if it is one this guest understands: non-null, aligned,
@@ -276,6 +359,17 @@ fn boot_info(boot: *const BootInfo) -> Option<&'static BootInfo> {
     ok.then_some(b)
 }
 
+/// The thread name of a workload kind.
+fn kind_name(kind: u32) -> &'static [u8] {
+    match kind {
+        workload::IDLE => b"idle",
+        workload::BUSY => b"busy",
+        workload::PERIODIC => b"periodic",
+        workload::EXITS => b"exits",
+        _ => b"worker",
+    }
+}
+
 /// The entry point of every vCPU: RDI = this vCPU's [`BootInfo`], RSP = its own stack.
 #[no_mangle]
 pub extern "C" fn _start(boot: *const BootInfo) -> ! {
@@ -288,26 +382,56 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
         base: b.doorbell_gpa,
     };
     let clk = Clock { khz: b.tsc_khz };
-    let gap = clk.cycles(b.gap_threshold_ns, 1);
-    let mut st = Stats::default();
-
-    if b.vcpu_index == 0 {
-        hello(db, b.vcpu_count, &mut st);
+    let WorkloadDesc {
+        kind,
+        flags,
+        params,
+        ..
+    } = b.workload;
+    let publish = flags & workload::FLAG_NO_PUBLISH == 0 && kind != workload::HOSTILE;
+    let mut ctx = Ctx {
+        boot: b,
+        db,
+        clk,
+        gap: clk.cycles(b.gap_threshold_ns, 1),
+        st: Stats::default(),
+        ppa: None,
+        passes: 0,
+        passes_are_work: kind == workload::BUSY,
+    };
+    if publish {
+        ctx.ppa = ppa::Publisher::new(b, clk, &ppa::name(kind_name(kind), b.vcpu_index));
     }
 
-    let WorkloadDesc { kind, params, .. } = b.workload;
+    if b.vcpu_index == 0 {
+        hello(db, b.vcpu_count, &mut ctx.st);
+    }
+
     match kind {
-        workload::IDLE => idle(db, clk, params[0], &mut st),
-        workload::BUSY => busy(clk, gap, params[0], &mut st),
-        workload::PERIODIC => periodic(db, clk, gap, params, &mut st),
-        workload::EXITS => exits(db, params[0], params[1], &mut st),
+        workload::IDLE => idle(&mut ctx, params[0]),
+        workload::BUSY => busy(&mut ctx, params[0]),
+        workload::PERIODIC => periodic(&mut ctx, params),
+        workload::EXITS => exits(&mut ctx, params[0], params[1]),
         workload::FAULT => fault(db, params[0]),
+        workload::HOSTILE if params[1] <= workload::HOSTILE_ALL => {
+            if !hostile::run(&mut ctx, params[0], params[1]) {
+                db.exit(EXIT_NO_PAGE)
+            }
+        }
         _ => db.exit(EXIT_BAD_WORKLOAD),
     }
 
+    let st = &ctx.st;
     let spin_ns = clk.ns(st.spin);
     let lost_ns = clk.ns(st.lost);
     let elapsed_ns = clk.ns(rdtsc().saturating_sub(t_start));
+    let work = ctx.work();
+    let mut seen = None;
+    if let Some(p) = &mut ctx.ppa {
+        // The final figures, then the freshest host record for the steal report.
+        p.publish(rdtsc(), st, work);
+        seen = p.host_seen.map(|h| (h.steal_ns, h.wall_ns, p.publishes));
+    }
     for (key, value) in [
         (report::SPIN_NS, spin_ns),
         (report::LOST_NS, lost_ns),
@@ -318,6 +442,15 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
         (report::ELAPSED_NS, elapsed_ns),
     ] {
         db.write(doorbell::REPORT_BASE + 8 * key, value);
+    }
+    if let Some((steal, wall, publishes)) = seen {
+        for (key, value) in [
+            (report::STEAL_SEEN_NS, steal),
+            (report::STEAL_SEEN_WALL_NS, wall),
+            (report::PUBLISHES, publishes),
+        ] {
+            db.write(doorbell::REPORT_BASE + 8 * key, value);
+        }
     }
     db.exit(0)
 }

@@ -34,7 +34,19 @@ fn version_and_ids() {
     assert_eq!(r.id, json!("x-1"));
     let v: VersionInfo = serde_json::from_value(r.result.unwrap()).unwrap();
     assert_eq!(v.api, ppa_vmm_api::API_VERSION);
-    assert_eq!(v.guest_abi, "1.0");
+    let (major, minor) = v.guest_abi.split_once('.').expect("major.minor");
+    assert_eq!(
+        major.parse::<u32>().unwrap(),
+        ppa_guest_abi::BOOT_INFO_VERSION >> 16
+    );
+    assert_eq!(
+        minor.parse::<u32>().unwrap(),
+        ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
+    );
+    assert_eq!(
+        v.guest_abi, "1.1",
+        "docs/control.md and docs/abi.md quote this version"
+    );
 }
 
 #[test]
