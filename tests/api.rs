@@ -3,147 +3,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::vmm::{bin, Conn, Vmm};
 use ppa_vmm_api::{Stats, VcpuSummary, VcpuTimes};
-use serde_json::{json, Value};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_ppa-vmm")
-}
-
-/// A `ppa-vmm run` child with a control socket.
-struct Vmm {
-    child: Option<Child>,
-    sock: PathBuf,
-    dir: PathBuf,
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "ppa-api-{tag}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-impl Vmm {
-    fn start(tag: &str, args: &[&str]) -> Vmm {
-        common::require_kvm();
-        let dir = temp_dir(tag);
-        let sock = dir.join("api.sock");
-        let child = Command::new(bin())
-            .arg("run")
-            .arg("--api-sock")
-            .arg(&sock)
-            .args(["--report", "json", "--max-runtime", "120"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ppa-vmm starts");
-        let vmm = Vmm {
-            child: Some(child),
-            sock,
-            dir,
-        };
-        let t0 = Instant::now();
-        while UnixStream::connect(&vmm.sock).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the control socket did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        vmm
-    }
-
-    fn connect(&self) -> Conn {
-        Conn::new(UnixStream::connect(&self.sock).expect("connect"))
-    }
-
-    /// Shuts the VM down through the socket and returns the exit status and the report.
-    fn shutdown(mut self) -> (i32, Value) {
-        let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
-        assert_eq!(r["ok"], json!(true), "{r}");
-        self.wait()
-    }
-
-    fn wait(&mut self) -> (i32, Value) {
-        let out: Output = self.child.take().unwrap().wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let report: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("report: {e}; stderr: {stderr}"));
-        (out.status.code().unwrap_or(-1), report)
-    }
-}
-
-impl Drop for Vmm {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-struct Conn {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Conn {
-    fn new(s: UnixStream) -> Conn {
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Conn {
-            writer: s.try_clone().unwrap(),
-            reader: BufReader::new(s),
-        }
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).unwrap();
-    }
-
-    fn line(&mut self) -> Value {
-        let mut l = String::new();
-        self.reader.read_line(&mut l).expect("a line");
-        assert!(l.ends_with('\n'), "a whole line: {l:?}");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l}: {e}"))
-    }
-
-    fn call(&mut self, req: Value) -> Value {
-        self.send_raw(format!("{req}\n").as_bytes());
-        self.line()
-    }
-
-    fn ok(&mut self, req: Value) -> Value {
-        let r = self.call(req.clone());
-        assert_eq!(r["ok"], json!(true), "{req} -> {r}");
-        assert_eq!(r["id"], req.get("id").cloned().unwrap_or(Value::Null));
-        r["result"].clone()
-    }
-
-    fn error_kind(&mut self, req: &[u8]) -> String {
-        self.send_raw(req);
-        self.send_raw(b"\n");
-        let r = self.line();
-        assert_eq!(r["ok"], json!(false), "{r}");
-        r["error"]["kind"].as_str().unwrap().to_string()
-    }
-
-    fn stats(&mut self) -> Stats {
-        serde_json::from_value(self.ok(json!({"cmd": "stats"}))).unwrap()
-    }
-}
+use serde_json::json;
 
 fn ctl(sock: &Path, args: &[&str]) -> Output {
     Command::new(bin())

@@ -2,43 +2,19 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::vmm::Vmm;
 use ppa_guest_abi::ppa_page::{read_record, HostVcpu, RegionHeader, MAJOR, REGION_MAGIC};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[test]
 fn the_host_section_matches_stats_and_keeps_being_refreshed() {
-    common::require_kvm();
     let _g = common::serial();
-    let dir = std::env::temp_dir().join(format!("ppa-page-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (sock, file) = (dir.join("s"), dir.join("page"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
-        .args(["run", "--vcpus", "3", "--workload", "busy:ms=60000"])
-        .args(["--report", "none", "--max-runtime", "60", "--api-sock"])
-        .arg(&sock)
-        .arg("--ppa-page-file")
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let stream = loop {
-        if let Ok(s) = UnixStream::connect(&sock) {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
+    let mut vmm = Vmm::with_page("page", &["--vcpus", "3", "--workload", "busy:ms=60000"]);
+    let file = vmm.page();
+    let mut c = vmm.connect();
     // Long enough that 1 % of wall (the live identity's tolerance) is well above the
     // one-off start costs.
     std::thread::sleep(Duration::from_millis(1500));
@@ -63,12 +39,7 @@ fn the_host_section_matches_stats_and_keeps_being_refreshed() {
     assert_eq!((h.magic, h.major, h.host_count), (REGION_MAGIC, MAJOR, 3));
     assert_eq!(h.total_size as usize, len);
 
-    let mut stats = || -> Value {
-        writeln!(w, r#"{{"cmd":"stats"}}"#).unwrap();
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        serde_json::from_str::<Value>(&line).unwrap()["result"].clone()
-    };
+    let mut stats = || c.ok(json!({"cmd": "stats"}));
     let mut prev_wall = [0u64; 3];
     for _ in 0..5 {
         let recs: Vec<HostVcpu> = (0..3)
@@ -123,53 +94,23 @@ fn the_host_section_matches_stats_and_keeps_being_refreshed() {
     }
     // SAFETY: the mapping made above, not used after this.
     unsafe { libc::munmap(base, len) };
-    writeln!(w, r#"{{"cmd":"shutdown"}}"#).unwrap();
-    assert!(child.wait().unwrap().success());
+    vmm.connect().ok(json!({"cmd": "shutdown"}));
+    let (code, _) = vmm.wait();
+    assert_eq!(code, 0);
     assert!(!file.exists(), "the file goes with the VM");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
-    common::require_kvm();
     let _g = common::serial();
-    let dir = std::env::temp_dir().join(format!("ppa-page-g-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (sock, file) = (dir.join("s"), dir.join("page"));
-    let child = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
-        // publish=off: the guest leaves the section alone, so only this test writes it.
-        .args([
-            "run",
-            "--vcpus",
-            "2",
-            "--workload",
-            "busy:ms=60000,publish=off",
-        ])
-        .args(["--report", "json", "--max-runtime", "60", "--api-sock"])
-        .arg(&sock)
-        .arg("--ppa-page-file")
-        .arg(&file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let stream = loop {
-        if let Ok(s) = UnixStream::connect(&sock) {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut call = |cmd: &str| -> Value {
-        writeln!(w, r#"{{"cmd":"{cmd}"}}"#).unwrap();
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
-    };
+    // publish=off: the guest leaves the section alone, so only this test writes it.
+    let vmm = Vmm::with_page(
+        "garbage",
+        &["--vcpus", "2", "--workload", "busy:ms=60000,publish=off"],
+    );
+    let file = vmm.page();
+    let mut c = vmm.connect();
+    let mut call = |cmd: &str| c.call(json!({ "cmd": cmd }));
     std::thread::sleep(Duration::from_millis(300));
     let g = call("guest");
     assert_eq!(g["ok"], Value::Bool(true), "{g}");
@@ -219,13 +160,10 @@ fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
     let s = call("stats");
     assert!(s["result"]["vcpus"][0]["used_ns"].as_u64().unwrap() > used0);
     assert_eq!(s["result"]["vm"]["state"], Value::from("running"));
-    call("shutdown");
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, report) = vmm.shutdown();
+    assert_eq!(code, 0);
     assert!(
         report["guest"]["errors"].is_array(),
         "the report has the guest section"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod vmm;
+
 use std::sync::{Mutex, MutexGuard};
 
 use ppa_vmm::accounting::Level;

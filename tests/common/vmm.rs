@@ -1,0 +1,177 @@
+//! A `ppa-vmm run` child process with a control socket, and a JSON Lines client for it: how the
+//! end-to-end tests drive the VMM as an operator's tool would.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ppa_vmm_api::Stats;
+use serde_json::{json, Value};
+
+/// The `ppa-vmm` binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ppa-vmm")
+}
+
+/// A `ppa-vmm run` child with a control socket; killed on drop if still running.
+pub struct Vmm {
+    child: Option<Child>,
+    /// The control socket.
+    pub sock: PathBuf,
+    /// A private directory removed with the VMM.
+    pub dir: PathBuf,
+}
+
+/// A new empty directory under the system's temporary directory.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ppa-test-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Vmm {
+    /// Starts `ppa-vmm run --api-sock DIR/api.sock --report json ARGS` and waits for the socket.
+    pub fn start(tag: &str, args: &[&str]) -> Vmm {
+        Self::spawn(tag, args, false)
+    }
+
+    /// As [`Vmm::start`], with the PPA page exposed as the file [`Vmm::page`].
+    pub fn with_page(tag: &str, args: &[&str]) -> Vmm {
+        Self::spawn(tag, args, true)
+    }
+
+    /// The `--ppa-page-file` of a VMM made by [`Vmm::with_page`].
+    pub fn page(&self) -> PathBuf {
+        self.dir.join("page")
+    }
+
+    fn spawn(tag: &str, args: &[&str], page: bool) -> Vmm {
+        super::require_kvm();
+        let dir = temp_dir(tag);
+        let sock = dir.join("api.sock");
+        let mut cmd = Command::new(bin());
+        cmd.arg("run")
+            .arg("--api-sock")
+            .arg(&sock)
+            .args(["--report", "json", "--max-runtime", "120"]);
+        if page {
+            cmd.arg("--ppa-page-file").arg(dir.join("page"));
+        }
+        let child = cmd
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ppa-vmm starts");
+        let vmm = Vmm {
+            child: Some(child),
+            sock,
+            dir,
+        };
+        let t0 = Instant::now();
+        while UnixStream::connect(&vmm.sock).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the control socket did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        vmm
+    }
+
+    /// A new connection to the control socket.
+    pub fn connect(&self) -> Conn {
+        Conn::new(UnixStream::connect(&self.sock).expect("connect"))
+    }
+
+    /// Shuts the VM down through the socket and returns the exit status and the report.
+    pub fn shutdown(mut self) -> (i32, Value) {
+        let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
+        assert_eq!(r["ok"], json!(true), "{r}");
+        self.wait()
+    }
+
+    /// Waits for the child to end by itself; returns its exit status and report.
+    pub fn wait(&mut self) -> (i32, Value) {
+        let out: Output = self.child.take().unwrap().wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("report: {e}; stderr: {stderr}"));
+        (out.status.code().unwrap_or(-1), report)
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A control-socket client speaking JSON Lines.
+pub struct Conn {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Conn {
+    /// Wraps a connected stream (reads time out after 20 s).
+    pub fn new(s: UnixStream) -> Conn {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Conn {
+            writer: s.try_clone().unwrap(),
+            reader: BufReader::new(s),
+        }
+    }
+
+    /// Writes bytes as they are.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).unwrap();
+    }
+
+    /// Reads one response line.
+    pub fn line(&mut self) -> Value {
+        let mut l = String::new();
+        self.reader.read_line(&mut l).expect("a line");
+        assert!(l.ends_with('\n'), "a whole line: {l:?}");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l}: {e}"))
+    }
+
+    /// Sends a request, returns the whole response.
+    pub fn call(&mut self, req: Value) -> Value {
+        self.send_raw(format!("{req}\n").as_bytes());
+        self.line()
+    }
+
+    /// Sends a request that must succeed; returns its result.
+    pub fn ok(&mut self, req: Value) -> Value {
+        let r = self.call(req.clone());
+        assert_eq!(r["ok"], json!(true), "{req} -> {r}");
+        assert_eq!(r["id"], req.get("id").cloned().unwrap_or(Value::Null));
+        r["result"].clone()
+    }
+
+    /// Sends a raw line that must fail; returns the error kind.
+    pub fn error_kind(&mut self, req: &[u8]) -> String {
+        self.send_raw(req);
+        self.send_raw(b"\n");
+        let r = self.line();
+        assert_eq!(r["ok"], json!(false), "{r}");
+        r["error"]["kind"].as_str().unwrap().to_string()
+    }
+
+    /// The `stats` result.
+    pub fn stats(&mut self) -> Stats {
+        serde_json::from_value(self.ok(json!({"cmd": "stats"}))).unwrap()
+    }
+}
