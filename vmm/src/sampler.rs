@@ -6,7 +6,8 @@
 //! counter's only writer). With `--runaway` or `--overload` it also runs the detectors of
 //! `limits::overload` on every vCPU and applies their action. Reading schedstat costs ~1 µs
 //! per vCPU here, which is why it happens here and not on the exit path. With a PPA page it
-//! also refreshes the page's host section every tick (docs/abi.md). It stops when told, within one window.
+//! also refreshes the page's host section every [`PAGE_REFRESH_NS`] (8 ms), on its own
+//! deadline between the ticks (docs/abi.md). It stops when told, within one window.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,11 @@ use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS
 use crate::ppa_page::PpaPage;
 use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
 use crate::vm::VmHandle;
+
+/// How often the PPA page's host records are refreshed. The ABI promises a record at most
+/// `host_refresh_ns` (10 ms) old; refreshing every 8 ms leaves 2 ms for the sampler's
+/// wake-up on a host whose CPUs are all running vCPU threads.
+pub const PAGE_REFRESH_NS: u64 = 8_000_000;
 
 /// A running sampler.
 pub struct Sampler {
@@ -158,17 +164,36 @@ fn run(
     let mut detectors = vec![Detector::default(); vcpus.len()];
     let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];
+    // Late wake-ups make steal windows uneven and PPA page records stale: ask for the same
+    // CFS weight as the control socket (quietly kept as is without the privilege).
+    crate::sched::raise_priority(crate::sched::API_NICE, "sampler");
     let interval = control.sample_interval_ns().max(1_000_000);
     let mut next = now_ns() + interval;
+    let mut next_page = now_ns();
     while !stop.0.load(Ordering::Acquire) {
         let seen = stop.1.load(Ordering::Acquire);
-        if now_ns() < next {
-            futex_wait(&stop.1, seen, Some(next));
+        let now = now_ns();
+        let wake = if ppa.is_some() {
+            next.min(next_page)
+        } else {
+            next
+        };
+        if now < wake {
+            futex_wait(&stop.1, seen, Some(wake));
+            continue;
+        }
+        if let Some((page, vm)) = &ppa {
+            if now >= next_page {
+                publish(page, vm, vcpus);
+                next_page = (next_page + PAGE_REFRESH_NS).max(now + PAGE_REFRESH_NS / 2);
+            }
+        }
+        if now < next {
             continue;
         }
         // One window per wake-up; if the thread was held up, start a fresh window from now
         // rather than lumping several windows into one.
-        next = (next + interval).max(now_ns() + interval / 2);
+        next = (next + interval).max(now + interval / 2);
         let threshold = control.threshold(3);
         for (v, prev) in vcpus.iter().zip(last.iter_mut()) {
             if v.acct.finals.get().is_some() {
@@ -186,9 +211,6 @@ fn run(
                 }
             }
             *prev = Some(s.run_delay_ns);
-        }
-        if let Some((page, vm)) = &ppa {
-            publish(page, vm, vcpus);
         }
         if let Some(o) = &overload {
             ticks += 1;
