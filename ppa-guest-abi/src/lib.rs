@@ -69,7 +69,8 @@ pub mod report {
     pub const EXITS_MADE: u64 = 4;
     /// Loop iterations of the workload (spin-loop passes, periods, doorbell writes).
     pub const ITERATIONS: u64 = 5;
-    /// TSC time from the vCPU's first instruction to its report.
+    /// TSC time from the vCPU's first instruction to its report (taken as the last report
+    /// is written, just before the exit doorbell).
     pub const ELAPSED_NS: u64 = 6;
     /// `steal_ns` of this vCPU's host record in the PPA page, as the guest last read it (just
     /// before reporting). Reported only when the guest publishes to a PPA page.
@@ -78,9 +79,13 @@ pub mod report {
     pub const STEAL_SEEN_WALL_NS: u64 = 8;
     /// Number of times the guest published its PPA page records.
     pub const PUBLISHES: u64 = 9;
+    /// TSC time from the vCPU's first instruction to the moment the guest read the host
+    /// record of [`STEAL_SEEN_NS`] (same origin as [`ELAPSED_NS`], so `elapsed_ns −
+    /// steal_seen_at_ns` is how long before its end the guest read it).
+    pub const STEAL_SEEN_AT_NS: u64 = 10;
 
     /// Name of each key, index = key.
-    pub const NAMES: [&str; 10] = [
+    pub const NAMES: [&str; 11] = [
         "spin_ns",
         "lost_ns",
         "gaps",
@@ -91,6 +96,7 @@ pub mod report {
         "steal_seen_ns",
         "steal_seen_wall_ns",
         "publishes",
+        "steal_seen_at_ns",
     ];
 }
 

@@ -424,13 +424,15 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
     let st = &ctx.st;
     let spin_ns = clk.ns(st.spin);
     let lost_ns = clk.ns(st.lost);
-    let elapsed_ns = clk.ns(rdtsc().saturating_sub(t_start));
     let work = ctx.work();
     let mut seen = None;
     if let Some(p) = &mut ctx.ppa {
         // The final figures, then the freshest host record for the steal report.
         p.publish(rdtsc(), st, work);
-        seen = p.host_seen.map(|h| (h.steal_ns, h.wall_ns, p.publishes));
+        seen = p.host_seen.map(|h| {
+            let at = clk.ns(p.host_seen_tsc.saturating_sub(t_start));
+            (h.steal_ns, h.wall_ns, p.publishes, at)
+        });
     }
     for (key, value) in [
         (report::SPIN_NS, spin_ns),
@@ -439,19 +441,22 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
         (report::RAN_NS, spin_ns.saturating_sub(lost_ns)),
         (report::EXITS_MADE, st.exits),
         (report::ITERATIONS, st.iterations),
-        (report::ELAPSED_NS, elapsed_ns),
     ] {
         db.write(doorbell::REPORT_BASE + 8 * key, value);
     }
-    if let Some((steal, wall, publishes)) = seen {
+    if let Some((steal, wall, publishes, at)) = seen {
         for (key, value) in [
             (report::STEAL_SEEN_NS, steal),
             (report::STEAL_SEEN_WALL_NS, wall),
             (report::PUBLISHES, publishes),
+            (report::STEAL_SEEN_AT_NS, at),
         ] {
             db.write(doorbell::REPORT_BASE + 8 * key, value);
         }
     }
+    // Last, so that it ends as close to the vCPU's end as a report can.
+    let elapsed_ns = clk.ns(rdtsc().saturating_sub(t_start));
+    db.write(doorbell::REPORT_BASE + 8 * report::ELAPSED_NS, elapsed_ns);
     db.exit(0)
 }
 

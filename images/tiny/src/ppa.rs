@@ -91,6 +91,8 @@ pub struct Publisher {
     pub publishes: u64,
     /// The host record as last read consistently.
     pub host_seen: Option<HostVcpu>,
+    /// The TSC when `host_seen` was read.
+    pub host_seen_tsc: u64,
 }
 
 impl Publisher {
@@ -145,6 +147,7 @@ impl Publisher {
             next: 0,
             publishes: 0,
             host_seen: None,
+            host_seen_tsc: 0,
         };
         p.publish(crate::rdtsc(), &Stats::default(), 0);
         Some(p)
@@ -156,6 +159,7 @@ impl Publisher {
         // aligned; the VMM writes it under the sequence protocol; any bits are a valid value.
         if let Ok(h) = unsafe { read_record(self.host, HOST_TRIES) } {
             self.host_seen = Some(h);
+            self.host_seen_tsc = crate::rdtsc();
         }
         self.host_seen
     }
