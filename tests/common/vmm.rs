@@ -57,10 +57,12 @@ impl Vmm {
         let dir = temp_dir(tag);
         let sock = dir.join("api.sock");
         let mut cmd = Command::new(bin());
-        cmd.arg("run")
-            .arg("--api-sock")
-            .arg(&sock)
-            .args(["--report", "json", "--max-runtime", "120"]);
+        cmd.arg("run").arg("--api-sock").arg(&sock).args([
+            "--report",
+            "json",
+            "--max-runtime",
+            "120",
+        ]);
         if page {
             cmd.arg("--ppa-page-file").arg(dir.join("page"));
         }
