@@ -125,9 +125,9 @@ fn pass(wr: &Writer, mode: u64, x: &mut u64, k: u64) {
         }
         w::HOSTILE_NAMES => {
             wr.header(&header(3));
-            wr.thread(0, *b"AAAAAAAAAAAAAAAA", 0);
-            wr.thread(1, *b"bad\xff\xfe\0\0\0\0\0\0\0\0\0\0\0", 0);
-            wr.thread(2, *b"bell\x07\x1b[2J\0\0\0\0\0\0\0", 0);
+            wr.thread(0, *b"AAAAAAAAAAAAAAAA", 2);
+            wr.thread(1, *b"bad\xff\xfe\0\0\0\0\0\0\0\0\0\0\0", 2);
+            wr.thread(2, *b"bell\x07\x1b[2J\0\0\0\0\0\0\0", 2);
         }
         _ => {
             // HOSTILE_REWRITE: every counting field holds k, so a torn copy shows. The header

@@ -188,6 +188,8 @@ pub fn decode(section: Section) -> GuestView {
                     Ok(Err(())) => v.errors.push(format!(
                         "thread record {slot} stayed mid-update for {MAX_TRIES} tries"
                     )),
+                    // Never written (a writer leaves seq at 2 or more): an empty slot.
+                    Ok(Ok(t)) if t.seq == 0 => {}
                     Ok(Ok(t)) => {
                         let name = comm(&t.comm, &mut v.errors, slot);
                         let lag_ns = h.updated_ns.saturating_sub(t.updated_ns);
@@ -239,6 +241,7 @@ pub fn decode(section: Section) -> GuestView {
                     Ok(Err(())) => v.errors.push(format!(
                         "CPU record {slot} stayed mid-update for {MAX_TRIES} tries"
                     )),
+                    Ok(Ok(c)) if c.seq == 0 => {}
                     Ok(Ok(c)) => v.cpus.push(GuestCpuView {
                         cpu: c.cpu,
                         times_ns: [

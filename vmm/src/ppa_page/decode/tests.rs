@@ -92,6 +92,31 @@ fn nothing_published_is_not_an_error() {
 }
 
 #[test]
+fn slots_never_written_are_empty_not_errors() {
+    // The header counts 4 threads and 3 CPUs, but the last slots were never written (their
+    // counter is 0): a writer that has not started yet, or a vCPU that does not publish.
+    let mut w = valid();
+    let h = header(&mut w);
+    h.threads_count = 4;
+    h.cpus_offset = 64 + 4 * 192;
+    h.cpus_count = 3;
+    let old_cpus = (64 + 3 * 192) / 8;
+    let new_cpus = (64 + 4 * 192) / 8;
+    for i in (0..2 * 192 / 8).rev() {
+        w[new_cpus + i] = w[old_cpus + i];
+    }
+    w[old_cpus..new_cpus].fill(0);
+    let (v, e) = errors_of(&w);
+    assert!(v.published && e.is_empty(), "{e}");
+    assert_eq!((v.threads.len(), v.cpus.len()), (3, 2));
+    // A written record with a zero counter is impossible; one left odd is torn, not empty.
+    w[old_cpus] = 1;
+    let (v, e) = errors_of(&w);
+    assert_eq!(v.threads.len(), 3);
+    assert!(e.contains("thread record 3 stayed mid-update"), "{e}");
+}
+
+#[test]
 fn each_malformation_is_reported_and_the_rest_shown() {
     let mut w = valid();
     header(&mut w).magic = 0x1234_5678;
