@@ -42,6 +42,7 @@ fn median(mut v: Vec<i64>) -> i64 {
 #[test]
 fn one_busy_vcpu_guest_time_matches_the_guests_own_clock() {
     let _g = serial();
+    let before = common::platform_interrupt_share(300);
     let mut code_err = Vec::new();
     let mut unexplained = Vec::new();
     let mut spin = 0;
@@ -69,19 +70,26 @@ fn one_busy_vcpu_guest_time_matches_the_guests_own_clock() {
         unexplained.push(excess - in_kernel as i64);
         assert_identity(&out.report, v);
     }
-    // The issue asks for 1 %. On the PVM development hosts, which are themselves VMs, host
-    // interrupt work charged to the vCPU thread (no IRQ_TIME_ACCOUNTING) is 2-4.5 % of a busy
-    // vCPU and varies between runs with the host's load; the per-exit estimate explains about
-    // half of it (0.1 %-3 % of spin left over was measured). The median of three is held to
-    // 3 %; docs/accounting.md gives the figures.
+    // The issue asks for 1 %. On the PVM development hosts, which are themselves VMs, the
+    // outer hypervisor's interruptions are charged to the running vCPU thread and seen by the
+    // guest as gaps: 1.6-4.7 % of a busy thread's time, varying with the outer host's load
+    // (0.1 %-3.3 % of spin was left over after the per-exit estimate). A host thread spinning
+    // on the clock beside the runs measures that share; the median of three is held to 2 %
+    // plus it (docs/accounting.md gives the figures).
+    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let spin = spin as i64;
+    let bound = (spin as f64 * (0.02 + platform)) as i64;
     assert!(
-        median(code_err.clone()) <= spin * 3 / 100,
-        "|guest code - ran_ns| {code_err:?} (median over 3 % of spin {spin})"
+        median(code_err.clone()) <= bound,
+        "|guest code - ran_ns| {code_err:?}: median over 2 % + the platform's {:.2} % of spin \
+         {spin}",
+        100.0 * platform
     );
     assert!(
-        median(unexplained.clone()) <= spin * 3 / 100,
-        "guest_ns - ran_ns - in-kernel estimate {unexplained:?}: median over 3 % of spin"
+        median(unexplained.clone()) <= bound,
+        "guest_ns - ran_ns - in-kernel estimate {unexplained:?}: median over 2 % + the \
+         platform's {:.2} % of spin {spin}",
+        100.0 * platform
     );
 }
 
@@ -92,7 +100,9 @@ fn four_busy_vcpus_on_two_cores_show_steal() {
     // at most half the time, so at least 30 % of its wall time is steal.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let vcpus = (2 * cores).max(4);
+    let before = common::platform_interrupt_share(300);
     let out = run_vm(vcpus, &["busy:ms=1000"]);
+    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     assert_all_exited_ok(&out.report);
     for v in &out.report.vcpus {
         let t = &v.times;
@@ -107,16 +117,19 @@ fn four_busy_vcpus_on_two_cores_show_steal() {
         let spin = reported(v, "spin_ns");
         let ran = reported(v, "ran_ns");
         // As in the single-vCPU test: guest_ns includes the host's in-kernel share (~1 % of a
-        // 1 s spin here, up to 2.2 % when the host is busy); guest code, guest_ns less the
-        // measured in-kernel estimate, is held to the issue's 2 %.
+        // 1 s spin here, up to 2.2 % when the host is busy) and the outer hypervisor's
+        // interruptions; guest code, guest_ns less the measured in-kernel estimate, is held to
+        // the issue's 2 % of the guest's time plus the platform's share of it.
         let code = t
             .guest_code_ns_estimate
             .expect("exit cost measured and KVM stats present");
         assert!(
-            code.abs_diff(ran) <= spin / 50,
-            "vCPU {}: guest code {code} (guest_ns {}) vs ran_ns {ran}, over 2 % of spin {spin}",
+            code.abs_diff(ran) <= spin / 50 + (t.guest_ns as f64 * platform) as u64,
+            "vCPU {}: guest code {code} (guest_ns {}) vs ran_ns {ran}, over 2 % of spin {spin} \
+             + the platform's {:.2} % of guest_ns",
             v.times.id,
-            t.guest_ns
+            t.guest_ns,
+            100.0 * platform
         );
         assert!(t.guest_ns >= ran, "guest_ns below the guest's own ran_ns");
         assert_identity(&out.report, v);
@@ -129,6 +142,8 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
     let mut idle = Vec::new();
     let mut slack = Vec::new();
     let mut excesses = Vec::new();
+    let mut guest = Vec::new();
+    let before = common::platform_interrupt_share(300);
     for _ in 0..3 {
         let out = run_vm(1, &["periodic:run_us=300,period_us=3000,count=333"]);
         assert_all_exited_ok(&out.report);
@@ -157,7 +172,15 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
         // that one measured after-park round trip does not capture; it is allowed here, at
         // 30 µs per park, and reported in docs/accounting.md.
         slack.push(ran / 50 + in_kernel as i64 + 30_000 * t.parks as i64 - excess);
+        guest.push(t.guest_ns as i64);
     }
+    // And the outer hypervisor's share of the time in the guest (see the busy test).
+    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
+    let slack: Vec<i64> = slack
+        .iter()
+        .zip(&guest)
+        .map(|(s, g)| s + (*g as f64 * platform) as i64)
+        .collect();
     let idle = median(idle) as f64 / 100.0;
     assert!(
         (87.0..=93.0).contains(&idle),
@@ -169,7 +192,9 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
     );
     assert!(
         median(slack.clone()) >= 0,
-        "guest_ns - ran_ns {excesses:?} exceeds 2 % of ran_ns + the in-kernel part by {slack:?}"
+        "guest_ns - ran_ns {excesses:?} exceeds 2 % of ran_ns + the in-kernel part + the \
+         platform's {:.2} % of guest_ns by {slack:?}",
+        100.0 * platform
     );
 }
 
