@@ -5,9 +5,9 @@
 //! given with `--ppa-page-file` so that host tools can map it, mapped shared and registered as
 //! its own KVM memory slot at [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it
 //! writes the region header and tells each vCPU the address in its boot-info record. Every
-//! sampler tick (10 ms) the sampler writes each started vCPU's section 4 figures into its
-//! host record with the sequence protocol of `ppa_guest_abi::ppa_page`. The guest section is
-//! the guest's; decoding it comes with the `guest` command.
+//! 8 ms the sampler writes each started vCPU's section 4 figures into its host record with
+//! the sequence protocol of `ppa_guest_abi::ppa_page`. The guest section is the guest's:
+//! [`decode`] checks it on demand (`guest`, the final report) and [`text`] prints it.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -20,6 +20,7 @@ use ppa_guest_abi::ppa_page::{
 use thiserror::Error;
 
 pub mod decode;
+pub mod text;
 
 /// Smallest region: a page.
 pub const MIN_SIZE: u64 = 4096;

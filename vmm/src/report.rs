@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
+use crate::ppa_page::text::{guest_view_text, HostColumns};
 use crate::vcpu::{Doorbell, RegsDump, VcpuEnd, VcpuShared};
 use crate::workload::VcpuWorkload;
 
@@ -394,83 +395,22 @@ impl Report {
     /// The guest's own view from the PPA page, each guest CPU beside its vCPU's host figures,
     /// then the guest's threads; nothing when the guest published nothing.
     fn guest_text(&self, out: &mut String) {
-        let Some(g) = self
-            .guest
-            .as_ref()
-            .filter(|g| g.published || !g.errors.is_empty())
-        else {
-            return;
+        let Some(g) = &self.guest else { return };
+        let host = |cpu: u32| {
+            self.vcpus
+                .iter()
+                .find(|v| v.times.id == cpu as usize)
+                .map(|v| {
+                    let t = &v.times;
+                    [t.guest_ns, t.halted_ns + t.idle_ns, t.steal_ns]
+                })
         };
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let _ =
-            writeln!(
-            out,
-            "GUEST VIEW (PPA page, layout {}): what the guest published, beside the host's figures",
-            if g.version.is_empty() { "?" } else { &g.version }
-        );
-        if !g.cpus.is_empty() {
-            let _ = writeln!(
-                out,
-                "{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
-                "CPU",
-                "BUSY guest",
-                "GUEST host",
-                "IDLE guest",
-                "IDLE host",
-                "STEAL seen",
-                "STEAL host"
-            );
-        }
-        for c in &g.cpus {
-            let host = self.vcpus.iter().find(|v| v.times.id == c.cpu as usize);
-            let h = |f: fn(&VcpuTimes) -> u64| {
-                host.map_or("-".to_string(), |v| format!("{:.2}", ms(f(&v.times))))
-            };
-            let _ = writeln!(
-                out,
-                "{:>4} {:>11.2} {:>11} {:>11.2} {:>11} {:>11.2} {:>11}",
-                c.cpu,
-                ms(c.times_ns[0] + c.times_ns[1]),
-                h(|t| t.guest_ns),
-                ms(c.times_ns[2]),
-                h(|t| t.halted_ns + t.idle_ns),
-                ms(c.times_ns[6]),
-                h(|t| t.steal_ns),
-            );
-        }
-        if !g.threads.is_empty() {
-            let _ = writeln!(
-                out,
-                "{:>6} {:<16} {:>4} {:>11} {:>11} {:>12}  (threads by on-CPU time)",
-                "TID", "NAME", "CPU", "ON-CPU ms", "DELAY ms", "WORK"
-            );
-        }
-        for t in g.threads.iter().take(20) {
-            let _ = writeln!(
-                out,
-                "{:>6} {:<16} {:>4} {:>11.2} {:>11.2} {:>12}{}",
-                t.tid,
-                t.comm,
-                t.last_cpu,
-                ms(t.on_cpu_ns),
-                ms(t.run_delay_ns),
-                t.work,
-                if t.stale { "  stale" } else { "" }
-            );
-        }
-        if g.threads.len() > 20 {
-            let _ = writeln!(out, "  ... and {} more threads", g.threads.len() - 20);
-        }
-        if g.transient_count > 0 {
-            let _ = writeln!(
-                out,
-                "  transient threads: {} exited, {:.2} ms CPU",
-                g.transient_count,
-                ms(g.transient_cpu_ns)
-            );
-        }
-        for e in &g.errors {
-            let _ = writeln!(out, "  guest page problem: {e}");
-        }
+        out.push_str(&guest_view_text(
+            g,
+            &HostColumns {
+                names: ["GUEST host", "IDLE host", "STEAL host"],
+                values: &host,
+            },
+        ));
     }
 }

@@ -10,11 +10,12 @@
 use std::io::{self, Write};
 use std::path::PathBuf;
 
-use ppa_vmm_api::{parse_request, Command, ErrorBody, Stats};
+use ppa_vmm_api::{parse_request, Command, ErrorBody, GuestView, Stats};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::{describe, kind_name, Client};
+use crate::ppa_page::text::{guest_view_text, page_host_columns, HostColumns};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm ctl";
@@ -186,7 +187,7 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
     code
 }
 
-/// The readable form of a result: a string raw, `stats` as a table, anything else as
+/// The readable form of a result: a string raw, `stats` and `guest` as tables, anything else as
 /// flattened `key: value` lines.
 pub(crate) fn to_text(command: &str, result: &Value) -> String {
     if let Value::String(s) = result {
@@ -199,6 +200,23 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
     if command == "stats" {
         if let Ok(stats) = serde_json::from_value::<Stats>(result.clone()) {
             return stats_table(&stats);
+        }
+    }
+    if command == "guest" {
+        if let Ok(g) = serde_json::from_value::<GuestView>(result.clone()) {
+            let host = page_host_columns(&g);
+            let text = guest_view_text(
+                &g,
+                &HostColumns {
+                    names: ["USED host", "LMTD host", "STEAL host"],
+                    values: &host,
+                },
+            );
+            return if text.is_empty() {
+                "the guest has published nothing\n".to_string()
+            } else {
+                text
+            };
         }
     }
     let mut lines = Vec::new();

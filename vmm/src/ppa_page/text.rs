@@ -1,0 +1,211 @@
+//! The text form of a decoded guest section ("GUEST VIEW"), beside host figures.
+//!
+//! Data flow: the final report (with each vCPU's final times) and `ppa-vmm ctl --text guest`
+//! (with the host records the page holds now) both call [`guest_view_text`] on a
+//! [`GuestView`] from [`super::decode::decode`]; the caller chooses which three host figures
+//! stand beside the guest's busy, idle and steal columns.
+
+use std::fmt::Write as _;
+
+use ppa_vmm_api::GuestView;
+
+/// Threads shown; the rest are counted.
+const MAX_THREADS: usize = 20;
+
+/// Three host figures per guest CPU, in ns, shown after the guest's busy, idle and steal.
+pub struct HostColumns<'a> {
+    /// Column titles.
+    pub names: [&'static str; 3],
+    /// The figures of the vCPU with this index, if the host knows it.
+    pub values: &'a dyn Fn(u32) -> Option<[u64; 3]>,
+}
+
+/// The guest's view as a text block: a CPU table, a thread table, transient threads and one
+/// line per problem; empty when the guest published nothing and nothing was wrong.
+pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
+    let mut out = String::new();
+    if !g.published && g.errors.is_empty() {
+        return out;
+    }
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let _ = writeln!(
+        out,
+        "GUEST VIEW (PPA page, layout {}): what the guest published, beside the host's figures",
+        if g.version.is_empty() {
+            "?"
+        } else {
+            &g.version
+        }
+    );
+    if !g.cpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "CPU",
+            "BUSY guest",
+            host.names[0],
+            "IDLE guest",
+            host.names[1],
+            "STEAL seen",
+            host.names[2]
+        );
+    }
+    for c in &g.cpus {
+        let h = (host.values)(c.cpu);
+        let col = |i: usize| h.map_or("-".to_string(), |v| format!("{:.2}", ms(v[i])));
+        let _ = writeln!(
+            out,
+            "{:>4} {:>11.2} {:>11} {:>11.2} {:>11} {:>11.2} {:>11}",
+            c.cpu,
+            ms(c.times_ns[0].saturating_add(c.times_ns[1])),
+            col(0),
+            ms(c.times_ns[2]),
+            col(1),
+            ms(c.times_ns[6]),
+            col(2),
+        );
+    }
+    if !g.threads.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:>6} {:<16} {:>4} {:>11} {:>11} {:>12}  (threads by on-CPU time)",
+            "TID", "NAME", "CPU", "ON-CPU ms", "DELAY ms", "WORK"
+        );
+    }
+    for t in g.threads.iter().take(MAX_THREADS) {
+        let _ = writeln!(
+            out,
+            "{:>6} {:<16} {:>4} {:>11.2} {:>11.2} {:>12}{}",
+            t.tid,
+            t.comm,
+            t.last_cpu,
+            ms(t.on_cpu_ns),
+            ms(t.run_delay_ns),
+            t.work,
+            if t.stale { "  stale" } else { "" }
+        );
+    }
+    if g.threads.len() > MAX_THREADS {
+        let _ = writeln!(
+            out,
+            "  ... and {} more threads",
+            g.threads.len() - MAX_THREADS
+        );
+    }
+    if g.transient_count > 0 {
+        let _ = writeln!(
+            out,
+            "  transient threads: {} exited, {:.2} ms CPU",
+            g.transient_count,
+            ms(g.transient_cpu_ns)
+        );
+    }
+    for e in &g.errors {
+        let _ = writeln!(out, "  guest page problem: {e}");
+    }
+    out
+}
+
+/// The host columns `ctl --text guest` can show from the view alone: each vCPU's used,
+/// limited and steal time as its host record holds them now.
+pub fn page_host_columns(g: &GuestView) -> impl Fn(u32) -> Option<[u64; 3]> + '_ {
+    |cpu| {
+        g.host
+            .get(cpu as usize)
+            .map(|&[steal, limited, used, _]| [used, limited, steal])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ppa_vmm_api::{GuestCpuView, GuestThreadView};
+
+    fn view() -> GuestView {
+        GuestView {
+            page: true,
+            published: true,
+            version: "1.0".into(),
+            nr_cpus: 1,
+            updated_ns: 9,
+            threads: vec![GuestThreadView {
+                slot: 0,
+                tid: 7,
+                tgid: 1,
+                comm: "busy-0".into(),
+                last_cpu: 0,
+                on_cpu_ns: 2_500_000,
+                utime_ns: 2_500_000,
+                stime_ns: 0,
+                run_delay_ns: 1_000_000,
+                timeslices: 1,
+                nvcsw: 0,
+                nivcsw: 0,
+                delays_ns: [0; 4],
+                work: 42,
+                updated_ns: 9,
+                lag_ns: 0,
+                stale: true,
+            }],
+            cpus: vec![GuestCpuView {
+                cpu: 0,
+                times_ns: [2_000_000, 500_000, 3_000_000, 0, 0, 0, 4_000_000],
+                interrupts: 0,
+                context_switches: 0,
+                softirqs: [0; 10],
+                updated_ns: 9,
+            }],
+            transient_count: 2,
+            transient_cpu_ns: 1_500_000,
+            errors: vec!["thread record 3 stayed mid-update for 8 tries".into()],
+            host: vec![[4_500_000, 6_000_000, 7_000_000, 1]],
+        }
+    }
+
+    #[test]
+    fn every_part_is_shown_with_the_chosen_host_columns() {
+        let g = view();
+        let cols = page_host_columns(&g);
+        let text = guest_view_text(
+            &g,
+            &HostColumns {
+                names: ["USED host", "LMTD host", "STEAL host"],
+                values: &cols,
+            },
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("layout 1.0"), "{text}");
+        assert!(lines[1].contains("LMTD host"), "{text}");
+        let cpu: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cpu,
+            ["0", "2.50", "7.00", "3.00", "6.00", "4.00", "4.50"],
+            "busy = user + system; host used, limited, steal: {text}"
+        );
+        assert!(lines[4].contains("busy-0") && lines[4].ends_with("42  stale"));
+        assert!(text.contains("2 exited, 1.50 ms CPU"));
+        assert!(text.contains("guest page problem: thread record 3"));
+    }
+
+    #[test]
+    fn nothing_published_and_nothing_wrong_prints_nothing() {
+        let g = GuestView {
+            published: false,
+            errors: vec![],
+            ..view()
+        };
+        let none = |_: u32| None;
+        let cols = HostColumns {
+            names: ["a", "b", "c"],
+            values: &none,
+        };
+        assert_eq!(guest_view_text(&g, &cols), "");
+        let bad = GuestView {
+            published: false,
+            cpus: vec![],
+            threads: vec![],
+            ..view()
+        };
+        assert!(guest_view_text(&bad, &cols).contains("problem"));
+    }
+}
