@@ -246,23 +246,30 @@ fn a_guest_rewriting_the_page_never_yields_a_torn_record_and_disturbs_nothing() 
     );
     let mut c = vmm.connect();
     std::thread::sleep(Duration::from_millis(200));
-    let mut seen = 0;
+    // Each read either returns the record whole or says it stayed mid-update (the reader
+    // gives up after 8 tries rather than wait for a writer that never pauses): nothing else.
+    let (mut whole, mut busy) = (0, 0);
     let mut last_k = 0;
     for _ in 0..300 {
         let g: GuestView = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
-        for t in &g.threads {
-            let k = t.on_cpu_ns;
-            assert_eq!(
-                (t.utime_ns, t.stime_ns, t.run_delay_ns, t.work, t.updated_ns),
-                (k, k, k, k, k),
-                "a torn record was returned as valid: {t:?}"
-            );
-            assert!(k >= last_k, "the pass number went back: {last_k} -> {k}");
-            last_k = k;
-            seen += 1;
+        match (g.threads.as_slice(), g.errors.as_slice()) {
+            ([t], []) => {
+                let k = t.on_cpu_ns;
+                assert_eq!(
+                    (t.utime_ns, t.stime_ns, t.run_delay_ns, t.work, t.updated_ns),
+                    (k, k, k, k, k),
+                    "a torn record was returned as valid: {t:?}"
+                );
+                assert_eq!(t.comm, "rewrite");
+                assert!(k >= last_k, "the pass number went back: {last_k} -> {k}");
+                last_k = k;
+                whole += 1;
+            }
+            ([], [e]) if e.starts_with("thread record 0 stayed mid-update") => busy += 1,
+            _ => panic!("neither the record nor a mid-update error: {g:?}"),
         }
     }
-    assert!(seen > 0, "some reads got a consistent copy");
+    eprintln!("300 reads of a record rewritten without pause: {whole} whole, {busy} mid-update");
     let before = c.stats();
     std::thread::sleep(Duration::from_millis(100));
     let after = c.stats();
