@@ -297,25 +297,18 @@ fn every_hostile_mode_in_turn_leaves_the_vmm_its_socket_and_neighbours_undisturb
         ],
     );
     let mut c = vmm.connect();
-    // Past the start: the live identity's 1 % of a few ms of wall is below one-off start costs.
-    std::thread::sleep(Duration::from_millis(300));
+    // 100 reads 5 ms apart (about 0.6 s of the 2 s run): every mode, 10 ms each, is seen.
     let mut with_errors = 0;
-    let mut calls = 0;
-    let t0 = std::time::Instant::now();
-    while t0.elapsed() < Duration::from_millis(1200) {
+    for _ in 0..100 {
         let g: GuestView = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
         with_errors += usize::from(!g.errors.is_empty());
         assert!(
             g.threads.len() <= 1024 && g.errors.len() <= 65,
             "bounded: {g:?}"
         );
-        calls += 1;
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(
-        calls > 10 && with_errors > 0,
-        "{calls} calls, {with_errors} with errors"
-    );
+    assert!(with_errors > 0, "no read of 100 reported a problem");
     // The vCPUs and the sampler went on: the stats snapshot moves.
     let before = c.stats();
     std::thread::sleep(Duration::from_millis(100));

@@ -5,7 +5,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ppa_vmm::config::RunOptions;
 use ppa_vmm::vm::{RunOutcome, Vm};
@@ -157,14 +157,7 @@ fn limits_change_at_run_time_through_the_socket() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let stream = loop {
-        if let Ok(s) = UnixStream::connect(&sock) {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let stream = common::vmm::connect_when_up(&sock);
     let mut c = Client {
         writer: stream.try_clone().unwrap(),
         reader: BufReader::new(stream),
@@ -328,14 +321,7 @@ fn a_runaway_with_notify_raises_exactly_one_overload_event() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let stream = loop {
-        if let Ok(s) = UnixStream::connect(&sock) {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let stream = common::vmm::connect_when_up(&sock);
     let mut writer = stream.try_clone().unwrap();
     let mut reader = BufReader::new(stream);
     writeln!(

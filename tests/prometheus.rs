@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -67,17 +67,16 @@ fn prometheus_scrapes_per_vcpu_series() {
             .unwrap(),
     );
     // Our own endpoint first: status, content type, and content.
-    let t0 = Instant::now();
-    let (status, body) = loop {
-        if let Some(r) = get(vmm_port, "/metrics") {
-            break r;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "/metrics did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    // Polled every 50 ms, given up after 600 attempts.
+    let (status, body) = (0..600)
+        .find_map(|_| {
+            let r = get(vmm_port, "/metrics");
+            if r.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r
+        })
+        .expect("/metrics did not come up");
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(
         body.contains("ppa_vcpu_used_seconds_total{vm=\"prom-test\",vcpu=\"1\"}"),
@@ -107,22 +106,19 @@ fn prometheus_scrapes_per_vcpu_series() {
             }),
     );
     let query = "/api/v1/query?query=ppa_vcpu_used_seconds_total%7Bvm%3D%22prom-test%22%7D";
-    let t0 = Instant::now();
-    let series = loop {
-        if let Some((_, body)) = get(prom_port, query) {
-            if let Ok(v) = serde_json::from_str::<Value>(&body) {
-                let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
-                if result.len() == 2 {
-                    break result;
-                }
+    // Polled every 250 ms, given up after 240 attempts (Prometheus scrapes every second).
+    let series = (0..240)
+        .find_map(|_| {
+            let result = get(prom_port, query)
+                .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+                .and_then(|v| v["data"]["result"].as_array().cloned())
+                .filter(|r| r.len() == 2);
+            if result.is_none() {
+                std::thread::sleep(Duration::from_millis(250));
             }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "Prometheus did not return two per-vCPU series within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
+            result
+        })
+        .expect("Prometheus did not return two per-vCPU series");
     let mut vcpus: Vec<String> = series
         .iter()
         .map(|s| s["metric"]["vcpu"].as_str().unwrap().to_string())

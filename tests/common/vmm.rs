@@ -3,9 +3,10 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ppa_vmm_api::Stats;
 use serde_json::{json, Value};
@@ -24,12 +25,25 @@ pub struct Vmm {
     pub dir: PathBuf,
 }
 
-/// A new empty directory under the system's temporary directory.
+/// Connects to the control socket of a VMM that is starting: polls every 5 ms, and gives up
+/// with a message after 6000 attempts (the VMM failed to start).
+pub fn connect_when_up(sock: &Path) -> UnixStream {
+    for _ in 0..6000 {
+        if let Ok(s) = UnixStream::connect(sock) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("the control socket {} did not appear", sock.display());
+}
+
+/// A new empty directory under the system's temporary directory, unique in this process.
 pub fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let d = std::env::temp_dir().join(format!(
         "ppa-test-{tag}-{}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -77,14 +91,7 @@ impl Vmm {
             sock,
             dir,
         };
-        let t0 = Instant::now();
-        while UnixStream::connect(&vmm.sock).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the control socket did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        drop(connect_when_up(&vmm.sock));
         vmm
     }
 
