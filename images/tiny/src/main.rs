@@ -429,8 +429,8 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
     if let Some(p) = &mut ctx.ppa {
         // The final figures, then the freshest host record for the steal report.
         p.publish(rdtsc(), st, work);
-        seen = p.host_seen.map(|h| {
-            let at = clk.ns(p.host_seen_tsc.saturating_sub(t_start));
+        seen = p.host_seen.map(|(h, tsc)| {
+            let at = clk.ns(tsc.saturating_sub(t_start));
             (h.steal_ns, h.wall_ns, p.publishes, at)
         });
     }

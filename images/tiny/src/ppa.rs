@@ -5,9 +5,9 @@
 //! `i` and CPU record `i` for vCPU `i` (one writer per record). vCPU 0 also owns the guest
 //! header. Every [`INTERVAL_NS`] of TSC time the workload loop calls [`Publisher::publish`]
 //! with its running measurements: the vCPU's worker thread record (on-CPU time = ran plus the
-//! time of the `exits` doorbell loop, run delay = lost, work = iterations), a read of its host record (the steal and limited time
-//! the VMM saw), and its CPU record (user = ran, idle = time halted, steal = the host's
-//! figure). All writes follow the sequence protocol of `ppa_guest_abi::ppa_page`; nothing
+//! time of the `exits` doorbell loop, run delay = lost, work = iterations), a read of its
+//! host record (the steal the VMM saw), and its CPU record (user = on-CPU time, idle = time
+//! halted, steal = the host's figure). All writes follow the sequence protocol of `ppa_guest_abi::ppa_page`; nothing
 //! here makes an exit.
 //!
 //! Guest-section layout the tiny guest uses (offsets from the section's start, `n` vCPUs):
@@ -89,10 +89,8 @@ pub struct Publisher {
     pub next: u64,
     /// Publications made.
     pub publishes: u64,
-    /// The host record as last read consistently.
-    pub host_seen: Option<HostVcpu>,
-    /// The TSC when `host_seen` was read.
-    pub host_seen_tsc: u64,
+    /// The host record as last read consistently, and the TSC of that read.
+    pub host_seen: Option<(HostVcpu, u64)>,
 }
 
 impl Publisher {
@@ -147,7 +145,6 @@ impl Publisher {
             next: 0,
             publishes: 0,
             host_seen: None,
-            host_seen_tsc: 0,
         };
         p.publish(crate::rdtsc(), &Stats::default(), 0);
         Some(p)
@@ -158,10 +155,9 @@ impl Publisher {
         // SAFETY: `find` checked the record lies inside the region the VMM mapped, 8-byte
         // aligned; the VMM writes it under the sequence protocol; any bits are a valid value.
         if let Ok(h) = unsafe { read_record(self.host, HOST_TRIES) } {
-            self.host_seen = Some(h);
-            self.host_seen_tsc = crate::rdtsc();
+            self.host_seen = Some((h, crate::rdtsc()));
         }
-        self.host_seen
+        self.host_seen.map(|(h, _)| h)
     }
 
     /// Publishes the measurements so far; `now` is the current TSC, `work` the work count.
