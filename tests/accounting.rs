@@ -22,7 +22,9 @@ fn exit_counts_are_exact_at_every_level_for_both_kinds() {
                 let out = run_vm_at(1, &[&format!("exits:n={n},kind={kind}")], level);
                 assert_all_exited_ok(&out.report);
                 let v = &out.report.vcpus[0];
-                let protocol = v.doorbells["console"] + v.doorbells["report"] + v.doorbells["exit"];
+                let protocol = v.tiny().unwrap().doorbells["console"]
+                    + v.tiny().unwrap().doorbells["report"]
+                    + v.tiny().unwrap().doorbells["exit"];
                 let expected = if kind == "mmio" { n + protocol } else { n };
                 assert_eq!(v.times.exits[reason], expected, "{level:?} {kind} n={n}");
                 let total: u64 = v.times.exits.values().sum();
@@ -354,7 +356,10 @@ fn level_switches_at_run_time() {
     let exits: u64 = v.times.exits.values().sum();
     assert!(timed > 0 && timed < exits, "timed {timed} of {exits} exits");
     assert_eq!(
-        v.doorbells["halt"] + v.doorbells["report"] + v.doorbells["exit"] + v.doorbells["console"],
+        v.tiny().unwrap().doorbells["halt"]
+            + v.tiny().unwrap().doorbells["report"]
+            + v.tiny().unwrap().doorbells["exit"]
+            + v.tiny().unwrap().doorbells["console"],
         exits
     );
 }
@@ -393,7 +398,11 @@ fn sixty_four_mixed_vcpus_hold_the_identity() {
                 t.kvm_run_wall_ns
             );
             missed += 1;
-            misses.push((v.times.id, v.workload.clone(), t.identity_error_ns));
+            misses.push((
+                v.times.id,
+                v.tiny().unwrap().workload.clone(),
+                t.identity_error_ns,
+            ));
         }
         if missed == 0 {
             return;

@@ -24,15 +24,18 @@ fn every_workload_but_fault_exits_zero() {
     for v in &out.report.vcpus {
         assert!(v.times.host_tid > 0, "vCPU {} has a host tid", v.times.id);
         assert!(v.times.wall_ns > 0);
-        assert_eq!(v.doorbells["exit"], 1, "one exit doorbell");
-        assert_eq!(v.doorbells["unhandled"], 0);
+        assert_eq!(v.tiny().unwrap().doorbells["exit"], 1, "one exit doorbell");
+        assert_eq!(v.tiny().unwrap().doorbells["unhandled"], 0);
     }
     // Every idle step and periodic sleep is a halt doorbell the guest counted too.
     let idle = &out.report.vcpus[0];
-    assert_eq!(idle.doorbells["halt"], reported(idle, "iterations"));
+    assert_eq!(
+        idle.tiny().unwrap().doorbells["halt"],
+        reported(idle, "iterations")
+    );
     let periodic = &out.report.vcpus[2];
     assert_eq!(reported(periodic, "iterations"), 10);
-    assert!(periodic.doorbells["halt"] <= 10);
+    assert!(periodic.tiny().unwrap().doorbells["halt"] <= 10);
 }
 
 fn exact_exits(n: u64, kind: &str) {
@@ -43,10 +46,16 @@ fn exact_exits(n: u64, kind: &str) {
         "mmio" => ("workload_mmio", "mmio_write"),
         _ => ("workload_pio", "io_out"),
     };
-    assert_eq!(v.doorbells[bell], n, "workload exits of kind {kind}");
+    assert_eq!(
+        v.tiny().unwrap().doorbells[bell],
+        n,
+        "workload exits of kind {kind}"
+    );
     assert_eq!(reported(v, "iterations"), n);
     // The protocol's own doorbells are told apart: console (vCPU 0's greeting), reports, exit.
-    let protocol = v.doorbells["console"] + v.doorbells["report"] + v.doorbells["exit"];
+    let protocol = v.tiny().unwrap().doorbells["console"]
+        + v.tiny().unwrap().doorbells["report"]
+        + v.tiny().unwrap().doorbells["exit"];
     assert!(protocol > 0);
     match kind {
         "mmio" => assert_eq!(v.times.exits[reason], n + protocol),
@@ -56,7 +65,10 @@ fn exact_exits(n: u64, kind: &str) {
         }
     }
     // The guest's own count of exits it made = workload exits + console bytes.
-    assert_eq!(reported(v, "exits_made"), n + v.doorbells["console"]);
+    assert_eq!(
+        reported(v, "exits_made"),
+        n + v.tiny().unwrap().doorbells["console"]
+    );
 }
 
 #[test]
@@ -133,7 +145,33 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
         for other in [&out.report.vcpus[0], &out.report.vcpus[2]] {
             assert_eq!(other.end, "stopped", "vCPU {}", other.times.id);
             assert!(other.failure.is_none());
-            assert!(other.guest_reported.is_empty(), "stopped before reporting");
+            assert!(
+                other.tiny().unwrap().guest_reported.is_empty(),
+                "stopped before reporting"
+            );
         }
     }
+}
+
+#[test]
+fn a_5_gib_vm_has_ram_above_4_gib_that_the_guest_writes_and_reads_back() {
+    common::require_kvm();
+    let _g = serial();
+    let opts = ppa_vmm::config::RunOptions {
+        vcpus: Some(2),
+        memory_mib: Some(5 << 10),
+        // 5 GiB of host memory is not faulted in: only what the guest touches is.
+        prefault: Some(false),
+        workload: vec!["memtouch:mib=256".into(), "1=idle:ms=10".into()],
+        max_runtime: Some(120.0),
+        ..Default::default()
+    };
+    let (config, _) = opts.into_config().unwrap();
+    let out = ppa_vmm::vm::Vm::try_from(config).unwrap().run().unwrap();
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    assert_eq!(reported(v, "touch_base"), 4 << 30, "RAM above 4 GiB");
+    assert_eq!(reported(v, "touched_bytes"), 256 << 20);
+    assert_eq!(reported(v, "touch_errors"), 0, "every word read back as written");
+    assert_eq!(out.report.vm.info.memory_mib, 5 << 10);
 }

@@ -140,13 +140,13 @@ fn histograms_are_written_in_the_kstats_text_form() {
 }
 
 #[test]
-fn kernel_path_boots_the_same_image_from_a_file() {
+fn tiny_image_boots_the_same_image_from_a_file() {
     require_kvm();
     let _g = serial();
-    let path = temp_file("tiny.elf", ppa_vmm::vm::TINY_GUEST);
+    let path = temp_file("tiny.elf", ppa_vmm::payload::tiny::TINY_GUEST);
     let o = ppa_vmm(&[
         "run",
-        "--kernel",
+        "--tiny-image",
         path.to_str().unwrap(),
         "--workload",
         "exits:n=3",
@@ -211,16 +211,20 @@ fn bad_input_is_refused_clearly() {
     let bad_cfg = temp_file("bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
     let cases: &[(&[&str], &str)] = &[
         (
-            &["run", "--kernel", "/nonexistent/image.elf"],
+            &["run", "--tiny-image", "/nonexistent/image.elf"],
             "/nonexistent/image.elf",
         ),
         (
-            &["run", "--kernel", not_elf.to_str().unwrap()],
+            &["run", "--tiny-image", not_elf.to_str().unwrap()],
             "not an ELF",
         ),
         (
-            &["run", "--kernel", bzimage.to_str().unwrap()],
+            &["run", "--tiny-image", bzimage.to_str().unwrap()],
             "Linux kernel",
+        ),
+        (
+            &["run", "--guest", "tiny", "--tiny-image", "/x.elf"],
+            "not several",
         ),
         (&["run", "--vcpus", "0"], "between 1 and 256 vCPUs"),
         (&["run", "--vcpus", "257"], "between 1 and 256 vCPUs"),
@@ -229,9 +233,10 @@ fn bad_input_is_refused_clearly() {
             "guest memory must be between",
         ),
         (
-            &["run", "--memory-mib", "1000000"],
+            &["run", "--memory-mib", "2000000"],
             "guest memory must be between",
         ),
+        (&["run", "--memory-mib", "300000"], "maps at most 224 GiB"),
         (&["run", "--vcpus", "256", "--memory-mib", "4"], "too small"),
         (
             &["run", "--workload", "spin:ms=3"],

@@ -237,7 +237,7 @@ fn the_cgroup_backend_reports_the_cgroups_own_figures() {
         vcpus: Some(1),
         workload: vec!["busy:ms=1500".into()],
         cpu_limit: Some("25%".into()),
-        limit_backend: Some("cgroup".into()),
+        limit_backend: Some(ppa_vmm::limits::limiter::Backend::Cgroup),
         max_runtime: Some(60.0),
         ..Default::default()
     });

@@ -24,8 +24,9 @@ pub mod ppa_page;
 /// Magic value of [`BootInfo::magic`]: "PPAB" in little-endian.
 pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
 /// Boot-info layout version: major in the high 16 bits, minor in the low 16 bits. Minor 1
-/// gave [`WorkloadDesc::flags`] its first bit ([`workload::FLAG_NO_PUBLISH`]).
-pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 1;
+/// gave [`WorkloadDesc::flags`] its first bit ([`workload::FLAG_NO_PUBLISH`]); minor 2 added
+/// the `memtouch` workload ([`workload::MEMTOUCH`]) and its report keys.
+pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 2;
 /// Size of one boot-info record in guest memory.
 pub const BOOT_INFO_SIZE: usize = 256;
 
@@ -83,9 +84,15 @@ pub mod report {
     /// record of [`STEAL_SEEN_NS`] (same origin as [`ELAPSED_NS`], so `elapsed_ns −
     /// steal_seen_at_ns` is how long before its end the guest read it).
     pub const STEAL_SEEN_AT_NS: u64 = 10;
+    /// `memtouch`: bytes the guest wrote and read back.
+    pub const TOUCHED_BYTES: u64 = 11;
+    /// `memtouch`: 8-byte words that did not read back as written.
+    pub const TOUCH_ERRORS: u64 = 12;
+    /// `memtouch`: guest-physical address of the first byte touched.
+    pub const TOUCH_BASE: u64 = 13;
 
     /// Name of each key, index = key.
-    pub const NAMES: [&str; 11] = [
+    pub const NAMES: [&str; 14] = [
         "spin_ns",
         "lost_ns",
         "gaps",
@@ -97,6 +104,9 @@ pub mod report {
         "steal_seen_wall_ns",
         "publishes",
         "steal_seen_at_ns",
+        "touched_bytes",
+        "touch_errors",
+        "touch_base",
     ];
 }
 
@@ -115,6 +125,12 @@ pub mod workload {
     /// `hostile`: params = [ms, mode]; writes bad data into the PPA page's guest section as
     /// fast as it can for `ms`, in one of the `HOSTILE_*` modes. It never publishes honestly.
     pub const HOSTILE: u32 = 6;
+
+    /// `memtouch`: params = [bytes, base]: writes a pattern over `[base, base + bytes)` (a RAM
+    /// range the VMM chose and identity-mapped), reads it back, and reports
+    /// [`crate::report::TOUCHED_BYTES`], [`crate::report::TOUCH_ERRORS`] and
+    /// [`crate::report::TOUCH_BASE`].
+    pub const MEMTOUCH: u32 = 7;
 
     /// [`crate::WorkloadDesc::flags`] bit: do not publish to the PPA page.
     pub const FLAG_NO_PUBLISH: u32 = 1;

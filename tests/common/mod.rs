@@ -71,7 +71,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
         "identity fails for vCPU {} ({}): wall {} vs used {} + steal {} + halted {} + idle {} + \
          limited {} + paused {} (error {} ns, host steal {host_steal} ns)",
         v.times.id,
-        v.workload,
+        v.tiny().map_or("", |t| t.workload.as_str()),
         t.wall_ns,
         t.used_ns,
         t.steal_ns,
@@ -97,12 +97,17 @@ pub fn identity_explained(wall_ns: u64, error_ns: i64, host_steal_ns: u64) -> bo
 
 /// The value the guest reported under `key`.
 pub fn reported(v: &VcpuReport, key: &str) -> u64 {
-    *v.guest_reported.get(key).unwrap_or_else(|| {
-        panic!(
-            "vCPU {} did not report {key}: {:?}",
-            v.times.id, v.guest_reported
-        )
-    })
+    *v.tiny()
+        .expect("a tiny guest")
+        .guest_reported
+        .get(key)
+        .unwrap_or_else(|| {
+            panic!(
+                "vCPU {} did not report {key}: {:?}",
+                v.times.id,
+                v.tiny().map(|t| &t.guest_reported)
+            )
+        })
 }
 
 /// Asserts every vCPU exited with code 0.
@@ -113,7 +118,7 @@ pub fn assert_all_exited_ok(r: &Report) {
             Some(0),
             "vCPU {} ({}) ended {} with {:?}",
             v.times.id,
-            v.workload,
+            v.tiny().map_or("", |t| t.workload.as_str()),
             v.end,
             v.failure
         );

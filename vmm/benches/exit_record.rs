@@ -14,7 +14,7 @@ use ppa_vmm::accounting::host::{current_cpu, thread_cpu_ns};
 use ppa_vmm::accounting::meter::{Recorder, Stamp, VcpuMeter};
 use ppa_vmm::accounting::{AccountingControl, Level};
 use ppa_vmm::exit::ExitReason;
-use ppa_vmm::kick::now_ns;
+use ppa_vmm::sync::now_ns;
 
 fn recorder(level: Level) -> Recorder {
     let control = Arc::new(AccountingControl::default());

@@ -92,7 +92,8 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let rate = match configs[i] {
                 None => {
-                    let (n, ns) = vm(o.exits, Level::Off)?.run_raw()?;
+                    let exit_gpa = ppa_guest_abi::DOORBELL_GPA + ppa_guest_abi::doorbell::EXIT;
+                    let (n, ns) = vm(o.exits, Level::Off)?.run_raw(exit_gpa)?;
                     n as f64 * 1e9 / ns.max(1) as f64
                 }
                 Some(level) => ppa_rate(o.exits, level)?,

@@ -1,10 +1,10 @@
 //! Configuration: the plain [`VmConfig`] the core is built from, and [`RunOptions`], the one
-//! shape shared by the command line and the JSON config file.
+//! struct that is both the command line (clap) and the JSON config file (serde).
 //!
-//! Data flow: the CLI (clap, in `main.rs`) and the config file (serde, [`RunOptions::from_file`])
-//! each produce a [`RunOptions`]; [`RunOptions::merge`] lays the command line over the file;
-//! [`RunOptions::into_config`] checks it and splits it into a [`VmConfig`] (what `Vm::try_from`
-//! takes) and [`ReportOptions`] (what the binary does with the result).
+//! Data flow: clap parses `ppa-vmm run`'s flags into a [`RunOptions`], and the config file
+//! ([`RunOptions::from_file`]) gives another; [`RunOptions::merge`] lays the command line over
+//! the file; [`RunOptions::into_config`] checks it and splits it into a [`VmConfig`] (what
+//! `Vm::try_from` takes) and [`ReportOptions`] (what the binary does with the result).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,8 +14,14 @@ use thiserror::Error;
 
 use crate::accounting::histogram::{DEFAULT_FRAC_BITS, MAX_FRAC_BITS};
 use crate::accounting::{Level, Thresholds};
-use crate::arch::x86_64::layout::{MAX_RAM_BYTES, MAX_VCPUS, MIN_RAM_BYTES};
-use crate::workload::{Assignment, WorkloadError};
+use crate::arch::x86_64::layout::{MAX_RAM_BYTES, MIN_RAM_BYTES};
+use crate::limits::limiter::Backend;
+use crate::payload::tiny::workload::{Assignment, WorkloadError};
+use crate::payload::tiny::TinyImage;
+use crate::payload::Payload;
+
+/// The most vCPUs a VM may have.
+pub const MAX_VCPUS: usize = 256;
 
 /// Why a configuration was refused.
 #[derive(Debug, Error)]
@@ -31,11 +37,14 @@ pub enum ConfigError {
     )]
     Memory(u64),
     /// `--guest` names an unknown guest.
-    #[error("unknown guest `{0}` (the embedded guest is `tiny`; use --kernel PATH for a file)")]
+    #[error("unknown guest `{0}` (the embedded guest is `tiny`; use --tiny-image PATH for a tiny-guest ELF file)")]
     UnknownGuest(String),
-    /// Both `--guest` and `--kernel`.
-    #[error("give either --guest or --kernel, not both")]
+    /// More than one of `--guest`, `--tiny-image` and `--kernel`.
+    #[error("give one of --guest, --tiny-image and --kernel, not several")]
     GuestAndKernel,
+    /// `--kernel`: a Linux kernel, which this build cannot boot yet.
+    #[error("--kernel boots a Linux kernel, which this build cannot do yet; a tiny-guest ELF image takes --tiny-image PATH")]
+    LinuxNotBuilt,
     /// Histogram fractional bits out of range.
     #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
     HistogramBits(u8),
@@ -86,15 +95,6 @@ pub enum ConfigError {
     },
 }
 
-/// Where the guest image comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImageSource {
-    /// The tiny guest embedded in the binary.
-    Tiny,
-    /// An ELF file following the tiny-guest protocol.
-    File(PathBuf),
-}
-
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -102,16 +102,14 @@ pub struct VmConfig {
     pub vcpus: usize,
     /// Guest RAM in MiB.
     pub memory_mib: u64,
-    /// Guest image.
-    pub image: ImageSource,
-    /// Workload assignments, applied in order.
-    pub workloads: Vec<Assignment>,
+    /// Fault every page of guest RAM in before the guest starts.
+    pub prefault: bool,
+    /// What boots.
+    pub payload: Payload,
     /// Stop every vCPU after this long.
     pub max_runtime: Option<Duration>,
     /// The KVM device node.
     pub kvm_device: PathBuf,
-    /// Gap threshold of the guest's rdtsc loops, ns.
-    pub gap_threshold_ns: u64,
     /// Accounting level at start.
     pub accounting: Level,
     /// Threshold counters at start.
@@ -139,11 +137,10 @@ impl Default for VmConfig {
         VmConfig {
             vcpus: 1,
             memory_mib: 32,
-            image: ImageSource::Tiny,
-            workloads: Vec::new(),
+            prefault: true,
+            payload: Payload::default(),
             max_runtime: None,
             kvm_device: PathBuf::from("/dev/kvm"),
-            gap_threshold_ns: 2_000,
             accounting: Level::Basic,
             thresholds: Thresholds::default(),
             histogram_bits: DEFAULT_FRAC_BITS,
@@ -198,61 +195,102 @@ pub struct ReportOptions {
     pub histograms_file: Option<PathBuf>,
 }
 
-/// The options of `ppa-vmm run`, as given on the command line or in a config file. Every field
-/// is optional; unset fields take the defaults of [`VmConfig`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// The options of `ppa-vmm run`: the command line's flags (clap) and the config file's keys
+/// (serde, the same names with `_` for `-`) in one struct. Every field is optional; unset fields
+/// take the defaults of [`VmConfig`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct RunOptions {
-    /// vCPU count.
+    /// JSON config file with the same fields as the flags (flags win).
+    #[arg(long, value_name = "FILE.json")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Number of vCPUs (1..=256).
+    #[arg(long)]
     pub vcpus: Option<usize>,
-    /// Memory in MiB.
+    /// Guest memory in MiB (RAM past 3 GiB is placed above 4 GiB).
+    #[arg(long)]
     pub memory_mib: Option<u64>,
-    /// Embedded guest name (`tiny`).
+    /// Fault every page of guest memory in before the guest starts (default true: a first
+    /// touch inside the guest can block in the host kernel, time no figure explains).
+    #[arg(long, value_name = "true|false")]
+    pub prefault: Option<bool>,
+    /// Embedded guest to boot (`tiny`).
+    #[arg(long)]
     pub guest: Option<String>,
-    /// Guest image file.
+    /// A tiny-guest ELF image file (the protocol of the embedded tiny guest).
+    #[arg(long, value_name = "PATH")]
+    pub tiny_image: Option<PathBuf>,
+    /// A Linux kernel to boot.
+    #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
-    /// Workload specs (`SPEC` or `I=SPEC`).
+    /// Workload `SPEC` for all vCPUs or `I=SPEC` for vCPU I (repeatable; later ones win).
+    #[arg(long, value_name = "SPEC")]
     #[serde(default)]
     pub workload: Vec<String>,
-    /// Report format.
+    /// Final report format.
+    #[arg(long, value_enum)]
     pub report: Option<ReportFormat>,
-    /// Report file.
+    /// Write the report to this file instead of stdout.
+    #[arg(long, value_name = "PATH")]
     pub report_file: Option<PathBuf>,
-    /// File for every histogram in the kstats text form.
+    /// Write every histogram in the kstats text form (`slot S vcpu V count C avg A p P`) here.
+    #[arg(long, value_name = "PATH")]
     pub histograms_file: Option<PathBuf>,
-    /// Maximum run time in seconds.
+    /// Stop every vCPU after this many seconds.
+    #[arg(long, value_name = "SECS")]
     pub max_runtime: Option<f64>,
-    /// KVM device path.
+    /// KVM device node.
+    #[arg(long, value_name = "PATH")]
     pub kvm_device: Option<PathBuf>,
-    /// Accounting level at start.
+    /// Accounting level at start: off, basic or full (switchable at run time).
+    #[arg(long, value_enum)]
     pub accounting: Option<Level>,
-    /// Histogram fractional bits.
+    /// Fractional bits of the log-linear histograms (0..=5).
+    #[arg(long, value_name = "BITS")]
     pub histogram_bits: Option<u8>,
-    /// Thresholds as `NAME=NS` strings, in the file as on the command line.
+    /// A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns,
+    /// steal_window_ns); repeatable.
+    #[arg(long, value_name = "NAME=NS")]
     #[serde(default)]
     pub threshold: Vec<String>,
-    /// The VM's name.
+    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
+    #[arg(long)]
     pub name: Option<String>,
-    /// Control socket path.
+    /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
+    #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
-    /// `IP:PORT` of the HTTP /metrics endpoint.
+    /// Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs.
+    #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<String>,
-    /// VM-wide CPU limit (`150%`, `15ms/10ms`).
+    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
+    #[arg(long, value_name = "LIMIT")]
     pub cpu_limit: Option<String>,
-    /// vCPU groups, `NAME:VCPUS:LIMIT`.
+    /// A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%);
+    /// repeatable.
+    #[arg(long, value_name = "NAME:VCPUS:LIMIT")]
     #[serde(default)]
     pub vcpu_group: Vec<String>,
-    /// Who enforces the limits: `vmm` (default) or `cgroup`.
-    pub limit_backend: Option<String>,
-    /// Guest run (ms) without an exit or idle that counts as a runaway.
+    /// Who enforces the limits: vmm (precise, default) or cgroup (CFS bandwidth control, for
+    /// comparison).
+    #[arg(long, value_enum)]
+    pub limit_backend: Option<Backend>,
+    /// Raise an overload event when a vCPU stays in the guest this long (ms) without an exit
+    /// or an idle (PPA's runaway process).
+    #[arg(long, value_name = "MS")]
     pub runaway: Option<f64>,
-    /// `PCT:WINDOWS`: above PCT % of the time for WINDOWS windows of 100 ms.
+    /// Raise an overload event when a vCPU uses more than PCT % of its time for WINDOWS
+    /// windows of 100 ms in a row.
+    #[arg(long, value_name = "PCT:WINDOWS")]
     pub overload: Option<String>,
-    /// `notify` (default), `pause` or `throttle:LIMIT`.
+    /// What a runaway or overload does besides the event: notify, pause or throttle:LIMIT.
+    #[arg(long, value_name = "ACTION")]
     pub overload_action: Option<String>,
-    /// Size of the PPA page in bytes (0: none).
+    /// Size of the PPA page shared with the guest, bytes (default 65536; 0: none).
+    #[arg(long, value_name = "BYTES")]
     pub ppa_page_size: Option<u64>,
-    /// File backing the PPA page.
+    /// Back the PPA page with this file, so host tools can map it (removed at the end).
+    #[arg(long, value_name = "PATH")]
     pub ppa_page_file: Option<PathBuf>,
 }
 
@@ -321,6 +359,9 @@ impl RunOptions {
         let mut threshold = self.threshold;
         threshold.extend(over.threshold);
         RunOptions {
+            config: over.config.or(self.config),
+            prefault: over.prefault.or(self.prefault),
+            tiny_image: over.tiny_image.or(self.tiny_image),
             accounting: over.accounting.or(self.accounting),
             histogram_bits: over.histogram_bits.or(self.histogram_bits),
             threshold,
@@ -355,12 +396,13 @@ impl RunOptions {
     /// Checks the options and splits them into the VM's config and the report's.
     pub fn into_config(self) -> Result<(VmConfig, ReportOptions), ConfigError> {
         let d = VmConfig::default();
-        let image = match (self.guest, self.kernel) {
-            (Some(_), Some(_)) => return Err(ConfigError::GuestAndKernel),
-            (Some(g), None) if g == "tiny" => ImageSource::Tiny,
-            (Some(g), None) => return Err(ConfigError::UnknownGuest(g)),
-            (None, Some(path)) => ImageSource::File(path),
-            (None, None) => ImageSource::Tiny,
+        let image = match (self.guest, self.tiny_image, self.kernel) {
+            (Some(g), None, None) if g == "tiny" => TinyImage::Embedded,
+            (Some(g), None, None) => return Err(ConfigError::UnknownGuest(g)),
+            (None, Some(path), None) => TinyImage::File(path),
+            (None, None, Some(_)) => return Err(ConfigError::LinuxNotBuilt),
+            (None, None, None) => TinyImage::Embedded,
+            _ => return Err(ConfigError::GuestAndKernel),
         };
         let max_runtime = match self.max_runtime {
             None => None,
@@ -398,21 +440,18 @@ impl RunOptions {
         };
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
-        limits.backend = match self.limit_backend.as_deref() {
-            None | Some("vmm") => crate::limits::limiter::Backend::Vmm,
-            Some("cgroup") => crate::limits::limiter::Backend::Cgroup,
-            Some(other) => {
-                return Err(crate::limits::LimitError::BackendName(other.to_string()).into())
-            }
-        };
+        limits.backend = self.limit_backend.unwrap_or_default();
         let config = VmConfig {
             vcpus,
             memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
-            image,
-            workloads,
+            prefault: self.prefault.unwrap_or(d.prefault),
+            payload: Payload::Tiny {
+                image,
+                workloads,
+                gap_threshold_ns: 2_000,
+            },
             max_runtime,
             kvm_device: self.kvm_device.unwrap_or(d.kvm_device),
-            gap_threshold_ns: d.gap_threshold_ns,
             accounting: self.accounting.unwrap_or(d.accounting),
             thresholds: parse_thresholds(&self.threshold, d.thresholds)?,
             histogram_bits: self.histogram_bits.unwrap_or(d.histogram_bits),
@@ -459,10 +498,14 @@ mod tests {
         let (vm, report) = file.merge(cli).into_config().unwrap();
         assert_eq!(vm.vcpus, 2);
         assert_eq!(vm.memory_mib, 64);
-        assert_eq!(vm.workloads.len(), 2);
-        assert_eq!(vm.workloads[1].target, Some(1));
+        let Payload::Tiny {
+            image, workloads, ..
+        } = &vm.payload;
+        assert_eq!(workloads.len(), 2);
+        assert_eq!(workloads[1].target, Some(1));
         assert_eq!(report.format, ReportFormat::Json);
-        assert_eq!(vm.image, ImageSource::Tiny);
+        assert_eq!(*image, TinyImage::Embedded);
+        assert!(vm.prefault, "prefault is on by default");
     }
 
     #[test]
@@ -512,11 +555,37 @@ mod tests {
         assert!(matches!(
             bad(RunOptions {
                 guest: Some("tiny".into()),
-                kernel: Some("x".into()),
+                tiny_image: Some("x".into()),
                 ..Default::default()
             }),
             ConfigError::GuestAndKernel
         ));
+        assert!(matches!(
+            bad(RunOptions {
+                kernel: Some("bzImage".into()),
+                ..Default::default()
+            }),
+            ConfigError::LinuxNotBuilt
+        ));
+        assert!(
+            opts(r#"{"config": "other.json"}"#).is_err(),
+            "no nested config files"
+        );
+        let (vm, _) =
+            opts(r#"{"tiny_image": "/x.elf", "prefault": false, "limit_backend": "cgroup"}"#)
+                .unwrap()
+                .into_config()
+                .unwrap();
+        assert!(!vm.prefault);
+        assert_eq!(vm.limits.backend, Backend::Cgroup);
+        assert!(matches!(
+            vm.payload,
+            Payload::Tiny {
+                image: TinyImage::File(_),
+                ..
+            }
+        ));
+        assert!(opts(r#"{"limit_backend": "kernel"}"#).is_err());
         assert!(matches!(
             bad(RunOptions {
                 max_runtime: Some(-1.0),

@@ -1,16 +1,17 @@
-//! Exit handling as a pure function: a KVM exit in, its reason and what to do next out.
+//! Exit handling as a pure function: an exit in, its reason and what the vCPU does next out.
 //!
-//! Data flow: the vCPU loop (`vcpu.rs`) turns each KVM_RUN result into an [`ExitEvent`] (our
-//! own type, free of KVM's), calls [`handle_exit`] with the VM's buses, and carries out the
-//! [`Outcome`]: resume, a device action (console, halt, report, exit), or a guest failure.
-//! Nothing here touches KVM, clocks or threads, so every exit kind is unit-tested with synthetic
-//! exits.
+//! Data flow: the vCPU loop (`vcpu::run`) gets each [`ExitEvent`] from the hypervisor seam (our
+//! own type, free of KVM's), calls [`handle_exit`] with the VM's [`Buses`], and carries out the
+//! [`Outcome`]: resume, a device's [`VcpuRequest`] (exit, park, stop), or a guest failure.
+//! Nothing here touches the hypervisor, clocks or threads, so every exit kind is unit-tested with
+//! synthetic exits.
 
 use std::fmt;
 
 use serde::Serialize;
 
-use crate::bus::{Bus, DeviceAction};
+use crate::devices::{Buses, VcpuRequest};
+pub use crate::hypervisor::ExitEvent;
 
 /// Userspace exit reasons, the keys of the per-vCPU `exits` counts (spec section 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -81,64 +82,6 @@ impl ExitReason {
     }
 }
 
-/// One KVM_RUN result, in our own terms.
-#[derive(Debug)]
-pub enum ExitEvent<'a> {
-    /// Port read: fill `data`.
-    IoIn {
-        /// Port.
-        port: u16,
-        /// Bytes to fill.
-        data: &'a mut [u8],
-    },
-    /// Port write.
-    IoOut {
-        /// Port.
-        port: u16,
-        /// Bytes written.
-        data: &'a [u8],
-    },
-    /// MMIO read: fill `data`.
-    MmioRead {
-        /// Guest-physical address.
-        addr: u64,
-        /// Bytes to fill.
-        data: &'a mut [u8],
-    },
-    /// MMIO write.
-    MmioWrite {
-        /// Guest-physical address.
-        addr: u64,
-        /// Bytes written.
-        data: &'a [u8],
-    },
-    /// HLT reached userspace.
-    Hlt,
-    /// Shutdown (triple fault).
-    Shutdown,
-    /// Interrupted (kick or signal).
-    Intr,
-    /// VM entry failed.
-    FailEntry {
-        /// Hardware reason.
-        reason: u64,
-        /// Host CPU.
-        cpu: u32,
-    },
-    /// KVM internal error.
-    InternalError {
-        /// KVM's suberror code.
-        suberror: u32,
-    },
-    /// System event.
-    SystemEvent {
-        /// Event type.
-        kind: u32,
-    },
-    /// An exit this VMM does not expect from its guests.
-    Other(&'static str),
-}
-
 /// Why a vCPU stopped for good, decided by the guest's behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
@@ -190,41 +133,44 @@ impl fmt::Display for Failure {
 /// What the vCPU does after an exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// Carry out a device's action, then resume (unless it says otherwise).
-    Device(DeviceAction),
-    /// Resume at once.
+    /// Resume the guest.
     Resume,
-    /// Park until kicked: a HLT with no in-kernel irqchip, which only the VMM can end.
-    ParkUntilKicked,
+    /// Carry out a device's request.
+    Request(VcpuRequest),
     /// The vCPU is dead.
     Fail(Failure),
 }
 
+impl From<Option<VcpuRequest>> for Outcome {
+    fn from(r: Option<VcpuRequest>) -> Self {
+        r.map_or(Outcome::Resume, Outcome::Request)
+    }
+}
+
 /// Handles one exit of vCPU `vcpu`: classifies it and routes I/O to the buses.
-pub fn handle_exit(
-    event: ExitEvent<'_>,
-    mmio: &Bus,
-    pio: &Bus,
-    vcpu: usize,
-) -> (ExitReason, Outcome) {
+pub fn handle_exit(event: ExitEvent<'_>, buses: &Buses, vcpu: usize) -> (ExitReason, Outcome) {
     match event {
         ExitEvent::IoIn { port, data } => (
             ExitReason::IoIn,
-            Outcome::Device(pio.read(vcpu, u64::from(port), data)),
+            buses.pio.read(vcpu, u64::from(port), data).into(),
         ),
         ExitEvent::IoOut { port, data } => (
             ExitReason::IoOut,
-            Outcome::Device(pio.write(vcpu, u64::from(port), data)),
+            buses.pio.write(vcpu, u64::from(port), data).into(),
         ),
         ExitEvent::MmioRead { addr, data } => (
             ExitReason::MmioRead,
-            Outcome::Device(mmio.read(vcpu, addr, data)),
+            buses.mmio.read(vcpu, addr, data).into(),
         ),
         ExitEvent::MmioWrite { addr, data } => (
             ExitReason::MmioWrite,
-            Outcome::Device(mmio.write(vcpu, addr, data)),
+            buses.mmio.write(vcpu, addr, data).into(),
         ),
-        ExitEvent::Hlt => (ExitReason::Hlt, Outcome::ParkUntilKicked),
+        // With no in-kernel irqchip only the VMM can end a HLT: park until kicked.
+        ExitEvent::Hlt => (
+            ExitReason::Hlt,
+            Outcome::Request(VcpuRequest::Park { deadline_ns: None }),
+        ),
         ExitEvent::Intr => (ExitReason::Intr, Outcome::Resume),
         ExitEvent::Shutdown => (ExitReason::Shutdown, Outcome::Fail(Failure::Shutdown)),
         ExitEvent::FailEntry { reason, cpu } => (
@@ -250,35 +196,45 @@ mod tests {
     use ppa_guest_abi::{doorbell, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
 
     use super::*;
-    use crate::devices::{Doorbells, WorkloadPort};
+    use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
 
-    fn buses() -> (Bus, Bus) {
-        let mut mmio = Bus::new();
-        mmio.insert(DOORBELL_GPA, DOORBELL_SIZE, Arc::new(Doorbells))
+    fn buses(board: &Arc<TinyBoard>) -> Buses {
+        let mut b = Buses::new(1);
+        b.mmio
+            .insert(
+                DOORBELL_GPA,
+                DOORBELL_SIZE,
+                Arc::new(Doorbells(board.clone())),
+            )
             .unwrap();
-        let mut pio = Bus::new();
-        pio.insert(u64::from(WORKLOAD_PIO_PORT), 4, Arc::new(WorkloadPort))
+        b.pio
+            .insert(
+                u64::from(WORKLOAD_PIO_PORT),
+                4,
+                Arc::new(WorkloadPort(board.clone())),
+            )
             .unwrap();
-        (mmio, pio)
+        b
     }
 
     fn h(e: ExitEvent<'_>) -> (ExitReason, Outcome) {
-        let (mmio, pio) = buses();
-        handle_exit(e, &mmio, &pio, 0)
+        handle_exit(e, &buses(&TinyBoard::new(1)), 0)
     }
 
     #[test]
     fn routes_synthetic_exits() {
-        assert_eq!(
+        assert!(matches!(
             h(ExitEvent::MmioWrite {
                 addr: DOORBELL_GPA + doorbell::HALT,
                 data: &5000u64.to_le_bytes()
             }),
             (
                 ExitReason::MmioWrite,
-                Outcome::Device(DeviceAction::Halt(5000))
+                Outcome::Request(VcpuRequest::Park {
+                    deadline_ns: Some(_)
+                })
             )
-        );
+        ));
         assert_eq!(
             h(ExitEvent::MmioWrite {
                 addr: DOORBELL_GPA + doorbell::EXIT,
@@ -286,37 +242,50 @@ mod tests {
             }),
             (
                 ExitReason::MmioWrite,
-                Outcome::Device(DeviceAction::Exit(3))
+                Outcome::Request(VcpuRequest::Exit(3))
             )
         );
+        let board = TinyBoard::new(1);
+        let b = buses(&board);
         assert_eq!(
-            h(ExitEvent::IoOut {
-                port: WORKLOAD_PIO_PORT,
-                data: &[1, 2, 3, 4]
-            }),
-            (ExitReason::IoOut, Outcome::Device(DeviceAction::Workload))
+            handle_exit(
+                ExitEvent::IoOut {
+                    port: WORKLOAD_PIO_PORT,
+                    data: &[1, 2, 3, 4]
+                },
+                &b,
+                0
+            ),
+            (ExitReason::IoOut, Outcome::Resume)
         );
+        assert_eq!(board.vcpu(0).unwrap().doorbell(Doorbell::WorkloadPio), 1);
         let mut buf = [0xffu8; 4];
         assert_eq!(
-            h(ExitEvent::IoIn {
-                port: 0x80,
-                data: &mut buf
-            }),
-            (ExitReason::IoIn, Outcome::Device(DeviceAction::Unhandled))
+            handle_exit(
+                ExitEvent::IoIn {
+                    port: 0x80,
+                    data: &mut buf
+                },
+                &b,
+                0
+            ),
+            (ExitReason::IoIn, Outcome::Resume)
         );
         assert_eq!(buf, [0; 4], "unclaimed port reads as zeros");
         let mut buf = [0xffu8; 8];
         assert_eq!(
-            h(ExitEvent::MmioRead {
-                addr: 0x4000_0000,
-                data: &mut buf
-            }),
-            (
-                ExitReason::MmioRead,
-                Outcome::Device(DeviceAction::Unhandled)
-            )
+            handle_exit(
+                ExitEvent::MmioRead {
+                    addr: 0x4000_0000,
+                    data: &mut buf
+                },
+                &b,
+                0
+            ),
+            (ExitReason::MmioRead, Outcome::Resume)
         );
         assert_eq!(buf, [0; 8]);
+        assert_eq!(b.unclaimed(0), 2);
     }
 
     #[test]
@@ -335,7 +304,10 @@ mod tests {
         assert_eq!(h(ExitEvent::Intr), (ExitReason::Intr, Outcome::Resume));
         assert_eq!(
             h(ExitEvent::Hlt),
-            (ExitReason::Hlt, Outcome::ParkUntilKicked)
+            (
+                ExitReason::Hlt,
+                Outcome::Request(VcpuRequest::Park { deadline_ns: None })
+            )
         );
         assert_eq!(h(ExitEvent::Other("debug")).0, ExitReason::Other);
         assert_eq!(

@@ -2,28 +2,32 @@
 //!
 //! The library is the whole VMM; the `ppa-vmm` binary is a thin command-line adapter over it.
 //! Data flow: a [`config::VmConfig`] (from the CLI, a config file, or code) becomes a
-//! [`vm::Vm`] through `TryFrom`; [`vm::Vm::run`] starts one thread per vCPU ([`vcpu`]), whose
-//! exits go through [`exit::handle_exit`] to the [`bus`] and its [`devices`]; when every vCPU
-//! has ended, the run returns a [`report::Report`].
+//! [`vm::Vm`] through `TryFrom`: the [`payload`] is prepared, guest [`memory`] is mapped into
+//! a VM of the [`hypervisor`] (KVM behind traits), the vCPUs are created and the payload loads
+//! itself and its [`devices`]. [`vm::Vm::run`] starts one thread per vCPU ([`vcpu`]), whose
+//! exits go through [`exit::handle_exit`] to the device buses; [`accounting`] records where
+//! every nanosecond went; other threads watch through a [`handle::VmHandle`] (the control
+//! socket [`api`], the [`sampler`], the [`limits`]). When every vCPU has ended, the run
+//! returns a [`report::Report`].
 
 pub mod accounting;
 pub mod api;
 pub mod arch;
 pub mod bench;
-pub mod bus;
 pub mod client;
 pub mod config;
 pub mod devices;
 pub mod exit;
-pub mod kick;
-pub mod kvm_stats;
+pub mod handle;
+pub mod hypervisor;
 pub mod limits;
-pub mod loader;
+pub mod memory;
 pub mod metrics;
+pub mod payload;
 pub mod ppa_page;
 pub mod report;
 pub mod sampler;
 pub mod sched;
+pub mod sync;
 pub mod vcpu;
 pub mod vm;
-pub mod workload;

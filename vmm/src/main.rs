@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use ppa_vmm::accounting::Level;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::vm::Vm;
 
@@ -26,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a VM and run it until every vCPU has exited.
-    Run(Box<RunArgs>),
+    Run(Box<RunOptions>),
     /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
     Demo,
     /// Measure the VMM itself.
@@ -103,120 +102,11 @@ enum BenchKind {
     Limit,
 }
 
-#[derive(Args)]
-struct RunArgs {
-    /// JSON config file with the same fields as the flags (flags win).
-    #[arg(long, value_name = "FILE.json")]
-    config: Option<PathBuf>,
-    /// Number of vCPUs (1..=256).
-    #[arg(long)]
-    vcpus: Option<usize>,
-    /// Guest memory in MiB.
-    #[arg(long)]
-    memory_mib: Option<u64>,
-    /// Embedded guest to boot (`tiny`).
-    #[arg(long, conflicts_with = "kernel")]
-    guest: Option<String>,
-    /// Guest image file: an ELF that follows the tiny-guest protocol.
-    #[arg(long, value_name = "PATH")]
-    kernel: Option<PathBuf>,
-    /// Workload `SPEC` for all vCPUs or `I=SPEC` for vCPU I (repeatable; later ones win).
-    #[arg(long, value_name = "SPEC")]
-    workload: Vec<String>,
-    /// Final report format.
-    #[arg(long, value_enum)]
-    report: Option<ReportFormat>,
-    /// Write the report to this file instead of stdout.
-    #[arg(long, value_name = "PATH")]
-    report_file: Option<PathBuf>,
-    /// Write every histogram in the kstats text form (`slot S vcpu V count C avg A p P`) here.
-    #[arg(long, value_name = "PATH")]
-    histograms_file: Option<PathBuf>,
-    /// Stop every vCPU after this many seconds.
-    #[arg(long, value_name = "SECS")]
-    max_runtime: Option<f64>,
-    /// KVM device node.
-    #[arg(long, value_name = "PATH")]
-    kvm_device: Option<PathBuf>,
-    /// Accounting level at start: off, basic or full (switchable at run time).
-    #[arg(long, value_enum)]
-    accounting: Option<Level>,
-    /// Fractional bits of the log-linear histograms (0..=5).
-    #[arg(long, value_name = "BITS")]
-    histogram_bits: Option<u8>,
-    /// A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns,
-    /// steal_window_ns); repeatable.
-    #[arg(long, value_name = "NAME=NS")]
-    threshold: Vec<String>,
-    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
-    #[arg(long)]
-    name: Option<String>,
-    /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
-    #[arg(long, value_name = "PATH")]
-    api_sock: Option<PathBuf>,
-    /// Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs.
-    #[arg(long, value_name = "IP:PORT")]
-    metrics_addr: Option<String>,
-    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
-    #[arg(long, value_name = "LIMIT")]
-    cpu_limit: Option<String>,
-    /// A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%);
-    /// repeatable.
-    #[arg(long, value_name = "NAME:VCPUS:LIMIT")]
-    vcpu_group: Vec<String>,
-    /// Who enforces the limits: vmm (precise, default) or cgroup (CFS bandwidth control, for
-    /// comparison).
-    #[arg(long, value_name = "vmm|cgroup")]
-    limit_backend: Option<String>,
-    /// Raise an overload event when a vCPU stays in the guest this long (ms) without an exit
-    /// or an idle (PPA's runaway process).
-    #[arg(long, value_name = "MS")]
-    runaway: Option<f64>,
-    /// Raise an overload event when a vCPU uses more than PCT % of its time for WINDOWS
-    /// windows of 100 ms in a row.
-    #[arg(long, value_name = "PCT:WINDOWS")]
-    overload: Option<String>,
-    /// What a runaway or overload does besides the event: notify, pause or throttle:LIMIT.
-    #[arg(long, value_name = "ACTION")]
-    overload_action: Option<String>,
-    /// Size of the PPA page shared with the guest, bytes (default 65536; 0: none).
-    #[arg(long, value_name = "BYTES")]
-    ppa_page_size: Option<u64>,
-    /// Back the PPA page with this file, so host tools can map it (removed at the end).
-    #[arg(long, value_name = "PATH")]
-    ppa_page_file: Option<PathBuf>,
-}
-
-fn options(args: RunArgs) -> Result<RunOptions, Box<dyn std::error::Error>> {
-    let file = match &args.config {
+/// The config file named by `--config`, with the command line laid over it.
+fn options(cli: RunOptions) -> Result<RunOptions, Box<dyn std::error::Error>> {
+    let file = match &cli.config {
         Some(path) => RunOptions::from_file(path)?,
         None => RunOptions::default(),
-    };
-    let cli = RunOptions {
-        vcpus: args.vcpus,
-        memory_mib: args.memory_mib,
-        guest: args.guest,
-        kernel: args.kernel,
-        workload: args.workload,
-        report: args.report,
-        report_file: args.report_file,
-        histograms_file: args.histograms_file,
-        max_runtime: args.max_runtime,
-        kvm_device: args.kvm_device,
-        accounting: args.accounting,
-        histogram_bits: args.histogram_bits,
-        threshold: args.threshold,
-        name: args.name,
-        api_sock: args.api_sock,
-        metrics_addr: args.metrics_addr,
-        cpu_limit: args.cpu_limit,
-        vcpu_group: args.vcpu_group,
-        limit_backend: args.limit_backend,
-        runaway: args.runaway,
-        overload: args.overload,
-        overload_action: args.overload_action,
-        ppa_page_size: args.ppa_page_size,
-        ppa_page_file: args.ppa_page_file,
     };
     Ok(file.merge(cli))
 }

@@ -1,22 +1,23 @@
 //! The final report: what each vCPU published, as JSON (spec section 7) or as a text table.
 //!
 //! Data flow: after the vCPU threads are joined, `Vm::run` calls [`Report::build`] with the
-//! shared per-vCPU state; the binary serialises the report (`serde_json`) or prints
+//! shared per-vCPU state and the payload's part of each vCPU (for the tiny guest: workload,
+//! doorbells, its own measurements); the binary serialises the report (`serde_json`) or prints
 //! [`Report::to_text`]. The report only reads atomics, so it could equally be built while the
 //! vCPUs run.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use ppa_guest_abi::report::NAMES as REPORT_NAMES;
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
+use crate::hypervisor::RegsDump;
+use crate::payload::{Boot, PayloadVcpuReport};
 use crate::ppa_page::text::{guest_view_text, HostColumns};
-use crate::vcpu::{Doorbell, RegsDump, VcpuEnd, VcpuShared};
-use crate::workload::VcpuWorkload;
+use crate::vcpu::{VcpuEnd, VcpuShared};
 
 /// VM facts fixed at build time.
 #[derive(Debug, Clone, Serialize)]
@@ -25,7 +26,7 @@ pub struct VmInfo {
     pub vcpus: usize,
     /// Memory, MiB.
     pub memory_mib: u64,
-    /// `tiny` or the image path.
+    /// What booted: `tiny`, or the image's path.
     pub image: String,
     /// TSC frequency given to the guest.
     pub tsc_khz: u64,
@@ -85,8 +86,9 @@ pub struct FailureReport {
 /// Per-vCPU part of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct VcpuReport {
-    /// Its workload spec.
-    pub workload: String,
+    /// The payload's fields (tiny guest: `workload`, `doorbells`, `guest_reported`).
+    #[serde(flatten)]
+    pub payload: PayloadVcpuReport,
     /// `exited`, `failed`, `error` or `stopped`.
     pub end: &'static str,
     /// The code the guest exited with, when it did.
@@ -101,10 +103,15 @@ pub struct VcpuReport {
     /// The same histograms as snapshots, for the kstats text form.
     #[serde(skip)]
     pub hist: HistSnapshots,
-    /// Doorbell and workload-port accesses by kind.
-    pub doorbells: BTreeMap<&'static str, u64>,
-    /// What the guest measured itself (only keys it reported).
-    pub guest_reported: BTreeMap<&'static str, u64>,
+}
+
+impl VcpuReport {
+    /// The tiny guest's part, when the payload is the tiny guest.
+    pub fn tiny(&self) -> Option<&crate::payload::tiny::report::TinyVcpuReport> {
+        match &self.payload {
+            PayloadVcpuReport::Tiny(t) => Some(t),
+        }
+    }
 }
 
 /// The final report.
@@ -121,50 +128,31 @@ pub struct Report {
     pub guest: Option<ppa_vmm_api::GuestView>,
 }
 
-fn vcpu_report(s: &VcpuShared, workload: &VcpuWorkload) -> (VcpuReport, HistSnapshots) {
-    let c = &s.counters;
+fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
     let (times, hist) = s.times();
-    let doorbells = Doorbell::ALL
-        .iter()
-        .map(|d| (d.name(), c.doorbells[*d as usize].get()))
-        .collect();
-    let mask = c.reported_mask.load(std::sync::atomic::Ordering::Acquire);
-    let guest_reported = REPORT_NAMES
-        .iter()
-        .enumerate()
-        .filter(|(k, _)| mask & (1 << k) != 0)
-        .map(|(k, name)| (*name, c.reported[k].get()))
-        .collect();
-    let (end, exit_code, failure) = match s.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code), None),
-        Some(VcpuEnd::Failed { failure, regs }) => (
-            "failed",
-            None,
-            Some(FailureReport {
-                reason: failure.to_string(),
-                regs: regs.as_deref().cloned(),
-            }),
-        ),
-        Some(VcpuEnd::Error(msg)) => (
-            "error",
-            None,
-            Some(FailureReport {
-                reason: msg.clone(),
-                regs: None,
-            }),
-        ),
-        Some(VcpuEnd::Stopped) | None => ("stopped", None, None),
+    let (end, exit_code) = match s.end() {
+        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
+        Some(VcpuEnd::Failed { .. }) => ("failed", None),
+        Some(VcpuEnd::Error(_)) => ("error", None),
+        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
     };
+    let failure = s.end().and_then(|e| {
+        Some(FailureReport {
+            reason: e.reason()?,
+            regs: match e {
+                VcpuEnd::Failed { regs, .. } => regs.as_deref().cloned(),
+                _ => None,
+            },
+        })
+    });
     let report = VcpuReport {
-        workload: workload.to_string(),
+        payload,
         end,
         exit_code,
         failure,
         times,
         histograms: hist.to_json(),
         hist: hist.clone(),
-        doorbells,
-        guest_reported,
     };
     (report, hist)
 }
@@ -192,14 +180,14 @@ impl Report {
     /// Builds the report from the vCPUs' published state.
     pub fn build(
         info: &VmInfo,
-        workloads: &[VcpuWorkload],
         vcpus: &[std::sync::Arc<VcpuShared>],
+        payload: Vec<PayloadVcpuReport>,
         facts: RunFacts,
     ) -> Report {
         let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = vcpus
             .iter()
-            .zip(workloads)
-            .map(|(s, w)| vcpu_report(s, w))
+            .zip(payload)
+            .map(|(s, p)| vcpu_report(s, p))
             .unzip();
         let timed_out = facts.timed_out;
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
@@ -301,7 +289,7 @@ impl Report {
                 Some(c) => format!("exit {c}"),
                 None => v.end.to_string(),
             };
-            let mut w = v.workload.clone();
+            let mut w = v.tiny().map_or(String::new(), |t| t.workload.clone());
             w.truncate(24);
             let _ = writeln!(
                 out,
@@ -344,38 +332,15 @@ impl Report {
                 g.overshoot_max_ns as f64 / 1e3,
             );
         }
-        let _ = writeln!(
-            out,
-            "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}  (the guest's own rdtsc view)",
-            "VCPU", "SPIN ms", "RAN ms", "LOST ms", "GAPS", "WORK EX", "EXIT p99"
-        );
-        for v in &self.vcpus {
-            let g = |k| {
-                v.guest_reported
-                    .get(k)
-                    .map_or("-".to_string(), |&n| format!("{:.2}", ms(n)))
-            };
-            let gaps = v
-                .guest_reported
-                .get("gaps")
-                .map_or("-".to_string(), |n| n.to_string());
-            let work = v.doorbells["workload_mmio"] + v.doorbells["workload_pio"];
-            let p99 = v
-                .histograms
-                .get("exit_handling")
-                .map_or("-".to_string(), |h| format!("{:.1}us", h.p99 as f64 / 1e3));
-            let _ = writeln!(
-                out,
-                "{:>4} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
-                v.times.id,
-                g("spin_ns"),
-                g("ran_ns"),
-                g("lost_ns"),
-                gaps,
-                work,
-                p99
-            );
-        }
+        let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self
+            .vcpus
+            .iter()
+            .map(|v| {
+                let p99 = v.histograms.get("exit_handling").map(|h| h.p99);
+                (v.times.id, &v.payload, p99)
+            })
+            .collect();
+        out.push_str(&Boot::text(&rows));
         self.guest_text(&mut out);
         for v in &self.vcpus {
             if let Some(f) = &v.failure {

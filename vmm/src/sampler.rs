@@ -19,11 +19,11 @@ use ppa_vmm_api::Event;
 use crate::accounting::meter::MicroState;
 use crate::accounting::AccountingControl;
 use crate::api::EventHub;
-use crate::kick::{futex_wait, futex_wake, now_ns};
+use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
 use crate::ppa_page::PpaPage;
+use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
-use crate::vm::VmHandle;
 
 /// How often the PPA page's host records are refreshed. The ABI promises a record at most
 /// `host_refresh_ns` (10 ms) old; refreshing every 8 ms leaves 2 ms for the sampler's

@@ -7,9 +7,10 @@
 //!    address, the TSC frequency, the gap threshold and the [`WorkloadDesc`] from it. Nothing
 //!    else comes in; the image keeps no state outside the stack, so all vCPUs share it safely.
 //! 2. **Run:** vCPU 0 prints one console line (one CONSOLE doorbell write per byte), then each
-//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault` or `hostile`). The
-//!    spin loops read the TSC back to back; a step between two reads longer than the gap
-//!    threshold means the vCPU was not running guest code, and is summed as lost time.
+//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault`, `hostile` or
+//!    `memtouch`). The spin loops read the TSC back to back; a step between two reads longer
+//!    than the gap threshold means the vCPU was not running guest code, and is summed as lost
+//!    time.
 //! 3. **Publish** (unless the workload's `FLAG_NO_PUBLISH` is set): every 2 ms of TSC time the
 //!    vCPU writes its running measurements into the PPA page as a worker thread record and a
 //!    CPU record, and reads the host's figures for itself ([`ppa`]). The `hostile` workload
@@ -24,6 +25,7 @@
 
 mod hostile;
 mod mem;
+mod memtouch;
 mod ppa;
 
 use core::arch::asm;
@@ -418,6 +420,19 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
                 db.exit(EXIT_NO_PAGE)
             }
         }
+        workload::MEMTOUCH => match memtouch::run(params[1], params[0]) {
+            Some(t) => {
+                ctx.st.iterations = 1;
+                for (key, value) in [
+                    (report::TOUCHED_BYTES, t.bytes),
+                    (report::TOUCH_ERRORS, t.errors),
+                    (report::TOUCH_BASE, params[1]),
+                ] {
+                    db.write(doorbell::REPORT_BASE + 8 * key, value);
+                }
+            }
+            None => db.exit(EXIT_BAD_WORKLOAD),
+        },
         _ => db.exit(EXIT_BAD_WORKLOAD),
     }
 

@@ -15,10 +15,10 @@ use super::histogram::{HistogramJson, HistogramSnapshot};
 use super::host::{SchedStatFile, ThreadClock, TickTimes};
 use super::meter::{Counter, MeterReading, MicroState, VcpuMeter};
 use super::THRESHOLD_NAMES;
-use crate::arch::x86_64::calibrate::ExitCost;
 use crate::exit::ExitReason;
-use crate::kick::now_ns;
-use crate::kvm_stats::{KvmStats, StatKind};
+use crate::hypervisor::stats::{KvmStats, StatKind};
+use crate::hypervisor::ExitCost;
+use crate::sync::now_ns;
 pub use ppa_vmm_api::{HostCpu, VcpuTimes};
 
 /// Live sources of a running vCPU thread, opened by the thread itself when it starts.

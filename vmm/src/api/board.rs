@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use ppa_vmm_api::Stats;
 
-use crate::kick::{futex_wait, futex_wake, now_ns};
+use crate::sync::{futex_wait, futex_wake, now_ns};
 
 /// How long a `stats` request keeps the refresher running.
 pub const DEMAND_NS: u64 = 1_000_000_000;

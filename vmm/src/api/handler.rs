@@ -21,9 +21,9 @@ use std::sync::Arc;
 use super::board::{Board, Snapshot};
 use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::snapshot::HistSnapshots;
-use crate::kick::now_ns;
+use crate::handle::{HandleError, VmHandle};
+use crate::sync::now_ns;
 use crate::vcpu::VcpuState;
-use crate::vm::{VmError, VmHandle};
 
 /// Default longest reuse of a `stats` snapshot.
 pub const STATS_MAX_AGE_NS: u64 = 15_000_000;
@@ -79,7 +79,7 @@ pub fn snapshot(vm: &VmHandle) -> Snapshot {
     Snapshot { at_ns, stats, text }
 }
 
-fn no_such_vcpu(e: VmError) -> ErrorBody {
+fn no_such_vcpu(e: HandleError) -> ErrorBody {
     ErrorBody::new(ErrorKind::NoSuchVcpu, e.to_string())
 }
 

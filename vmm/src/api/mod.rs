@@ -24,8 +24,8 @@ pub(crate) mod tests_support {
     use crate::accounting::meter::VcpuMeter;
     use crate::accounting::snapshot::VcpuAccounting;
     use crate::accounting::{AccountingControl, Level, Thresholds};
+    use crate::handle::{VmHandle, VmStatus};
     use crate::vcpu::VcpuShared;
-    use crate::vm::{VmHandle, VmStatus};
 
     /// A handle on `n` vCPUs that have not started.
     pub fn handle(n: usize) -> VmHandle {

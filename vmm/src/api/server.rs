@@ -34,7 +34,7 @@ use super::handler::{kind_bit, Handler, Outcome};
 use super::http::{http_head_complete, http_reply, http_response, MAX_HTTP_HEAD};
 use super::unix::{bind_unix, peer_uid};
 use crate::accounting::THRESHOLD_NAMES;
-use crate::vm::VmHandle;
+use crate::handle::VmHandle;
 
 /// Bytes queued for one client past which the server stops reading its requests.
 pub const OUT_HIGH_WATER: usize = 4 << 20;
@@ -709,8 +709,8 @@ fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
             return;
         }
         if s.stopping {
-            let d = *deadline.get_or_insert_with(|| crate::kick::now_ns() + 200_000_000);
-            if crate::kick::now_ns() >= d {
+            let d = *deadline.get_or_insert_with(|| crate::sync::now_ns() + 200_000_000);
+            if crate::sync::now_ns() >= d {
                 return;
             }
         }

@@ -18,7 +18,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::config::RunOptions;
-use crate::vm::{Vm, VmError, VmHandle};
+use crate::handle::VmHandle;
+use crate::limits::limiter::Backend;
+use crate::vm::{Vm, VmError};
 
 /// Options of `bench limit`.
 #[derive(Debug, Clone, Copy)]
@@ -117,7 +119,7 @@ fn limit_name(members: usize) -> &'static str {
     }
 }
 
-fn vm(o: &LimitOptions, period_ns: u64, backend: &str, members: usize) -> Result<Vm, VmError> {
+fn vm(o: &LimitOptions, period_ns: u64, backend: Backend, members: usize) -> Result<Vm, VmError> {
     let quota_ns = period_ns * o.percent / 100 * members as u64;
     let run_ms = (o.periods + 3) * period_ns / 1_000_000;
     let limit = format!("{}us/{}us", quota_ns / 1000, period_ns / 1000);
@@ -130,7 +132,7 @@ fn vm(o: &LimitOptions, period_ns: u64, backend: &str, members: usize) -> Result
         } else {
             vec![format!("g:0-{}:{limit}", members - 1)]
         },
-        limit_backend: Some(backend.to_string()),
+        limit_backend: Some(backend),
         report: None,
         ..Default::default()
     };
@@ -182,13 +184,13 @@ fn poll_cgroup(h: &VmHandle, name: &str, stop: &AtomicBool) -> Vec<u64> {
 fn measure(o: &LimitOptions, period_ns: u64, members: usize) -> Result<LimitRun, VmError> {
     let quota_ns = period_ns * o.percent / 100 * members as u64;
     let name = limit_name(members);
-    let v = vm(o, period_ns, "vmm", members)?;
+    let v = vm(o, period_ns, Backend::Vmm, members)?;
     let h = v.handle();
     v.run()?;
     let vmm = error_stats(&trim(&h.limiter().period_log(name), quota_ns));
     std::thread::sleep(Duration::from_millis(200));
 
-    let v = vm(o, period_ns, "cgroup", members)?;
+    let v = vm(o, period_ns, Backend::Cgroup, members)?;
     let h = v.handle();
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {

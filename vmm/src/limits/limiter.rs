@@ -23,11 +23,12 @@ use super::{check_name, GroupSpec, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::Histogram;
 use crate::accounting::meter::MicroState;
 use crate::api::EventHub;
-use crate::kick::{futex_wait, futex_wake, now_ns};
+use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
 
 /// Who enforces the limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// The VMM itself (this module).
     #[default]

@@ -96,9 +96,6 @@ pub enum LimitError {
     /// A bad action.
     #[error("`{0}` is not an overload action (notify, pause or throttle:LIMIT)")]
     Action(String),
-    /// An unknown backend name.
-    #[error("`{0}` is not a limit backend (vmm or cgroup)")]
-    BackendName(String),
 }
 
 /// A CPU budget: `quota_ns` of CPU time per `period_ns` of wall time.

@@ -1,44 +1,72 @@
-//! Measures the in-kernel cost of one exit round trip on this host, before the guest starts.
+//! Measures the in-kernel cost of one exit round trip on this host, on a scratch VM of its own.
 //!
-//! guest_ns (on-CPU inside KVM_RUN) includes KVM's own exit and entry paths wherever the host
-//! cannot split them out (PVM has no kvm_entry/kvm_exit tracepoints). To let a reader tell guest
-//! code time from that part, the VM measures it: vCPU 0 runs a two-instruction stub (a store
-//! to an unclaimed doorbell register, then a jump back) and the VMM times each KVM_RUN with the
-//! vDSO clock. The median is `kvm_exit_cost_ns`; the vCPU's real registers are set afterwards.
+//! guest_ns (on-CPU inside KVM_RUN) includes the hypervisor's own exit and entry paths wherever
+//! the host cannot split them out (PVM has no kvm_entry/kvm_exit tracepoints). To let a reader
+//! tell guest code time from that part, the VMM measures it before it builds the real VM: a
+//! scratch VM with 64 KiB of memory and one vCPU, started at CPL 3 in long mode, runs a
+//! two-instruction stub (a store to an address with no memory behind it, then a jump back) and
+//! each run is timed with the vDSO clock. The median is `kvm_exit_cost_ns`. The scratch VM shares
+//! nothing with the real one, so no payload has to leave room for the stub in its own layout.
 
-use kvm_ioctls::VcpuFd;
-use ppa_guest_abi::DOORBELL_GPA;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::kick::now_ns;
+use super::cpl3::{entry_regs, tss, Cpl3Layout};
+use super::regs::Fpu;
+use crate::hypervisor::{ExitCost, ExitEvent, Hypervisor, MemorySlot, Vcpu, Vm, WarmUpStub};
+use crate::sync::now_ns;
 
-/// Guest-physical address of the stub (in the boot area, below the boot-info records).
-pub const STUB_GPA: u64 = 0xB000;
 /// The stub: `mov [rax], ecx` then `jmp` back to it.
 pub const STUB: [u8; 4] = [0x89, 0x08, 0xeb, 0xfc];
-/// The unclaimed doorbell register the stub writes.
-pub const STUB_TARGET: u64 = DOORBELL_GPA + 0x800;
 
-/// The measured in-kernel cost of one exit round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct ExitCost {
-    /// Median over back-to-back round trips.
-    pub hot_ns: u64,
-    /// Median over round trips that follow a 200 µs sleep of the thread, like the first
-    /// KVM_RUN after a park (cold caches, state reloaded).
-    pub after_park_ns: u64,
-}
+/// The scratch VM's layout: tables, then the stub, all inside 64 KiB of RAM.
+const LAYOUT: Cpl3Layout = Cpl3Layout {
+    pml4: 0x6000,
+    pdpt: 0x7000,
+    pd: 0x8000,
+    gdt: 0x1000,
+    tss: 0x2000,
+};
+/// Where the stub goes in the scratch VM.
+const STUB_GPA: u64 = 0xC000;
+/// The address with no memory behind it that the stub writes (inside the identity map).
+const STUB_TARGET: u64 = 0xD000_0800;
+/// RAM of the scratch VM.
+const RAM: u64 = 0x1_0000;
 
-/// Measures [`ExitCost`] on `fd` with `rounds` hot and `rounds / 10` cold round trips, or None
-/// if KVM refused. The caller has written [`STUB`] at [`STUB_GPA`] and resets the registers
-/// afterwards.
-pub fn exit_cost(fd: &mut VcpuFd, rounds: usize) -> Option<ExitCost> {
-    let mut regs = fd.get_regs().ok()?;
-    regs.rip = STUB_GPA;
+/// Measures [`ExitCost`] with `rounds` hot and `rounds / 10` cold round trips on a scratch VM of
+/// `hv`, or None if anything in the hypervisor refused (the VMM then reports no estimate).
+pub fn exit_cost<H: Hypervisor>(hv: &H, rounds: usize) -> Option<ExitCost> {
+    let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).ok()?;
+    for (gpa, table) in LAYOUT.page_tables(4) {
+        let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
+        memory.write_slice(&bytes, GuestAddress(gpa)).ok()?;
+    }
+    memory
+        .write_slice(&LAYOUT.gdt(), GuestAddress(LAYOUT.gdt))
+        .ok()?;
+    memory.write_slice(&tss(), GuestAddress(LAYOUT.tss)).ok()?;
+    memory.write_slice(&STUB, GuestAddress(STUB_GPA)).ok()?;
+    let host = memory.get_host_address(GuestAddress(0)).ok()?;
+
+    let vm = hv.create_vm().ok()?;
+    let slot = MemorySlot {
+        slot: 0,
+        gpa: 0,
+        size: RAM,
+        host_addr: host as u64,
+    };
+    // SAFETY: `memory` owns the mapping and is declared before `vm`, so it is dropped after
+    // `vm` and its vCPU; nothing else uses it.
+    unsafe { vm.map_memory(&slot) }.ok()?;
+    let mut vcpu = vm.create_vcpu(0).ok()?;
+    vcpu.set_sregs(&LAYOUT.special_regs()).ok()?;
+    vcpu.set_fpu(&Fpu::default()).ok()?;
+    let mut regs = entry_regs(STUB_GPA, RAM - 8, 0);
     regs.rax = STUB_TARGET;
-    fd.set_regs(&regs).ok()?;
-    let hot_ns = median_run_ns(fd, rounds, None)?;
+    vcpu.set_regs(&regs).ok()?;
+    let hot_ns = median_run_ns(&mut vcpu, rounds, None)?;
     let after_park_ns = median_run_ns(
-        fd,
+        &mut vcpu,
         (rounds / 10).max(1),
         Some(std::time::Duration::from_micros(200)),
     )?;
@@ -48,8 +76,8 @@ pub fn exit_cost(fd: &mut VcpuFd, rounds: usize) -> Option<ExitCost> {
     })
 }
 
-fn median_run_ns(
-    fd: &mut VcpuFd,
+fn median_run_ns<V: Vcpu>(
+    vcpu: &mut V,
     rounds: usize,
     sleep: Option<std::time::Duration>,
 ) -> Option<u64> {
@@ -60,8 +88,11 @@ fn median_run_ns(
         }
         let t0 = now_ns();
         let ok = matches!(
-            fd.run(),
-            Ok(kvm_ioctls::VcpuExit::MmioWrite(STUB_TARGET, _))
+            vcpu.run(),
+            Ok(ExitEvent::MmioWrite {
+                addr: STUB_TARGET,
+                ..
+            })
         );
         let t1 = now_ns();
         if !ok {
@@ -73,28 +104,24 @@ fn median_run_ns(
     samples.get(samples.len() / 2).copied()
 }
 
-/// Runs the stub once on `fd` from the calling thread, then restores the vCPU's registers.
-///
-/// A vCPU's first KVM_RUN on a thread does one-time work in the kernel that can sleep (MMU root
-/// allocation under a VM-wide lock; a synchronize_rcu when the vCPU changes threads). Done by
-/// every vCPU thread before its wall clock starts, that time stays out of its accounting and
-/// the vCPUs do not all collide on those locks at the start. The caller has written [`STUB`]
-/// at [`STUB_GPA`]. Returns None if KVM refused (the registers may then be unchanged or not).
-pub fn warm_up(fd: &mut VcpuFd) -> Option<()> {
-    let saved = fd.get_regs().ok()?;
+/// Runs `stub` once on `vcpu` and puts its registers back: what `Vcpu::warm_up` does on a
+/// backend that runs guest code (see there). Returns false if the run did not exit at the
+/// stub's target or the registers could not be restored.
+pub fn run_stub<V: Vcpu>(vcpu: &mut V, stub: WarmUpStub) -> bool {
+    let Ok(saved) = vcpu.regs() else {
+        return false;
+    };
     let mut regs = saved;
-    regs.rip = STUB_GPA;
-    regs.rax = STUB_TARGET;
-    fd.set_regs(&regs).ok()?;
+    regs.rip = stub.rip;
+    regs.rax = stub.target;
+    if vcpu.set_regs(&regs).is_err() {
+        return false;
+    }
     let exited = matches!(
-        fd.run(),
-        Ok(kvm_ioctls::VcpuExit::MmioWrite(STUB_TARGET, _))
+        vcpu.run(),
+        Ok(ExitEvent::MmioWrite { addr, .. }) if addr == stub.target
     );
-    // Complete that MMIO exit (KVM finishes it on the next KVM_RUN, which immediate_exit turns
-    // into an immediate return) before the registers are put back.
-    fd.set_kvm_immediate_exit(1);
-    let _ = fd.run();
-    fd.set_kvm_immediate_exit(0);
-    fd.set_regs(&saved).ok()?;
-    exited.then_some(())
+    // Complete that MMIO exit before the registers are put back.
+    vcpu.complete_pending();
+    vcpu.set_regs(&saved).is_ok() && exited
 }

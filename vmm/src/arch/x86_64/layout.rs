@@ -1,75 +1,89 @@
-//! Guest-physical memory layout of a tiny-guest VM on x86_64.
-//!
-//! Everything the VMM writes into guest memory before the first KVM_RUN has its place here, as
-//! constants and as pure functions of the vCPU count and RAM size:
+//! The guest-physical memory map of a VM on x86_64: RAM around a 32-bit MMIO gap, and what the
+//! VMM places in the gap.
 //!
 //! ```text
-//! 0x0000_0000  unused page (catches null pointers as a fault, not a silent read)
-//! 0x0000_1000  PML4, then PDPT, then 4 page directories (identity map of the low 4 GiB)
-//! 0x0000_7000  GDT
-//! 0x0000_8000  TSS with a permit-all I/O bitmap (104 + 8193 bytes)
-//! 0x0001_0000  boot-info records, BOOT_INFO_SIZE bytes each, one per vCPU (256 at most)
-//! 0x0010_0000  guest image (ELF PT_LOAD segments), growing up
-//!     ...      free
-//! ram_end      vCPU stacks, STACK_SIZE each, vCPU 0 at the top, growing down
-//! 0xD000_0000  doorbell page (no memory slot: every access is an MMIO exit)
+//! 0x0000_0000      RAM, up to MMIO_GAP_START (3 GiB)
+//! 0xC000_0000      MMIO gap (1 GiB), no RAM:
+//!   0xC000_0000      device window: MMIO devices of a VM (256 MiB)
+//!   0xD000_0000      the tiny guest's doorbell page (ppa_guest_abi::DOORBELL_GPA)
+//!   0xFD00_0000      the PPA page, up to 16 MiB (a Linux guest sees it as e820 reserved)
+//!   0xFEC0_0000      IOAPIC, then HPET (0xFED0_0000), LAPIC (0xFEE0_0000), firmware
+//! 0x1_0000_0000    RAM above 4 GiB: what did not fit below the gap
 //! ```
-//! RAM is one slot from 0 to `ram_end`, at most [`MAX_RAM_BYTES`] so that it stays below the
-//! doorbell page.
+//! The layout follows the PC: Linux finds its RAM in e820 and every fixed device where it
+//! expects it. Everything is a pure function of the RAM size, unit-tested below; the memory
+//! manager (`memory`) maps what [`ram_regions`] returns.
 
-use ppa_guest_abi::{BOOT_INFO_SIZE, DOORBELL_GPA};
+use ppa_guest_abi::{DOORBELL_GPA, DOORBELL_SIZE};
 
-/// Guest-physical address of the PML4 table.
-pub const PML4_GPA: u64 = 0x1000;
-/// Guest-physical address of the PDPT.
-pub const PDPT_GPA: u64 = 0x2000;
-/// Guest-physical address of the first of [`PD_COUNT`] page directories.
-pub const PD_GPA: u64 = 0x3000;
-/// Page directories: each maps 1 GiB with 2 MiB pages, 4 cover the low 4 GiB.
-pub const PD_COUNT: u64 = 4;
-/// Guest-physical address of the TSS.
-pub const TSS_GPA: u64 = 0x8000;
-/// Guest-physical address of the GDT.
-pub const GDT_GPA: u64 = 0x7000;
-/// Guest-physical address of vCPU 0's boot-info record.
-pub const BOOT_INFO_GPA: u64 = 0x1_0000;
-/// The most vCPUs a VM may have.
-pub const MAX_VCPUS: usize = 256;
-/// Lowest address a guest image may load at: everything below belongs to the VMM.
-pub const IMAGE_MIN_GPA: u64 = 0x10_0000;
-/// Size of each vCPU's stack.
-pub const STACK_SIZE: u64 = 64 * 1024;
-/// Largest RAM size: RAM must end below the doorbell page.
-pub const MAX_RAM_BYTES: u64 = 3 << 30;
-/// Guest-physical address of the PPA page: right above the largest RAM, below the doorbell
-/// page, inside the identity map the page tables give (docs/abi.md).
-pub const PPA_PAGE_GPA: u64 = 3 << 30;
+/// Start of the 32-bit MMIO gap: RAM below 4 GiB ends here.
+pub const MMIO_GAP_START: u64 = 0xC000_0000;
+/// End of the gap: RAM resumes here.
+pub const MMIO_GAP_END: u64 = 1 << 32;
+/// Start of the window for a VM's MMIO devices.
+pub const DEVICE_WINDOW_START: u64 = 0xC000_0000;
+/// Size of the device window.
+pub const DEVICE_WINDOW_SIZE: u64 = 0x1000_0000;
+/// Guest-physical address of the PPA page, in the gap, outside RAM.
+pub const PPA_PAGE_GPA: u64 = 0xFD00_0000;
+/// Most bytes the PPA page may take at [`PPA_PAGE_GPA`].
+pub const PPA_PAGE_MAX: u64 = 16 << 20;
+/// IOAPIC: the start of the PC's fixed devices, which nothing of ours may overlap.
+pub const IOAPIC_START: u64 = 0xFEC0_0000;
 /// Smallest RAM size.
 pub const MIN_RAM_BYTES: u64 = 2 << 20;
+/// Largest RAM size (1 TiB: the physical address bits every x86_64 host has leave room
+/// above it; a payload may accept less).
+pub const MAX_RAM_BYTES: u64 = 1 << 40;
 
 const _: () = {
-    assert!(PD_GPA + PD_COUNT * 0x1000 <= GDT_GPA);
-    assert!(GDT_GPA + 0x1000 <= TSS_GPA);
-    assert!(TSS_GPA + 0x3000 <= BOOT_INFO_GPA);
-    assert!(BOOT_INFO_GPA + (MAX_VCPUS * BOOT_INFO_SIZE) as u64 <= IMAGE_MIN_GPA);
-    assert!(MAX_RAM_BYTES <= DOORBELL_GPA);
-    assert!(DOORBELL_GPA < PD_COUNT << 30);
+    assert!(DEVICE_WINDOW_START >= MMIO_GAP_START);
+    assert!(DEVICE_WINDOW_START + DEVICE_WINDOW_SIZE <= DOORBELL_GPA);
+    assert!(DOORBELL_GPA + DOORBELL_SIZE <= PPA_PAGE_GPA);
+    assert!(PPA_PAGE_GPA + PPA_PAGE_MAX <= IOAPIC_START);
 };
 
-/// Guest-physical address of vCPU `index`'s boot-info record.
-pub fn boot_info_gpa(index: usize) -> u64 {
-    BOOT_INFO_GPA + (index * BOOT_INFO_SIZE) as u64
+/// A range of guest-physical addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Start.
+    pub gpa: u64,
+    /// Bytes.
+    pub size: u64,
 }
 
-/// Initial stack pointer of vCPU `index`: 8 bytes below the top of its stack, as if a call had
-/// pushed a return address, so the entry function sees the ABI's stack alignment.
-pub fn stack_pointer(index: usize, ram_bytes: u64) -> u64 {
-    ram_bytes - index as u64 * STACK_SIZE - 8
+impl Region {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.gpa + self.size
+    }
+
+    /// Whether the two ranges share a byte.
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.gpa < other.end() && other.gpa < self.end()
+    }
 }
 
-/// Lowest stack address of the VM: the guest image must end at or below it.
-pub fn stacks_bottom(vcpus: usize, ram_bytes: u64) -> u64 {
-    ram_bytes.saturating_sub(vcpus as u64 * STACK_SIZE)
+/// The RAM regions of a VM with `ram_bytes` of RAM: from 0 up to the gap, the rest from
+/// 4 GiB. Sizes are kept as given (the caller checks page alignment).
+pub fn ram_regions(ram_bytes: u64) -> Vec<Region> {
+    let low = ram_bytes.min(MMIO_GAP_START);
+    let mut out = vec![Region { gpa: 0, size: low }];
+    if ram_bytes > low {
+        out.push(Region {
+            gpa: MMIO_GAP_END,
+            size: ram_bytes - low,
+        });
+    }
+    out
+}
+
+/// The PPA page's region for a page of `size` bytes, or None when it does not fit.
+pub fn ppa_page_region(size: u64) -> Option<Region> {
+    (size <= PPA_PAGE_MAX).then_some(Region {
+        gpa: PPA_PAGE_GPA,
+        size,
+    })
 }
 
 #[cfg(test)]
@@ -77,13 +91,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn boot_infos_and_stacks_do_not_overlap() {
-        assert_eq!(boot_info_gpa(0), 0x1_0000);
-        assert_eq!(boot_info_gpa(255) + BOOT_INFO_SIZE as u64, 0x2_0000);
-        let ram = 32 << 20;
-        assert_eq!(stack_pointer(0, ram), ram - 8);
-        assert_eq!(stack_pointer(1, ram), ram - STACK_SIZE - 8);
-        assert_eq!(stacks_bottom(4, ram), ram - 4 * STACK_SIZE);
-        assert_eq!(stacks_bottom(1000, 1 << 20), 0);
+    fn ram_fits_below_the_gap_or_continues_above_4gib() {
+        assert_eq!(
+            ram_regions(32 << 20),
+            vec![Region {
+                gpa: 0,
+                size: 32 << 20
+            }]
+        );
+        assert_eq!(
+            ram_regions(MMIO_GAP_START),
+            vec![Region {
+                gpa: 0,
+                size: MMIO_GAP_START
+            }],
+            "exactly up to the gap: no high region"
+        );
+        let five = ram_regions(5 << 30);
+        assert_eq!(
+            five,
+            vec![
+                Region {
+                    gpa: 0,
+                    size: 3 << 30
+                },
+                Region {
+                    gpa: 4 << 30,
+                    size: 2 << 30
+                }
+            ]
+        );
+        assert_eq!(
+            five.iter().map(|r| r.size).sum::<u64>(),
+            5 << 30,
+            "no RAM lost"
+        );
+        for r in ram_regions(MAX_RAM_BYTES) {
+            let gap = Region {
+                gpa: MMIO_GAP_START,
+                size: MMIO_GAP_END - MMIO_GAP_START,
+            };
+            assert!(!r.overlaps(&gap), "{r:?} overlaps the gap");
+        }
+    }
+
+    #[test]
+    fn the_ppa_page_lies_in_the_gap_outside_ram_and_devices() {
+        let page = ppa_page_region(PPA_PAGE_MAX).unwrap();
+        assert!(page.gpa >= MMIO_GAP_START && page.end() <= IOAPIC_START);
+        for r in ram_regions(64 << 30) {
+            assert!(!r.overlaps(&page));
+        }
+        let doorbell = Region {
+            gpa: DOORBELL_GPA,
+            size: DOORBELL_SIZE,
+        };
+        assert!(!page.overlaps(&doorbell));
+        assert!(ppa_page_region(PPA_PAGE_MAX + 4096).is_none());
+        assert!(!Region { gpa: 0, size: 10 }.overlaps(&Region { gpa: 10, size: 1 }));
     }
 }

@@ -1,10 +1,12 @@
-//! x86_64-specific code: the guest memory layout, the boot state of a vCPU, and the
-//! measurement of an exit's in-kernel cost.
+//! x86_64-specific code: the guest memory map, register state, the CPL 3 long-mode start, and
+//! the measurement of an exit's in-kernel cost.
 //!
-//! [`layout`] says where everything goes in guest-physical memory; [`boot`] makes the page
-//! tables, GDT and registers that put a vCPU straight into 64-bit long mode at CPL 3;
-//! [`calibrate`] times KVM's exit round trip with a two-instruction stub.
+//! [`layout`] says where RAM, the MMIO gap and the VMM's pages go in guest-physical memory;
+//! [`regs`] is register state in the VMM's own types; [`cpl3`] makes the page tables, GDT and
+//! registers that put a vCPU straight into 64-bit long mode at CPL 3; [`calibrate`] times the
+//! hypervisor's exit round trip on a scratch VM.
 
-pub mod boot;
 pub mod calibrate;
+pub mod cpl3;
 pub mod layout;
+pub mod regs;

@@ -17,7 +17,7 @@ use thiserror::Error;
 pub enum WorkloadError {
     /// The name before the colon is not a workload.
     #[error(
-        "unknown workload `{0}` (expected idle, busy, periodic, exits, mixed, fault or hostile)"
+        "unknown workload `{0}` (expected idle, busy, periodic, exits, mixed, fault, hostile or memtouch)"
     )]
     UnknownWorkload(String),
     /// A key the workload does not take.
@@ -132,6 +132,12 @@ pub enum Workload {
         ms: u64,
         /// What to write.
         mode: HostileMode,
+    },
+    /// Write a pattern over `mib` MiB of RAM (above 4 GiB when the VM has RAM there), read
+    /// it back and report what it found.
+    Memtouch {
+        /// MiB to touch.
+        mib: u64,
     },
 }
 
@@ -297,6 +303,12 @@ impl FromStr for Spec {
                 Spec::One(Workload::Hostile {
                     ms: p.num("ms", 1000, (0, MAX_MS))?,
                     mode: p.choice("mode", &modes)?,
+                })
+            }
+            "memtouch" => {
+                let p = Params::parse("memtouch", "mib", rest)?;
+                Spec::One(Workload::Memtouch {
+                    mib: p.num("mib", 64, (1, 1 << 20))?,
                 })
             }
             "mixed" => {
@@ -465,6 +477,8 @@ impl Workload {
                 (abi::FAULT, [k, 0, 0, 0])
             }
             Workload::Hostile { ms, mode } => (abi::HOSTILE, [ms, mode.0, 0, 0]),
+            // The base (params[1]) depends on the VM's memory map: the payload fills it in.
+            Workload::Memtouch { mib } => (abi::MEMTOUCH, [mib << 20, 0, 0, 0]),
         };
         WorkloadDesc {
             kind,
@@ -500,6 +514,7 @@ impl fmt::Display for Workload {
                 write!(f, "fault:kind={k}")
             }
             Workload::Hostile { ms, mode } => write!(f, "hostile:ms={ms},mode={}", mode.name()),
+            Workload::Memtouch { mib } => write!(f, "memtouch:mib={mib}"),
         }
     }
 }
@@ -518,6 +533,14 @@ mod tests {
     #[test]
     fn parses_every_workload_with_defaults_and_keys() {
         assert_eq!(one("busy:ms=300"), Workload::Busy { ms: 300 });
+        assert_eq!(one("memtouch"), Workload::Memtouch { mib: 64 });
+        assert_eq!(one("memtouch:mib=2048"), Workload::Memtouch { mib: 2048 });
+        assert!("memtouch:mib=0".parse::<Spec>().is_err());
+        assert_eq!(
+            one("memtouch:mib=3").to_desc().params,
+            [3 << 20, 0, 0, 0],
+            "bytes; the payload fills in the base"
+        );
         assert_eq!(one("busy"), Workload::Busy { ms: 1000 });
         assert_eq!(one("idle:ms=5"), Workload::Idle { ms: 5 });
         assert_eq!(
@@ -562,6 +585,7 @@ mod tests {
             "periodic:run_us=1,period_us=2,count=3",
             "exits:n=9,kind=pio",
             "fault:kind=hlt",
+            "memtouch:mib=5",
         ] {
             assert_eq!(one(s).to_string(), s);
         }

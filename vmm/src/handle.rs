@@ -1,32 +1,83 @@
 //! [`VmHandle`]: what other threads (the control socket, the sampler, benches) hold of a
-//! running VM. Every call reads the vCPUs' published state or sets a request bit; none takes
-//! a lock a vCPU thread waits on.
+//! running VM, and [`VmStatus`], the VM-wide state it shares with the run loop. Every call
+//! reads the vCPUs' published state or sets a request bit; none takes a lock a vCPU thread
+//! waits on.
+//!
+//! This module depends on the vCPUs' shared state, the accounting, the limiter and the PPA page,
+//! and on nothing that serves or runs a VM, so the control socket and the sampler use it
+//! without depending on `vm`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{VmError, VmStatus};
+use thiserror::Error;
+
 use crate::accounting::host::process_cpu_ns;
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::{AccountingControl, Level, Thresholds};
-use crate::kick::now_ns;
 use crate::limits::limiter::Limiter;
 use crate::ppa_page::PpaPage;
+use crate::sync::now_ns;
 use crate::vcpu::{VcpuShared, REQ_PAUSE, REQ_STOP};
+
+/// Why a request on a handle was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum HandleError {
+    /// A request named a vCPU the VM does not have.
+    #[error("the VM has no vCPU {index} (it has {count})")]
+    NoSuchVcpu {
+        /// Index asked for.
+        index: usize,
+        /// vCPUs of the VM.
+        count: usize,
+    },
+}
+
+/// VM-wide state that the run loop and every [`VmHandle`] share.
+#[derive(Debug)]
+pub struct VmStatus {
+    name: String,
+    /// CLOCK_MONOTONIC when the vCPUs were released (0 before).
+    start_ns: AtomicU64,
+    shutdown: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl VmStatus {
+    /// A VM called `name` that has not started.
+    pub fn new(name: String) -> Self {
+        VmStatus {
+            name,
+            start_ns: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the start (the moment the vCPUs are released).
+    pub fn mark_started(&self) {
+        self.start_ns.store(now_ns(), Ordering::Release);
+    }
+
+    /// Marks the end (every vCPU thread has ended).
+    pub fn mark_finished(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+}
 
 /// A handle on a VM's accounting, usable from other threads while it runs (the control socket
 /// uses it). Every call is a reader: none takes a lock a vCPU thread waits on.
 #[derive(Clone)]
 pub struct VmHandle {
-    pub(super) control: Arc<AccountingControl>,
-    pub(super) vcpus: Arc<[Arc<VcpuShared>]>,
-    pub(super) status: Arc<VmStatus>,
-    pub(super) limiter: Arc<Limiter>,
-    pub(super) ppa_page: Option<Arc<PpaPage>>,
+    control: Arc<AccountingControl>,
+    vcpus: Arc<[Arc<VcpuShared>]>,
+    status: Arc<VmStatus>,
+    limiter: Arc<Limiter>,
+    ppa_page: Option<Arc<PpaPage>>,
 }
 
 impl VmHandle {
-    /// A handle over given parts (a VM's own handle comes from [`Vm::handle`]; tests build
+    /// A handle over given parts (a VM's own handle comes from `Vm::handle`; tests build
     /// handles over synthetic vCPUs with this).
     pub fn new(
         control: Arc<AccountingControl>,
@@ -135,15 +186,15 @@ impl VmHandle {
         self.control.set_thresholds(t);
     }
 
-    fn vcpu(&self, index: usize) -> Result<&Arc<VcpuShared>, VmError> {
-        self.vcpus.get(index).ok_or(VmError::NoSuchVcpu {
+    fn vcpu(&self, index: usize) -> Result<&Arc<VcpuShared>, HandleError> {
+        self.vcpus.get(index).ok_or(HandleError::NoSuchVcpu {
             index,
             count: self.vcpus.len(),
         })
     }
 
     /// Restarts the figures of one vCPU, or of all, from zero.
-    pub fn reset(&self, vcpu: Option<usize>) -> Result<(), VmError> {
+    pub fn reset(&self, vcpu: Option<usize>) -> Result<(), HandleError> {
         match vcpu {
             Some(i) => self.vcpu(i)?.acct.reset(),
             None => self.vcpus.iter().for_each(|v| v.acct.reset()),
@@ -152,7 +203,7 @@ impl VmHandle {
     }
 
     /// The section 4 fields of one vCPU now, with its histograms.
-    pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), VmError> {
+    pub fn times(&self, vcpu: usize) -> Result<(VcpuTimes, HistSnapshots), HandleError> {
         Ok(self.vcpu(vcpu)?.times())
     }
 

@@ -1,10 +1,11 @@
-//! Guest image loading: a strict ELF64 parser that checks every PT_LOAD against guest memory.
+//! Tiny-guest image loading: a strict ELF64 parser that checks every PT_LOAD against the part
+//! of guest memory the tiny layout leaves for the image.
 //!
-//! Data flow: the image bytes (embedded tiny guest or a file) go to [`parse_elf`] with the
-//! window of guest memory the image may occupy; it returns the entry point and the segments
-//! (file bytes to copy, memory size to zero-fill), or a [`LoaderError`] that names the problem.
-//! `vm.rs` then copies the segments into guest memory. Nothing here touches KVM or memory, so
-//! every bad image is unit-tested.
+//! Data flow: the image bytes (embedded tiny guest or a `--tiny-image` file) go to
+//! [`parse_elf`] with the window of guest memory the image may occupy; it returns the entry
+//! point and the segments (file bytes to copy, memory size to zero-fill), or a
+//! [`LoaderError`] that names the problem. The tiny payload then copies the segments into guest
+//! memory. Nothing here touches the hypervisor or memory, so every bad image is unit-tested.
 
 use std::ops::Range;
 
@@ -16,8 +17,8 @@ pub enum LoaderError {
     /// Too short or without the ELF magic.
     #[error("the image is not an ELF file (no ELF magic in its first bytes)")]
     NotElf,
-    /// A Linux kernel image, which this version cannot boot.
-    #[error("the image is a Linux kernel (bzImage); only tiny-guest ELF images can boot here")]
+    /// A Linux kernel image given as a tiny-guest image.
+    #[error("the image is a Linux kernel (bzImage), not a tiny-guest ELF image: a Linux kernel takes --kernel")]
     LinuxKernel,
     /// Wrong class, byte order, machine or type.
     #[error("the ELF image is not a 64-bit little-endian x86_64 executable: {0}")]

@@ -1,0 +1,91 @@
+//! The device model: devices on address buses, and the small vocabulary of requests a device
+//! can make of the vCPU that accessed it.
+//!
+//! Data flow: the VM builder puts each device on the MMIO or the port [`Bus`] ([`Buses`]),
+//! gives devices that raise interrupts an `hypervisor::IrqLine` (irqfd on KVM), and registers
+//! the notifications a device wants without a userspace exit ([`BusDevice::ioevents`],
+//! ioeventfd on KVM). While the guest runs, a vCPU thread's MMIO or PIO exit goes through
+//! `exit::handle_exit` to the bus, which finds the device and calls its `read` or `write` with a
+//! [`BusAccess`] (which vCPU, which address, which offset inside the device). The device does
+//! its work and its own bookkeeping (per-vCPU state lives in the device, in atomics written by
+//! that vCPU's thread) and answers with an optional [`VcpuRequest`]: `Exit(code)`, `Park`, or
+//! `Stop`. The vCPU loop carries requests out and knows nothing of any device's protocol.
+//!
+//! Devices: [`tiny`] (the tiny guest's doorbells, console, report registers and workload
+//! port).
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::hypervisor::IoAddr;
+
+pub mod bus;
+pub mod tiny;
+
+pub use bus::{Bus, BusError, Buses};
+
+/// One guest access to a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusAccess {
+    /// Index of the vCPU that made it.
+    pub vcpu: usize,
+    /// Guest address (MMIO) or port (PIO) of the first byte.
+    pub addr: u64,
+    /// Offset of the first byte inside the device's range.
+    pub offset: u64,
+}
+
+/// What a device asks of the vCPU that accessed it. Without a request the vCPU resumes the
+/// guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuRequest {
+    /// The vCPU stops for good with this exit code (the guest's own end).
+    Exit(u64),
+    /// The vCPU parks, idle, until `deadline_ns` (CLOCK_MONOTONIC) or until kicked (a guest
+    /// halt the VMM implements).
+    Park {
+        /// When the park ends by itself; None: only a kick ends it.
+        deadline_ns: Option<u64>,
+    },
+    /// The guest asked for the whole VM to stop (a reset or power-off request): this vCPU
+    /// ends and the VM stops the others.
+    Stop,
+}
+
+/// A notification a device wants without a userspace exit: when the guest writes `addr` (with
+/// the value `datamatch`, when given), the hypervisor signals `fd`, and the vCPU goes on.
+#[derive(Debug)]
+pub struct IoEvent<'a> {
+    /// The address.
+    pub addr: IoAddr,
+    /// The value to match, or None for any write.
+    pub datamatch: Option<u64>,
+    /// The eventfd the device waits on.
+    pub fd: &'a EventFd,
+}
+
+/// A device on a bus. Calls come from vCPU threads, concurrently for different vCPUs: a
+/// device keeps its per-vCPU state apart and takes no lock another thread could hold while
+/// a vCPU waits (the exit path must stay lock-free).
+pub trait BusDevice: Send + Sync {
+    /// The guest reads `data.len()` bytes: fill `data`.
+    fn read(&self, access: BusAccess, data: &mut [u8]) -> Option<VcpuRequest>;
+    /// The guest writes `data`.
+    fn write(&self, access: BusAccess, data: &[u8]) -> Option<VcpuRequest>;
+    /// The notifications this device wants without an exit (registered once, at build time).
+    fn ioevents(&self) -> Vec<IoEvent<'_>> {
+        Vec::new()
+    }
+    /// vCPU `vcpu`'s loop has ended (called on that vCPU's thread): flush what is buffered
+    /// for it.
+    fn vcpu_ended(&self, vcpu: usize) {
+        let _ = vcpu;
+    }
+}
+
+/// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).
+pub fn le_value(data: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = data.len().min(8);
+    b[..n].copy_from_slice(&data[..n]);
+    u64::from_le_bytes(b)
+}

@@ -1,0 +1,286 @@
+//! A hypervisor that replays scripted exits, so the run loop, the devices and the accounting
+//! are tested without KVM (test builds only).
+//!
+//! Data flow: a test gives [`FakeHypervisor::new`] one script per vCPU; each [`FakeVcpu`]'s
+//! `run` spins on the CPU for the step's `spin_ns` (guest time, on the thread's CPU clock), then
+//! returns the step's exit. A kick makes the current or next `run` return `Intr`; a script that
+//! ends returns `Other`, which the run loop treats as a guest failure. What the VMM wrote into
+//! the buffers of read exits is logged ([`FakeVcpu::reads`]) and register writes are kept.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    ExitEvent, HvError, IoAddr, IrqLine, Kicker, KvmStats, MemorySlot, RunError, Vcpu, Vm,
+};
+use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+use crate::sync::now_ns;
+
+/// One exit of a script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FakeExit {
+    /// MMIO write of `data` at `addr`.
+    MmioWrite(u64, Vec<u8>),
+    /// MMIO read of `len` bytes at `addr`.
+    MmioRead(u64, usize),
+    /// Port write.
+    IoOut(u16, Vec<u8>),
+    /// Port read of `len` bytes.
+    IoIn(u16, usize),
+    /// HLT.
+    Hlt,
+    /// Triple fault.
+    Shutdown,
+    /// An internal error with this suberror.
+    InternalError(u32),
+}
+
+/// A script step: spin (guest code) for `spin_ns`, then exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Guest time before the exit, spent on the CPU.
+    pub spin_ns: u64,
+    /// The exit.
+    pub exit: FakeExit,
+}
+
+impl Step {
+    /// An exit with no guest time before it.
+    pub fn now(exit: FakeExit) -> Step {
+        Step { spin_ns: 0, exit }
+    }
+
+    /// An exit after `spin_ns` of guest time.
+    pub fn after(spin_ns: u64, exit: FakeExit) -> Step {
+        Step { spin_ns, exit }
+    }
+}
+
+/// A hypervisor whose vCPU `i` replays script `i`.
+#[derive(Debug, Default)]
+pub struct FakeHypervisor {
+    scripts: Arc<Mutex<Vec<Vec<Step>>>>,
+}
+
+impl FakeHypervisor {
+    /// vCPU `i` of every VM replays `scripts[i]` (each script is used once).
+    pub fn new(scripts: Vec<Vec<Step>>) -> Self {
+        FakeHypervisor {
+            scripts: Arc::new(Mutex::new(scripts)),
+        }
+    }
+}
+
+impl super::Hypervisor for FakeHypervisor {
+    type Vm = FakeVm;
+
+    fn create_vm(&self) -> Result<FakeVm, HvError> {
+        Ok(FakeVm {
+            scripts: Arc::clone(&self.scripts),
+            slots: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn max_vcpus(&self) -> usize {
+        256
+    }
+}
+
+/// A VM of the fake hypervisor: records its memory slots.
+#[derive(Debug)]
+pub struct FakeVm {
+    scripts: Arc<Mutex<Vec<Vec<Step>>>>,
+    /// Slots mapped so far.
+    pub slots: Mutex<Vec<MemorySlot>>,
+}
+
+impl Vm for FakeVm {
+    type Vcpu = FakeVcpu;
+
+    fn create_vcpu(&self, index: usize) -> Result<FakeVcpu, HvError> {
+        let script = self
+            .scripts
+            .lock()
+            .unwrap()
+            .get_mut(index)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        Ok(FakeVcpu::new(script))
+    }
+
+    unsafe fn map_memory(&self, slot: &MemorySlot) -> Result<(), HvError> {
+        self.slots.lock().unwrap().push(*slot);
+        Ok(())
+    }
+
+    fn irq_line(&self, gsi: u32) -> Result<Arc<IrqLine>, HvError> {
+        let fd = EventFd::new(0).map_err(|e| HvError::call("create an eventfd")(e.into()))?;
+        Ok(Arc::new(IrqLine::new(gsi, fd)))
+    }
+
+    fn register_ioevent(&self, _: &EventFd, _: IoAddr, _: Option<u64>) -> Result<(), HvError> {
+        Ok(())
+    }
+}
+
+/// What the VMM wrote into read exits' buffers: (address or port, bytes), in order.
+pub type ReadLog = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// Sets the shared flag its [`FakeVcpu`] checks.
+#[derive(Debug, Clone)]
+pub struct FakeKicker(Arc<AtomicBool>);
+
+impl Kicker for FakeKicker {
+    fn kick(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A vCPU that replays a script.
+#[derive(Debug)]
+pub struct FakeVcpu {
+    script: VecDeque<Step>,
+    buf: Vec<u8>,
+    last_read: Option<u64>,
+    kicked: Arc<AtomicBool>,
+    regs: Mutex<(Regs, SpecialRegs)>,
+    reads: ReadLog,
+    /// Runs that returned, kicks included.
+    pub runs: u64,
+}
+
+impl FakeVcpu {
+    /// A vCPU that replays `script`.
+    pub fn new(script: Vec<Step>) -> Self {
+        FakeVcpu {
+            script: script.into(),
+            buf: Vec::new(),
+            last_read: None,
+            kicked: Arc::new(AtomicBool::new(false)),
+            regs: Mutex::new(Default::default()),
+            reads: Arc::new(Mutex::new(Vec::new())),
+            runs: 0,
+        }
+    }
+
+    /// What the VMM put in each read exit's buffer, by address, in order.
+    pub fn reads(&self) -> ReadLog {
+        Arc::clone(&self.reads)
+    }
+
+    /// Spins until `ns` passed or a kick arrived; true when kicked.
+    fn spin(&self, ns: u64) -> bool {
+        let end = now_ns().saturating_add(ns);
+        while now_ns() < end {
+            if self.kicked.load(Ordering::Acquire) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        false
+    }
+}
+
+impl Vcpu for FakeVcpu {
+    type Kicker = FakeKicker;
+
+    unsafe fn bind_thread(&mut self) -> Result<FakeKicker, RunError> {
+        Ok(FakeKicker(Arc::clone(&self.kicked)))
+    }
+
+    fn unbind_thread(&mut self) {}
+
+    fn clear_kick(&mut self) {
+        self.kicked.store(false, Ordering::Release);
+    }
+
+    fn run(&mut self) -> Result<ExitEvent<'_>, RunError> {
+        self.runs += 1;
+        if let Some(addr) = self.last_read.take() {
+            self.reads.lock().unwrap().push((addr, self.buf.clone()));
+        }
+        if self.kicked.swap(false, Ordering::AcqRel) {
+            return Ok(ExitEvent::Intr);
+        }
+        let Some(step) = self.script.front().cloned() else {
+            return Ok(ExitEvent::Other("the fake vCPU's script ended"));
+        };
+        if self.spin(step.spin_ns) {
+            // Kicked mid-spin: the rest of the step's guest time is lost, like a real kick.
+            self.kicked.store(false, Ordering::Release);
+            self.script.front_mut().expect("peeked").spin_ns = 0;
+            return Ok(ExitEvent::Intr);
+        }
+        self.script.pop_front();
+        Ok(match step.exit {
+            FakeExit::MmioWrite(addr, data) => {
+                self.buf = data;
+                ExitEvent::MmioWrite {
+                    addr,
+                    data: &self.buf,
+                }
+            }
+            FakeExit::MmioRead(addr, len) => {
+                self.buf = vec![0xAA; len];
+                self.last_read = Some(addr);
+                ExitEvent::MmioRead {
+                    addr,
+                    data: &mut self.buf,
+                }
+            }
+            FakeExit::IoOut(port, data) => {
+                self.buf = data;
+                ExitEvent::IoOut {
+                    port,
+                    data: &self.buf,
+                }
+            }
+            FakeExit::IoIn(port, len) => {
+                self.buf = vec![0xAA; len];
+                self.last_read = Some(u64::from(port));
+                ExitEvent::IoIn {
+                    port,
+                    data: &mut self.buf,
+                }
+            }
+            FakeExit::Hlt => ExitEvent::Hlt,
+            FakeExit::Shutdown => ExitEvent::Shutdown,
+            FakeExit::InternalError(suberror) => ExitEvent::InternalError { suberror },
+        })
+    }
+
+    fn complete_pending(&mut self) {}
+
+    fn regs(&self) -> Result<Regs, HvError> {
+        Ok(self.regs.lock().unwrap().0)
+    }
+
+    fn set_regs(&self, regs: &Regs) -> Result<(), HvError> {
+        self.regs.lock().unwrap().0 = *regs;
+        Ok(())
+    }
+
+    fn sregs(&self) -> Result<SpecialRegs, HvError> {
+        Ok(self.regs.lock().unwrap().1)
+    }
+
+    fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError> {
+        self.regs.lock().unwrap().1 = *sregs;
+        Ok(())
+    }
+
+    fn set_fpu(&self, _: &Fpu) -> Result<(), HvError> {
+        Ok(())
+    }
+
+    fn stats(&self) -> Option<KvmStats> {
+        None
+    }
+
+    fn tsc_khz(&self) -> Option<u64> {
+        Some(1_000_000)
+    }
+}

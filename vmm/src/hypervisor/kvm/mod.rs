@@ -1,0 +1,287 @@
+//! KVM behind the hypervisor traits: `/dev/kvm`, VM and vCPU file descriptors (kvm-ioctls).
+//!
+//! Data flow: [`Kvm::open`] opens the device node; [`Kvm::create_vm`] gives a [`KvmVm`], whose
+//! `create_vcpu` gives a [`KvmVcpu`] owning the vCPU fd and its mmapped `kvm_run`. A vCPU thread
+//! binds its [`KvmVcpu`] ([`kick`]: the kick signal's handler sets `immediate_exit` through a
+//! thread-local pointer), then loops on `run`, which turns each KVM_RUN result into an
+//! [`ExitEvent`] (`to_event`; EINTR and EAGAIN are `Intr`; an internal error's suberror is read
+//! from `kvm_run`). Register conversions are in [`x86_64`], the binary statistics reader in
+//! `hypervisor::stats`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{compiler_fence, Ordering};
+use std::sync::Arc;
+
+use kvm_bindings::{kvm_run, kvm_userspace_memory_region};
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{
+    ExitCost, ExitEvent, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu, Vm,
+    WarmUpStub,
+};
+use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+
+pub mod kick;
+pub mod x86_64;
+
+pub use kick::SignalKicker;
+
+/// KVM, opened on its device node.
+pub struct Kvm {
+    kvm: kvm_ioctls::Kvm,
+}
+
+impl Kvm {
+    /// Opens `path` (normally `/dev/kvm`), with an error that says what to do when it is
+    /// missing or not accessible.
+    pub fn open(path: &Path) -> Result<Kvm, HvError> {
+        let missing = || HvError::Missing(path.to_path_buf());
+        let cpath =
+            std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| missing())?;
+        let kvm = kvm_ioctls::Kvm::new_with_path(&cpath).map_err(|e| match e.errno() {
+            libc::ENOENT => missing(),
+            libc::EACCES | libc::EPERM => HvError::Access(path.to_path_buf()),
+            _ => HvError::Open {
+                path: PathBuf::from(path),
+                source: e,
+            },
+        })?;
+        Ok(Kvm { kvm })
+    }
+}
+
+impl super::Hypervisor for Kvm {
+    type Vm = KvmVm;
+
+    fn create_vm(&self) -> Result<KvmVm, HvError> {
+        let fd = self.kvm.create_vm().map_err(HvError::call("create a VM"))?;
+        Ok(KvmVm { fd })
+    }
+
+    fn max_vcpus(&self) -> usize {
+        self.kvm.get_max_vcpus()
+    }
+
+    fn exit_cost(&self) -> Option<ExitCost> {
+        crate::arch::x86_64::calibrate::exit_cost(self, 200)
+    }
+}
+
+/// A KVM VM.
+pub struct KvmVm {
+    fd: VmFd,
+}
+
+impl Vm for KvmVm {
+    type Vcpu = KvmVcpu;
+
+    fn create_vcpu(&self, index: usize) -> Result<KvmVcpu, HvError> {
+        let fd = self
+            .fd
+            .create_vcpu(index as u64)
+            .map_err(HvError::call("create a vCPU"))?;
+        Ok(KvmVcpu { fd, bound: false })
+    }
+
+    unsafe fn map_memory(&self, slot: &MemorySlot) -> Result<(), HvError> {
+        let region = kvm_userspace_memory_region {
+            slot: slot.slot,
+            flags: 0,
+            guest_phys_addr: slot.gpa,
+            memory_size: slot.size,
+            userspace_addr: slot.host_addr,
+        };
+        // SAFETY: the caller guarantees the host range stays mapped and dedicated to this guest
+        // memory for the VM's whole life (this function's contract).
+        unsafe { self.fd.set_user_memory_region(region) }.map_err(HvError::call("map guest memory"))
+    }
+
+    fn irq_line(&self, gsi: u32) -> Result<Arc<IrqLine>, HvError> {
+        let fd = EventFd::new(EFD_NONBLOCK)
+            .map_err(|e| HvError::call("create an eventfd for an interrupt line")(e.into()))?;
+        self.fd
+            .register_irqfd(&fd, gsi)
+            .map_err(HvError::call("register an irqfd"))?;
+        Ok(Arc::new(IrqLine::new(gsi, fd)))
+    }
+
+    fn register_ioevent(
+        &self,
+        fd: &EventFd,
+        addr: IoAddr,
+        datamatch: Option<u64>,
+    ) -> Result<(), HvError> {
+        let addr = match addr {
+            IoAddr::Pio(p) => IoEventAddress::Pio(u64::from(p)),
+            IoAddr::Mmio(a) => IoEventAddress::Mmio(a),
+        };
+        match datamatch {
+            Some(v) => self.fd.register_ioevent(fd, &addr, v),
+            None => self.fd.register_ioevent(fd, &addr, NoDatamatch),
+        }
+        .map_err(HvError::call("register an ioeventfd"))
+    }
+}
+
+/// A KVM vCPU: its fd and mmapped `kvm_run`.
+pub struct KvmVcpu {
+    fd: VcpuFd,
+    bound: bool,
+}
+
+impl KvmVcpu {
+    fn kvm_run(&mut self) -> &mut kvm_run {
+        self.fd.get_kvm_run()
+    }
+}
+
+impl Drop for KvmVcpu {
+    fn drop(&mut self) {
+        // A vCPU dropped while still bound would leave the kick handler a dangling pointer on
+        // its thread. `bind_thread`'s contract forbids it; make a breach loud in debug builds.
+        debug_assert!(
+            !self.bound,
+            "a KVM vCPU was dropped while bound to its thread"
+        );
+    }
+}
+
+/// Converts KVM's view of an exit into ours (an internal error is read separately).
+fn to_event(exit: VcpuExit<'_>) -> ExitEvent<'_> {
+    match exit {
+        VcpuExit::IoIn(port, data) => ExitEvent::IoIn { port, data },
+        VcpuExit::IoOut(port, data) => ExitEvent::IoOut { port, data },
+        VcpuExit::MmioRead(addr, data) => ExitEvent::MmioRead { addr, data },
+        VcpuExit::MmioWrite(addr, data) => ExitEvent::MmioWrite { addr, data },
+        VcpuExit::Hlt => ExitEvent::Hlt,
+        VcpuExit::Shutdown => ExitEvent::Shutdown,
+        VcpuExit::Intr => ExitEvent::Intr,
+        VcpuExit::FailEntry(reason, cpu) => ExitEvent::FailEntry { reason, cpu },
+        VcpuExit::InternalError => ExitEvent::InternalError { suberror: 0 },
+        VcpuExit::SystemEvent(kind, _) => ExitEvent::SystemEvent { kind },
+        VcpuExit::Exception => ExitEvent::Other("exception"),
+        VcpuExit::Debug(_) => ExitEvent::Other("debug"),
+        VcpuExit::Hypercall(_) => ExitEvent::Other("hypercall"),
+        VcpuExit::IrqWindowOpen => ExitEvent::Other("irq window open"),
+        VcpuExit::MemoryFault { .. } => ExitEvent::Other("memory fault"),
+        _ => ExitEvent::Other("unknown exit reason"),
+    }
+}
+
+impl Vcpu for KvmVcpu {
+    type Kicker = SignalKicker;
+
+    unsafe fn bind_thread(&mut self) -> Result<SignalKicker, RunError> {
+        kick::install_handler().map_err(RunError)?;
+        let p: *mut u8 = &mut self.kvm_run().immediate_exit;
+        // SAFETY: `p` points into this vCPU's kvm_run mapping, which lives as long as `self.fd`;
+        // our caller promises `unbind_thread` (which resets the pointer) runs on this thread
+        // before the vCPU is dropped or moved, and `Drop` checks it in debug builds.
+        unsafe { kick::set_immediate_exit_ptr(p) };
+        self.bound = true;
+        // SAFETY: gettid has no preconditions.
+        Ok(SignalKicker::new(unsafe { libc::gettid() }))
+    }
+
+    fn unbind_thread(&mut self) {
+        if self.bound {
+            // SAFETY: null is always allowed; the handler then writes nothing.
+            unsafe { kick::set_immediate_exit_ptr(std::ptr::null_mut()) };
+            self.bound = false;
+        }
+    }
+
+    fn clear_kick(&mut self) {
+        let p: *mut u8 = &mut self.kvm_run().immediate_exit;
+        // SAFETY: `p` points into the live kvm_run mapping owned by `self.fd`. The only other
+        // writer is the kick handler on this same thread; a volatile byte store cannot tear.
+        unsafe { std::ptr::write_volatile(p, 0) };
+        // The run loop reads its request bits after this: a kick whose signal lands after the
+        // clear sets the byte again, one that landed before left its bits for that read.
+        compiler_fence(Ordering::SeqCst);
+    }
+
+    fn run(&mut self) -> Result<ExitEvent<'_>, RunError> {
+        let run_ptr: *const kvm_run = self.kvm_run();
+        match self.fd.run() {
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: `run_ptr` points into the kvm_run mapping owned by `self.fd`, alive
+                // for this call. KVM_EXIT_INTERNAL_ERROR means the kernel filled the `internal`
+                // member of the union; its u32 suberror is valid for any bit pattern.
+                let suberror = unsafe { (*run_ptr).__bindgen_anon_1.internal.suberror };
+                Ok(ExitEvent::InternalError { suberror })
+            }
+            Ok(exit) => Ok(to_event(exit)),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Ok(ExitEvent::Intr),
+            Err(e) => Err(RunError(e)),
+        }
+    }
+
+    fn warm_up(&mut self, stub: Option<WarmUpStub>) -> bool {
+        match stub {
+            Some(stub) => crate::arch::x86_64::calibrate::run_stub(self, stub),
+            None => {
+                // KVM_RUN with immediate_exit set binds the vCPU to this thread (the part that
+                // can wait for an RCU grace period) and returns before entering the guest.
+                self.complete_pending();
+                true
+            }
+        }
+    }
+
+    fn complete_pending(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    fn regs(&self) -> Result<Regs, HvError> {
+        let r = self
+            .fd
+            .get_regs()
+            .map_err(HvError::call("read the vCPU's registers"))?;
+        Ok(x86_64::from_kvm_regs(&r))
+    }
+
+    fn set_regs(&self, regs: &Regs) -> Result<(), HvError> {
+        self.fd
+            .set_regs(&x86_64::to_kvm_regs(regs))
+            .map_err(HvError::call("set the vCPU's registers"))
+    }
+
+    fn sregs(&self) -> Result<SpecialRegs, HvError> {
+        let s = self
+            .fd
+            .get_sregs()
+            .map_err(HvError::call("read the vCPU's special registers"))?;
+        Ok(x86_64::from_kvm_sregs(&s))
+    }
+
+    fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError> {
+        let mut k = self
+            .fd
+            .get_sregs()
+            .map_err(HvError::call("read the vCPU's special registers"))?;
+        x86_64::overlay_sregs(&mut k, sregs);
+        self.fd
+            .set_sregs(&k)
+            .map_err(HvError::call("set the vCPU's special registers"))
+    }
+
+    fn set_fpu(&self, fpu: &Fpu) -> Result<(), HvError> {
+        self.fd
+            .set_fpu(&x86_64::to_kvm_fpu(fpu))
+            .map_err(HvError::call("set the vCPU's FPU state"))
+    }
+
+    fn stats(&self) -> Option<KvmStats> {
+        KvmStats::from_fd(&self.fd)
+            .map_err(|e| log::warn!("no KVM statistics for a vCPU: {e}"))
+            .ok()
+    }
+
+    fn tsc_khz(&self) -> Option<u64> {
+        self.fd.get_tsc_khz().ok().filter(|&k| k > 0).map(u64::from)
+    }
+}

@@ -1,0 +1,186 @@
+//! Conversions between the VMM's x86_64 register types (`arch::x86_64::regs`) and KVM's.
+//!
+//! KVM's structures carry more than the VMM models (the interrupt bitmap, CR2, CR8, the APIC
+//! base, the x87 stack): a set is a read of KVM's state, an overlay of the VMM's fields, and a
+//! write, so every field the VMM does not model keeps KVM's value.
+
+use kvm_bindings::{kvm_dtable, kvm_fpu, kvm_regs, kvm_segment, kvm_sregs};
+
+use crate::arch::x86_64::regs::{DescriptorTable, Fpu, Regs, Segment, SpecialRegs};
+
+/// KVM's general registers from ours.
+pub fn to_kvm_regs(r: &Regs) -> kvm_regs {
+    kvm_regs {
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rsp: r.rsp,
+        rbp: r.rbp,
+        r8: r.r8_15[0],
+        r9: r.r8_15[1],
+        r10: r.r8_15[2],
+        r11: r.r8_15[3],
+        r12: r.r8_15[4],
+        r13: r.r8_15[5],
+        r14: r.r8_15[6],
+        r15: r.r8_15[7],
+        rip: r.rip,
+        rflags: r.rflags,
+    }
+}
+
+/// Our general registers from KVM's.
+pub fn from_kvm_regs(r: &kvm_regs) -> Regs {
+    Regs {
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rsp: r.rsp,
+        rbp: r.rbp,
+        r8_15: [r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15],
+        rip: r.rip,
+        rflags: r.rflags,
+    }
+}
+
+fn to_kvm_segment(s: &Segment) -> kvm_segment {
+    kvm_segment {
+        base: s.base,
+        limit: s.limit,
+        selector: s.selector,
+        type_: s.type_,
+        present: u8::from(s.present),
+        dpl: s.dpl,
+        db: u8::from(s.db),
+        s: u8::from(s.s),
+        l: u8::from(s.l),
+        g: u8::from(s.g),
+        avl: 0,
+        unusable: u8::from(s.unusable),
+        padding: 0,
+    }
+}
+
+fn from_kvm_segment(s: &kvm_segment) -> Segment {
+    Segment {
+        base: s.base,
+        limit: s.limit,
+        selector: s.selector,
+        type_: s.type_,
+        present: s.present != 0,
+        dpl: s.dpl,
+        db: s.db != 0,
+        s: s.s != 0,
+        l: s.l != 0,
+        g: s.g != 0,
+        unusable: s.unusable != 0,
+    }
+}
+
+fn to_kvm_dtable(t: &DescriptorTable) -> kvm_dtable {
+    kvm_dtable {
+        base: t.base,
+        limit: t.limit,
+        padding: [0; 3],
+    }
+}
+
+/// Lays our special registers over KVM's `k` (fields we do not model stay).
+pub fn overlay_sregs(k: &mut kvm_sregs, s: &SpecialRegs) {
+    k.cs = to_kvm_segment(&s.cs);
+    k.ds = to_kvm_segment(&s.ds);
+    k.es = to_kvm_segment(&s.es);
+    k.fs = to_kvm_segment(&s.fs);
+    k.gs = to_kvm_segment(&s.gs);
+    k.ss = to_kvm_segment(&s.ss);
+    k.tr = to_kvm_segment(&s.tr);
+    k.ldt = to_kvm_segment(&s.ldt);
+    k.gdt = to_kvm_dtable(&s.gdt);
+    k.idt = to_kvm_dtable(&s.idt);
+    k.cr0 = s.cr0;
+    k.cr3 = s.cr3;
+    k.cr4 = s.cr4;
+    k.efer = s.efer;
+}
+
+/// Our special registers from KVM's.
+pub fn from_kvm_sregs(k: &kvm_sregs) -> SpecialRegs {
+    let dt = |t: &kvm_dtable| DescriptorTable {
+        base: t.base,
+        limit: t.limit,
+    };
+    SpecialRegs {
+        cs: from_kvm_segment(&k.cs),
+        ds: from_kvm_segment(&k.ds),
+        es: from_kvm_segment(&k.es),
+        fs: from_kvm_segment(&k.fs),
+        gs: from_kvm_segment(&k.gs),
+        ss: from_kvm_segment(&k.ss),
+        tr: from_kvm_segment(&k.tr),
+        ldt: from_kvm_segment(&k.ldt),
+        gdt: dt(&k.gdt),
+        idt: dt(&k.idt),
+        cr0: k.cr0,
+        cr3: k.cr3,
+        cr4: k.cr4,
+        efer: k.efer,
+    }
+}
+
+/// KVM's FPU state with our control words (the register stack empty).
+pub fn to_kvm_fpu(f: &Fpu) -> kvm_fpu {
+    kvm_fpu {
+        fcw: f.fcw,
+        mxcsr: f.mxcsr,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_round_trip_and_overlay_keeps_the_rest() {
+        let r = Regs {
+            rax: 1,
+            rdi: 2,
+            r8_15: [8, 9, 10, 11, 12, 13, 14, 15],
+            rip: 0x10_0000,
+            rflags: 0x3002,
+            ..Default::default()
+        };
+        assert_eq!(from_kvm_regs(&to_kvm_regs(&r)), r);
+        let s = SpecialRegs {
+            cs: Segment {
+                selector: 0x33,
+                l: true,
+                present: true,
+                dpl: 3,
+                ..Default::default()
+            },
+            cr3: 0x1000,
+            efer: 0x500,
+            gdt: DescriptorTable {
+                base: 0x7000,
+                limit: 79,
+            },
+            ..Default::default()
+        };
+        let mut k = kvm_sregs {
+            apic_base: 0xfee0_0900,
+            cr8: 3,
+            ..Default::default()
+        };
+        overlay_sregs(&mut k, &s);
+        assert_eq!(from_kvm_sregs(&k), s);
+        assert_eq!(k.apic_base, 0xfee0_0900, "fields we do not model stay");
+        assert_eq!(k.cr8, 3);
+    }
+}

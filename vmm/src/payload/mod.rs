@@ -1,0 +1,211 @@
+//! Payloads: what boots in a VM. Each payload owns its boot layout (where its tables, records
+//! and image go inside RAM), its vCPUs' boot state, its devices, and its part of the report.
+//!
+//! Data flow: the config names a [`Payload`]; the VM builder calls [`Boot::prepare`] with the
+//! VM's RAM regions (the image is read and checked, workloads resolved; nothing touches the
+//! hypervisor or memory yet), then, once RAM is mapped and the vCPUs exist, [`Boot::load`]
+//! writes the payload into guest memory, sets every vCPU's registers and puts the payload's
+//! devices on the buses. After the run, [`Boot::vcpu_report`] gives the payload's fields of each
+//! vCPU's report and [`Boot::text`] its table. The VM knows nothing of any payload's protocol.
+//!
+//! Payloads: [`tiny`] (the tiny test guest). A Linux payload (kernel, initrd, command line)
+//! fits the same steps.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+use crate::arch::x86_64::layout::Region;
+use crate::devices::{BusError, Buses};
+use crate::hypervisor::{self as hv, HvError, WarmUpStub};
+
+pub mod tiny;
+
+use tiny::workload::{Assignment, WorkloadError};
+use tiny::{TinyBoot, TinyImage};
+
+/// What the VM boots, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// The tiny test guest.
+    Tiny {
+        /// Its image.
+        image: TinyImage,
+        /// Workload assignments, applied in order (later ones win).
+        workloads: Vec<Assignment>,
+        /// A gap between two rdtsc reads longer than this (ns) counts as lost time.
+        gap_threshold_ns: u64,
+    },
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Tiny {
+            image: TinyImage::Embedded,
+            workloads: Vec::new(),
+            gap_threshold_ns: 2_000,
+        }
+    }
+}
+
+/// Why a payload cannot boot.
+#[derive(Debug, Error)]
+pub enum PayloadError {
+    /// The image file cannot be read.
+    #[error("cannot read the guest image {path}")]
+    ReadImage {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image is not loadable.
+    #[error("the guest image cannot be loaded")]
+    Elf(#[from] tiny::elf::LoaderError),
+    /// A workload targets a vCPU that does not exist, or similar.
+    #[error("the workloads do not fit this VM")]
+    Workload(#[from] WorkloadError),
+    /// Memory too small for the vCPU stacks and the image.
+    #[error("{memory_mib} MiB of guest memory is too small for {vcpus} vCPU stacks and the image")]
+    MemoryTooSmall {
+        /// Memory given.
+        memory_mib: u64,
+        /// vCPUs.
+        vcpus: usize,
+    },
+    /// More RAM than the tiny guest's page tables map.
+    #[error("the tiny guest maps at most {max_gib} GiB of guest-physical space; this VM's RAM reaches {gib} GiB")]
+    TooMuchRam {
+        /// GiB the RAM reaches.
+        gib: u64,
+        /// Most GiB mapped.
+        max_gib: u64,
+    },
+    /// The memtouch window does not fit the RAM.
+    #[error("memtouch wants {mib} MiB but the RAM at {at:#x} has room for {room_mib} MiB: give the VM more memory")]
+    TouchTooLarge {
+        /// MiB asked for.
+        mib: u64,
+        /// MiB there.
+        room_mib: u64,
+        /// Where.
+        at: u64,
+    },
+    /// Guest memory could not be written.
+    #[error("cannot write {len} bytes of boot state at {gpa:#x} in guest memory")]
+    Write {
+        /// Where.
+        gpa: u64,
+        /// How much.
+        len: usize,
+        /// Cause.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// A vCPU's registers could not be set.
+    #[error(transparent)]
+    Hypervisor(#[from] HvError),
+    /// A device could not be placed.
+    #[error("cannot place a device of the payload")]
+    Bus(#[from] BusError),
+}
+
+/// What a payload needs to know to load itself.
+pub struct BootContext<'a> {
+    /// Guest RAM.
+    pub memory: &'a GuestMemoryMmap,
+    /// The guest's TSC frequency.
+    pub tsc_khz: u64,
+    /// Where the PPA page is, when the VM has one.
+    pub ppa_page: Option<Region>,
+}
+
+/// A payload's fields in one vCPU's report (flattened into the vCPU's JSON object).
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum PayloadVcpuReport {
+    /// The tiny guest's workload, doorbells and own measurements.
+    Tiny(tiny::report::TinyVcpuReport),
+}
+
+/// A payload, prepared for a VM.
+#[derive(Debug)]
+pub enum Boot {
+    /// The tiny guest.
+    Tiny(TinyBoot),
+}
+
+impl Boot {
+    /// Reads and checks `payload` for a VM of `vcpus` vCPUs with RAM `ram`.
+    pub fn prepare(payload: &Payload, vcpus: usize, ram: &[Region]) -> Result<Boot, PayloadError> {
+        match payload {
+            Payload::Tiny {
+                image,
+                workloads,
+                gap_threshold_ns,
+            } => Ok(Boot::Tiny(TinyBoot::prepare(
+                image,
+                workloads,
+                *gap_threshold_ns,
+                vcpus,
+                ram,
+            )?)),
+        }
+    }
+
+    /// What the report calls the image: `tiny` or the image's path.
+    pub fn label(&self) -> String {
+        match self {
+            Boot::Tiny(t) => t.label().to_string(),
+        }
+    }
+
+    /// Writes the payload into guest memory, sets the vCPUs' registers, adds its devices.
+    pub fn load<V: hv::Vcpu>(
+        &self,
+        ctx: &BootContext<'_>,
+        vcpus: &[V],
+        buses: &mut Buses,
+    ) -> Result<(), PayloadError> {
+        match self {
+            Boot::Tiny(t) => t.load(ctx, vcpus, buses),
+        }
+    }
+
+    /// The stub each vCPU thread runs once before its clocks start, if the payload has one.
+    pub fn warm_up(&self) -> Option<WarmUpStub> {
+        match self {
+            Boot::Tiny(t) => Some(t.warm_up()),
+        }
+    }
+
+    /// The payload's fields of vCPU `index`'s report.
+    pub fn vcpu_report(&self, index: usize, buses: &Buses) -> PayloadVcpuReport {
+        match self {
+            Boot::Tiny(t) => PayloadVcpuReport::Tiny(t.vcpu_report(index, buses)),
+        }
+    }
+
+    /// The payload's table in the text report, from each vCPU's id, payload fields and
+    /// exit-handling p99.
+    pub fn text(rows: &[(usize, &PayloadVcpuReport, Option<u64>)]) -> String {
+        let tiny: Vec<tiny::report::Row<'_>> = rows
+            .iter()
+            .map(|(id, p, p99)| match p {
+                PayloadVcpuReport::Tiny(t) => tiny::report::Row {
+                    id: *id,
+                    tiny: t,
+                    exit_p99_ns: *p99,
+                },
+            })
+            .collect();
+        if tiny.is_empty() {
+            String::new()
+        } else {
+            tiny::report::text(&tiny)
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The tiny payload: a `#![no_std]` ELF (embedded, or from `--tiny-image`) that starts every
+//! vCPU at CPL 3 in long mode, runs one workload per vCPU and reports its own rdtsc
+//! measurements through doorbells (spec section 3).
+//!
+//! Data flow: [`TinyBoot::prepare`] reads and checks the image against the tiny layout
+//! ([`layout`], [`elf`]) and the VM's RAM, and resolves the workloads ([`workload`]), touching
+//! neither the hypervisor nor guest memory; [`TinyBoot::load`] writes the page tables, GDT, TSS,
+//! warm-up stub, image segments and one boot-info record per vCPU into guest RAM, sets each
+//! vCPU's registers, and puts the tiny devices (`devices::tiny`, sharing one board) on the
+//! buses. After the run, [`TinyBoot::vcpu_report`] reads what the devices kept (doorbell counts,
+//! the guest's reported measurements: the ground truth the VMM's figures are checked against)
+//! and [`report`] prints it.
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ppa_guest_abi::{BootInfo, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::{BootContext, PayloadError};
+use crate::arch::x86_64::cpl3::{entry_regs, tss};
+use crate::arch::x86_64::layout::{Region, MMIO_GAP_END};
+use crate::arch::x86_64::regs::Fpu;
+use crate::devices::tiny::{Doorbells, TinyBoard, WorkloadPort};
+use crate::devices::Buses;
+use crate::hypervisor::{self as hv, WarmUpStub};
+
+pub mod elf;
+pub mod layout;
+pub mod report;
+pub mod workload;
+
+use workload::{resolve, Assignment, VcpuWorkload, Workload};
+
+/// The tiny guest embedded in the binary (built from images/tiny by build.rs).
+pub static TINY_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tiny.elf"));
+
+/// The warm-up stub: `mov [rax], ecx` then `jmp` back to it.
+const STUB: [u8; 4] = [0x89, 0x08, 0xeb, 0xfc];
+/// The unclaimed doorbell register the warm-up stub writes.
+const STUB_TARGET: u64 = DOORBELL_GPA + 0x800;
+
+/// Where the tiny guest's image comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TinyImage {
+    /// The tiny guest embedded in the binary.
+    Embedded,
+    /// An ELF file that follows the tiny-guest protocol.
+    File(PathBuf),
+}
+
+/// A tiny guest ready to load: its checked image, its workloads and its place in RAM.
+#[derive(Debug)]
+pub struct TinyBoot {
+    label: String,
+    bytes: Cow<'static, [u8]>,
+    image: elf::Image,
+    workloads: Vec<VcpuWorkload>,
+    gap_threshold_ns: u64,
+    low_end: u64,
+    map_gib: u64,
+    touch: Option<Region>,
+    board: Arc<TinyBoard>,
+}
+
+/// The RAM range `memtouch` writes: from 4 GiB when the VM has RAM there, else the free low
+/// RAM between the image and the stacks (2 MiB aligned).
+fn touch_window(
+    ram: &[Region],
+    image_end: u64,
+    stacks: u64,
+    bytes: u64,
+) -> Result<Region, PayloadError> {
+    let (gpa, room) = match ram.iter().find(|r| r.gpa >= MMIO_GAP_END) {
+        Some(high) => (high.gpa, high.size),
+        None => {
+            let start = image_end.next_multiple_of(2 << 20);
+            (start, stacks.saturating_sub(start))
+        }
+    };
+    if bytes > room {
+        return Err(PayloadError::TouchTooLarge {
+            mib: bytes >> 20,
+            room_mib: room >> 20,
+            at: gpa,
+        });
+    }
+    Ok(Region { gpa, size: bytes })
+}
+
+impl TinyBoot {
+    /// Reads and checks `image` for a VM of `vcpus` vCPUs with RAM `ram`, and resolves the
+    /// workloads.
+    pub fn prepare(
+        image: &TinyImage,
+        workloads: &[Assignment],
+        gap_threshold_ns: u64,
+        vcpus: usize,
+        ram: &[Region],
+    ) -> Result<TinyBoot, PayloadError> {
+        let workloads = resolve(workloads, vcpus)?;
+        let (bytes, label): (Cow<'static, [u8]>, String) = match image {
+            TinyImage::Embedded => (TINY_GUEST.into(), "tiny".to_string()),
+            TinyImage::File(path) => (
+                std::fs::read(path)
+                    .map_err(|source| PayloadError::ReadImage {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .into(),
+                path.display().to_string(),
+            ),
+        };
+        let low_end = ram.first().map_or(0, |r| r.end());
+        let stacks = layout::stacks_bottom(vcpus, low_end);
+        if vcpus > layout::MAX_VCPUS || stacks <= layout::IMAGE_MIN_GPA {
+            return Err(PayloadError::MemoryTooSmall {
+                memory_mib: ram.iter().map(|r| r.size).sum::<u64>() >> 20,
+                vcpus,
+            });
+        }
+        let map_gib = layout::map_gib(ram);
+        if map_gib > layout::MAX_MAP_GIB {
+            return Err(PayloadError::TooMuchRam {
+                gib: map_gib,
+                max_gib: layout::MAX_MAP_GIB,
+            });
+        }
+        let image = elf::parse_elf(&bytes, layout::IMAGE_MIN_GPA..stacks)?;
+        let image_end = image
+            .segments
+            .iter()
+            .map(|s| s.gpa + s.mem_size)
+            .max()
+            .unwrap_or(layout::IMAGE_MIN_GPA);
+        let touch = workloads
+            .iter()
+            .filter_map(|w| match w.workload {
+                Workload::Memtouch { mib } => Some(mib << 20),
+                _ => None,
+            })
+            .max()
+            .map(|bytes| touch_window(ram, image_end, stacks, bytes))
+            .transpose()?;
+        Ok(TinyBoot {
+            label,
+            bytes,
+            image,
+            workloads,
+            gap_threshold_ns,
+            low_end,
+            map_gib,
+            touch,
+            board: TinyBoard::new(vcpus),
+        })
+    }
+
+    /// `tiny` or the image's path.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Each vCPU's workload.
+    pub fn workloads(&self) -> &[VcpuWorkload] {
+        &self.workloads
+    }
+
+    /// The warm-up stub [`TinyBoot::load`] writes.
+    pub fn warm_up(&self) -> WarmUpStub {
+        WarmUpStub {
+            rip: layout::WARM_UP_STUB_GPA,
+            target: STUB_TARGET,
+        }
+    }
+
+    /// Writes the boot state into guest memory, sets every vCPU's registers and puts the
+    /// tiny devices on the buses.
+    pub fn load<V: hv::Vcpu>(
+        &self,
+        ctx: &BootContext<'_>,
+        vcpus: &[V],
+        buses: &mut Buses,
+    ) -> Result<(), PayloadError> {
+        let mem = ctx.memory;
+        let tables = &layout::TABLES;
+        for (gpa, table) in tables.page_tables(self.map_gib) {
+            let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
+            write(mem, gpa, &bytes)?;
+        }
+        write(mem, tables.gdt, &tables.gdt())?;
+        write(mem, tables.tss, &tss())?;
+        write(mem, layout::WARM_UP_STUB_GPA, &STUB)?;
+        for seg in &self.image.segments {
+            write(mem, seg.gpa, &self.bytes[seg.file.clone()])?;
+        }
+        for (index, (w, vcpu)) in self.workloads.iter().zip(vcpus).enumerate() {
+            let mut info = BootInfo::new();
+            info.vcpu_index = index as u32;
+            info.vcpu_count = vcpus.len() as u32;
+            info.tsc_khz = ctx.tsc_khz;
+            info.gap_threshold_ns = self.gap_threshold_ns;
+            info.workload = w.to_desc();
+            if let (Workload::Memtouch { mib }, Some(t)) = (w.workload, self.touch) {
+                info.workload.params = [mib << 20, t.gpa, 0, 0];
+            }
+            if let Some(p) = ctx.ppa_page {
+                info.ppa_page_gpa = p.gpa;
+                info.ppa_page_size = p.size;
+            }
+            write(mem, layout::boot_info_gpa(index), &info.to_bytes())?;
+            vcpu.set_sregs(&tables.special_regs())?;
+            vcpu.set_regs(&entry_regs(
+                self.image.entry,
+                layout::stack_pointer(index, self.low_end),
+                layout::boot_info_gpa(index),
+            ))?;
+            vcpu.set_fpu(&Fpu::default())?;
+        }
+        buses.mmio.insert(
+            DOORBELL_GPA,
+            DOORBELL_SIZE,
+            Arc::new(Doorbells(Arc::clone(&self.board))),
+        )?;
+        buses.pio.insert(
+            u64::from(WORKLOAD_PIO_PORT),
+            4,
+            Arc::new(WorkloadPort(Arc::clone(&self.board))),
+        )?;
+        Ok(())
+    }
+
+    /// What the tiny devices kept about vCPU `index`, for the report.
+    pub fn vcpu_report(&self, index: usize, buses: &Buses) -> report::TinyVcpuReport {
+        report::TinyVcpuReport::new(
+            &self.workloads[index],
+            self.board.vcpu(index),
+            buses.unclaimed(index),
+        )
+    }
+}
+
+fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), PayloadError> {
+    mem.write_slice(bytes, GuestAddress(gpa))
+        .map_err(|source| PayloadError::Write {
+            gpa,
+            len: bytes.len(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::x86_64::layout::ram_regions;
+
+    #[test]
+    fn memtouch_goes_above_4gib_when_there_is_ram_there() {
+        let ram = ram_regions(5 << 30);
+        let w = touch_window(&ram, 0x20_0000, 3 << 30, 1 << 30).unwrap();
+        assert_eq!(
+            w,
+            Region {
+                gpa: 4 << 30,
+                size: 1 << 30
+            }
+        );
+        assert!(matches!(
+            touch_window(&ram, 0x20_0000, 3 << 30, 3 << 30),
+            Err(PayloadError::TouchTooLarge { room_mib: 2048, .. })
+        ));
+        let small = ram_regions(64 << 20);
+        let w = touch_window(&small, 0x12_3456, 60 << 20, 8 << 20).unwrap();
+        assert_eq!(w.gpa, 2 << 20, "above the image, 2 MiB aligned");
+    }
+
+    #[test]
+    fn prepare_checks_memory_and_workloads() {
+        let prep = |ram_mib: u64, vcpus: usize, w: &[&str]| {
+            let a: Vec<Assignment> = w.iter().map(|s| Assignment::parse(s).unwrap()).collect();
+            TinyBoot::prepare(
+                &TinyImage::Embedded,
+                &a,
+                2000,
+                vcpus,
+                &ram_regions(ram_mib << 20),
+            )
+        };
+        let t = prep(5 << 10, 2, &["memtouch:mib=1024"]).unwrap();
+        assert_eq!(t.map_gib, 6);
+        assert_eq!(
+            t.touch,
+            Some(Region {
+                gpa: 4 << 30,
+                size: 1 << 30
+            })
+        );
+        assert_eq!(t.label(), "tiny");
+        assert!(matches!(
+            prep(2, 40, &[]),
+            Err(PayloadError::MemoryTooSmall { vcpus: 40, .. })
+        ));
+        assert!(matches!(
+            prep(300 << 10, 1, &[]),
+            Err(PayloadError::TooMuchRam { .. })
+        ));
+        assert!(matches!(
+            prep(32, 1, &["3=busy"]),
+            Err(PayloadError::Workload(_))
+        ));
+        let missing = TinyBoot::prepare(
+            &TinyImage::File("/nonexistent/tiny.elf".into()),
+            &[],
+            2000,
+            1,
+            &ram_regions(32 << 20),
+        );
+        assert!(matches!(missing, Err(PayloadError::ReadImage { .. })));
+    }
+}

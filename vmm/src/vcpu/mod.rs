@@ -1,0 +1,278 @@
+//! One vCPU: the state other threads see ([`VcpuShared`]), its thread, and how it ends.
+//!
+//! Data flow: the VM builder creates the hypervisor's vCPU and a [`VcpuShared`], then
+//! [`spawn`]s a thread named `vcpu<N>` that owns the vCPU ([`VcpuThread`], generic over
+//! `hypervisor::Vcpu`: static dispatch, no lock around the vCPU). The thread binds the vCPU
+//! (so a kick can stop it) and loops ([`run`]): check requests → run the guest → hand the
+//! `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome: resume,
+//! park ([`park`]) for a device's `Park` request, a limit or a pause, or end. States:
+//! `Running` (in or around the guest), `Parked`, `Finished`. Everything other threads read
+//! lives in [`VcpuShared`] as atomics written by this thread alone (single writer, relaxed
+//! increments, no lock, no allocation on the exit path). When the loop ends the thread stores
+//! a [`VcpuEnd`] and tells the VM through a channel.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::accounting::meter::Counter;
+use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
+use crate::accounting::AccountingControl;
+use crate::devices::Buses;
+use crate::exit::Failure;
+use crate::hypervisor::{self as hv, Kicker, RegsDump, RunError, WarmUpStub};
+use crate::sync::{futex_wake, now_ns};
+use ppa_vmm_api::VcpuSummary;
+
+mod park;
+mod run;
+#[cfg(test)]
+mod tests;
+
+/// Errors of a vCPU thread's life outside the guest's control.
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    /// The thread could not be created.
+    #[error("cannot start the thread of vCPU {0}")]
+    Spawn(usize, #[source] std::io::Error),
+}
+
+/// Life-cycle state of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VcpuState {
+    /// Created, thread not yet in its loop.
+    Created = 0,
+    /// In or around the guest.
+    Running = 1,
+    /// Parked by the VMM (idle, limited or paused).
+    Parked = 2,
+    /// The loop has ended.
+    Finished = 3,
+}
+
+impl VcpuState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => VcpuState::Running,
+            2 => VcpuState::Parked,
+            3 => VcpuState::Finished,
+            _ => VcpuState::Created,
+        }
+    }
+}
+
+/// Request bit: leave the loop at the next exit.
+pub const REQ_STOP: u32 = 1;
+/// Request bit: park (paused) at the next exit until the bit is cleared.
+pub const REQ_PAUSE: u32 = 2;
+/// Request bit: park (limited) at the next exit until cleared: the vCPU's group is out of
+/// budget.
+pub const REQ_LIMIT_GROUP: u32 = 4;
+/// Request bit: the same for the VM-wide limit.
+pub const REQ_LIMIT_VM: u32 = 8;
+/// Request bit: the same for a throttle that runaway detection applied to this vCPU.
+pub const REQ_LIMIT_RUNAWAY: u32 = 16;
+/// Any limit bit.
+pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM | REQ_LIMIT_RUNAWAY;
+
+/// How a vCPU's loop ended.
+#[derive(Debug)]
+pub enum VcpuEnd {
+    /// The guest ended the vCPU with an exit code (tiny guest: the exit doorbell).
+    Exited(u64),
+    /// The guest did something fatal.
+    Failed {
+        /// What.
+        failure: Failure,
+        /// Registers at that moment, when the hypervisor could give them.
+        regs: Option<Box<RegsDump>>,
+    },
+    /// The hypervisor failed (not the guest's doing).
+    Error(RunError),
+    /// The VMM stopped it (another vCPU failed, the run timed out, an operator).
+    Stopped,
+    /// The guest asked for the whole VM to stop (a reset or power-off request).
+    GuestStop,
+}
+
+impl VcpuEnd {
+    /// Whether the end is a failure that should stop the other vCPUs.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, VcpuEnd::Failed { .. } | VcpuEnd::Error(_))
+    }
+
+    /// One sentence for an operator, with the hypervisor's error where there is one.
+    pub fn reason(&self) -> Option<String> {
+        match self {
+            VcpuEnd::Failed { failure, .. } => Some(failure.to_string()),
+            VcpuEnd::Error(e) => Some(match std::error::Error::source(e) {
+                Some(s) => format!("{e}: {s}"),
+                None => e.to_string(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The part of a vCPU other threads see.
+pub struct VcpuShared {
+    /// vCPU index.
+    pub id: usize,
+    tid: AtomicI32,
+    state: AtomicU8,
+    requests: AtomicU32,
+    wake: AtomicU32,
+    kicker: OnceLock<Box<dyn Kicker>>,
+    /// Accounting: the meter the thread writes, its sources, the reset baseline.
+    pub acct: VcpuAccounting,
+    /// Runaway and overload detections (written by the sampler).
+    pub overloads: Counter,
+    end: OnceLock<VcpuEnd>,
+}
+
+impl std::fmt::Debug for VcpuShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VcpuShared")
+            .field("id", &self.id)
+            .field("tid", &self.host_tid())
+            .field("state", &self.state())
+            .field("end", &self.end())
+            .finish_non_exhaustive()
+    }
+}
+
+impl VcpuShared {
+    /// A vCPU that has not started.
+    pub fn new(id: usize, acct: VcpuAccounting) -> Self {
+        VcpuShared {
+            id,
+            tid: AtomicI32::new(0),
+            state: AtomicU8::new(VcpuState::Created as u8),
+            requests: AtomicU32::new(0),
+            wake: AtomicU32::new(0),
+            kicker: OnceLock::new(),
+            acct,
+            overloads: Counter::default(),
+            end: OnceLock::new(),
+        }
+    }
+
+    /// Host thread id of the vCPU thread (0 before it started).
+    pub fn host_tid(&self) -> i32 {
+        self.tid.load(Ordering::Acquire)
+    }
+
+    /// Current state.
+    pub fn state(&self) -> VcpuState {
+        VcpuState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// How the loop ended, once it has.
+    pub fn end(&self) -> Option<&VcpuEnd> {
+        self.end.get()
+    }
+
+    /// Asks the vCPU to act on `bits` at its next exit and forces that exit now: wakes it if
+    /// parked, kicks it out of the guest if running.
+    pub fn kick(&self, bits: u32) {
+        self.acct
+            .meter
+            .released_at
+            .store(now_ns(), Ordering::Release);
+        self.requests.fetch_or(bits, Ordering::AcqRel);
+        futex_wake(&self.wake);
+        if self.state() == VcpuState::Finished {
+            return;
+        }
+        if let Some(k) = self.kicker.get() {
+            k.kick();
+        }
+    }
+
+    /// Releases a paused vCPU: clears the pause request and wakes it. The release time is what
+    /// its wake-up latency is measured from.
+    pub fn resume(&self) {
+        self.release(REQ_PAUSE);
+    }
+
+    /// The section 4 fields now (or at the thread's end), with the histograms.
+    pub fn times(&self) -> (VcpuTimes, HistSnapshots) {
+        self.times_with(true)
+    }
+
+    /// The section 4 fields now, with the histograms and detail maps only when `with_hist`.
+    pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
+        let (mut t, h) = self.acct.times_with(with_hist);
+        t.id = self.id;
+        t.host_tid = self.host_tid();
+        t.overloads = self.overloads.get();
+        if self.state() == VcpuState::Finished {
+            t.state = "finished".into();
+        }
+        (t, h)
+    }
+
+    /// The overview of `stats`: the section 4 times and exit counts, without the histograms
+    /// and detail maps (a few system calls and no map of KVM statistics).
+    pub fn summary(&self) -> VcpuSummary {
+        self.times_with(false).0.into()
+    }
+
+    /// Clears request `bits` (a limit's stop) and wakes the vCPU if it is parked on them.
+    /// The release time is what its wake-up latency is measured from.
+    pub fn release(&self, bits: u32) {
+        self.acct
+            .meter
+            .released_at
+            .store(now_ns(), Ordering::Release);
+        self.requests.fetch_and(!bits, Ordering::AcqRel);
+        futex_wake(&self.wake);
+    }
+
+    /// Whether any of request `bits` is set.
+    pub fn requested(&self, bits: u32) -> bool {
+        self.requests.load(Ordering::Acquire) & bits != 0
+    }
+
+    /// Whether a pause is requested.
+    pub fn pause_requested(&self) -> bool {
+        self.requested(REQ_PAUSE)
+    }
+
+    fn set_state(&self, s: VcpuState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+}
+
+/// What a vCPU thread owns.
+pub struct VcpuThread<V: hv::Vcpu> {
+    /// The hypervisor's vCPU.
+    pub vcpu: V,
+    /// Shared state.
+    pub shared: Arc<VcpuShared>,
+    /// The VM's devices.
+    pub buses: Arc<Buses>,
+    /// Where to say "vCPU N finished".
+    pub done: Sender<usize>,
+    /// Opened once every vCPU thread exists, so that all start together and none runs while
+    /// the others' stacks are being mapped.
+    pub start_gate: Arc<AtomicU32>,
+    /// The VM's accounting settings.
+    pub control: Arc<AccountingControl>,
+    /// The payload's warm-up stub, run once before the clocks start.
+    pub warm_up: Option<WarmUpStub>,
+}
+
+/// Starts the thread of a vCPU; the handle must be joined before the VM is dropped.
+pub fn spawn<V: hv::Vcpu + 'static>(v: VcpuThread<V>) -> Result<JoinHandle<()>, VcpuError> {
+    let id = v.shared.id;
+    std::thread::Builder::new()
+        .name(format!("vcpu{id}"))
+        .spawn(move || run::thread_main(v))
+        .map_err(|e| VcpuError::Spawn(id, e))
+}

@@ -1,0 +1,71 @@
+//! Parking a vCPU thread (idle, limited or paused) and the clock readings around a park.
+//!
+//! A park is a futex wait on the vCPU's wake word with an optional absolute deadline; whoever
+//! releases it (a kick, a limit's release, a resume) bumps the word. The readings at both ends
+//! ([`consistent_stamp`]: wall, thread CPU time, run_delay as of one instant) let the recorder
+//! split the parked wall time into its own CPU, run-queue wait and blocked time.
+
+use std::sync::atomic::Ordering;
+
+use super::{VcpuShared, VcpuState, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use crate::accounting::host::thread_cpu_ns;
+use crate::accounting::meter::{MicroState, ParkStamp, Recorder};
+use crate::sync::{futex_wait, now_ns};
+
+/// Wall clock, thread CPU time and run_delay read as of one instant: run_delay is read before
+/// and after the clocks, and the reads are retried if a run-queue wait completed in between
+/// (it would otherwise fall inside the wall interval but outside the run_delay delta, or the
+/// other way round). Bounded: after 4 tries the last reading stands.
+pub(super) fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
+    let sched = shared.acct.live.get().map(|l| &l.sched);
+    let read = || sched.and_then(|s| s.read().ok()).map(|s| s.run_delay_ns);
+    let mut stamp = ParkStamp::default();
+    for _ in 0..4 {
+        let before = read();
+        stamp = ParkStamp {
+            cpu: Some(thread_cpu_ns()),
+            now: now_ns(),
+            run_delay: before,
+        };
+        if read() == before {
+            break;
+        }
+    }
+    stamp
+}
+
+/// Parks as `kind` until `deadline_ns` (or forever with `None`) or until released: a
+/// pause park ends when the pause request is cleared or a stop arrives; a limited park when
+/// both limit bits are cleared or a stop or pause arrives; an idle park at a stop or pause
+/// (a limit that stops an idle vCPU takes effect when the idle park ends).
+pub(super) fn park(
+    shared: &VcpuShared,
+    rec: &mut Recorder,
+    kind: MicroState,
+    deadline_ns: Option<u64>,
+) {
+    shared.set_state(VcpuState::Parked);
+    rec.park_begin(kind, consistent_stamp(shared));
+    let release = loop {
+        let seen = shared.wake.load(Ordering::Acquire);
+        let requests = shared.requests.load(Ordering::Acquire);
+        let released = match kind {
+            MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
+            MicroState::Limited => {
+                requests & REQ_LIMIT == 0 || requests & (REQ_STOP | REQ_PAUSE) != 0
+            }
+            _ => requests & (REQ_STOP | REQ_PAUSE) != 0,
+        };
+        if released {
+            break shared.acct.meter.released_at.load(Ordering::Acquire);
+        }
+        if let Some(d) = deadline_ns {
+            if now_ns() >= d {
+                break d;
+            }
+        }
+        futex_wait(&shared.wake, seen, deadline_ns);
+    };
+    rec.park_end(consistent_stamp(shared), release);
+    shared.set_state(VcpuState::Running);
+}

@@ -1,0 +1,165 @@
+//! The vCPU thread: its start, its run loop, and what it publishes when it ends.
+//!
+//! The loop is generic over `hypervisor::Vcpu` and is the whole exit path: clear a stale kick,
+//! read the request bits, take a clock stamp, run the guest, take a stamp, classify and route
+//! the exit (`exit::handle_exit`), record it, carry out the outcome. It holds no lock, makes no
+//! allocation, and makes no system call beyond KVM_RUN and what the accounting level asks for
+//! (none at `off` and `basic`: vDSO clock reads; two thread-CPU-clock reads at `full`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::park::{consistent_stamp, park};
+use super::{VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use crate::accounting::host::{
+    current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
+};
+use crate::accounting::meter::{MicroState, Recorder, Stamp};
+use crate::accounting::snapshot::{FinalReadings, LiveSources};
+use crate::accounting::Level;
+use crate::devices::VcpuRequest;
+use crate::exit::{handle_exit, Outcome};
+use crate::hypervisor::Vcpu;
+use crate::sync::{futex_wait, now_ns};
+
+pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
+    let shared = Arc::clone(&v.shared);
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    shared.tid.store(tid, Ordering::Release);
+    if let (Ok(clock), Ok(sched)) = (ThreadClock::current(), SchedStatFile::open(tid)) {
+        let _ = shared.acct.live.set(LiveSources { clock, sched });
+    }
+    // SAFETY: `unbind_thread` runs below on this thread, before `v` (and its vCPU) is dropped
+    // at the end of this function; the vCPU never leaves this thread in between.
+    let end = match unsafe { v.vcpu.bind_thread() } {
+        Ok(kicker) => {
+            let _ = shared.kicker.set(Box::new(kicker));
+            let end = start_and_run(&mut v, &shared);
+            v.vcpu.unbind_thread();
+            end
+        }
+        Err(e) => {
+            while v.start_gate.load(Ordering::Acquire) == 0 {
+                futex_wait(&v.start_gate, 0, None);
+            }
+            VcpuEnd::Error(e)
+        }
+    };
+    v.buses.vcpu_ended(shared.id);
+    publish_final(&shared, tid);
+    let _ = shared.end.set(end);
+    shared.set_state(VcpuState::Finished);
+    let _ = v.done.send(shared.id);
+}
+
+/// Warms up, waits for the start gate, starts the clocks and runs the loop to its end.
+fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> VcpuEnd {
+    if !v.vcpu.warm_up(v.warm_up) {
+        log::warn!(
+            "vCPU {}: warm-up run failed; its first run is measured",
+            shared.id
+        );
+    }
+    while v.start_gate.load(Ordering::Acquire) == 0 {
+        futex_wait(&v.start_gate, 0, None);
+    }
+    // Precise halts: the default 50 µs timer slack would lengthen every park.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let origin = consistent_stamp(shared);
+    let start = Stamp {
+        now: origin.now,
+        cpu: origin.cpu,
+    };
+    shared
+        .acct
+        .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
+    shared.acct.started_ns.store(start.now, Ordering::Release);
+    shared.set_state(VcpuState::Running);
+    let mut rec = Recorder::new(
+        Arc::clone(&shared.acct.meter),
+        Arc::clone(&v.control),
+        start,
+    );
+    let end = run_loop(v, &mut rec);
+    rec.finish(stamp(rec.level(), rec.level()));
+    end
+}
+
+/// Reads its own clocks, schedstat, /proc ticks and KVM statistics as the loop ends, for the
+/// final report (its /proc entries vanish when the thread exits).
+fn publish_final(shared: &VcpuShared, tid: i32) {
+    let end = consistent_stamp(shared);
+    let finals = FinalReadings {
+        at_ns: end.now,
+        cpu_ns: end.cpu.unwrap_or(0),
+        run_delay_ns: end.run_delay.unwrap_or(0),
+        ticks: thread_ticks(tid).ok(),
+        kvm: shared.acct.read_kvm(),
+    };
+    let _ = shared.acct.finals.set(finals);
+}
+
+/// Clock readings for a run boundary between an interval at `prev` and one at `next`.
+#[inline]
+fn stamp(prev: Level, next: Level) -> Stamp {
+    let timed = prev != Level::Off || next != Level::Off;
+    let full = prev == Level::Full || next == Level::Full;
+    Stamp {
+        now: if timed { now_ns() } else { 0 },
+        cpu: if full { Some(thread_cpu_ns()) } else { None },
+    }
+}
+
+/// The exit path.
+pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
+    let shared = Arc::clone(&v.shared);
+    let id = shared.id;
+    loop {
+        // A kick that arrived while outside the guest (a park it already ended, a request
+        // read below) must not also cost an `intr` exit on the next entry.
+        v.vcpu.clear_kick();
+        let requests = shared.requests.load(Ordering::Acquire);
+        if requests & REQ_STOP != 0 {
+            break VcpuEnd::Stopped;
+        }
+        if requests & REQ_PAUSE != 0 {
+            park(&shared, rec, MicroState::Paused, None);
+            continue;
+        }
+        if requests & REQ_LIMIT != 0 {
+            park(&shared, rec, MicroState::Limited, None);
+            continue;
+        }
+        let next = rec.next_level();
+        let host_cpu = if next == Level::Off {
+            0
+        } else {
+            current_cpu() as usize
+        };
+        rec.on_entry(stamp(rec.level(), next), host_cpu, next);
+        let result = v.vcpu.run();
+        let exit_stamp = stamp(rec.level(), rec.level());
+        let event = match result {
+            Ok(event) => event,
+            Err(e) => break VcpuEnd::Error(e),
+        };
+        let (reason, outcome) = handle_exit(event, &v.buses, id);
+        rec.on_exit(exit_stamp, reason);
+        match outcome {
+            Outcome::Resume => {}
+            Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
+                park(&shared, rec, MicroState::Idle, deadline_ns);
+            }
+            Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
+            Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,
+            Outcome::Fail(failure) => {
+                break VcpuEnd::Failed {
+                    failure,
+                    regs: v.vcpu.dump_regs().map(Box::new),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The vCPU thread, its run loop and its accounting on the fake hypervisor: scripted exits
+//! through the real buses and tiny devices, with no KVM.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ppa_guest_abi::{doorbell, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+
+use super::*;
+use crate::accounting::meter::VcpuMeter;
+use crate::accounting::snapshot::VcpuAccounting;
+use crate::accounting::Level;
+use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
+use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
+
+fn bell(offset: u64, value: u64) -> FakeExit {
+    FakeExit::MmioWrite(DOORBELL_GPA + offset, value.to_le_bytes().to_vec())
+}
+
+struct Rig {
+    shared: Arc<VcpuShared>,
+    board: Arc<TinyBoard>,
+    buses: Arc<Buses>,
+    handle: std::thread::JoinHandle<()>,
+    done: std::sync::mpsc::Receiver<usize>,
+}
+
+/// Starts one vCPU thread replaying `script` at `level`, with the tiny devices on the buses.
+fn start(script: Vec<Step>, level: Level) -> Rig {
+    let board = TinyBoard::new(1);
+    let mut buses = Buses::new(1);
+    buses
+        .mmio
+        .insert(DOORBELL_GPA, DOORBELL_SIZE, Arc::new(Doorbells(board.clone())))
+        .unwrap();
+    buses
+        .pio
+        .insert(
+            u64::from(WORKLOAD_PIO_PORT),
+            4,
+            Arc::new(WorkloadPort(board.clone())),
+        )
+        .unwrap();
+    let buses = Arc::new(buses);
+    let meter = Arc::new(VcpuMeter::new(3, 4));
+    let shared = Arc::new(VcpuShared::new(0, VcpuAccounting::new(meter, None, None)));
+    let control = Arc::new(AccountingControl::new(
+        level,
+        Default::default(),
+        3,
+        10_000_000,
+    ));
+    let gate = Arc::new(AtomicU32::new(1));
+    let (tx, rx) = channel();
+    let handle = spawn(VcpuThread {
+        vcpu: FakeVcpu::new(script),
+        shared: Arc::clone(&shared),
+        buses: Arc::clone(&buses),
+        done: tx,
+        start_gate: gate,
+        control,
+        warm_up: None,
+    })
+    .unwrap();
+    Rig {
+        shared,
+        board,
+        buses,
+        handle,
+        done: rx,
+    }
+}
+
+impl Rig {
+    fn finish(self) -> Self {
+        self.done
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the vCPU thread ends");
+        self
+    }
+}
+
+#[test]
+fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
+    let script = vec![
+        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"h".to_vec())),
+        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"\n".to_vec())),
+        Step::after(200_000, bell(doorbell::WORKLOAD, 1)),
+        Step::now(FakeExit::IoOut(WORKLOAD_PIO_PORT, vec![1, 0, 0, 0])),
+        Step::now(FakeExit::IoIn(0x80, 1)),
+        Step::now(FakeExit::MmioRead(0x4000_0000, 4)),
+        Step::now(bell(doorbell::HALT, 2_000_000)),
+        Step::now(bell(doorbell::REPORT_BASE + 8 * 3, 1234)),
+        Step::now(bell(doorbell::EXIT, 7)),
+    ];
+    let n = script.len() as u64;
+    let r = start(script, Level::Basic).finish();
+    r.handle.join().unwrap();
+    assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(7))));
+    assert_eq!(r.shared.state(), VcpuState::Finished);
+    let v = r.board.vcpu(0).unwrap();
+    assert_eq!(v.doorbell(Doorbell::Console), 2);
+    assert_eq!(v.doorbell(Doorbell::WorkloadMmio), 1);
+    assert_eq!(v.doorbell(Doorbell::WorkloadPio), 1);
+    assert_eq!(v.doorbell(Doorbell::Halt), 1);
+    assert_eq!(v.reported(3), Some(1234));
+    assert_eq!(r.buses.unclaimed(0), 2, "the port read and the MMIO read");
+    let (t, _) = r.shared.times();
+    assert_eq!(t.total_exits(), n, "every exit counted, exactly");
+    assert_eq!(t.exits["mmio_write"], 6);
+    assert_eq!((t.exits["io_out"], t.exits["io_in"], t.exits["mmio_read"]), (1, 1, 1));
+    assert_eq!(t.parks, 1, "the halt parked once");
+    assert!(
+        t.idle_ns >= 2_000_000,
+        "a park lasts at least to its deadline: idle {} ns",
+        t.idle_ns
+    );
+    assert!(t.guest_ns >= 200_000, "the scripted guest time: {}", t.guest_ns);
+    assert!(
+        t.identity_holds(true),
+        "wall {} = used {} + steal {} + idle {} ... off by {}",
+        t.wall_ns,
+        t.used_ns,
+        t.steal_ns,
+        t.idle_ns,
+        t.identity_error_ns
+    );
+}
+
+#[test]
+fn a_stop_request_kicks_a_vcpu_out_of_the_guest() {
+    // One long stretch of guest code: only a kick ends it early.
+    let r = start(
+        vec![Step::after(60_000_000_000, bell(doorbell::EXIT, 0))],
+        Level::Basic,
+    );
+    while r.shared.state() != VcpuState::Running {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    r.shared.kick(REQ_STOP);
+    let r = r.finish();
+    assert!(matches!(r.shared.end(), Some(VcpuEnd::Stopped)));
+    let (t, _) = r.shared.times();
+    assert_eq!(t.exits["intr"], 1, "the kick is one intr exit");
+    assert_eq!(t.total_exits(), 1);
+}
+
+#[test]
+fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
+    let r = start(
+        vec![Step::now(FakeExit::Hlt), Step::now(bell(doorbell::EXIT, 0))],
+        Level::Basic,
+    );
+    while r.shared.state() != VcpuState::Parked {
+        std::thread::yield_now();
+    }
+    // A pause while parked: the idle park ends, the pause park begins; a resume lets the
+    // vCPU go on to its exit doorbell. No kick may show up as an extra `intr` exit.
+    r.shared.kick(REQ_PAUSE);
+    while !(r.shared.state() == VcpuState::Parked && r.shared.times().0.parks >= 1) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(5));
+    r.shared.resume();
+    let r = r.finish();
+    assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(0))));
+    let (t, _) = r.shared.times();
+    assert_eq!(t.exits["hlt"], 1);
+    assert_eq!(t.exits.get("intr").copied().unwrap_or(0), 0, "{:?}", t.exits);
+    assert_eq!(t.parks, 2, "idle, then paused");
+    assert!(t.paused_ns > 0);
+}
+
+#[test]
+fn a_guest_failure_ends_the_vcpu_with_its_registers() {
+    let r = start(vec![Step::after(100_000, FakeExit::Shutdown)], Level::Full);
+    let r = r.finish();
+    let Some(VcpuEnd::Failed { failure, regs }) = r.shared.end() else {
+        panic!("expected a failure, got {:?}", r.shared.end());
+    };
+    assert_eq!(*failure, crate::exit::Failure::Shutdown);
+    assert!(regs.is_some(), "the fake gives its registers");
+    assert!(r.shared.end().unwrap().is_failure());
+    let (t, _) = r.shared.times();
+    assert_eq!(t.exits["shutdown"], 1);
+    assert_eq!(t.split, "exact", "level full splits exactly");
+    assert!(t.identity_holds(true), "identity off by {}", t.identity_error_ns);
+}
+
+#[test]
+fn a_script_that_ends_is_an_unexpected_exit_not_a_hang() {
+    let r = start(Vec::new(), Level::Off).finish();
+    assert!(matches!(
+        r.shared.end(),
+        Some(VcpuEnd::Failed {
+            failure: crate::exit::Failure::Unexpected(_),
+            ..
+        })
+    ));
+}

@@ -1,0 +1,263 @@
+//! Running a VM to its end: the helper threads, the vCPU threads, the supervision loop, and
+//! one guard that takes everything down on every path.
+//!
+//! Data flow: [`Vm::run`] starts the control socket, the limiter and the sampler, spawns one
+//! `vcpu<N>` thread per vCPU behind a start gate, places the threads (cgroup backend), releases
+//! them together, then waits on a channel for each to finish ([`supervise`]): on the first
+//! failure, a guest's stop request, or when the maximum run time passes, it kicks the others
+//! to stop. The [`Running`] guard owns every thread: whether the run ends normally or a step
+//! fails, it stops and joins the vCPUs, then the sampler and the limiter, then the server. The
+//! report is built from what the vCPUs published, the payload's part from its devices.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::{RunOutcome, Vm, VmError};
+use crate::accounting::host::{host_steal_ns, process_cpu_ns};
+use crate::api::ApiServer;
+use crate::handle::VmHandle;
+use crate::hypervisor::{self as hv, ExitEvent, Hypervisor};
+use crate::limits::limiter::Limiter;
+use crate::report::{Report, RunFacts};
+use crate::sampler::Sampler;
+use crate::sync::{futex_wake, now_ns};
+use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuThread, REQ_STOP};
+
+/// The vcpu-exit event of a vCPU whose thread has ended.
+fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
+    let (end, exit_code) = match v.end() {
+        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
+        Some(VcpuEnd::Failed { .. }) => ("failed", None),
+        Some(VcpuEnd::Error(_)) => ("error", None),
+        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
+    };
+    ppa_vmm_api::Event::VcpuExit {
+        uptime_ns,
+        vcpu: v.id,
+        end: end.to_string(),
+        exit_code,
+    }
+}
+
+/// Every thread of a running VM; dropping it stops and joins them all, vCPUs first.
+struct Running {
+    shared: Vec<Arc<VcpuShared>>,
+    gate: Arc<AtomicU32>,
+    vcpus: Vec<JoinHandle<()>>,
+    sampler: Option<Sampler>,
+    limiter: Arc<Limiter>,
+    limiter_thread: Option<JoinHandle<()>>,
+    server: Option<ApiServer>,
+}
+
+impl Running {
+    fn stop_all(&self) {
+        self.shared.iter().for_each(|s| s.kick(REQ_STOP));
+    }
+
+    /// Stops (if still running) and joins the vCPU threads, then the sampler and the limiter.
+    fn join_vcpus_and_helpers(&mut self) {
+        if !self.vcpus.is_empty() {
+            self.stop_all();
+            futex_wake(&self.gate);
+            for h in self.vcpus.drain(..) {
+                let _ = h.join();
+            }
+        }
+        if let Some(s) = self.sampler.take() {
+            s.stop();
+        }
+        self.limiter.stop();
+        if let Some(t) = self.limiter_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn push(&self, event: ppa_vmm_api::Event) {
+        if let Some(s) = &self.server {
+            s.hub().push(event);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.join_vcpus_and_helpers();
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
+/// Waits for every vCPU to finish; stops the rest on the first failure or guest stop request,
+/// or when `deadline` passes. Returns whether the deadline stopped the run.
+fn supervise(
+    run: &Running,
+    done: &Receiver<usize>,
+    deadline: Option<Instant>,
+    handle: &VmHandle,
+) -> bool {
+    let n = run.shared.len();
+    let mut timed_out = false;
+    let mut stopping = false;
+    let mut finished = 0;
+    while finished < n {
+        let got = match (deadline, timed_out) {
+            (Some(d), false) => done.recv_timeout(d.saturating_duration_since(Instant::now())),
+            _ => done.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(id) => {
+                finished += 1;
+                let v = &run.shared[id];
+                run.push(vcpu_exit_event(v, handle.uptime_ns()));
+                let stop_others = v
+                    .end()
+                    .is_some_and(|e| e.is_failure() || matches!(e, VcpuEnd::GuestStop));
+                if stop_others && !stopping {
+                    log::warn!("vCPU {id} ended the run: stopping the other vCPUs");
+                    stopping = true;
+                    run.stop_all();
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                log::warn!("maximum run time reached: stopping every vCPU");
+                timed_out = true;
+                run.stop_all();
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    timed_out
+}
+
+impl<H: Hypervisor> Vm<H>
+where
+    <H::Vm as hv::Vm>::Vcpu: 'static,
+{
+    /// The baseline of `bench overhead`: runs vCPU 0 on this thread in a bare run loop with no
+    /// VMM logic (no bus, no accounting, no other vCPU) until the guest writes its exit
+    /// doorbell at `exit_gpa`. Returns (exits, ns from the first run to the last return).
+    pub fn run_raw(mut self, exit_gpa: u64) -> Result<(u64, u64), VmError> {
+        use hv::Vcpu as _;
+        let vcpu = &mut self.vcpus[0];
+        let mut exits = 0u64;
+        let t0 = now_ns();
+        loop {
+            match vcpu.run() {
+                Ok(ExitEvent::MmioWrite { addr, .. }) if addr == exit_gpa => break,
+                Ok(_) => exits += 1,
+                Err(e) => {
+                    return Err(VmError::Hypervisor(hv::HvError::Call {
+                        step: "run the raw benchmark loop",
+                        source: e.0,
+                    }))
+                }
+            }
+        }
+        Ok((exits + 1, now_ns() - t0))
+    }
+
+    /// Runs every vCPU to its end and returns the final report.
+    pub fn run(mut self) -> Result<RunOutcome, VmError> {
+        crate::hypervisor::kvm::kick::install_handler().map_err(VmError::KickHandler)?;
+        let handle = self.handle();
+        let mut run = Running {
+            shared: std::mem::take(&mut self.shared),
+            gate: Arc::new(AtomicU32::new(0)),
+            vcpus: Vec::with_capacity(self.vcpus.len()),
+            sampler: None,
+            limiter: Arc::clone(&self.limiter),
+            limiter_thread: None,
+            server: None,
+        };
+        run.server = ApiServer::start(
+            self.server_options.clone(),
+            handle.clone(),
+            Arc::clone(&self.hub),
+        )?;
+        let l = Arc::clone(&self.limiter);
+        run.limiter_thread = Some(
+            std::thread::Builder::new()
+                .name("limiter".into())
+                .spawn(move || l.run())
+                .map_err(|e| VmError::Thread("limiter", e))?,
+        );
+        run.sampler = Some(
+            Sampler::start(
+                run.shared.clone(),
+                Arc::clone(&self.control),
+                self.overload.enabled().then(|| crate::sampler::Overload {
+                    config: self.overload.clone(),
+                    vm: handle.clone(),
+                    hub: Arc::clone(&self.hub),
+                }),
+                self.ppa_page.clone().map(|p| (p, handle.clone())),
+            )
+            .map_err(|e| VmError::Thread("sampler", e))?,
+        );
+        let start = Instant::now();
+        let steal_at_start = host_steal_ns();
+        let (done_tx, done_rx) = channel();
+        let warm_up = self.boot.warm_up();
+        for (s, vcpu) in run.shared.clone().iter().zip(self.vcpus.drain(..)) {
+            run.vcpus.push(vcpu::spawn(VcpuThread {
+                vcpu,
+                shared: Arc::clone(s),
+                buses: Arc::clone(&self.buses),
+                done: done_tx.clone(),
+                control: Arc::clone(&self.control),
+                start_gate: Arc::clone(&run.gate),
+                warm_up,
+            })?);
+        }
+        drop(done_tx);
+        self.limiter.place_threads().map_err(VmError::Cgroup)?;
+        self.status.mark_started();
+        futex_wake(&run.gate);
+
+        let timed_out = supervise(&run, &done_rx, self.max_runtime.map(|d| start + d), &handle);
+        run.join_vcpus_and_helpers();
+        self.status.mark_finished();
+        let uptime_ns = start.elapsed().as_nanos() as u64;
+        // Every vCPU thread has exited: the process CPU clock includes them, and each published
+        // its own CPU time on its way out.
+        let vcpu_cpu: u64 = run
+            .shared
+            .iter()
+            .filter_map(|s| s.acct.finals.get().map(|f| f.cpu_ns))
+            .sum();
+        let host_threads_ns = process_cpu_ns().saturating_sub(vcpu_cpu);
+        let host_steal_ns = steal_at_start
+            .zip(host_steal_ns())
+            .map(|(a, b)| b.saturating_sub(a));
+        let payload = (0..run.shared.len())
+            .map(|i| self.boot.vcpu_report(i, &self.buses))
+            .collect();
+        let mut report = Report::build(
+            &self.info,
+            &run.shared,
+            payload,
+            RunFacts {
+                uptime_ns,
+                timed_out,
+                shutdown: handle.shutdown_requested(),
+                host_threads_ns,
+                host_steal_ns,
+                level: self.control.level(),
+            },
+        );
+        report.groups = self.limiter.groups();
+        report.guest = self.ppa_page.as_ref().map(|p| p.guest_view());
+        let exit_code = report.exit_code();
+        run.push(ppa_vmm_api::Event::VmExit {
+            uptime_ns,
+            end: report.vm.end.to_string(),
+        });
+        drop(run);
+        Ok(RunOutcome { report, exit_code })
+    }
+}
