@@ -79,9 +79,6 @@ pub enum VmError {
     /// A helper thread could not be started.
     #[error("cannot start the {0} thread")]
     Thread(&'static str, #[source] std::io::Error),
-    /// The kick signal handler could not be installed.
-    #[error("cannot install the vCPU kick signal handler")]
-    KickHandler(#[source] hv::Errno),
 }
 
 /// A VM ready to run, on hypervisor `H`.

@@ -163,7 +163,6 @@ where
 
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
-        crate::hypervisor::kvm::kick::install_handler().map_err(VmError::KickHandler)?;
         let handle = self.handle();
         let mut run = Running {
             shared: std::mem::take(&mut self.shared),
