@@ -172,6 +172,10 @@ fn a_5_gib_vm_has_ram_above_4_gib_that_the_guest_writes_and_reads_back() {
     let v = &out.report.vcpus[0];
     assert_eq!(reported(v, "touch_base"), 4 << 30, "RAM above 4 GiB");
     assert_eq!(reported(v, "touched_bytes"), 256 << 20);
-    assert_eq!(reported(v, "touch_errors"), 0, "every word read back as written");
+    assert_eq!(
+        reported(v, "touch_errors"),
+        0,
+        "every word read back as written"
+    );
     assert_eq!(out.report.vm.info.memory_mib, 5 << 10);
 }

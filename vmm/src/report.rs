@@ -15,7 +15,7 @@ use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
 use crate::hypervisor::RegsDump;
-use crate::payload::{Boot, PayloadVcpuReport};
+use crate::payload::{PayloadVcpuReport, PayloadVmReport};
 use crate::ppa_page::text::{guest_view_text, HostColumns};
 use crate::vcpu::{VcpuEnd, VcpuShared};
 
@@ -72,6 +72,9 @@ pub struct VmReport {
     pub host_steal_ns: Option<u64>,
     /// Histograms merged over every vCPU.
     pub histograms: BTreeMap<String, HistogramJson>,
+    /// The payload's fields (a Linux guest: command line, console, resets).
+    #[serde(flatten)]
+    pub payload: PayloadVmReport,
 }
 
 /// A failed vCPU's cause.
@@ -110,6 +113,7 @@ impl VcpuReport {
     pub fn tiny(&self) -> Option<&crate::payload::tiny::report::TinyVcpuReport> {
         match &self.payload {
             PayloadVcpuReport::Tiny(t) => Some(t),
+            PayloadVcpuReport::Linux(_) => None,
         }
     }
 }
@@ -132,9 +136,11 @@ fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistS
     let (times, hist) = s.times();
     let (end, exit_code) = match s.end() {
         Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
+        // The vCPU that asked the VM to stop ended the run as the guest wanted.
+        Some(VcpuEnd::GuestStop) => ("exited", Some(0)),
         Some(VcpuEnd::Failed { .. }) => ("failed", None),
         Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
+        Some(VcpuEnd::Stopped) | None => ("stopped", None),
     };
     let failure = s.end().and_then(|e| {
         Some(FailureReport {
@@ -181,17 +187,22 @@ impl Report {
     pub fn build(
         info: &VmInfo,
         vcpus: &[std::sync::Arc<VcpuShared>],
-        payload: Vec<PayloadVcpuReport>,
+        (vm_payload, payload): (PayloadVmReport, Vec<PayloadVcpuReport>),
         facts: RunFacts,
     ) -> Report {
+        let guest_stop = vcpus
+            .iter()
+            .any(|v| matches!(v.end(), Some(VcpuEnd::GuestStop)));
         let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = vcpus
             .iter()
             .zip(payload)
             .map(|(s, p)| vcpu_report(s, p))
             .unzip();
         let timed_out = facts.timed_out;
-        let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
         let any_failed = vcpus.iter().any(|v| v.failure.is_some());
+        // A guest that asked the VM to stop (a Linux `reboot`) ended it cleanly, even though
+        // the VMM stopped its other vCPUs.
+        let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0)) || (guest_stop && !any_failed);
         let end = match (timed_out, all_ok) {
             (_, true) => "completed",
             _ if facts.shutdown && !any_failed => "shutdown",
@@ -207,6 +218,7 @@ impl Report {
                 host_threads_ns: facts.host_threads_ns,
                 host_steal_ns: facts.host_steal_ns,
                 histograms: merge_all(&hists),
+                payload: vm_payload,
             },
             vcpus,
             groups: Vec::new(),
@@ -340,7 +352,7 @@ impl Report {
                 (v.times.id, &v.payload, p99)
             })
             .collect();
-        out.push_str(&Boot::text(&rows));
+        out.push_str(&crate::payload::text(&self.vm.payload, &rows));
         self.guest_text(&mut out);
         for v in &self.vcpus {
             if let Some(f) = &v.failure {

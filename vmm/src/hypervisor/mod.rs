@@ -18,7 +18,7 @@ use serde::Serialize;
 use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
 #[cfg(test)]
 pub mod fake;
@@ -269,6 +269,13 @@ pub trait Hypervisor {
     fn exit_cost(&self) -> Option<ExitCost> {
         None
     }
+    /// Why this hypervisor cannot run a guest kernel (privileged, 16- and 32-bit code at
+    /// native speed), or None when it can. The PVM backend runs only 64-bit user code natively.
+    fn cannot_boot_kernels(&self) -> Option<String> {
+        None
+    }
+    /// The CPUID leaves the hypervisor can give a guest, to be trimmed and patched per vCPU.
+    fn supported_cpuid(&self) -> Result<Vec<CpuidEntry>, HvError>;
 }
 
 /// A VM of a [`Hypervisor`].
@@ -298,6 +305,12 @@ pub trait Vm: Send + Sync {
         addr: IoAddr,
         datamatch: Option<u64>,
     ) -> Result<(), HvError>;
+
+    /// Creates the PC platform in the hypervisor: interrupt controllers (PIC, IOAPIC, a LAPIC
+    /// per vCPU), the PIT, and what VM entry needs below 4 GiB (KVM: TSS and identity-map
+    /// pages). Called once, before the vCPUs are created. Guest HLTs are then handled in the
+    /// hypervisor (no userspace exit): idle comes from its halt statistics.
+    fn create_platform(&self) -> Result<(), HvError>;
 }
 
 /// A vCPU of a [`Vm`], owned by the thread that runs it.
@@ -338,6 +351,17 @@ pub trait Vcpu: Send {
     fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError>;
     /// Sets the FPU control state.
     fn set_fpu(&self, fpu: &Fpu) -> Result<(), HvError>;
+    /// Sets the CPUID the guest sees.
+    fn set_cpuid(&self, entries: &[CpuidEntry]) -> Result<(), HvError>;
+    /// Sets model-specific registers.
+    fn set_msrs(&self, msrs: &[Msr]) -> Result<(), HvError>;
+    /// Wires the local APIC's LINT0 to external interrupts (the PIC) and LINT1 to NMI, as
+    /// firmware does on a PC (needs `Vm::create_platform`).
+    fn setup_lapic_lints(&self) -> Result<(), HvError>;
+    /// Tells the guest's paravirtual clock that the VMM paused the vCPU (KVM:
+    /// KVMCLOCK_CTRL), so the guest's watchdogs do not call the lost time a soft lockup.
+    /// Best effort: a guest without a paravirtual clock has nothing to tell.
+    fn pause_notify(&self) {}
 
     /// The vCPU's statistics file, when the hypervisor keeps one.
     fn stats(&self) -> Option<KvmStats>;

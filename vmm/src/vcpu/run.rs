@@ -125,11 +125,11 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             break VcpuEnd::Stopped;
         }
         if requests & REQ_PAUSE != 0 {
-            park(&shared, rec, MicroState::Paused, None);
+            park(&v.vcpu, &shared, rec, MicroState::Paused, None);
             continue;
         }
         if requests & REQ_LIMIT != 0 {
-            park(&shared, rec, MicroState::Limited, None);
+            park(&v.vcpu, &shared, rec, MicroState::Limited, None);
             continue;
         }
         let next = rec.next_level();
@@ -150,7 +150,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         match outcome {
             Outcome::Resume => {}
             Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
-                park(&shared, rec, MicroState::Idle, deadline_ns);
+                park(&v.vcpu, &shared, rec, MicroState::Idle, deadline_ns);
             }
             Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
             Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,

@@ -33,7 +33,11 @@ fn start(script: Vec<Step>, level: Level) -> Rig {
     let mut buses = Buses::new(1);
     buses
         .mmio
-        .insert(DOORBELL_GPA, DOORBELL_SIZE, Arc::new(Doorbells(board.clone())))
+        .insert(
+            DOORBELL_GPA,
+            DOORBELL_SIZE,
+            Arc::new(Doorbells(board.clone())),
+        )
         .unwrap();
     buses
         .pio
@@ -85,8 +89,14 @@ impl Rig {
 #[test]
 fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
     let script = vec![
-        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"h".to_vec())),
-        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"\n".to_vec())),
+        Step::now(FakeExit::MmioWrite(
+            DOORBELL_GPA + doorbell::CONSOLE,
+            b"h".to_vec(),
+        )),
+        Step::now(FakeExit::MmioWrite(
+            DOORBELL_GPA + doorbell::CONSOLE,
+            b"\n".to_vec(),
+        )),
         Step::after(200_000, bell(doorbell::WORKLOAD, 1)),
         Step::now(FakeExit::IoOut(WORKLOAD_PIO_PORT, vec![1, 0, 0, 0])),
         Step::now(FakeExit::IoIn(0x80, 1)),
@@ -110,14 +120,21 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
     let (t, _) = r.shared.times();
     assert_eq!(t.total_exits(), n, "every exit counted, exactly");
     assert_eq!(t.exits["mmio_write"], 6);
-    assert_eq!((t.exits["io_out"], t.exits["io_in"], t.exits["mmio_read"]), (1, 1, 1));
+    assert_eq!(
+        (t.exits["io_out"], t.exits["io_in"], t.exits["mmio_read"]),
+        (1, 1, 1)
+    );
     assert_eq!(t.parks, 1, "the halt parked once");
     assert!(
         t.idle_ns >= 2_000_000,
         "a park lasts at least to its deadline: idle {} ns",
         t.idle_ns
     );
-    assert!(t.guest_ns >= 200_000, "the scripted guest time: {}", t.guest_ns);
+    assert!(
+        t.guest_ns >= 200_000,
+        "the scripted guest time: {}",
+        t.guest_ns
+    );
     assert!(
         t.identity_holds(true),
         "wall {} = used {} + steal {} + idle {} ... off by {}",
@@ -169,7 +186,12 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
     assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(0))));
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["hlt"], 1);
-    assert_eq!(t.exits.get("intr").copied().unwrap_or(0), 0, "{:?}", t.exits);
+    assert_eq!(
+        t.exits.get("intr").copied().unwrap_or(0),
+        0,
+        "{:?}",
+        t.exits
+    );
     assert_eq!(t.parks, 2, "idle, then paused");
     assert!(t.paused_ns > 0);
 }
@@ -187,7 +209,11 @@ fn a_guest_failure_ends_the_vcpu_with_its_registers() {
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["shutdown"], 1);
     assert_eq!(t.split, "exact", "level full splits exactly");
-    assert!(t.identity_holds(true), "identity off by {}", t.identity_error_ns);
+    assert!(
+        t.identity_holds(true),
+        "identity off by {}",
+        t.identity_error_ns
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ use crate::config::{ConfigError, VmConfig};
 use crate::devices::Buses;
 use crate::handle::{VmHandle, VmStatus};
 use crate::hypervisor::kvm::Kvm;
-use crate::hypervisor::{self as hv, ExitCost, HvError, Hypervisor};
+use crate::hypervisor::{self as hv, ExitCost, HvError, Hypervisor, Vm as _};
 use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
 use crate::memory::{map_region, GuestRam, MemoryError, SlotAllocator};
@@ -242,10 +242,24 @@ impl<H: Hypervisor> Vm<H> {
     /// Builds the VM of `config` on `hv`.
     pub fn build(config: VmConfig, hv: H) -> Result<Self, VmError> {
         config.validate()?;
+        if config.payload.is_kernel() {
+            if let Some(why) = hv.cannot_boot_kernels() {
+                return Err(PayloadError::HostCannotBoot(why).into());
+            }
+        }
         let regions = ram_regions(config.memory_mib << 20);
-        let boot = Boot::prepare(&config.payload, config.vcpus, &regions)?;
+        let page = (config.ppa_page_size > 0)
+            .then(|| ppa_page_region(config.ppa_page_size))
+            .flatten();
+        let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page)?;
         let exit_cost = hv.exit_cost();
         let hv_vm = create_vm(&hv, config.vcpus)?;
+        let cpuid = if boot.needs_platform() {
+            hv_vm.create_platform()?;
+            hv.supported_cpuid()?
+        } else {
+            Vec::new()
+        };
         let mut slots = SlotAllocator::default();
         let ram = map_ram(&hv_vm, &mut slots, &regions, config.prefault)?;
         let ppa_page = map_ppa_page(&hv_vm, &mut slots, &config)?;
@@ -256,8 +270,9 @@ impl<H: Hypervisor> Vm<H> {
             memory: ram.memory(),
             tsc_khz,
             ppa_page: ppa_page.as_ref().and_then(|p| ppa_page_region(p.size())),
+            cpuid,
         };
-        boot.load(&ctx, &vcpus, &mut buses)?;
+        boot.load(&ctx, &hv_vm, &vcpus, &mut buses)?;
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
         let control = Arc::new(AccountingControl::new(
             config.accounting,

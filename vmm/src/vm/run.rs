@@ -239,7 +239,7 @@ where
         let mut report = Report::build(
             &self.info,
             &run.shared,
-            payload,
+            (self.boot.vm_report(), payload),
             RunFacts {
                 uptime_ns,
                 timed_out,

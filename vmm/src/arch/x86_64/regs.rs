@@ -119,3 +119,34 @@ impl Default for Fpu {
         }
     }
 }
+
+/// One CPUID leaf (and subleaf) as the guest will see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuidEntry {
+    /// Leaf (EAX input).
+    pub function: u32,
+    /// Subleaf (ECX input), when `flags` says the leaf has subleaves.
+    pub index: u32,
+    /// The hypervisor's flags (KVM: `KVM_CPUID_FLAG_SIGNIFCANT_INDEX` = 1).
+    pub flags: u32,
+    /// EAX.
+    pub eax: u32,
+    /// EBX.
+    pub ebx: u32,
+    /// ECX.
+    pub ecx: u32,
+    /// EDX.
+    pub edx: u32,
+}
+
+/// The subleaf matters for this leaf (KVM_CPUID_FLAG_SIGNIFCANT_INDEX).
+pub const CPUID_FLAG_SIGNIFICANT_INDEX: u32 = 1;
+
+/// A model-specific register and the value it starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Msr {
+    /// Index.
+    pub index: u32,
+    /// Value.
+    pub value: u64,
+}
