@@ -84,6 +84,9 @@ pub struct FailureReport {
     pub reason: String,
     /// Registers at failure, when available.
     pub regs: Option<RegsDump>,
+    /// The vCPU's exit before the fatal one (reason and address), when it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<crate::vcpu::LastExit>,
 }
 
 /// Per-vCPU part of the report.
@@ -147,6 +150,10 @@ fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistS
             reason: e.reason()?,
             regs: match e {
                 VcpuEnd::Failed { regs, .. } => regs.as_deref().cloned(),
+                _ => None,
+            },
+            last_exit: match e {
+                VcpuEnd::Failed { last_exit, .. } => *last_exit,
                 _ => None,
             },
         })

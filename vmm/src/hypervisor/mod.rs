@@ -129,6 +129,17 @@ pub enum ExitEvent<'a> {
     Other(&'static str),
 }
 
+impl ExitEvent<'_> {
+    /// The guest address (MMIO) or port (PIO) of an I/O exit.
+    pub fn address(&self) -> Option<u64> {
+        match self {
+            ExitEvent::IoIn { port, .. } | ExitEvent::IoOut { port, .. } => Some(u64::from(*port)),
+            ExitEvent::MmioRead { addr, .. } | ExitEvent::MmioWrite { addr, .. } => Some(*addr),
+            _ => None,
+        }
+    }
+}
+
 /// Register state of a vCPU as text, for an operator reading a failure.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RegsDump {
@@ -154,6 +165,10 @@ pub struct RegsDump {
     pub cs: String,
     /// SS selector.
     pub ss: String,
+    /// The registers are in the CPU's reset state (CS 0xf000, RIP 0xfff0), not where the
+    /// guest stopped: KVM on AMD SVM resets a vCPU after a triple fault before it returns.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reset: bool,
 }
 
 impl RegsDump {
@@ -161,6 +176,7 @@ impl RegsDump {
     pub fn new(r: &Regs, s: &SpecialRegs) -> Self {
         let h = |v: u64| format!("{v:#x}");
         RegsDump {
+            reset: s.cs.selector == 0xf000 && r.rip == 0xfff0,
             rip: h(r.rip),
             rsp: h(r.rsp),
             rflags: h(r.rflags),

@@ -91,6 +91,9 @@ pub enum VcpuEnd {
         failure: Failure,
         /// Registers at that moment, when the hypervisor could give them.
         regs: Option<Box<RegsDump>>,
+        /// The exit before the fatal one, as the VMM saw it: where the guest last was for sure
+        /// when the registers do not say (`RegsDump::reset`).
+        last_exit: Option<LastExit>,
     },
     /// The hypervisor failed (not the guest's doing).
     Error(RunError),
@@ -98,6 +101,16 @@ pub enum VcpuEnd {
     Stopped,
     /// The guest asked for the whole VM to stop (a reset or power-off request).
     GuestStop,
+}
+
+/// An exit the vCPU loop remembers: its reason and address (what it keeps costs two stores
+/// per exit, no clock or system call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LastExit {
+    /// Reason.
+    pub reason: crate::exit::ExitReason,
+    /// Guest address or port of an I/O exit.
+    pub addr: Option<u64>,
 }
 
 impl VcpuEnd {
@@ -109,7 +122,35 @@ impl VcpuEnd {
     /// One sentence for an operator, with the hypervisor's error where there is one.
     pub fn reason(&self) -> Option<String> {
         match self {
-            VcpuEnd::Failed { failure, .. } => Some(failure.to_string()),
+            VcpuEnd::Failed {
+                failure,
+                regs,
+                last_exit,
+            } => {
+                let mut s = failure.to_string();
+                if regs.as_ref().is_some_and(|r| r.reset) {
+                    s.push_str(
+                        "; the hypervisor handed back the registers in their reset state (CS \
+                         0xf000, RIP 0xfff0), as KVM on AMD SVM does after a triple fault, so \
+                         they do not show where the guest failed",
+                    );
+                    match last_exit {
+                        Some(LastExit {
+                            reason,
+                            addr: Some(a),
+                        }) => s.push_str(&format!(
+                            "; its last exit before the fault was {} at {a:#x}",
+                            reason.name()
+                        )),
+                        Some(LastExit { reason, addr: None }) => s.push_str(&format!(
+                            "; its last exit before the fault was {}",
+                            reason.name()
+                        )),
+                        None => s.push_str("; it made no exit before the fault"),
+                    }
+                }
+                Some(s)
+            }
             VcpuEnd::Error(e) => Some(match std::error::Error::source(e) {
                 Some(s) => format!("{e}: {s}"),
                 None => e.to_string(),

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::park::{consistent_stamp, park};
-use super::{VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
 };
@@ -116,6 +116,7 @@ fn stamp(prev: Level, next: Level) -> Stamp {
 pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
     let id = shared.id;
+    let mut last_exit: Option<LastExit> = None;
     loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -145,8 +146,10 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             Ok(event) => event,
             Err(e) => break VcpuEnd::Error(e),
         };
+        let addr = event.address();
         let (reason, outcome) = handle_exit(event, &v.buses, id);
         rec.on_exit(exit_stamp, reason);
+        let previous = last_exit.replace(LastExit { reason, addr });
         match outcome {
             Outcome::Resume => {}
             Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
@@ -158,6 +161,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 break VcpuEnd::Failed {
                     failure,
                     regs: v.vcpu.dump_regs().map(Box::new),
+                    last_exit: previous,
                 }
             }
         }

@@ -14,6 +14,7 @@ use crate::accounting::snapshot::VcpuAccounting;
 use crate::accounting::Level;
 use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
 use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
+use crate::hypervisor::{RegsDump, Vcpu as _};
 
 fn bell(offset: u64, value: u64) -> FakeExit {
     FakeExit::MmioWrite(DOORBELL_GPA + offset, value.to_le_bytes().to_vec())
@@ -200,11 +201,17 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
 fn a_guest_failure_ends_the_vcpu_with_its_registers() {
     let r = start(vec![Step::after(100_000, FakeExit::Shutdown)], Level::Full);
     let r = r.finish();
-    let Some(VcpuEnd::Failed { failure, regs }) = r.shared.end() else {
+    let Some(VcpuEnd::Failed {
+        failure,
+        regs,
+        last_exit,
+    }) = r.shared.end()
+    else {
         panic!("expected a failure, got {:?}", r.shared.end());
     };
     assert_eq!(*failure, crate::exit::Failure::Shutdown);
     assert!(regs.is_some(), "the fake gives its registers");
+    assert_eq!(*last_exit, None, "the fault was the first exit");
     assert!(r.shared.end().unwrap().is_failure());
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["shutdown"], 1);
@@ -213,6 +220,59 @@ fn a_guest_failure_ends_the_vcpu_with_its_registers() {
         t.identity_holds(true),
         "identity off by {}",
         t.identity_error_ns
+    );
+}
+
+#[test]
+fn registers_in_reset_state_are_called_so_with_the_last_exit_the_vmm_saw() {
+    let script = vec![
+        Step::now(bell(doorbell::WORKLOAD, 1)),
+        Step::now(FakeExit::Shutdown),
+    ];
+    // What KVM on SVM hands back after a triple fault.
+    let vcpu = FakeVcpu::new(Vec::new());
+    let mut s = vcpu.sregs().unwrap();
+    s.cs.selector = 0xf000;
+    let r = crate::arch::x86_64::regs::Regs {
+        rip: 0xfff0,
+        ..Default::default()
+    };
+    let dump = RegsDump::new(&r, &s);
+    assert!(dump.reset);
+    let end = VcpuEnd::Failed {
+        failure: crate::exit::Failure::Shutdown,
+        regs: Some(Box::new(dump)),
+        last_exit: Some(LastExit {
+            reason: crate::exit::ExitReason::MmioWrite,
+            addr: Some(DOORBELL_GPA + doorbell::WORKLOAD),
+        }),
+    };
+    let reason = end.reason().unwrap();
+    assert!(reason.contains("reset state"), "{reason}");
+    assert!(reason.contains("mmio_write at 0xd0000018"), "{reason}");
+    // And the loop keeps the exit before the fatal one.
+    let r = start(script, Level::Basic).finish();
+    let Some(VcpuEnd::Failed {
+        last_exit, regs, ..
+    }) = r.shared.end()
+    else {
+        panic!("failed");
+    };
+    assert_eq!(
+        *last_exit,
+        Some(LastExit {
+            reason: crate::exit::ExitReason::MmioWrite,
+            addr: Some(DOORBELL_GPA + doorbell::WORKLOAD)
+        })
+    );
+    assert!(
+        !regs.as_ref().unwrap().reset,
+        "ordinary registers are not called reset"
+    );
+    let json = serde_json::to_value(regs.as_deref().unwrap()).unwrap();
+    assert!(
+        json.get("reset").is_none(),
+        "the key appears only when true"
     );
 }
 
