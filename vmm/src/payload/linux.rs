@@ -7,7 +7,8 @@
 //! vCPUs: `Vm::create_platform`) and reads the CPUID it supports; [`LinuxBoot::load`] loads the
 //! kernel at 1 MiB (linux-loader), the initrd at the top of the RAM below 2 GiB, the command line
 //! (with `ppa.page=GPA,SIZE` when the VM has a PPA page), the zero page with the e820 map, the
-//! boot GDT and page tables and the MP table (`arch::x86_64::{linux, mptable}`); gives every vCPU
+//! boot GDT and page tables, the MP table and the ACPI tables (`arch::x86_64::{linux, mptable,
+//! acpi}`: Debian's cloud kernel has no MP parser, so ACPI's MADT lists its vCPUs); gives every vCPU
 //! its CPUID (topology, KVM's leaves, the PPA leaf) and boot MSRs, wires its LAPIC, sets the
 //! boot vCPU's registers (the others wait for the kernel's start-up IPI); and puts the serial
 //! port (IRQ 4) and the i8042 on the port bus. The guest's HLTs stay in the hypervisor, so its
@@ -28,6 +29,7 @@ use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{BootContext, PayloadError};
+use crate::arch::x86_64::acpi;
 use crate::arch::x86_64::cpuid::{boot_msrs, guest_cpuid};
 use crate::arch::x86_64::layout::Region;
 use crate::arch::x86_64::linux as boot;
@@ -272,7 +274,8 @@ impl LinuxBoot {
             initrd,
             cmdline_len: self.cmdline.len(),
         };
-        let params = boot::zero_page(header, &loaded, &boot::e820(&self.ram, ctx.ppa_page))?;
+        let mut params = boot::zero_page(header, &loaded, &boot::e820(&self.ram, ctx.ppa_page))?;
+        params.acpi_rsdp_addr = acpi::RSDP_GPA;
         mem.write_obj(params, GuestAddress(boot::ZERO_PAGE_GPA))
             .map_err(|source| PayloadError::Write {
                 gpa: boot::ZERO_PAGE_GPA,
@@ -291,6 +294,9 @@ impl LinuxBoot {
             boot::MPTABLE_GPA,
             &mptable(boot::MPTABLE_GPA, self.vcpus),
         )?;
+        for (gpa, table) in acpi::tables(self.vcpus) {
+            write(mem, gpa, &table)?;
+        }
 
         let extra = ppa_cpuid(ctx.ppa_page);
         for (i, v) in vcpus.iter().enumerate() {

@@ -225,6 +225,13 @@ fn a_linux_guest_gets_its_boot_state_devices_and_a_clean_end_on_reset() {
             .unwrap(),
         *b"_MP_"
     );
+    assert_eq!(
+        mem.read_obj::<[u8; 8]>(GuestAddress(crate::arch::x86_64::acpi::RSDP_GPA))
+            .unwrap(),
+        *b"RSD PTR "
+    );
+    let rsdp_addr = params.acpi_rsdp_addr;
+    assert_eq!(rsdp_addr, crate::arch::x86_64::acpi::RSDP_GPA);
     // The boot vCPU enters the kernel in 64-bit mode with RSI at the zero page; every vCPU has
     // its APIC ID in CPUID and the boot MSRs.
     let r = vm.vcpus[0].regs().unwrap();
