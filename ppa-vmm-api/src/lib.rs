@@ -13,13 +13,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod event;
+mod names;
+mod time_split;
 mod types;
 
 pub use event::{Event, EventKind};
+pub use names::{
+    LimitBackend, OverloadKind, SplitKind, ThreadState, Threshold, ThrottleEndWhy, UnknownName,
+    VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+};
+pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestCpuView, GuestThreadView, GuestView, HistogramJson, HostCpu,
     Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes,
-    VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+    VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

@@ -329,8 +329,8 @@ fn add_vcpu(f: &mut Families, vm: &str, v: &VcpuTimes) {
         &[
             ("vm", vm),
             ("vcpu", &id),
-            ("state", &v.state),
-            ("split", &v.split),
+            ("state", v.state.as_str()),
+            ("split", v.split.as_str()),
         ],
         "1".into(),
     );
@@ -424,7 +424,7 @@ pub fn render(stats: &Detailed) -> String {
             ("vm", vm),
             ("version", env!("CARGO_PKG_VERSION")),
             ("level", stats.vm.level.name()),
-            ("state", &stats.vm.state),
+            ("state", stats.vm.state.as_str()),
         ],
         "1".into(),
     );

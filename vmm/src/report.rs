@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use ppa_guest_abi::report::NAMES as REPORT_NAMES;
+use ppa_vmm_api::{VcpuEndKind, VmEnd};
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
@@ -60,8 +61,8 @@ pub struct VmReport {
     pub info: VmInfo,
     /// Time from the first vCPU start to the last join.
     pub uptime_ns: u64,
-    /// `completed` (every vCPU exited with 0), `failed`, or `timeout`.
-    pub end: &'static str,
+    /// `completed` (every vCPU exited with 0), `failed`, `timeout` or `shutdown`.
+    pub end: VmEnd,
     /// Accounting level at the end.
     pub level: Level,
     /// CPU time of every non-vCPU thread of the VMM process.
@@ -88,7 +89,7 @@ pub struct VcpuReport {
     /// Its workload spec.
     pub workload: String,
     /// `exited`, `failed`, `error` or `stopped`.
-    pub end: &'static str,
+    pub end: VcpuEndKind,
     /// The code the guest exited with, when it did.
     pub exit_code: Option<u64>,
     /// Why it failed, when it did.
@@ -136,9 +137,9 @@ fn vcpu_report(s: &VcpuShared, workload: &VcpuWorkload) -> (VcpuReport, HistSnap
         .map(|(k, name)| (*name, c.reported[k].get()))
         .collect();
     let (end, exit_code, failure) = match s.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code), None),
+        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code), None),
         Some(VcpuEnd::Failed { failure, regs }) => (
-            "failed",
+            VcpuEndKind::Failed,
             None,
             Some(FailureReport {
                 reason: failure.to_string(),
@@ -146,14 +147,14 @@ fn vcpu_report(s: &VcpuShared, workload: &VcpuWorkload) -> (VcpuReport, HistSnap
             }),
         ),
         Some(VcpuEnd::Error(msg)) => (
-            "error",
+            VcpuEndKind::Error,
             None,
             Some(FailureReport {
                 reason: msg.clone(),
                 regs: None,
             }),
         ),
-        Some(VcpuEnd::Stopped) | None => ("stopped", None, None),
+        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None, None),
     };
     let report = VcpuReport {
         workload: workload.to_string(),
@@ -205,10 +206,10 @@ impl Report {
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
         let any_failed = vcpus.iter().any(|v| v.failure.is_some());
         let end = match (timed_out, all_ok) {
-            (_, true) => "completed",
-            _ if facts.shutdown && !any_failed => "shutdown",
-            (true, false) => "timeout",
-            (false, false) => "failed",
+            (_, true) => VmEnd::Completed,
+            _ if facts.shutdown && !any_failed => VmEnd::Shutdown,
+            (true, false) => VmEnd::Timeout,
+            (false, false) => VmEnd::Failed,
         };
         Report {
             vm: VmReport {
@@ -245,7 +246,7 @@ impl Report {
 
     /// 0 when every vCPU exited with code 0, else 1.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.vm.end != "completed" && self.vm.end != "shutdown")
+        i32::from(!self.vm.end.is_clean())
     }
 
     /// A table for people: the time split per vCPU beside /proc's tick-based figure, the

@@ -17,6 +17,7 @@ use std::time::Instant;
 use kvm_bindings::{kvm_fpu, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use ppa_guest_abi::{BootInfo, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+use ppa_vmm_api::VcpuEndKind;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
@@ -224,15 +225,15 @@ fn open_kvm(path: &std::path::Path) -> Result<Kvm, VmError> {
 /// The vcpu-exit event of a vCPU whose thread has ended.
 fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
     let (end, exit_code) = match v.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
-        Some(VcpuEnd::Failed { .. }) => ("failed", None),
-        Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped) | None => ("stopped", None),
+        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code)),
+        Some(VcpuEnd::Failed { .. }) => (VcpuEndKind::Failed, None),
+        Some(VcpuEnd::Error(_)) => (VcpuEndKind::Error, None),
+        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None),
     };
     ppa_vmm_api::Event::VcpuExit {
         uptime_ns,
         vcpu: v.id,
-        end: end.to_string(),
+        end,
         exit_code,
     }
 }
@@ -715,7 +716,7 @@ impl Vm {
         if let Some(s) = server {
             s.hub().push(ppa_vmm_api::Event::VmExit {
                 uptime_ns,
-                end: report.vm.end.to_string(),
+                end: report.vm.end,
             });
             s.stop();
         }

@@ -15,8 +15,10 @@
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use ppa_vmm_api::VcpuMicroState;
+
 use super::histogram::Histogram;
-use super::{AccountingControl, Level};
+use super::{AccountingControl, ByKey, Key, Level, PerThreshold, Threshold};
 use crate::exit::ExitReason;
 
 /// A single-writer counter: one thread adds, anyone reads.
@@ -73,9 +75,61 @@ impl MicroState {
         }
     }
 
-    /// Index of a park state in the per-park-kind arrays (idle 0, limited 1, paused 2).
-    pub fn park_index(self) -> Option<usize> {
-        (self as usize).checked_sub(2)
+    /// The kind of park this state is (`None`: not parked).
+    pub fn park_kind(self) -> Option<ParkKind> {
+        match self {
+            MicroState::Guest | MicroState::Vmm => None,
+            MicroState::Idle => Some(ParkKind::Idle),
+            MicroState::Limited => Some(ParkKind::Limited),
+            MicroState::Paused => Some(ParkKind::Paused),
+        }
+    }
+}
+
+impl Key for MicroState {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a vCPU thread is parked: the parked micro-states, as the key of per-park-kind counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkKind {
+    /// The guest asked to idle.
+    Idle = 0,
+    /// A CPU limit was exhausted.
+    Limited = 1,
+    /// An operator paused the VM.
+    Paused = 2,
+}
+
+impl ParkKind {
+    /// Number of kinds.
+    pub const COUNT: usize = 3;
+}
+
+impl Key for ParkKind {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One value per micro-state.
+pub type PerState<T> = ByKey<MicroState, T, { MicroState::COUNT }>;
+/// One value per park kind.
+pub type PerPark<T> = ByKey<ParkKind, T, { ParkKind::COUNT }>;
+/// One value per accounting level.
+pub type PerLevel<T> = ByKey<Level, T, 3>;
+
+impl From<MicroState> for VcpuMicroState {
+    fn from(s: MicroState) -> VcpuMicroState {
+        match s {
+            MicroState::Guest => VcpuMicroState::Guest,
+            MicroState::Vmm => VcpuMicroState::Vmm,
+            MicroState::Idle => VcpuMicroState::Idle,
+            MicroState::Limited => VcpuMicroState::Limited,
+            MicroState::Paused => VcpuMicroState::Paused,
+        }
     }
 }
 
@@ -111,7 +165,7 @@ pub struct VcpuMeter {
     state: AtomicU8,
     since: AtomicU64,
     /// Wall time in each micro-state (while timed: level basic or full).
-    pub wall: [Counter; MicroState::COUNT],
+    pub wall: PerState<Counter>,
     /// On-CPU time inside KVM_RUN, measured at level full.
     pub cpu_guest_full: Counter,
     /// On-CPU time handling exits, measured at level full.
@@ -123,7 +177,7 @@ pub struct VcpuMeter {
     /// Run-queue wait during parks (the wake-up part; also in steal).
     pub park_delay: Counter,
     /// Time really blocked in parks, by kind (idle, limited, paused).
-    pub blocked: [Counter; 3],
+    pub blocked: PerPark<Counter>,
     /// Number of parks.
     pub parks: Counter,
     /// Userspace exits by reason, exact at every level.
@@ -131,9 +185,11 @@ pub struct VcpuMeter {
     /// Userspace handling wall time by reason.
     pub exit_ns: [Counter; ExitReason::COUNT],
     /// Exits recorded at each level (off, basic, full).
-    pub exits_at_level: [Counter; 3],
-    /// Occurrences above the exit_handling, guest_run and wakeup_latency thresholds.
-    pub exceeded: [Counter; 3],
+    pub exits_at_level: PerLevel<Counter>,
+    /// Occurrences above each threshold. The vCPU thread counts exit_handling, guest_run and
+    /// wakeup_latency; the sampler thread is the one writer of steal_window (a count of
+    /// sampler windows), outside the sequence counter's groups.
+    pub exceeded: PerThreshold<Counter>,
     /// KVM_RUN wall time by host CPU (the CPU at entry).
     pub guest_wall_by_cpu: Box<[Counter]>,
     /// KVM_RUN entries by host CPU.
@@ -157,7 +213,7 @@ pub struct MeterReading {
     /// When that state began (0: not timed).
     pub since: u64,
     /// See [`VcpuMeter::wall`].
-    pub wall: [u64; MicroState::COUNT],
+    pub wall: PerState<u64>,
     /// See [`VcpuMeter::cpu_guest_full`].
     pub cpu_guest_full: u64,
     /// See [`VcpuMeter::cpu_vmm_full`].
@@ -169,7 +225,7 @@ pub struct MeterReading {
     /// See [`VcpuMeter::park_delay`].
     pub park_delay: u64,
     /// See [`VcpuMeter::blocked`].
-    pub blocked: [u64; 3],
+    pub blocked: PerPark<u64>,
     /// See [`VcpuMeter::parks`].
     pub parks: u64,
     /// See [`VcpuMeter::exits`].
@@ -177,9 +233,9 @@ pub struct MeterReading {
     /// See [`VcpuMeter::exit_ns`].
     pub exit_ns: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exits_at_level`].
-    pub exits_at_level: [u64; 3],
+    pub exits_at_level: PerLevel<u64>,
     /// See [`VcpuMeter::exceeded`].
-    pub exceeded: [u64; 3],
+    pub exceeded: PerThreshold<u64>,
     /// See [`VcpuMeter::guest_wall_by_cpu`].
     pub guest_wall_by_cpu: Vec<u64>,
     /// See [`VcpuMeter::entries_by_cpu`].
@@ -285,18 +341,18 @@ impl VcpuMeter {
         MeterReading {
             state: self.state.load(Ordering::Relaxed),
             since: self.since.load(Ordering::Relaxed),
-            wall: counters(&self.wall),
+            wall: self.wall.map(Counter::get),
             cpu_guest_full: self.cpu_guest_full.get(),
             cpu_vmm_full: self.cpu_vmm_full.get(),
             vmm_wall_basic: self.vmm_wall_basic.get(),
             park_cpu: self.park_cpu.get(),
             park_delay: self.park_delay.get(),
-            blocked: counters(&self.blocked),
+            blocked: self.blocked.map(Counter::get),
             parks: self.parks.get(),
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
-            exits_at_level: counters(&self.exits_at_level),
-            exceeded: counters(&self.exceeded),
+            exits_at_level: self.exits_at_level.map(Counter::get),
+            exceeded: self.exceeded.map(Counter::get),
             guest_wall_by_cpu: self.guest_wall_by_cpu.iter().map(Counter::get).collect(),
             entries_by_cpu: self.entries_by_cpu.iter().map(Counter::get).collect(),
             migrations: self.migrations.get(),
@@ -450,7 +506,7 @@ impl Recorder {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
         let m = &*self.meter;
-        m.wall[MicroState::Vmm as usize].add(h);
+        m.wall[MicroState::Vmm].add(h);
         match (self.level, s.cpu, self.cpu_since) {
             (Level::Full, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
@@ -478,17 +534,17 @@ impl Recorder {
         let handled = self.exit_reason.filter(|_| timed);
         if let Some(r) = handled {
             m.exit_ns[r].add(self.exit_vmm_ns);
-            let t = self.control.threshold(0);
+            let t = self.control.threshold(Threshold::ExitHandling);
             if t != 0 && self.exit_vmm_ns > t {
-                m.exceeded[0].add(1);
+                m.exceeded[Threshold::ExitHandling].add(1);
             }
         }
         if timed {
             if let Some(rel) = self.wakeup_from {
                 let lat = s.now.saturating_sub(rel);
-                let t = self.control.threshold(2);
+                let t = self.control.threshold(Threshold::WakeupLatency);
                 if t != 0 && lat > t {
-                    m.exceeded[2].add(1);
+                    m.exceeded[Threshold::WakeupLatency].add(1);
                 }
                 wakeup = Some(lat);
             }
@@ -530,15 +586,15 @@ impl Recorder {
         let run = s.now.saturating_sub(self.since);
         m.begin();
         m.exits[r].add(1);
-        m.exits_at_level[self.level as usize].add(1);
+        m.exits_at_level[self.level].add(1);
         if timed {
-            m.wall[MicroState::Guest as usize].add(run);
+            m.wall[MicroState::Guest].add(run);
             if let (Level::Full, Some(c), Some(c0)) = (self.level, s.cpu, self.cpu_since) {
                 m.cpu_guest_full.add(c.saturating_sub(c0));
             }
-            let t = self.control.threshold(1);
+            let t = self.control.threshold(Threshold::GuestRun);
             if t != 0 && run > t {
-                m.exceeded[1].add(1);
+                m.exceeded[Threshold::GuestRun].add(1);
             }
         }
         m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
@@ -595,7 +651,7 @@ impl Recorder {
         let wall = p.now.saturating_sub(start.now);
         m.begin();
         m.parks.add(1);
-        m.wall[kind as usize].add(wall);
+        m.wall[kind].add(wall);
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
             (start.cpu, p.cpu, start.run_delay, p.run_delay)
         {
@@ -603,12 +659,12 @@ impl Recorder {
             let ddelay = d1.saturating_sub(d0);
             m.park_cpu.add(dcpu);
             m.park_delay.add(ddelay);
-            if let Some(i) = kind.park_index() {
-                m.blocked[i].add(wall.saturating_sub(dcpu + ddelay));
+            if let Some(k) = kind.park_kind() {
+                m.blocked[k].add(wall.saturating_sub(dcpu + ddelay));
             }
-        } else if let Some(i) = kind.park_index() {
+        } else if let Some(k) = kind.park_kind() {
             // Level off: only the wall time is known.
-            m.blocked[i].add(wall);
+            m.blocked[k].add(wall);
         }
         m.set_state(MicroState::Vmm, p.now);
         m.end();

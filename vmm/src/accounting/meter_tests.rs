@@ -34,8 +34,8 @@ fn basic_level_splits_wall_between_guest_and_vmm() {
     r.flush();
     let m = r.meter().read();
     assert!(m.consistent);
-    assert_eq!(m.wall[MicroState::Guest as usize], 10_000 + 8_000);
-    assert_eq!(m.wall[MicroState::Vmm as usize], 500 + 500);
+    assert_eq!(m.wall[MicroState::Guest], 10_000 + 8_000);
+    assert_eq!(m.wall[MicroState::Vmm], 500 + 500);
     assert_eq!(m.exits[ExitReason::MmioWrite.index()], 1);
     assert_eq!(m.exits[ExitReason::IoOut.index()], 1);
     assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
@@ -81,7 +81,7 @@ fn off_level_counts_exits_only_and_a_switch_takes_effect_at_the_next_entry() {
     r.on_entry(st(50_000, 0), 0, Level::Basic);
     r.on_exit(st(51_000, 0), ExitReason::MmioWrite);
     let m = r.meter().read();
-    assert_eq!(m.wall[MicroState::Guest as usize], 1_000);
+    assert_eq!(m.wall[MicroState::Guest], 1_000);
     assert_eq!(m.exits_at_level, [6, 1, 0]);
 }
 
@@ -106,8 +106,8 @@ fn parks_count_only_blocked_time_and_wakeup_latency() {
     r.park_end(p1, 3_200 + 1_000_000);
     r.on_entry(st(3_200 + 1_010_000 + 300, 0), 0, Level::Basic);
     let m = r.meter().read();
-    assert_eq!(m.wall[MicroState::Idle as usize], 1_010_000);
-    assert_eq!(m.blocked[0], 1_010_000 - 2_000 - 7_000);
+    assert_eq!(m.wall[MicroState::Idle], 1_010_000);
+    assert_eq!(m.blocked[ParkKind::Idle], 1_010_000 - 2_000 - 7_000);
     assert_eq!(m.park_cpu, 2_000);
     assert_eq!(m.park_delay, 7_000);
     // Handling of the halt exit: 200 ns before the park, 300 ns after.
@@ -135,8 +135,12 @@ fn thresholds_count_occurrences_above() {
     }
     r.on_entry(st(t, 0), 0, Level::Basic);
     let m = r.meter().read();
-    assert_eq!(m.exceeded[1], 2, "guest runs above 5 µs");
-    assert_eq!(m.exceeded[0], 2, "exit handling above 1 µs");
+    assert_eq!(m.exceeded[Threshold::GuestRun], 2, "guest runs above 5 µs");
+    assert_eq!(
+        m.exceeded[Threshold::ExitHandling],
+        2,
+        "exit handling above 1 µs"
+    );
 }
 
 #[test]
@@ -151,7 +155,7 @@ fn readers_never_see_a_torn_group() {
             if r.consistent {
                 // Each exit adds 1 to the count and 100 to the guest wall together.
                 let n = r.exits[ExitReason::MmioWrite.index()];
-                assert_eq!(r.wall[0], n * 100);
+                assert_eq!(r.wall[MicroState::Guest], n * 100);
                 seen += 1;
             }
         }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Stats, VcpuSummary, VmStats};
+use ppa_vmm_api::{Command, Stats, VcpuSummary, VmState, VmStats};
 use thiserror::Error;
 
 use super::{describe, kind_name, Client};
@@ -434,7 +434,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         if opts.once {
             return 0;
         }
-        if cur.vm.state == "finished" {
+        if cur.vm.state == VmState::Finished {
             return ended(out);
         }
         prev = cur;

@@ -12,7 +12,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ppa_vmm_api::GroupStats;
+use ppa_vmm_api::{GroupStats, LimitBackend};
 
 use super::limiter::LimitConfig;
 use super::{Limit, VM_GROUP};
@@ -187,7 +187,7 @@ impl CgroupLimits {
                 GroupStats {
                     name: name.clone(),
                     vcpus: members.clone(),
-                    backend: "cgroup".into(),
+                    backend: LimitBackend::Cgroup,
                     limit: given.clone(),
                     quota_ns: l.quota_ns,
                     period_ns: l.period_ns,

@@ -16,25 +16,19 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::{Event, GroupStats};
+use ppa_vmm_api::{Event, GroupStats, LimitBackend, ThrottleEndWhy};
 
 use super::engine::{decide, Member};
 use super::{check_name, GroupSpec, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::Histogram;
-use crate::accounting::meter::MicroState;
+use crate::accounting::meter::{MicroState, ParkKind};
 use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
 
-/// Who enforces the limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Backend {
-    /// The VMM itself (this module).
-    #[default]
-    Vmm,
-    /// The kernel's CFS bandwidth control, through cgroups ([`super::cgroup`]).
-    Cgroup,
-}
+/// Who enforces the limits: the VMM itself (this module), or the kernel's CFS bandwidth
+/// control through cgroups ([`super::cgroup`]).
+pub use ppa_vmm_api::LimitBackend as Backend;
 
 /// The limits of a VM at start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,7 +99,7 @@ pub struct Limiter {
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
     let m = v.acct.meter.read();
-    let mut t = m.blocked[1];
+    let mut t = m.blocked[ParkKind::Limited];
     if m.micro_state() == MicroState::Limited && m.since != 0 {
         t += now.saturating_sub(m.since);
     }
@@ -170,7 +164,7 @@ impl Entity {
         GroupStats {
             name: self.name.clone(),
             vcpus: self.members.clone(),
-            backend: "vmm".into(),
+            backend: LimitBackend::Vmm,
             limit: self
                 .limit
                 .as_ref()
@@ -392,7 +386,7 @@ impl Limiter {
     }
 
     /// Starts a period at `now`: baselines, and every member released.
-    fn begin_period(&self, e: &mut Entity, now: u64, why: &str) {
+    fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
         let was_stopped = e.stopped.iter().any(|s| *s);
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
@@ -405,7 +399,7 @@ impl Limiter {
             self.event(Event::ThrottleEnd {
                 uptime_ns: self.uptime(now),
                 group: e.name.clone(),
-                why: why.into(),
+                why,
             });
         }
         e.period_start = now;
@@ -465,7 +459,7 @@ impl Limiter {
             Some((l, _)) if now < boundary + l.period_ns => boundary,
             _ => now,
         };
-        self.begin_period(e, start, "period");
+        self.begin_period(e, start, ThrottleEndWhy::Period);
         e.period_start = start;
     }
 
@@ -474,7 +468,7 @@ impl Limiter {
         if e.limit.is_none() {
             // No limit: release whoever is still stopped.
             if e.stopped.iter().any(|s| *s) {
-                self.begin_period(e, now, "period");
+                self.begin_period(e, now, ThrottleEndWhy::Period);
             }
             e.next_look = None;
             return;
@@ -484,7 +478,7 @@ impl Limiter {
             for (k, &i) in e.members.iter().enumerate() {
                 e.limited_base[k] = limited_total(&self.vcpus[i], now);
             }
-            self.begin_period(e, now, "period");
+            self.begin_period(e, now, ThrottleEndWhy::Period);
         }
         let period = e.limit.as_ref().map_or(0, |(l, _)| l.period_ns);
         let boundary = e.period_start + period;
@@ -556,7 +550,7 @@ impl Limiter {
             self.event(Event::ThrottleEnd {
                 uptime_ns: self.uptime(now),
                 group: e.name.clone(),
-                why: "redistributed".into(),
+                why: ThrottleEndWhy::Redistributed,
             });
         }
         let period_end = e.period_start + l.period_ns;

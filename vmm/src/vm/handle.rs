@@ -5,6 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use ppa_vmm_api::VmState;
+
 use super::{VmError, VmStatus};
 use crate::accounting::host::process_cpu_ns;
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
@@ -67,18 +69,18 @@ impl VmHandle {
         }
     }
 
-    /// `created`, `running`, `paused`, `stopping` or `finished`.
-    pub fn state(&self) -> &'static str {
+    /// Created, running, paused, stopping or finished.
+    pub fn state(&self) -> VmState {
         if self.status.finished.load(Ordering::Acquire) {
-            "finished"
+            VmState::Finished
         } else if self.status.shutdown.load(Ordering::Acquire) {
-            "stopping"
+            VmState::Stopping
         } else if self.status.start_ns.load(Ordering::Acquire) == 0 {
-            "created"
+            VmState::Created
         } else if self.paused() {
-            "paused"
+            VmState::Paused
         } else {
-            "running"
+            VmState::Running
         }
     }
 
