@@ -334,16 +334,15 @@ fn add_vcpu(f: &mut Families, vm: &str, v: &VcpuTimes) {
         ],
         "1".into(),
     );
+    // Each part of the time split is the family ppa_vcpu_PART_seconds_total.
+    for (part, ns) in v.split().named() {
+        f.add(
+            &format!("ppa_vcpu_{part}_seconds_total"),
+            &base,
+            seconds(ns),
+        );
+    }
     let times = [
-        ("ppa_vcpu_wall_seconds_total", v.wall_ns),
-        ("ppa_vcpu_used_seconds_total", v.used_ns),
-        ("ppa_vcpu_guest_seconds_total", v.guest_ns),
-        ("ppa_vcpu_vmm_seconds_total", v.vmm_ns),
-        ("ppa_vcpu_steal_seconds_total", v.steal_ns),
-        ("ppa_vcpu_halted_seconds_total", v.halted_ns),
-        ("ppa_vcpu_idle_seconds_total", v.idle_ns),
-        ("ppa_vcpu_limited_seconds_total", v.limited_ns),
-        ("ppa_vcpu_paused_seconds_total", v.paused_ns),
         ("ppa_vcpu_kvm_run_wall_seconds_total", v.kvm_run_wall_ns),
         ("ppa_vcpu_park_cpu_seconds_total", v.park_cpu_ns),
     ];
