@@ -18,28 +18,18 @@ use std::sync::{Arc, Mutex};
 
 use ppa_vmm_api::{Event, GroupStats, LimitBackend, ThrottleEndWhy};
 
+use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, Member};
-use super::{check_name, GroupSpec, Limit, LimitError, VM_GROUP};
+use super::{check_name, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::Histogram;
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::api::EventHub;
 use crate::kick::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
 
-/// Who enforces the limits: the VMM itself (this module), or the kernel's CFS bandwidth
-/// control through cgroups ([`super::cgroup`]).
-pub use ppa_vmm_api::LimitBackend as Backend;
-
-/// The limits of a VM at start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LimitConfig {
-    /// The VM-wide limit and its text.
-    pub vm: Option<(Limit, String)>,
-    /// The vCPU groups.
-    pub groups: Vec<GroupSpec>,
-    /// Who enforces them.
-    pub backend: Backend,
-}
+// Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
+// callers that name them here.
+pub use super::{Backend, LimitConfig};
 
 /// Bounds of the learnt stop margin.
 const MIN_MARGIN_NS: i64 = 5_000;
@@ -94,7 +84,7 @@ pub struct Limiter {
     hub: Option<Arc<EventHub>>,
     start_ns: u64,
     margin_ns: u64,
-    cgroup: Option<super::cgroup::CgroupLimits>,
+    cgroup: Option<CgroupLimits>,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -199,7 +189,7 @@ impl Limiter {
         vcpus: Vec<Arc<VcpuShared>>,
         hub: Option<Arc<EventHub>>,
         margin_ns: u64,
-        cgroup: Option<super::cgroup::CgroupLimits>,
+        cgroup: Option<CgroupLimits>,
     ) -> Self {
         let mut entities = Vec::new();
         let config = if cgroup.is_some() {
@@ -237,13 +227,13 @@ impl Limiter {
     }
 
     /// The cgroups, with the cgroup backend.
-    pub fn cgroup(&self) -> Option<&super::cgroup::CgroupLimits> {
+    pub fn cgroup(&self) -> Option<&CgroupLimits> {
         self.cgroup.as_ref()
     }
 
     /// With the cgroup backend: waits (at most 5 s) until every vCPU thread has its id, and
     /// places each in its cgroup. Call before the vCPUs are released.
-    pub fn place_threads(&self) -> Result<(), String> {
+    pub fn place_threads(&self) -> Result<(), CgroupError> {
         let Some(cg) = &self.cgroup else {
             return Ok(());
         };
@@ -254,7 +244,7 @@ impl Limiter {
                 break tids;
             }
             if now_ns() > deadline {
-                return Err("the vCPU threads did not start within 5 s".into());
+                return Err(CgroupError::ThreadsLate { secs: 5 });
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
@@ -598,6 +588,7 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::GroupSpec;
 
     #[test]
     fn set_limit_checks_and_queues() {
