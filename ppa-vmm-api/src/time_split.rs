@@ -18,23 +18,23 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimeSplit {
-    /// Monotonic time elapsed.
+    /// The identity's left-hand side: CLOCK_MONOTONIC since the thread started or was reset.
     pub wall_ns: u64,
-    /// On-CPU time of the vCPU thread (guest + vmm).
+    /// The thread's CPU clock; guest_ns + vmm_ns.
     pub used_ns: u64,
-    /// On-CPU inside KVM_RUN.
+    /// The part of used_ns inside KVM_RUN.
     pub guest_ns: u64,
-    /// On-CPU in the VMM outside KVM_RUN.
+    /// The part of used_ns outside KVM_RUN.
     pub vmm_ns: u64,
-    /// Runnable, waiting for a host CPU.
+    /// Runnable but not running (schedstat run_delay).
     pub steal_ns: u64,
-    /// Blocked inside KVM_RUN.
+    /// Blocked in KVM_RUN by the guest's HLT.
     pub halted_ns: u64,
-    /// Parked because the guest asked to idle.
+    /// Parked at the guest's request.
     pub idle_ns: u64,
-    /// Parked because a CPU limit was exhausted.
+    /// Parked by a CPU limit.
     pub limited_ns: u64,
-    /// Parked because an operator paused the VM.
+    /// Parked by an operator's pause.
     pub paused_ns: u64,
 }
 

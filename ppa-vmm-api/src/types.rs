@@ -12,6 +12,40 @@ use serde::{Deserialize, Serialize};
 
 use crate::{LimitBackend, SplitKind, ThreadState, TimeSplit, VcpuMicroState, VmState};
 
+/// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
+/// identity error and the exit counts under the same field names.
+macro_rules! vcpu_figures {
+    ($t:ty) => {
+        impl $t {
+            /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs)
+            /// after the vCPU stopped (`stopped`), within 1 % while it runs.
+            pub fn identity_holds(&self, stopped: bool) -> bool {
+                identity_within(self.wall_ns, self.identity_error_ns, stopped)
+            }
+
+            /// The time split (the wire keeps its fields flat: see [`TimeSplit`]'s module).
+            pub fn split(&self) -> TimeSplit {
+                TimeSplit {
+                    wall_ns: self.wall_ns,
+                    used_ns: self.used_ns,
+                    guest_ns: self.guest_ns,
+                    vmm_ns: self.vmm_ns,
+                    steal_ns: self.steal_ns,
+                    halted_ns: self.halted_ns,
+                    idle_ns: self.idle_ns,
+                    limited_ns: self.limited_ns,
+                    paused_ns: self.paused_ns,
+                }
+            }
+
+            /// Total userspace exits.
+            pub fn total_exits(&self) -> u64 {
+                self.exits.values().sum()
+            }
+        }
+    };
+}
+
 /// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
 /// it next enters the guest, i.e. right after handling its next exit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,33 +237,7 @@ pub struct VcpuTimes {
     pub overloads: u64,
 }
 
-impl VcpuTimes {
-    /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
-    /// the vCPU stopped (`stopped`), within 1 % while it runs.
-    pub fn identity_holds(&self, stopped: bool) -> bool {
-        identity_within(self.wall_ns, self.identity_error_ns, stopped)
-    }
-
-    /// The time split (the wire keeps its fields flat: see [`TimeSplit`]'s module).
-    pub fn split(&self) -> TimeSplit {
-        TimeSplit {
-            wall_ns: self.wall_ns,
-            used_ns: self.used_ns,
-            guest_ns: self.guest_ns,
-            vmm_ns: self.vmm_ns,
-            steal_ns: self.steal_ns,
-            halted_ns: self.halted_ns,
-            idle_ns: self.idle_ns,
-            limited_ns: self.limited_ns,
-            paused_ns: self.paused_ns,
-        }
-    }
-
-    /// Total userspace exits.
-    pub fn total_exits(&self) -> u64 {
-        self.exits.values().sum()
-    }
-}
+vcpu_figures!(VcpuTimes);
 
 /// Whether an identity error is within spec section 4's tolerance: max(0.5 % of wall,
 /// 200 µs) after the vCPU stopped, 1 % of wall while it runs.
@@ -280,32 +288,7 @@ pub struct VcpuSummary {
     pub overloads: u64,
 }
 
-impl VcpuSummary {
-    /// Whether the identity of spec section 4 holds (see [`VcpuTimes::identity_holds`]).
-    pub fn identity_holds(&self, stopped: bool) -> bool {
-        identity_within(self.wall_ns, self.identity_error_ns, stopped)
-    }
-
-    /// The time split (the wire keeps its fields flat: see [`TimeSplit`]'s module).
-    pub fn split(&self) -> TimeSplit {
-        TimeSplit {
-            wall_ns: self.wall_ns,
-            used_ns: self.used_ns,
-            guest_ns: self.guest_ns,
-            vmm_ns: self.vmm_ns,
-            steal_ns: self.steal_ns,
-            halted_ns: self.halted_ns,
-            idle_ns: self.idle_ns,
-            limited_ns: self.limited_ns,
-            paused_ns: self.paused_ns,
-        }
-    }
-
-    /// Total userspace exits.
-    pub fn total_exits(&self) -> u64 {
-        self.exits.values().sum()
-    }
-}
+vcpu_figures!(VcpuSummary);
 
 impl From<VcpuTimes> for VcpuSummary {
     fn from(t: VcpuTimes) -> Self {

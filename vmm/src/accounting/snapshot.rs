@@ -558,9 +558,13 @@ pub fn derive(
 mod tests {
     use super::*;
 
+    fn accounting() -> VcpuAccounting {
+        VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None)
+    }
+
     #[test]
     fn threshold_counts_by_name_restart_at_a_reset() {
-        let acct = VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None);
+        let acct = accounting();
         let m = &acct.meter;
         m.exceeded[Threshold::GuestRun].add(2);
         m.exceeded[Threshold::StealWindow].add(3);
@@ -583,11 +587,14 @@ mod tests {
 
     #[test]
     fn parked_time_goes_to_its_kind() {
-        let acct = VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None);
-        let m = &acct.meter;
-        m.blocked[ParkKind::Idle].add(5);
-        m.blocked[ParkKind::Limited].add(7);
-        m.blocked[ParkKind::Paused].add(11);
+        let acct = accounting();
+        for (kind, ns) in [
+            (ParkKind::Idle, 5),
+            (ParkKind::Limited, 7),
+            (ParkKind::Paused, 11),
+        ] {
+            acct.meter.blocked[kind].add(ns);
+        }
         let t = acct.times().0;
         assert_eq!((t.idle_ns, t.limited_ns, t.paused_ns), (5, 7, 11));
         assert_eq!(t.split().identity_error_ns(), t.identity_error_ns);
