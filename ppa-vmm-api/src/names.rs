@@ -63,8 +63,9 @@ macro_rules! names {
         }
 
         impl fmt::Display for $name {
+            /// The wire name, padded and aligned as the format asks (`{:>8}`).
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
 

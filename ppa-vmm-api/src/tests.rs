@@ -238,6 +238,10 @@ fn names_keep_their_wire_spelling() {
     check_names(&OverloadKind::ALL, &["runaway", "overload"]);
     check_names(&ThrottleEndWhy::ALL, &["period", "redistributed"]);
     assert_eq!(LimitBackend::default(), LimitBackend::Vmm);
+    assert_eq!(
+        format!("[{:>8}|{:<7}]", VmState::Running, VmEnd::Failed),
+        "[ running|failed ]"
+    );
     assert!(VmEnd::Completed.is_clean() && VmEnd::Shutdown.is_clean());
     assert!(!VmEnd::Failed.is_clean() && !VmEnd::Timeout.is_clean());
     assert_eq!(

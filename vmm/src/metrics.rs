@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::{GroupStats, VcpuTimes, VmStats};
+use ppa_vmm_api::{GroupStats, Threshold, VcpuTimes, VmStats};
 
 /// Content type to serve it with over HTTP.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -434,18 +434,11 @@ pub fn render(stats: &Detailed) -> String {
         &base,
         seconds(stats.vm.host_threads_ns),
     );
-    let t = &stats.vm.thresholds;
-    let thresholds = [
-        ("exit_handling_ns", t.exit_handling_ns),
-        ("guest_run_ns", t.guest_run_ns),
-        ("wakeup_latency_ns", t.wakeup_latency_ns),
-        ("steal_window_ns", t.steal_window_ns),
-    ];
-    for (name, ns) in thresholds {
+    for t in Threshold::ALL {
         f.add(
             "ppa_vm_threshold_seconds",
-            &[("vm", vm), ("threshold", name)],
-            seconds(ns),
+            &[("vm", vm), ("threshold", t.as_str())],
+            seconds(t.of(&stats.vm.thresholds)),
         );
     }
     for v in &stats.vcpus {
