@@ -144,14 +144,14 @@ impl AccountingControl {
         frac_bits: u8,
         sample_interval_ns: u64,
     ) -> Self {
-        AccountingControl {
+        let control = AccountingControl {
             level: AtomicU8::new(level as u8),
-            thresholds: PerThreshold::from_fn(|i| {
-                AtomicU64::new(Threshold::ALL[i].of(&thresholds))
-            }),
+            thresholds: PerThreshold::default(),
             frac_bits,
             sample_interval_ns,
-        }
+        };
+        control.set_thresholds(thresholds);
+        control
     }
 
     /// The current level.
