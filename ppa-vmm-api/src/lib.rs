@@ -8,6 +8,10 @@
 //! fields with an [`ErrorBody`]; it answers each request with one [`Response`] line whose
 //! `result` is the command's result type ([`VersionInfo`], [`Stats`], [`VcpuTimes`], ...).
 //! After `subscribe` the connection also carries [`Event`] lines.
+//!
+//! Values drawn from a closed set of words (states, end reasons, the split kind, backends,
+//! threshold names) are enums that serialise as those words ([`VmState`], [`SplitKind`], ...);
+//! a vCPU's time split reaches code as one [`TimeSplit`], while the wire keeps its fields flat.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
