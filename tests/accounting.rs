@@ -8,6 +8,7 @@ use common::{
     assert_all_exited_ok, assert_identity, build_vm, reported, run_vm, run_vm_at, serial,
 };
 use ppa_vmm::accounting::Level;
+use ppa_vmm_api::{SplitKind, VcpuMicroState};
 
 fn pct(part: u64, whole: u64) -> f64 {
     part as f64 * 100.0 / whole.max(1) as f64
@@ -207,8 +208,8 @@ fn full_and_basic_agree_on_used_time_and_full_splits_exactly() {
     for _ in 0..3 {
         let b = run_vm_at(1, &["busy:ms=300"], Level::Basic);
         let f = run_vm_at(1, &["busy:ms=300"], Level::Full);
-        assert_eq!(b.report.vcpus[0].times.split, "estimated");
-        assert_eq!(f.report.vcpus[0].times.split, "exact");
+        assert_eq!(b.report.vcpus[0].times.split, SplitKind::Estimated);
+        assert_eq!(f.report.vcpus[0].times.split, SplitKind::Exact);
         assert_identity(&f.report, &f.report.vcpus[0]);
         basic.push(b.report.vcpus[0].times.used_ns as i64);
         full.push(f.report.vcpus[0].times.used_ns as i64);
@@ -219,7 +220,7 @@ fn full_and_basic_agree_on_used_time_and_full_splits_exactly() {
         "used_ns basic {basic:?} vs full {full:?}: medians differ by more than 1 %"
     );
     let off = run_vm_at(1, &["busy:ms=50"], Level::Off);
-    assert_eq!(off.report.vcpus[0].times.split, "none");
+    assert_eq!(off.report.vcpus[0].times.split, SplitKind::None);
 }
 
 #[test]
@@ -289,7 +290,7 @@ fn pause_freezes_used_time_and_accounts_paused_time() {
     handle.pause();
     assert!(handle.paused());
     // Wait until both vCPUs are parked as paused.
-    while (0..2).any(|i| handle.times(i).unwrap().0.state != "paused") {
+    while (0..2).any(|i| handle.times(i).unwrap().0.state != VcpuMicroState::Paused) {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let a: Vec<_> = (0..2).map(|i| handle.times(i).unwrap().0).collect();
@@ -351,7 +352,7 @@ fn level_switches_at_run_time() {
     assert_all_exited_ok(&out.report);
     assert_eq!(reported(v, "iterations"), 600);
     // Exits before the switch were untimed, those after it exact.
-    assert_eq!(v.times.split, "mixed", "{:?}", v.times);
+    assert_eq!(v.times.split, SplitKind::Mixed, "{:?}", v.times);
     let timed = v.histograms["exit_handling"].count;
     let exits: u64 = v.times.exits.values().sum();
     assert!(timed > 0 && timed < exits, "timed {timed} of {exits} exits");

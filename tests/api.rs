@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::vmm::{bin, Conn, Vmm};
-use ppa_vmm_api::{Stats, VcpuSummary, VcpuTimes};
+use ppa_vmm_api::{Stats, VcpuSummary, VcpuTimes, VmState};
 use serde_json::json;
 
 fn ctl(sock: &Path, args: &[&str]) -> Output {
@@ -51,7 +51,7 @@ fn every_command_on_a_running_vm() {
     // Live stats satisfy the identity (1 % while running) and never decrease.
     let a = c.stats();
     assert_eq!(a.vcpus.len(), 2);
-    assert_eq!(a.vm.state, "running");
+    assert_eq!(a.vm.state, VmState::Running);
     for v in &a.vcpus {
         assert!(v.wall_ns > 0 && v.host_tid > 0, "{v:?}");
         assert!(
@@ -102,7 +102,7 @@ fn every_command_on_a_running_vm() {
     c.ok(json!({"id": 10, "cmd": "pause"}));
     std::thread::sleep(Duration::from_millis(100));
     let p1 = c.stats();
-    assert_eq!(p1.vm.state, "paused");
+    assert_eq!(p1.vm.state, VmState::Paused);
     std::thread::sleep(Duration::from_millis(200));
     let p2 = c.stats();
     for (x, y) in p1.vcpus.iter().zip(&p2.vcpus) {
@@ -117,7 +117,7 @@ fn every_command_on_a_running_vm() {
     }
     c.ok(json!({"id": 11, "cmd": "resume"}));
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(c.stats().vm.state, "running");
+    assert_eq!(c.stats().vm.state, VmState::Running);
 
     let (code, report) = vmm.shutdown();
     assert_eq!(code, 0, "a shutdown is a clean end");
@@ -242,7 +242,7 @@ fn bad_clients_affect_only_themselves() {
     // The good client and the vCPUs went on throughout.
     let s = good.stats();
     assert!(s.vcpus[0].used_ns > used0, "the vCPU kept running");
-    assert_eq!(s.vm.state, "running");
+    assert_eq!(s.vm.state, VmState::Running);
     let (code, report) = vmm.shutdown();
     assert_eq!(code, 0);
     assert_eq!(report["vm"]["end"], json!("shutdown"));

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{assert_all_exited_ok, reported, run_vm, serial};
+use ppa_vmm_api::{VcpuEndKind, VmEnd};
 
 #[test]
 fn every_workload_but_fault_exits_zero() {
@@ -20,7 +21,7 @@ fn every_workload_but_fault_exits_zero() {
     );
     assert_all_exited_ok(&out.report);
     assert_eq!(out.exit_code, 0);
-    assert_eq!(out.report.vm.end, "completed");
+    assert_eq!(out.report.vm.end, VmEnd::Completed);
     for v in &out.report.vcpus {
         assert!(v.times.host_tid > 0, "vCPU {} has a host tid", v.times.id);
         assert!(v.times.wall_ns > 0);
@@ -133,9 +134,9 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
     for kind in ["hlt", "ud"] {
         let out = run_vm(3, &["busy:ms=5000", &format!("1=fault:kind={kind}")]);
         assert_ne!(out.exit_code, 0);
-        assert_eq!(out.report.vm.end, "failed");
+        assert_eq!(out.report.vm.end, VmEnd::Failed);
         let f = &out.report.vcpus[1];
-        assert_eq!(f.end, "failed");
+        assert_eq!(f.end, VcpuEndKind::Failed);
         assert_eq!(f.times.exits["shutdown"], 1);
         let failure = f.failure.as_ref().expect("failure reported");
         assert!(failure.reason.contains("shut down"), "{}", failure.reason);
@@ -150,7 +151,7 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
         }
         // The 5 s busy vCPUs cannot have finished: the VMM stopped them, without failure.
         for other in [&out.report.vcpus[0], &out.report.vcpus[2]] {
-            assert_eq!(other.end, "stopped", "vCPU {}", other.times.id);
+            assert_eq!(other.end, VcpuEndKind::Stopped, "vCPU {}", other.times.id);
             assert!(other.failure.is_none());
             assert!(
                 other.tiny().unwrap().guest_reported.is_empty(),

@@ -273,7 +273,7 @@ fn a_guest_rewriting_the_page_never_yields_a_torn_record_and_disturbs_nothing() 
     let before = c.stats();
     std::thread::sleep(Duration::from_millis(100));
     let after = c.stats();
-    assert_eq!(after.vm.state, "running");
+    assert_eq!(after.vm.state, ppa_vmm_api::VmState::Running);
     for (a, b) in before.vcpus.iter().zip(&after.vcpus) {
         assert!(b.used_ns > a.used_ns, "vCPU {} went on", a.id);
     }

@@ -242,7 +242,7 @@ fn the_cgroup_backend_reports_the_cgroups_own_figures() {
         ..Default::default()
     });
     let g = &out.report.groups[0];
-    assert_eq!(g.backend, "cgroup");
+    assert_eq!(g.backend, ppa_vmm_api::LimitBackend::Cgroup);
     assert!(g.periods >= 10 && g.throttled_periods >= 10, "{g:?}");
     assert!(
         g.limited_ns > 500_000_000,

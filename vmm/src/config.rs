@@ -312,13 +312,8 @@ pub fn parse_thresholds(specs: &[String], mut t: Thresholds) -> Result<Threshold
         let bad = || ConfigError::Threshold(spec.clone());
         let (name, value) = spec.split_once('=').ok_or_else(bad)?;
         let v: u64 = value.trim().parse().map_err(|_| bad())?;
-        match name.trim() {
-            "exit_handling_ns" => t.exit_handling_ns = v,
-            "guest_run_ns" => t.guest_run_ns = v,
-            "wakeup_latency_ns" => t.wakeup_latency_ns = v,
-            "steal_window_ns" => t.steal_window_ns = v,
-            _ => return Err(bad()),
-        }
+        let threshold: ppa_vmm_api::Threshold = name.trim().parse().map_err(|_| bad())?;
+        threshold.set(&mut t, v);
     }
     Ok(t)
 }

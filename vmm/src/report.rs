@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use ppa_vmm_api::{VcpuEndKind, VmEnd};
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
@@ -61,8 +62,8 @@ pub struct VmReport {
     pub info: VmInfo,
     /// Time from the first vCPU start to the last join.
     pub uptime_ns: u64,
-    /// `completed` (every vCPU exited with 0), `failed`, or `timeout`.
-    pub end: &'static str,
+    /// `completed` (every vCPU exited with 0), `failed`, `timeout` or `shutdown`.
+    pub end: VmEnd,
     /// Accounting level at the end.
     pub level: Level,
     /// CPU time of every non-vCPU thread of the VMM process.
@@ -96,7 +97,7 @@ pub struct VcpuReport {
     #[serde(flatten)]
     pub payload: PayloadVcpuReport,
     /// `exited`, `failed`, `error` or `stopped`.
-    pub end: &'static str,
+    pub end: VcpuEndKind,
     /// The code the guest exited with, when it did.
     pub exit_code: Option<u64>,
     /// Why it failed, when it did.
@@ -138,12 +139,12 @@ pub struct Report {
 fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
     let (times, hist) = s.times();
     let (end, exit_code) = match s.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
+        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code)),
         // The vCPU that asked the VM to stop ended the run as the guest wanted.
-        Some(VcpuEnd::GuestStop) => ("exited", Some(0)),
-        Some(VcpuEnd::Failed { .. }) => ("failed", None),
-        Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped) | None => ("stopped", None),
+        Some(VcpuEnd::GuestStop) => (VcpuEndKind::Exited, Some(0)),
+        Some(VcpuEnd::Failed { .. }) => (VcpuEndKind::Failed, None),
+        Some(VcpuEnd::Error(_)) => (VcpuEndKind::Error, None),
+        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None),
     };
     let failure = s.end().and_then(|e| {
         Some(FailureReport {
@@ -211,10 +212,10 @@ impl Report {
         // the VMM stopped its other vCPUs.
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0)) || (guest_stop && !any_failed);
         let end = match (timed_out, all_ok) {
-            (_, true) => "completed",
-            _ if facts.shutdown && !any_failed => "shutdown",
-            (true, false) => "timeout",
-            (false, false) => "failed",
+            (_, true) => VmEnd::Completed,
+            _ if facts.shutdown && !any_failed => VmEnd::Shutdown,
+            (true, false) => VmEnd::Timeout,
+            (false, false) => VmEnd::Failed,
         };
         Report {
             vm: VmReport {
@@ -252,7 +253,7 @@ impl Report {
 
     /// 0 when every vCPU exited with code 0, else 1.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.vm.end != "completed" && self.vm.end != "shutdown")
+        i32::from(!self.vm.end.is_clean())
     }
 
     /// A table for people: the time split per vCPU beside /proc's tick-based figure, the

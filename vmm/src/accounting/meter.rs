@@ -15,8 +15,10 @@
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use ppa_vmm_api::VcpuMicroState;
+
 use super::histogram::Histogram;
-use super::{AccountingControl, Level};
+use super::{AccountingControl, ByKey, Key, Level, PerThreshold, Threshold};
 use crate::exit::ExitReason;
 
 /// A single-writer counter: one thread adds, anyone reads.
@@ -73,9 +75,61 @@ impl MicroState {
         }
     }
 
-    /// Index of a park state in the per-park-kind arrays (idle 0, limited 1, paused 2).
-    pub fn park_index(self) -> Option<usize> {
-        (self as usize).checked_sub(2)
+    /// The kind of park this state is (`None`: not parked).
+    pub fn park_kind(self) -> Option<ParkKind> {
+        match self {
+            MicroState::Guest | MicroState::Vmm => None,
+            MicroState::Idle => Some(ParkKind::Idle),
+            MicroState::Limited => Some(ParkKind::Limited),
+            MicroState::Paused => Some(ParkKind::Paused),
+        }
+    }
+}
+
+impl Key for MicroState {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a vCPU thread is parked: the parked micro-states, as the key of per-park-kind counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkKind {
+    /// The guest asked to idle.
+    Idle = 0,
+    /// A CPU limit was exhausted.
+    Limited = 1,
+    /// An operator paused the VM.
+    Paused = 2,
+}
+
+impl ParkKind {
+    /// Number of kinds.
+    pub const COUNT: usize = 3;
+}
+
+impl Key for ParkKind {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One value per micro-state.
+pub type PerState<T> = ByKey<MicroState, T, { MicroState::COUNT }>;
+/// One value per park kind.
+pub type PerPark<T> = ByKey<ParkKind, T, { ParkKind::COUNT }>;
+/// One value per accounting level.
+pub type PerLevel<T> = ByKey<Level, T, 3>;
+
+impl From<MicroState> for VcpuMicroState {
+    fn from(s: MicroState) -> VcpuMicroState {
+        match s {
+            MicroState::Guest => VcpuMicroState::Guest,
+            MicroState::Vmm => VcpuMicroState::Vmm,
+            MicroState::Idle => VcpuMicroState::Idle,
+            MicroState::Limited => VcpuMicroState::Limited,
+            MicroState::Paused => VcpuMicroState::Paused,
+        }
     }
 }
 
@@ -111,7 +165,7 @@ pub struct VcpuMeter {
     state: AtomicU8,
     since: AtomicU64,
     /// Wall time in each micro-state (while timed: level basic or full).
-    pub wall: [Counter; MicroState::COUNT],
+    pub wall: PerState<Counter>,
     /// On-CPU time inside KVM_RUN, measured at level full.
     pub cpu_guest_full: Counter,
     /// On-CPU time handling exits, measured at level full.
@@ -123,7 +177,7 @@ pub struct VcpuMeter {
     /// Run-queue wait during parks (the wake-up part; also in steal).
     pub park_delay: Counter,
     /// Time really blocked in parks, by kind (idle, limited, paused).
-    pub blocked: [Counter; 3],
+    pub blocked: PerPark<Counter>,
     /// Number of parks.
     pub parks: Counter,
     /// Userspace exits by reason, exact at every level.
@@ -131,9 +185,11 @@ pub struct VcpuMeter {
     /// Userspace handling wall time by reason.
     pub exit_ns: [Counter; ExitReason::COUNT],
     /// Exits recorded at each level (off, basic, full).
-    pub exits_at_level: [Counter; 3],
-    /// Occurrences above the exit_handling, guest_run and wakeup_latency thresholds.
-    pub exceeded: [Counter; 3],
+    pub exits_at_level: PerLevel<Counter>,
+    /// Occurrences above each threshold. The vCPU thread counts exit_handling, guest_run and
+    /// wakeup_latency; the sampler thread is the one writer of steal_window (a count of
+    /// sampler windows), outside the sequence counter's groups.
+    pub exceeded: PerThreshold<Counter>,
     /// KVM_RUN wall time by host CPU (the CPU at entry).
     pub guest_wall_by_cpu: Box<[Counter]>,
     /// KVM_RUN entries by host CPU.
@@ -157,7 +213,7 @@ pub struct MeterReading {
     /// When that state began (0: not timed).
     pub since: u64,
     /// See [`VcpuMeter::wall`].
-    pub wall: [u64; MicroState::COUNT],
+    pub wall: PerState<u64>,
     /// See [`VcpuMeter::cpu_guest_full`].
     pub cpu_guest_full: u64,
     /// See [`VcpuMeter::cpu_vmm_full`].
@@ -169,7 +225,7 @@ pub struct MeterReading {
     /// See [`VcpuMeter::park_delay`].
     pub park_delay: u64,
     /// See [`VcpuMeter::blocked`].
-    pub blocked: [u64; 3],
+    pub blocked: PerPark<u64>,
     /// See [`VcpuMeter::parks`].
     pub parks: u64,
     /// See [`VcpuMeter::exits`].
@@ -177,9 +233,9 @@ pub struct MeterReading {
     /// See [`VcpuMeter::exit_ns`].
     pub exit_ns: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exits_at_level`].
-    pub exits_at_level: [u64; 3],
+    pub exits_at_level: PerLevel<u64>,
     /// See [`VcpuMeter::exceeded`].
-    pub exceeded: [u64; 3],
+    pub exceeded: PerThreshold<u64>,
     /// See [`VcpuMeter::guest_wall_by_cpu`].
     pub guest_wall_by_cpu: Vec<u64>,
     /// See [`VcpuMeter::entries_by_cpu`].
@@ -285,18 +341,18 @@ impl VcpuMeter {
         MeterReading {
             state: self.state.load(Ordering::Relaxed),
             since: self.since.load(Ordering::Relaxed),
-            wall: counters(&self.wall),
+            wall: self.wall.map(Counter::get),
             cpu_guest_full: self.cpu_guest_full.get(),
             cpu_vmm_full: self.cpu_vmm_full.get(),
             vmm_wall_basic: self.vmm_wall_basic.get(),
             park_cpu: self.park_cpu.get(),
             park_delay: self.park_delay.get(),
-            blocked: counters(&self.blocked),
+            blocked: self.blocked.map(Counter::get),
             parks: self.parks.get(),
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
-            exits_at_level: counters(&self.exits_at_level),
-            exceeded: counters(&self.exceeded),
+            exits_at_level: self.exits_at_level.map(Counter::get),
+            exceeded: self.exceeded.map(Counter::get),
             guest_wall_by_cpu: self.guest_wall_by_cpu.iter().map(Counter::get).collect(),
             entries_by_cpu: self.entries_by_cpu.iter().map(Counter::get).collect(),
             migrations: self.migrations.get(),
@@ -450,7 +506,7 @@ impl Recorder {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
         let m = &*self.meter;
-        m.wall[MicroState::Vmm as usize].add(h);
+        m.wall[MicroState::Vmm].add(h);
         match (self.level, s.cpu, self.cpu_since) {
             (Level::Full, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
@@ -478,17 +534,17 @@ impl Recorder {
         let handled = self.exit_reason.filter(|_| timed);
         if let Some(r) = handled {
             m.exit_ns[r].add(self.exit_vmm_ns);
-            let t = self.control.threshold(0);
+            let t = self.control.threshold(Threshold::ExitHandling);
             if t != 0 && self.exit_vmm_ns > t {
-                m.exceeded[0].add(1);
+                m.exceeded[Threshold::ExitHandling].add(1);
             }
         }
         if timed {
             if let Some(rel) = self.wakeup_from {
                 let lat = s.now.saturating_sub(rel);
-                let t = self.control.threshold(2);
+                let t = self.control.threshold(Threshold::WakeupLatency);
                 if t != 0 && lat > t {
-                    m.exceeded[2].add(1);
+                    m.exceeded[Threshold::WakeupLatency].add(1);
                 }
                 wakeup = Some(lat);
             }
@@ -530,15 +586,15 @@ impl Recorder {
         let run = s.now.saturating_sub(self.since);
         m.begin();
         m.exits[r].add(1);
-        m.exits_at_level[self.level as usize].add(1);
+        m.exits_at_level[self.level].add(1);
         if timed {
-            m.wall[MicroState::Guest as usize].add(run);
+            m.wall[MicroState::Guest].add(run);
             if let (Level::Full, Some(c), Some(c0)) = (self.level, s.cpu, self.cpu_since) {
                 m.cpu_guest_full.add(c.saturating_sub(c0));
             }
-            let t = self.control.threshold(1);
+            let t = self.control.threshold(Threshold::GuestRun);
             if t != 0 && run > t {
-                m.exceeded[1].add(1);
+                m.exceeded[Threshold::GuestRun].add(1);
             }
         }
         m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
@@ -595,7 +651,7 @@ impl Recorder {
         let wall = p.now.saturating_sub(start.now);
         m.begin();
         m.parks.add(1);
-        m.wall[kind as usize].add(wall);
+        m.wall[kind].add(wall);
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
             (start.cpu, p.cpu, start.run_delay, p.run_delay)
         {
@@ -603,12 +659,12 @@ impl Recorder {
             let ddelay = d1.saturating_sub(d0);
             m.park_cpu.add(dcpu);
             m.park_delay.add(ddelay);
-            if let Some(i) = kind.park_index() {
-                m.blocked[i].add(wall.saturating_sub(dcpu + ddelay));
+            if let Some(k) = kind.park_kind() {
+                m.blocked[k].add(wall.saturating_sub(dcpu + ddelay));
             }
-        } else if let Some(i) = kind.park_index() {
+        } else if let Some(k) = kind.park_kind() {
             // Level off: only the wall time is known.
-            m.blocked[i].add(wall);
+            m.blocked[k].add(wall);
         }
         m.set_state(MicroState::Vmm, p.now);
         m.end();
@@ -621,170 +677,5 @@ impl Recorder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recorder(level: Level) -> Recorder {
-        let control = Arc::new(AccountingControl::default());
-        control.set_level(level);
-        let meter = Arc::new(VcpuMeter::new(3, 2));
-        Recorder::new(
-            meter,
-            control,
-            Stamp {
-                now: 1_000,
-                cpu: Some(100),
-            },
-        )
-    }
-
-    fn st(now: u64, cpu: u64) -> Stamp {
-        Stamp {
-            now,
-            cpu: Some(cpu),
-        }
-    }
-
-    #[test]
-    fn basic_level_splits_wall_between_guest_and_vmm() {
-        let mut r = recorder(Level::Basic);
-        r.on_entry(st(1_500, 0), 0, Level::Basic);
-        r.on_exit(st(11_500, 0), ExitReason::MmioWrite);
-        r.on_entry(st(12_000, 0), 1, Level::Basic);
-        r.on_exit(st(20_000, 0), ExitReason::IoOut);
-        assert_eq!(r.meter().hist.guest_run.snapshot().count(), 0, "batched");
-        r.flush();
-        let m = r.meter().read();
-        assert!(m.consistent);
-        assert_eq!(m.wall[MicroState::Guest as usize], 10_000 + 8_000);
-        assert_eq!(m.wall[MicroState::Vmm as usize], 500 + 500);
-        assert_eq!(m.exits[ExitReason::MmioWrite.index()], 1);
-        assert_eq!(m.exits[ExitReason::IoOut.index()], 1);
-        assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
-        assert_eq!(m.guest_wall_by_cpu, vec![10_000, 8_000]);
-        assert_eq!(m.entries_by_cpu, vec![1, 1]);
-        assert_eq!(
-            m.migrations, 1,
-            "CPU 0 then CPU 1; the first entry is no migration"
-        );
-        assert_eq!(m.vmm_wall_basic, 1_000);
-        assert_eq!(m.micro_state(), MicroState::Vmm);
-        assert_eq!(m.since, 20_000);
-        assert_eq!(r.meter().hist.guest_run.snapshot().count(), 2);
-        assert_eq!(r.meter().hist.exit_handling_all.snapshot().count(), 1);
-    }
-
-    #[test]
-    fn full_level_uses_cpu_time() {
-        let mut r = recorder(Level::Full);
-        r.on_entry(st(1_500, 150), 0, Level::Full);
-        r.on_exit(st(11_500, 9_150), ExitReason::MmioWrite);
-        r.on_entry(st(12_000, 9_450), 0, Level::Full);
-        let m = r.meter().read();
-        assert_eq!(m.cpu_guest_full, 9_000);
-        assert_eq!(m.cpu_vmm_full, 50 + 300);
-        assert_eq!(m.vmm_wall_basic, 0);
-    }
-
-    #[test]
-    fn off_level_counts_exits_only_and_a_switch_takes_effect_at_the_next_entry() {
-        let mut r = recorder(Level::Off);
-        r.on_entry(Stamp::default(), 0, Level::Off);
-        for _ in 0..5 {
-            r.on_exit(Stamp::default(), ExitReason::MmioWrite);
-            r.on_entry(Stamp::default(), 0, Level::Off);
-        }
-        let m = r.meter().read();
-        assert_eq!(m.exits[ExitReason::MmioWrite.index()], 5);
-        assert_eq!(m.exits_at_level, [5, 0, 0]);
-        assert_eq!(m.wall, [0; 5]);
-        // Switch to basic: the first timed interval starts at that entry.
-        r.on_exit(Stamp::default(), ExitReason::MmioWrite);
-        r.on_entry(st(50_000, 0), 0, Level::Basic);
-        r.on_exit(st(51_000, 0), ExitReason::MmioWrite);
-        let m = r.meter().read();
-        assert_eq!(m.wall[MicroState::Guest as usize], 1_000);
-        assert_eq!(m.exits_at_level, [6, 1, 0]);
-    }
-
-    #[test]
-    fn parks_count_only_blocked_time_and_wakeup_latency() {
-        let mut r = recorder(Level::Basic);
-        r.on_entry(st(2_000, 0), 0, Level::Basic);
-        r.on_exit(st(3_000, 0), ExitReason::MmioWrite);
-        let p0 = ParkStamp {
-            now: 3_200,
-            cpu: Some(1_000),
-            run_delay: Some(50),
-        };
-        r.park_begin(MicroState::Idle, p0);
-        assert_eq!(r.meter().read().micro_state(), MicroState::Idle);
-        // Parked 1 ms; 2 µs on CPU around the wait, woke 10 µs late, 7 µs on the run queue.
-        let p1 = ParkStamp {
-            now: 3_200 + 1_000_000 + 10_000,
-            cpu: Some(3_000),
-            run_delay: Some(7_050),
-        };
-        r.park_end(p1, 3_200 + 1_000_000);
-        r.on_entry(st(3_200 + 1_010_000 + 300, 0), 0, Level::Basic);
-        let m = r.meter().read();
-        assert_eq!(m.wall[MicroState::Idle as usize], 1_010_000);
-        assert_eq!(m.blocked[0], 1_010_000 - 2_000 - 7_000);
-        assert_eq!(m.park_cpu, 2_000);
-        assert_eq!(m.park_delay, 7_000);
-        // Handling of the halt exit: 200 ns before the park, 300 ns after.
-        assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
-        r.flush();
-        let w = r.meter().hist.wakeup_latency.snapshot();
-        assert_eq!(w.count(), 1);
-        assert_eq!(w.sum(), 10_300);
-    }
-
-    #[test]
-    fn thresholds_count_occurrences_above() {
-        let mut r = recorder(Level::Basic);
-        r.control.set_thresholds(super::super::Thresholds {
-            exit_handling_ns: 1_000,
-            guest_run_ns: 5_000,
-            ..Default::default()
-        });
-        let mut t = 2_000;
-        for (run, handle) in [(4_000, 500), (6_000, 2_000), (7_000, 1_001)] {
-            r.on_entry(st(t, 0), 0, Level::Basic);
-            t += run;
-            r.on_exit(st(t, 0), ExitReason::IoIn);
-            t += handle;
-        }
-        r.on_entry(st(t, 0), 0, Level::Basic);
-        let m = r.meter().read();
-        assert_eq!(m.exceeded[1], 2, "guest runs above 5 µs");
-        assert_eq!(m.exceeded[0], 2, "exit handling above 1 µs");
-    }
-
-    #[test]
-    fn readers_never_see_a_torn_group() {
-        let meter = Arc::new(VcpuMeter::new(3, 1));
-        let control = Arc::new(AccountingControl::default());
-        let m2 = Arc::clone(&meter);
-        let reader = std::thread::spawn(move || {
-            let mut seen = 0;
-            while seen < 20_000 {
-                let r = m2.read();
-                if r.consistent {
-                    // Each exit adds 1 to the count and 100 to the guest wall together.
-                    let n = r.exits[ExitReason::MmioWrite.index()];
-                    assert_eq!(r.wall[0], n * 100);
-                    seen += 1;
-                }
-            }
-        });
-        let mut r = Recorder::new(meter, control, Stamp { now: 1, cpu: None });
-        let mut t = 1;
-        while !reader.is_finished() {
-            r.on_entry(Stamp { now: t, cpu: None }, 0, Level::Basic);
-            t += 100;
-            r.on_exit(Stamp { now: t, cpu: None }, ExitReason::MmioWrite);
-        }
-        reader.join().unwrap();
-    }
-}
+#[path = "meter_tests.rs"]
+mod tests;

@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::histogram::{HistogramJson, HistogramSnapshot};
 use super::host::{SchedStatFile, ThreadClock, TickTimes};
-use super::meter::{Counter, MeterReading, MicroState, VcpuMeter};
-use super::THRESHOLD_NAMES;
+use super::meter::{MeterReading, MicroState, ParkKind, VcpuMeter};
+use super::Threshold;
 use crate::exit::ExitReason;
 use crate::hypervisor::stats::{KvmStats, StatKind};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;
 pub use ppa_vmm_api::{HostCpu, VcpuTimes};
+use ppa_vmm_api::{SplitKind, TimeSplit};
 
 /// Live sources of a running vCPU thread, opened by the thread itself when it starts.
 #[derive(Debug)]
@@ -158,8 +159,6 @@ pub struct RawSample {
     pub kvm: Vec<u64>,
     /// Histograms.
     pub hist: HistSnapshots,
-    /// Sampler windows whose steal exceeded the threshold.
-    pub steal_windows: u64,
     /// Tick-based /proc times (final samples only).
     pub ticks: Option<TickTimes>,
 }
@@ -177,8 +176,6 @@ pub struct VcpuAccounting {
     pub kvm: Option<KvmStats>,
     /// The VM's measured in-kernel exit cost, for the kvm_ns estimate.
     pub exit_cost: Option<ExitCost>,
-    /// Written by the sampler: windows whose steal exceeded the threshold.
-    pub steal_windows: Counter,
     /// Thread start, CLOCK_MONOTONIC (0 before).
     pub started_ns: AtomicU64,
     /// CPU time and run_delay of the thread at `started_ns`: what it used and waited before its
@@ -220,7 +217,6 @@ impl VcpuAccounting {
             finals: OnceLock::new(),
             kvm,
             exit_cost,
-            steal_windows: Counter::default(),
             started_ns: AtomicU64::new(0),
             origin: OnceLock::new(),
             origin_kvm: OnceLock::new(),
@@ -310,7 +306,6 @@ impl VcpuAccounting {
                 steal_ns: 0,
                 kvm,
                 hist,
-                steal_windows: self.steal_windows.get(),
                 ticks: None,
             };
         };
@@ -318,9 +313,9 @@ impl VcpuAccounting {
         if meter.since != 0 {
             let dt = at.saturating_sub(meter.since);
             let state = meter.micro_state();
-            meter.wall[state as usize] += dt;
-            if let Some(i) = state.park_index() {
-                meter.blocked[i] += dt;
+            meter.wall[state] += dt;
+            if let Some(k) = state.park_kind() {
+                meter.blocked[k] += dt;
             }
         }
         RawSample {
@@ -335,7 +330,6 @@ impl VcpuAccounting {
             steal_ns,
             kvm,
             hist,
-            steal_windows: self.steal_windows.get(),
             ticks: None,
         }
     }
@@ -350,7 +344,6 @@ impl VcpuAccounting {
             steal_ns: f.run_delay_ns.saturating_sub(delay0),
             kvm: f.kvm.clone(),
             hist,
-            steal_windows: self.steal_windows.get(),
             ticks: f.ticks,
         }
     }
@@ -398,10 +391,6 @@ impl VcpuAccounting {
     }
 }
 
-fn state_name(s: MicroState) -> &'static str {
-    ["guest", "vmm", "idle", "limited", "paused"][s as usize]
-}
-
 /// Derives the section 4 fields from a sample and an optional baseline.
 pub fn derive(
     cur: &RawSample,
@@ -422,7 +411,6 @@ pub fn derive(
                 steal_ns: 0,
                 kvm: Vec::new(),
                 hist: cur.hist.clone(),
-                steal_windows: 0,
                 ticks: None,
             };
             &zero
@@ -441,7 +429,7 @@ pub fn derive(
         .saturating_sub(bm.cpu_vmm_full + bm.vmm_wall_basic + bm.park_cpu)
         .min(used);
     let guest = used - vmm;
-    let blocked = sub_arr(m.blocked, bm.blocked);
+    let blocked = m.blocked.since(&bm.blocked);
     let kvm_delta: Vec<u64> = match kvm {
         Some(k) => k
             .layout()
@@ -481,14 +469,24 @@ pub fn derive(
         }
         _ => None,
     };
-    let levels = sub_arr(m.exits_at_level, bm.exits_at_level);
-    let split = match levels {
-        [_, 0, 0] => "none",
-        [0, 0, _] => "exact",
-        [0, _, 0] => "estimated",
-        _ => "mixed",
+    let levels = m.exits_at_level.since(&bm.exits_at_level);
+    let split = match levels.values() {
+        [_, 0, 0] => SplitKind::None,
+        [0, 0, _] => SplitKind::Exact,
+        [0, _, 0] => SplitKind::Estimated,
+        _ => SplitKind::Mixed,
     };
-    let sum = used + steal + halted + blocked[0] + blocked[1] + blocked[2];
+    let time = TimeSplit {
+        wall_ns: wall,
+        used_ns: used,
+        guest_ns: guest,
+        vmm_ns: vmm,
+        steal_ns: steal,
+        halted_ns: halted,
+        idle_ns: blocked[ParkKind::Idle],
+        limited_ns: blocked[ParkKind::Limited],
+        paused_ns: blocked[ParkKind::Paused],
+    };
     let exits = sub_arr(m.exits, bm.exits);
     let exit_ns = sub_arr(m.exit_ns, bm.exit_ns);
     let run_by_cpu = sub_vec(&m.guest_wall_by_cpu, &bm.guest_wall_by_cpu);
@@ -510,38 +508,31 @@ pub fn derive(
             entries: *e,
         })
         .collect();
-    let exceeded = sub_arr(m.exceeded, bm.exceeded);
-    let mut thresholds = BTreeMap::new();
-    if detail {
-        thresholds = THRESHOLD_NAMES[..3]
-            .iter()
-            .zip(exceeded)
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
-        thresholds.insert(
-            THRESHOLD_NAMES[3].to_string(),
-            cur.steal_windows.saturating_sub(b.steal_windows),
-        );
-    }
+    let exceeded = m.exceeded.since(&bm.exceeded);
+    let thresholds = Threshold::ALL
+        .into_iter()
+        .filter(|_| detail)
+        .map(|t| (t.to_string(), exceeded[t]))
+        .collect();
     let times = VcpuTimes {
         id: 0,
         host_tid: 0,
-        wall_ns: wall,
-        used_ns: used,
-        guest_ns: guest,
+        wall_ns: time.wall_ns,
+        used_ns: time.used_ns,
+        guest_ns: time.guest_ns,
         kvm_ns: None,
         kvm_ns_estimate,
         guest_code_ns_estimate: kvm_ns_estimate.map(|k| guest.saturating_sub(k)),
         parks,
-        vmm_ns: vmm,
-        steal_ns: steal,
-        halted_ns: halted,
-        idle_ns: blocked[0],
-        limited_ns: blocked[1],
-        paused_ns: blocked[2],
-        split: split.into(),
-        identity_error_ns: wall as i64 - sum as i64,
-        state: state_name(m.micro_state()).into(),
+        vmm_ns: time.vmm_ns,
+        steal_ns: time.steal_ns,
+        halted_ns: time.halted_ns,
+        idle_ns: time.idle_ns,
+        limited_ns: time.limited_ns,
+        paused_ns: time.paused_ns,
+        split,
+        identity_error_ns: time.identity_error_ns(),
+        state: m.micro_state().into(),
         exits: ExitReason::ALL
             .iter()
             .map(|r| (r.name().to_string(), exits[r.index()]))
@@ -555,10 +546,63 @@ pub fn derive(
         host_cpus,
         migrations: m.migrations.saturating_sub(bm.migrations),
         thresholds,
-        kvm_run_wall_ns: m.wall[0].saturating_sub(bm.wall[0]),
+        kvm_run_wall_ns: m.wall[MicroState::Guest].saturating_sub(bm.wall[MicroState::Guest]),
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,
     };
     (times, hist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accounting() -> VcpuAccounting {
+        VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None)
+    }
+
+    #[test]
+    fn threshold_counts_by_name_restart_at_a_reset() {
+        let acct = accounting();
+        let m = &acct.meter;
+        m.exceeded[Threshold::GuestRun].add(2);
+        m.exceeded[Threshold::StealWindow].add(3);
+        let t = acct.times().0;
+        let expect = |g, s| -> BTreeMap<String, u64> {
+            [
+                ("exit_handling_ns".to_string(), 0),
+                ("guest_run_ns".to_string(), g),
+                ("wakeup_latency_ns".to_string(), 0),
+                ("steal_window_ns".to_string(), s),
+            ]
+            .into()
+        };
+        assert_eq!(t.thresholds, expect(2, 3));
+        assert!(acct.times_with(false).0.thresholds.is_empty());
+        acct.reset();
+        m.exceeded[Threshold::StealWindow].add(1);
+        assert_eq!(acct.times().0.thresholds, expect(0, 1));
+    }
+
+    #[test]
+    fn parked_time_goes_to_its_kind() {
+        let acct = accounting();
+        for (kind, ns) in [
+            (ParkKind::Idle, 5),
+            (ParkKind::Limited, 7),
+            (ParkKind::Paused, 11),
+        ] {
+            acct.meter.blocked[kind].add(ns);
+        }
+        let t = acct.times().0;
+        assert_eq!((t.idle_ns, t.limited_ns, t.paused_ns), (5, 7, 11));
+        assert_eq!(t.split().identity_error_ns(), t.identity_error_ns);
+        assert_eq!(
+            t.identity_error_ns, -23,
+            "no wall time: the parks are all error"
+        );
+        assert_eq!(t.split, SplitKind::None);
+        assert_eq!(t.state, ppa_vmm_api::VcpuMicroState::Vmm);
+    }
 }

@@ -301,7 +301,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
             vec![
                 v.id.to_string(),
                 v.host_tid.to_string(),
-                v.state.clone(),
+                v.state.to_string(),
                 ms(v.wall_ns),
                 ms(v.used_ns),
                 ms(v.guest_ns),

@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, Stats, Thresholds,
-    VcpuTimes, VmStats,
+    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, SplitKind, Stats,
+    Thresholds, VcpuMicroState, VcpuTimes, VmState, VmStats,
 };
 use serde_json::{json, Value};
 
@@ -121,9 +121,9 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         idle_ns: wall_ns - used_ns,
         limited_ns: 0,
         paused_ns: 0,
-        split: "exact".into(),
+        split: SplitKind::Exact,
         identity_error_ns: 0,
-        state: "guest".into(),
+        state: VcpuMicroState::Guest,
         exits: exits.iter().map(|(r, c)| (r.to_string(), *c)).collect(),
         exit_ns: BTreeMap::new(),
         kvm_stats: BTreeMap::new(),
@@ -143,7 +143,7 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
         vm: VmStats {
             name: "test".into(),
             pid: 4242,
-            state: "running".into(),
+            state: VmState::Running,
             vcpus: vcpus.len(),
             uptime_ns: uptime_s * 1_000_000_000,
             level: Level::Full,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Stats, VcpuSummary, VmStats};
+use ppa_vmm_api::{Command, Stats, VcpuSummary, VmState, VmStats};
 use thiserror::Error;
 
 use super::{describe, kind_name, Client};
@@ -158,19 +158,8 @@ pub struct Row {
 /// Rates of one vCPU between two of its samples; `Err(true)` after a reset, `Err(false)` when
 /// no time passed.
 fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
-    // Counters that never go down while the figures are not reset. guest_ns and vmm_ns are
-    // not among them: an estimated split may move a little time from one to the other.
-    let monotonic = [
-        (p.wall_ns, c.wall_ns),
-        (p.used_ns, c.used_ns),
-        (p.steal_ns, c.steal_ns),
-        (p.halted_ns, c.halted_ns),
-        (p.idle_ns, c.idle_ns),
-        (p.limited_ns, c.limited_ns),
-        (p.paused_ns, c.paused_ns),
-        (p.parks, c.parks),
-    ];
-    if monotonic.iter().any(|(a, b)| b < a) {
+    let (before, now) = (p.split(), c.split());
+    if now.went_down_from(&before) || c.parks < p.parks {
         return Err(true);
     }
     let mut exits = BTreeMap::new();
@@ -185,20 +174,20 @@ fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
             exits.insert(reason.clone(), d);
         }
     }
-    let dt = c.wall_ns - p.wall_ns;
+    let d = now.since(&before);
+    let dt = d.wall_ns;
     if dt == 0 {
         return Err(false);
     }
-    let pct = |d: u64| d as f64 * 100.0 / dt as f64;
-    let d = |a: u64, b: u64| b.saturating_sub(a);
+    let pct = |ns: u64| ns as f64 * 100.0 / dt as f64;
     Ok(Rates {
-        used_pct: pct(d(p.used_ns, c.used_ns)),
-        guest_pct: pct(d(p.guest_ns, c.guest_ns)),
-        vmm_pct: pct(d(p.vmm_ns, c.vmm_ns)),
-        rdy_pct: pct(d(p.steal_ns, c.steal_ns)),
-        idle_pct: pct(d(p.idle_ns + p.halted_ns, c.idle_ns + c.halted_ns)),
-        lmtd_pct: pct(d(p.limited_ns, c.limited_ns)),
-        psd_pct: pct(d(p.paused_ns, c.paused_ns)),
+        used_pct: pct(d.used_ns),
+        guest_pct: pct(d.guest_ns),
+        vmm_pct: pct(d.vmm_ns),
+        rdy_pct: pct(d.steal_ns),
+        idle_pct: pct(d.idle_ns + d.halted_ns),
+        lmtd_pct: pct(d.limited_ns),
+        psd_pct: pct(d.paused_ns),
         exits_per_s: exits.values().sum::<u64>() as f64 * 1e9 / dt as f64,
         exits,
     })
@@ -434,7 +423,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         if opts.once {
             return 0;
         }
-        if cur.vm.state == "finished" {
+        if cur.vm.state == VmState::Finished {
             return ended(out);
         }
         prev = cur;

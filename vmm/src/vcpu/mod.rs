@@ -253,7 +253,7 @@ impl VcpuShared {
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
         if self.state() == VcpuState::Finished {
-            t.state = "finished".into();
+            t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
         (t, h)
     }

@@ -218,7 +218,11 @@ fn a_guest_failure_ends_the_vcpu_with_its_registers() {
     assert!(r.shared.end().unwrap().is_failure());
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["shutdown"], 1);
-    assert_eq!(t.split, "exact", "level full splits exactly");
+    assert_eq!(
+        t.split,
+        ppa_vmm_api::SplitKind::Exact,
+        "level full splits exactly"
+    );
     assert!(
         t.identity_holds(true),
         "identity off by {}",

@@ -74,8 +74,8 @@ pub enum VmError {
     #[error(transparent)]
     PpaPage(#[from] crate::ppa_page::PpaPageError),
     /// The cgroup limit backend could not be set up.
-    #[error("cannot set up the cgroup limit backend: {0}")]
-    Cgroup(String),
+    #[error("cannot set up the cgroup limit backend")]
+    Cgroup(#[source] crate::limits::cgroup::CgroupError),
     /// A helper thread could not be started.
     #[error("cannot start the {0} thread")]
     Thread(&'static str, #[source] std::io::Error),

@@ -25,19 +25,22 @@ use crate::report::{Report, RunFacts};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
 use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuThread, REQ_STOP};
+use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
 fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
     let (end, exit_code) = match v.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
-        Some(VcpuEnd::Failed { .. }) => ("failed", None),
-        Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
+        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code)),
+        // The vCPU that asked the VM to stop ended the run as the guest wanted.
+        Some(VcpuEnd::GuestStop) => (VcpuEndKind::Exited, Some(0)),
+        Some(VcpuEnd::Failed { .. }) => (VcpuEndKind::Failed, None),
+        Some(VcpuEnd::Error(_)) => (VcpuEndKind::Error, None),
+        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None),
     };
     ppa_vmm_api::Event::VcpuExit {
         uptime_ns,
         vcpu: v.id,
-        end: end.to_string(),
+        end,
         exit_code,
     }
 }
@@ -254,7 +257,7 @@ where
         let exit_code = report.exit_code();
         run.push(ppa_vmm_api::Event::VmExit {
             uptime_ns,
-            end: report.vm.end.to_string(),
+            end: report.vm.end,
         });
         drop(run);
         Ok(RunOutcome { report, exit_code })

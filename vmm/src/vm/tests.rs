@@ -2,6 +2,7 @@
 //! state and devices, the run's supervision and the report, without KVM.
 
 use ppa_guest_abi::{doorbell, DOORBELL_GPA};
+use ppa_vmm_api::{VcpuEndKind, VmEnd};
 
 use super::*;
 use crate::arch::x86_64::layout::PPA_PAGE_GPA;
@@ -76,7 +77,7 @@ fn a_vm_on_the_fake_hypervisor_boots_runs_and_reports() {
         "{:?}",
         r.vcpus.iter().map(|v| &v.failure).collect::<Vec<_>>()
     );
-    assert_eq!(r.vm.end, "completed");
+    assert_eq!(r.vm.end, VmEnd::Completed);
     assert_eq!(r.vm.info.image, "tiny");
     assert_eq!(
         r.vm.info.kvm_exit_cost_ns, None,
@@ -107,9 +108,9 @@ fn a_failing_vcpu_stops_the_others() {
         .run()
         .unwrap();
     assert_eq!(out.exit_code, 1);
-    assert_eq!(out.report.vm.end, "failed");
-    assert_eq!(out.report.vcpus[0].end, "stopped");
-    assert_eq!(out.report.vcpus[1].end, "failed");
+    assert_eq!(out.report.vm.end, VmEnd::Failed);
+    assert_eq!(out.report.vcpus[0].end, VcpuEndKind::Stopped);
+    assert_eq!(out.report.vcpus[1].end, VcpuEndKind::Failed);
 }
 
 #[test]
@@ -252,9 +253,12 @@ fn a_linux_guest_gets_its_boot_state_devices_and_a_clean_end_on_reset() {
     let out = vm.run().unwrap();
     let r = &out.report;
     assert_eq!(out.exit_code, 0, "a guest reset ends the run cleanly");
-    assert_eq!(r.vm.end, "completed");
-    assert_eq!((r.vcpus[0].end, r.vcpus[0].exit_code), ("exited", Some(0)));
-    assert_eq!(r.vcpus[1].end, "stopped");
+    assert_eq!(r.vm.end, VmEnd::Completed);
+    assert_eq!(
+        (r.vcpus[0].end, r.vcpus[0].exit_code),
+        (VcpuEndKind::Exited, Some(0))
+    );
+    assert_eq!(r.vcpus[1].end, VcpuEndKind::Stopped);
     let json = serde_json::to_value(r).unwrap();
     assert_eq!(json["vm"]["console_lines"], 1);
     assert_eq!(json["vm"]["resets"], 1);
