@@ -11,7 +11,6 @@ pub mod api;
 pub mod arch;
 pub mod bench;
 pub mod bus;
-pub mod client;
 pub mod config;
 pub mod devices;
 pub mod exit;

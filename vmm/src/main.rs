@@ -268,7 +268,7 @@ fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(outcome.exit_code)
 }
 
-use ppa_vmm::client::describe;
+use ppa_vmm_client::describe;
 
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     match args.which {
@@ -315,7 +315,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = match cli.command {
         Command::Ctl(a) => {
-            return ExitCode::from(ppa_vmm::client::ctl::run(ppa_vmm::client::ctl::CtlOptions {
+            return ExitCode::from(ppa_vmm_client::ctl::run(ppa_vmm_client::ctl::CtlOptions {
                 api_sock: a.api_sock,
                 command: a.command,
                 args: a.args,
@@ -323,7 +323,7 @@ fn main() -> ExitCode {
             }) as u8)
         }
         Command::Top(a) => {
-            return ExitCode::from(ppa_vmm::client::top::run(ppa_vmm::client::top::TopOptions {
+            return ExitCode::from(ppa_vmm_client::top::run(ppa_vmm_client::top::TopOptions {
                 api_sock: a.api_sock,
                 once: a.once,
                 interval_ms: a.interval,

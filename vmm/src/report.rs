@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use ppa_guest_abi::report::NAMES as REPORT_NAMES;
+use ppa_vmm_client::guest_view::{guest_view_text, HostColumns};
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
-use crate::ppa_page::text::{guest_view_text, HostColumns};
 use crate::vcpu::{Doorbell, RegsDump, VcpuEnd, VcpuShared};
 use crate::workload::VcpuWorkload;
 

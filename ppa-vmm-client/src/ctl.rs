@@ -14,8 +14,8 @@ use ppa_vmm_api::{parse_request, Command, ErrorBody, GuestView, Stats};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use super::{describe, kind_name, Client};
-use crate::ppa_page::text::{guest_view_text, page_host_columns, HostColumns};
+use crate::guest_view::{guest_view_text, page_host_columns, HostColumns};
+use crate::{describe, kind_name, Client};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm ctl";
@@ -347,7 +347,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::tests::{stats, vcpu, FakeServer};
+    use crate::tests::{stats, vcpu, FakeServer};
     use ppa_vmm_api::{ErrorKind, EventKind, HistogramFormat, Level, Response};
 
     fn args(a: &[&str]) -> Vec<String> {

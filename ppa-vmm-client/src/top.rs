@@ -19,7 +19,7 @@ use std::time::Duration;
 use ppa_vmm_api::{Command, Stats, VcpuSummary, VmStats};
 use thiserror::Error;
 
-use super::{describe, kind_name, Client};
+use crate::{describe, kind_name, Client};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm top";
@@ -469,7 +469,7 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::tests::{stats, vcpu, FakeServer};
+    use crate::tests::{stats, vcpu, FakeServer};
     use ppa_vmm_api::Response;
 
     const MS: u64 = 1_000_000;

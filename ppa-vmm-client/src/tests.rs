@@ -16,7 +16,7 @@ use ppa_vmm_api::{
 };
 use serde_json::{json, Value};
 
-use super::{Client, ClientError};
+use crate::{Client, ClientError};
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
