@@ -1,6 +1,7 @@
 //! `ppa-vmm ctl`: one request to the control socket, its result printed.
 //!
-//! Data flow: [`parse_command`] turns `COMMAND KEY=VALUE...` into a JSON object and validates
+//! Data flow: [`CtlOptions`] is the subcommand's arguments as clap parses them.
+//! [`parse_command`] turns `COMMAND KEY=VALUE...` into a JSON object and validates
 //! it with [`ppa_vmm_api::parse_request`], so a bad command is refused here with the message
 //! the server would give; [`run`] sends it with a [`Client`] and prints the result as pretty
 //! JSON or, with `text`, readably (raw strings, a table for `stats`, `key: value` lines for
@@ -43,17 +44,20 @@ pub enum CtlError {
     Refused(ErrorBody),
 }
 
-/// Options of `ppa-vmm ctl`.
-#[derive(Debug, Clone)]
+/// Options of `ppa-vmm ctl`, as clap parses them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct CtlOptions {
-    /// The VMM's control socket (`--api-sock`).
+    /// The VMM's control socket (`run --api-sock`).
+    #[arg(long, value_name = "PATH")]
     pub api_sock: PathBuf,
-    /// The command name (`stats`, `set-level`, ...).
-    pub command: String,
-    /// Its arguments, `KEY=VALUE` each.
-    pub args: Vec<String>,
-    /// Print readably instead of as JSON.
+    /// Print a readable form instead of JSON.
+    #[arg(long)]
     pub text: bool,
+    /// The command: version, stats, vcpu, histogram, reset, set-level, set-thresholds,
+    /// threads, pause, resume, shutdown, metrics, subscribe.
+    pub command: String,
+    /// Arguments as KEY=VALUE (e.g. `vcpu=0`, `level=full`, `events=vcpu-exit,threshold`).
+    pub args: Vec<String>,
 }
 
 /// Builds the command `cmd` from `KEY=VALUE` arguments. A VALUE that parses as JSON (numbers,

@@ -3,7 +3,7 @@
 //! its result printed) and [`top`] (an esxtop-like view refreshed from `stats`), and
 //! [`guest_view`], the text form of what a guest published on its PPA page.
 //!
-//! This crate links no KVM code: it depends on `ppa-vmm-api`, serde_json and thiserror,
+//! This crate links no KVM code: it depends on `ppa-vmm-api`, serde_json, thiserror and clap,
 //! not on kvm-ioctls, kvm-bindings, vm-memory or the `ppa-vmm` library (`cargo tree -p
 //! ppa-vmm-client` shows it), so a monitoring tool can use it on a host without the VMM's
 //! machine layer. The `ppa-vmm` binary's `ctl` and `top` subcommands call into it, and the

@@ -261,3 +261,24 @@ fn connect_errors_name_the_path() {
     assert!(matches!(e, ClientError::Refused(_)), "{e:?}");
     assert!(e.to_string().contains("nothing accepts connections"));
 }
+
+/// The names in the `[dependencies]` table of a Cargo.toml.
+fn dependencies(manifest: &str) -> Vec<&str> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
+        .collect()
+}
+
+#[test]
+fn links_no_kvm_code() {
+    // The crate and the one workspace crate it depends on; the rest are registry crates with
+    // no KVM code (`cargo tree -p ppa-vmm-client` lists them all).
+    let own = dependencies(include_str!("../Cargo.toml"));
+    assert_eq!(own, ["ppa-vmm-api", "serde_json", "thiserror", "clap"]);
+    let api = dependencies(include_str!("../../ppa-vmm-api/Cargo.toml"));
+    assert_eq!(api, ["serde", "serde_json"]);
+}

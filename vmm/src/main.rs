@@ -11,6 +11,9 @@ use clap::{Args, Parser, Subcommand};
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::vm::Vm;
+use ppa_vmm_client::ctl::CtlOptions;
+use ppa_vmm_client::describe;
+use ppa_vmm_client::top::TopOptions;
 
 #[derive(Parser)]
 #[command(
@@ -32,40 +35,9 @@ enum Command {
     /// Measure the VMM itself.
     Bench(BenchArgs),
     /// Send one request to a running VMM's control socket and print the result.
-    Ctl(CtlArgs),
+    Ctl(CtlOptions),
     /// A live per-vCPU table of a running VMM, like esxtop.
-    Top(TopArgs),
-}
-
-#[derive(Args)]
-struct CtlArgs {
-    /// The VMM's control socket (`run --api-sock`).
-    #[arg(long, value_name = "PATH")]
-    api_sock: PathBuf,
-    /// Print a readable form instead of JSON.
-    #[arg(long)]
-    text: bool,
-    /// The command: version, stats, vcpu, histogram, reset, set-level, set-thresholds,
-    /// threads, pause, resume, shutdown, metrics, subscribe.
-    command: String,
-    /// Arguments as KEY=VALUE (e.g. `vcpu=0`, `level=full`, `events=vcpu-exit,threshold`).
-    args: Vec<String>,
-}
-
-#[derive(Args)]
-struct TopArgs {
-    /// The VMM's control socket (`run --api-sock`).
-    #[arg(long, value_name = "PATH")]
-    api_sock: PathBuf,
-    /// Print one table and exit.
-    #[arg(long)]
-    once: bool,
-    /// Refresh interval in ms (rates are computed over it).
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
-    interval: u64,
-    /// Sort column: vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits.
-    #[arg(long, default_value = "vcpu", value_name = "COL")]
-    sort: String,
+    Top(TopOptions),
 }
 
 #[derive(Args)]
@@ -268,8 +240,6 @@ fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(outcome.exit_code)
 }
 
-use ppa_vmm_client::describe;
-
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     match args.which {
         BenchKind::Overhead => {
@@ -314,22 +284,8 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let opts = match cli.command {
-        Command::Ctl(a) => {
-            return ExitCode::from(ppa_vmm_client::ctl::run(ppa_vmm_client::ctl::CtlOptions {
-                api_sock: a.api_sock,
-                command: a.command,
-                args: a.args,
-                text: a.text,
-            }) as u8)
-        }
-        Command::Top(a) => {
-            return ExitCode::from(ppa_vmm_client::top::run(ppa_vmm_client::top::TopOptions {
-                api_sock: a.api_sock,
-                once: a.once,
-                interval_ms: a.interval,
-                sort: a.sort,
-            }) as u8)
-        }
+        Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
+        Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
         Command::Bench(args) => {
