@@ -24,6 +24,7 @@ use ppa_vmm_api::{Command, Request, Response};
 use serde_json::Value;
 use thiserror::Error;
 
+pub mod commands;
 pub mod ctl;
 pub mod guest_view;
 pub mod top;
