@@ -14,7 +14,6 @@ pub mod accounting;
 pub mod api;
 pub mod arch;
 pub mod bench;
-pub mod client;
 pub mod config;
 pub mod devices;
 pub mod exit;

@@ -7,7 +7,8 @@
 //! writes the region header and tells each vCPU the address in its boot-info record. Every
 //! 8 ms the sampler writes each started vCPU's section 4 figures into its host record with
 //! the sequence protocol of `ppa_guest_abi::ppa_page`. The guest section is the guest's:
-//! [`decode`] checks it on demand (`guest`, the final report) and [`text`] prints it.
+//! [`decode`] checks it on demand (`guest`, the final report) and
+//! `ppa_vmm_client::guest_view` prints it.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -20,7 +21,6 @@ use ppa_guest_abi::ppa_page::{
 use thiserror::Error;
 
 pub mod decode;
-pub mod text;
 
 /// Smallest region: a page.
 pub const MIN_SIZE: u64 = 4096;

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use ppa_vmm_api::{VcpuEndKind, VmEnd};
+use ppa_vmm_client::guest_view::{guest_view_text, HostColumns};
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
@@ -17,7 +18,6 @@ use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
 use crate::hypervisor::RegsDump;
 use crate::payload::{PayloadVcpuReport, PayloadVmReport};
-use crate::ppa_page::text::{guest_view_text, HostColumns};
 use crate::vcpu::{VcpuEnd, VcpuShared};
 
 /// VM facts fixed at build time.

@@ -16,7 +16,7 @@ use ppa_vmm_api::{
 };
 use serde_json::{json, Value};
 
-use super::{Client, ClientError};
+use crate::{Client, ClientError};
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
@@ -260,4 +260,36 @@ fn connect_errors_name_the_path() {
     let e = Client::connect(&file).unwrap_err();
     assert!(matches!(e, ClientError::Refused(_)), "{e:?}");
     assert!(e.to_string().contains("nothing accepts connections"));
+}
+
+/// The names in the `[dependencies]` table of a Cargo.toml.
+fn dependencies(manifest: &str) -> Vec<&str> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
+        .collect()
+}
+
+#[test]
+fn links_no_kvm_code() {
+    // The crate and the one workspace crate it depends on take only these; none of them links
+    // KVM code (`cargo tree -p ppa-vmm-client` lists the whole tree). kvm-ioctls,
+    // kvm-bindings, vm-memory or the ppa-vmm library would fail here.
+    let allowed = [
+        "ppa-vmm-api",
+        "serde",
+        "serde_json",
+        "thiserror",
+        "clap",
+        "libc",
+    ];
+    let own = dependencies(include_str!("../Cargo.toml"));
+    let api = dependencies(include_str!("../../ppa-vmm-api/Cargo.toml"));
+    assert!(own.contains(&"ppa-vmm-api"), "{own:?}");
+    for dep in own.iter().chain(&api) {
+        assert!(allowed.contains(dep), "`{dep}` is not among {allowed:?}");
+    }
 }
