@@ -260,7 +260,7 @@ fn other_users_are_refused() {
     use std::os::unix::process::CommandExt;
     let mode = std::fs::metadata(&vmm.sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the socket is private");
-    std::fs::set_permissions(&vmm.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(vmm.dir.as_path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let as_nobody = |sock: &Path| {
         Command::new(bin())
             .args(["ctl", "--api-sock"])

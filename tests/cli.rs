@@ -6,7 +6,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use common::vmm::temp_dir;
 use common::{require_kvm, serial};
+use vmm_sys_util::tempdir::TempDir;
 
 fn ppa_vmm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
@@ -19,10 +21,9 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ppa-vmm-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// Writes `bytes` to the file `name` in `dir`.
+fn temp_file(dir: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.as_path().join(name);
     std::fs::write(&path, bytes).unwrap();
     path
 }
@@ -72,7 +73,9 @@ fn run_prints_a_json_report_on_stdout() {
 fn config_file_and_report_file() {
     require_kvm();
     let _g = serial();
+    let dir = temp_dir("cli");
     let cfg = temp_file(
+        &dir,
         "vm.json",
         br#"{"vcpus": 3, "workload": ["idle:ms=10", "2=exits:n=7"], "report": "json"}"#,
     );
@@ -96,7 +99,8 @@ fn config_file_and_report_file() {
 fn histograms_are_written_in_the_kstats_text_form() {
     require_kvm();
     let _g = serial();
-    let path = temp_file("hist.txt", b"");
+    let dir = temp_dir("cli");
+    let path = temp_file(&dir, "hist.txt", b"");
     let o = ppa_vmm(&[
         "run",
         "--vcpus",
@@ -143,7 +147,8 @@ fn histograms_are_written_in_the_kstats_text_form() {
 fn kernel_path_boots_the_same_image_from_a_file() {
     require_kvm();
     let _g = serial();
-    let path = temp_file("tiny.elf", ppa_vmm::vm::TINY_GUEST);
+    let dir = temp_dir("cli");
+    let path = temp_file(&dir, "tiny.elf", ppa_vmm::vm::TINY_GUEST);
     let o = ppa_vmm(&[
         "run",
         "--kernel",
@@ -204,11 +209,16 @@ fn refused(args: &[&str], needle: &str) {
 
 #[test]
 fn bad_input_is_refused_clearly() {
-    let not_elf = temp_file("not.elf", b"this is not an ELF file at all, just text");
+    let dir = temp_dir("cli");
+    let not_elf = temp_file(
+        &dir,
+        "not.elf",
+        b"this is not an ELF file at all, just text",
+    );
     let mut bz = vec![0u8; 0x400];
     bz[0x202..0x206].copy_from_slice(b"HdrS");
-    let bzimage = temp_file("bzImage", &bz);
-    let bad_cfg = temp_file("bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
+    let bzimage = temp_file(&dir, "bzImage", &bz);
+    let bad_cfg = temp_file(&dir, "bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--kernel", "/nonexistent/image.elf"],
