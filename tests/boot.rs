@@ -1,5 +1,6 @@
 //! End-to-end tests that boot the tiny guest on KVM through the library and check what it
-//! reports against the guest's own rdtsc measurements and against exact counts.
+//! reports against exact counts and its own measurements (how close those come to the wall
+//! clock is the accuracy target's, tests/accuracy.rs).
 
 mod common;
 
@@ -89,23 +90,16 @@ fn one_two_eight_and_sixty_four_vcpus_run() {
     }
 }
 
+/// A busy guest's figures agree with one another; how close its spin comes to 300 ms is the
+/// accuracy target's (`busy_spin_matches_wall_time_and_loses_little_alone`).
 #[test]
-fn busy_spin_matches_wall_time_and_loses_little_alone() {
+fn a_busy_guest_reports_consistent_figures() {
     let _g = serial();
     let out = run_vm(1, &["busy:ms=300"]);
     assert_all_exited_ok(&out.report);
     let v = &out.report.vcpus[0];
     let spin = reported(v, "spin_ns");
     let lost = reported(v, "lost_ns");
-    let target = 300_000_000u64;
-    assert!(
-        spin.abs_diff(target) <= target / 100,
-        "spin_ns {spin} within 1 % of 300 ms"
-    );
-    assert!(
-        lost < spin / 20,
-        "lost_ns {lost} under 5 % of spin_ns {spin}"
-    );
     assert_eq!(reported(v, "ran_ns"), spin - lost);
     // The host's wall clock for the vCPU thread covers the guest's spin.
     assert!(

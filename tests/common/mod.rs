@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod page;
 pub mod vmm;
 
 use std::sync::{Mutex, MutexGuard};
@@ -10,6 +11,7 @@ use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
 use ppa_vmm::report::{Report, VcpuReport};
 use ppa_vmm::vm::{RunOutcome, Vm};
+use ppa_vmm_api::{GuestThreadView, GuestView};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -27,7 +29,8 @@ pub fn require_kvm() {
     }
 }
 
-/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host.
+/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host,
+/// and functional tests that sleep a set time while a VM runs are steadier without company.
 pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -55,6 +58,33 @@ pub fn build_vm(vcpus: usize, workloads: &[&str], level: Level) -> Vm {
 /// Builds and runs a VM at accounting `level`.
 pub fn run_vm_at(vcpus: usize, workloads: &[&str], level: Level) -> RunOutcome {
     build_vm(vcpus, workloads, level).run().expect("VM runs")
+}
+
+/// Builds and runs a VM from `opts`; panics on setup errors.
+pub fn run_opts(opts: RunOptions) -> RunOutcome {
+    require_kvm();
+    let (config, _) = opts.into_config().expect("valid config");
+    Vm::try_from(config)
+        .expect("VM builds")
+        .run()
+        .expect("VM runs")
+}
+
+/// Runs `vcpus` vCPUs of `workload` under an optional VM limit and `groups` (60 s at most).
+pub fn run_limited(
+    vcpus: usize,
+    workload: &str,
+    cpu_limit: Option<&str>,
+    groups: &[&str],
+) -> RunOutcome {
+    run_opts(RunOptions {
+        vcpus: Some(vcpus),
+        workload: vec![workload.to_string()],
+        cpu_limit: cpu_limit.map(str::to_string),
+        vcpu_group: groups.iter().map(|s| s.to_string()).collect(),
+        max_runtime: Some(60.0),
+        ..Default::default()
+    })
 }
 
 /// Asserts the identity of spec section 4 for a stopped vCPU, with a readable message.
@@ -103,6 +133,14 @@ pub fn reported(v: &VcpuReport, key: &str) -> u64 {
             v.times.id, v.guest_reported
         )
     })
+}
+
+/// The thread record named `name` in a decoded guest section.
+pub fn guest_thread<'a>(g: &'a GuestView, name: &str) -> &'a GuestThreadView {
+    g.threads
+        .iter()
+        .find(|t| t.comm == name)
+        .unwrap_or_else(|| panic!("no thread record named {name}: {g:?}"))
 }
 
 /// Asserts every vCPU exited with code 0.
