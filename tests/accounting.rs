@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{assert_all_exited_ok, build_vm, reported, run_vm_at, serial};
+use common::{assert_all_exited_ok, reported, run_vm_at, serial, spawn_vm};
+use common::{PAUSE_WORKLOADS, RESET_WORKLOADS};
 use ppa_vmm::accounting::Level;
 
 #[test]
@@ -45,16 +46,7 @@ fn each_level_reports_its_split_kind() {
 #[test]
 fn reset_restarts_every_field() {
     let _g = serial();
-    let vm = build_vm(
-        2,
-        &[
-            "0=busy:ms=900",
-            "1=periodic:run_us=300,period_us=3000,count=300",
-        ],
-        Level::Basic,
-    );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    let (handle, runner) = spawn_vm(2, &RESET_WORKLOADS, Level::Basic);
     std::thread::sleep(std::time::Duration::from_millis(400));
     let before: Vec<_> = (0..2).map(|i| handle.times(i).unwrap().0).collect();
     handle.reset(None).unwrap();
@@ -94,16 +86,7 @@ fn reset_restarts_every_field() {
 #[test]
 fn pause_freezes_used_time_and_accounts_paused_time() {
     let _g = serial();
-    let vm = build_vm(
-        2,
-        &[
-            "0=busy:ms=600",
-            "1=periodic:run_us=300,period_us=3000,count=200",
-        ],
-        Level::Basic,
-    );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
     std::thread::sleep(std::time::Duration::from_millis(150));
     handle.pause();
     assert!(handle.paused());
@@ -151,13 +134,11 @@ fn pause_freezes_used_time_and_accounts_paused_time() {
 fn level_switches_at_run_time() {
     let _g = serial();
     // A periodic guest lasts 0.6 s whatever an exit costs on the host, and exits every period.
-    let vm = build_vm(
+    let (handle, runner) = spawn_vm(
         1,
         &["periodic:run_us=100,period_us=1000,count=600"],
         Level::Off,
     );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
     // Switch once the guest has made some exits at level off.
     while handle.times(0).unwrap().0.exits["mmio_write"] < 50 {
         std::thread::sleep(std::time::Duration::from_millis(5));

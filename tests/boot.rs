@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_all_exited_ok, reported, run_vm, serial};
+use common::{assert_all_exited_ok, reported, run_busy_alone, run_vm, serial};
 
 #[test]
 fn every_workload_but_fault_exits_zero() {
@@ -95,11 +95,8 @@ fn one_two_eight_and_sixty_four_vcpus_run() {
 #[test]
 fn a_busy_guest_reports_consistent_figures() {
     let _g = serial();
-    let out = run_vm(1, &["busy:ms=300"]);
-    assert_all_exited_ok(&out.report);
+    let (out, spin, lost) = run_busy_alone(300);
     let v = &out.report.vcpus[0];
-    let spin = reported(v, "spin_ns");
-    let lost = reported(v, "lost_ns");
     assert_eq!(reported(v, "ran_ns"), spin - lost);
     // The host's wall clock for the vCPU thread covers the guest's spin.
     assert!(

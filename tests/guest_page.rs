@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::page::paused_busy_workers;
 use common::vmm::Vmm;
 use common::{assert_all_exited_ok, guest_thread, reported, run_vm, serial};
 use ppa_vmm_api::{GuestView, Stats};
@@ -16,16 +17,8 @@ use serde_json::json;
 #[test]
 fn busy_workers_publish_what_the_guest_measured() {
     let _g = serial();
-    // Three busy vCPUs on two cores: steal appears, so the seen-steal check means something.
-    let mut vmm = Vmm::start("workers", &["--vcpus", "3", "--workload", "busy:ms=2500"]);
-    let mut c = vmm.connect();
-    std::thread::sleep(Duration::from_millis(1000));
-
-    // Live: pause so that neither side moves, then look at what `guest` and `stats` say.
-    c.ok(json!({"cmd": "pause"}));
-    // Past the stats snapshot's maximum age (15 ms), so stats are read after the pause.
-    std::thread::sleep(Duration::from_millis(50));
-    let g: GuestView = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
+    // Live, paused: what `guest` and `stats` say.
+    let (mut vmm, mut c, g) = paused_busy_workers();
     let s: Stats = c.stats();
     assert!(g.published && g.errors.is_empty(), "{g:?}");
     assert_eq!(

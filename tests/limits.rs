@@ -9,9 +9,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::run_limited;
+use common::limits::{run_cgroup_limited, run_limited, run_runaway_throttled};
 use common::vmm::Vmm;
-use ppa_vmm::config::RunOptions;
 use serde_json::json;
 
 #[test]
@@ -98,18 +97,7 @@ fn limits_change_at_run_time_through_the_socket() {
 #[test]
 fn the_cgroup_backend_reports_the_cgroups_own_figures() {
     let _g = common::serial();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("the cgroup backend writes under /sys/fs/cgroup and needs root (CI runs as root)");
-    }
-    let out = common::run_opts(RunOptions {
-        vcpus: Some(1),
-        workload: vec!["busy:ms=1500".into()],
-        cpu_limit: Some("10%".into()),
-        limit_backend: Some("cgroup".into()),
-        max_runtime: Some(60.0),
-        ..Default::default()
-    });
+    let out = run_cgroup_limited("10%");
     let g = &out.report.groups[0];
     assert_eq!(g.backend, "cgroup");
     assert!(g.periods >= 10 && g.throttled_periods >= 10, "{g:?}");
@@ -124,14 +112,7 @@ fn the_cgroup_backend_reports_the_cgroups_own_figures() {
 #[test]
 fn a_runaway_vcpu_is_throttled_as_group_runaway_0() {
     let _g = common::serial();
-    let out = common::run_opts(RunOptions {
-        vcpus: Some(1),
-        workload: vec!["busy:ms=2000".into()],
-        runaway: Some(100.0),
-        overload_action: Some("throttle:10%".into()),
-        max_runtime: Some(60.0),
-        ..Default::default()
-    });
+    let out = run_runaway_throttled("10%");
     let v = &out.report.vcpus[0];
     assert_eq!(v.times.overloads, 1, "one runaway");
     let g = out

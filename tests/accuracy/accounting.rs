@@ -3,8 +3,9 @@
 //! The exact parts (exit counts, split kinds, reset, pause) are in tests/accounting.rs.
 
 use crate::common::{
-    self, assert_all_exited_ok, assert_identity, build_vm, reported, run_vm, run_vm_at, serial,
+    self, assert_all_exited_ok, assert_identity, reported, run_vm, run_vm_at, serial, spawn_vm,
 };
+use crate::common::{PAUSE_WORKLOADS, RESET_WORKLOADS};
 use ppa_vmm::accounting::Level;
 
 fn pct(part: u64, whole: u64) -> f64 {
@@ -200,16 +201,7 @@ fn full_and_basic_agree_on_used_time_and_full_holds_the_identity() {
 #[test]
 fn the_identity_holds_again_after_a_reset() {
     let _g = serial();
-    let vm = build_vm(
-        2,
-        &[
-            "0=busy:ms=900",
-            "1=periodic:run_us=300,period_us=3000,count=300",
-        ],
-        Level::Basic,
-    );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    let (handle, runner) = spawn_vm(2, &RESET_WORKLOADS, Level::Basic);
     std::thread::sleep(std::time::Duration::from_millis(400));
     handle.reset(None).unwrap();
     let out = runner.join().unwrap();
@@ -224,16 +216,7 @@ fn the_identity_holds_again_after_a_reset() {
 #[test]
 fn the_identity_holds_across_a_pause() {
     let _g = serial();
-    let vm = build_vm(
-        2,
-        &[
-            "0=busy:ms=600",
-            "1=periodic:run_us=300,period_us=3000,count=200",
-        ],
-        Level::Basic,
-    );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
     std::thread::sleep(std::time::Duration::from_millis(150));
     handle.pause();
     std::thread::sleep(std::time::Duration::from_millis(250));
@@ -292,13 +275,11 @@ fn sixty_four_mixed_vcpus_hold_the_identity() {
 #[test]
 fn live_reads_hold_the_identity_within_one_percent() {
     let _g = serial();
-    let vm = build_vm(
+    let (handle, runner) = spawn_vm(
         3,
         &["0=busy:ms=800", "1=idle:ms=800", "2=exits:n=40000"],
         Level::Basic,
     );
-    let handle = vm.handle();
-    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
     std::thread::sleep(std::time::Duration::from_millis(300));
     for i in 0..3 {
         let (t, _) = handle.times(i).unwrap();
@@ -313,11 +294,7 @@ fn live_reads_hold_the_identity_within_one_percent() {
 #[test]
 fn busy_spin_matches_wall_time_and_loses_little_alone() {
     let _g = serial();
-    let out = run_vm(1, &["busy:ms=300"]);
-    assert_all_exited_ok(&out.report);
-    let v = &out.report.vcpus[0];
-    let spin = reported(v, "spin_ns");
-    let lost = reported(v, "lost_ns");
+    let (_, spin, lost) = common::run_busy_alone(300);
     let target = 300_000_000u64;
     assert!(
         spin.abs_diff(target) <= target / 100,

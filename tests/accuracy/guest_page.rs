@@ -3,9 +3,7 @@
 //! The exact parts (field-for-field equality with the guest's own report, hostile data) are
 //! in tests/guest_page.rs.
 
-use std::time::Duration;
-
-use crate::common::vmm::Vmm;
+use crate::common::page::paused_busy_workers;
 use crate::common::{self, assert_all_exited_ok, assert_identity, guest_thread, reported};
 use crate::common::{run_vm, serial};
 use ppa_vmm_api::{GuestView, VcpuTimes};
@@ -54,15 +52,8 @@ struct HostSide {
 fn published_on_cpu_time_is_within_2_percent_of_the_hosts_guest_time() {
     let _g = serial();
     let before = common::platform_interrupt_share(300);
-    let mut vmm = Vmm::start("workers", &["--vcpus", "3", "--workload", "busy:ms=2500"]);
-    let mut c = vmm.connect();
-    std::thread::sleep(Duration::from_millis(1000));
-
-    // Live: pause so that neither side moves, then compare what `guest` and `vcpu` say.
-    c.ok(json!({"cmd": "pause"}));
-    // Past the stats snapshot's maximum age (15 ms), so figures are read after the pause.
-    std::thread::sleep(Duration::from_millis(50));
-    let g: GuestView = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
+    // Live, paused: compare what `guest` and `vcpu` say.
+    let (mut vmm, mut c, g) = paused_busy_workers();
     for i in 0..3 {
         let v: VcpuTimes = serde_json::from_value(c.ok(json!({"cmd": "vcpu", "vcpu": i}))).unwrap();
         let t = guest_thread(&g, &format!("busy-{i}"));

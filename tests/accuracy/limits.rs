@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use crate::common;
+use crate::common::limits::{run_cgroup_limited, run_limited, run_runaway_throttled};
 use crate::common::vmm::Vmm;
-use crate::common::{self, run_limited};
-use ppa_vmm::config::RunOptions;
 use serde_json::json;
 
 #[test]
@@ -110,18 +110,7 @@ fn a_limit_changed_through_the_socket_holds_from_two_periods_later() {
 #[test]
 fn the_cgroup_backend_holds_a_vcpu_near_its_limit() {
     let _g = common::serial();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("the cgroup backend writes under /sys/fs/cgroup and needs root (CI runs as root)");
-    }
-    let out = common::run_opts(RunOptions {
-        vcpus: Some(1),
-        workload: vec!["busy:ms=1500".into()],
-        cpu_limit: Some("25%".into()),
-        limit_backend: Some("cgroup".into()),
-        max_runtime: Some(60.0),
-        ..Default::default()
-    });
+    let out = run_cgroup_limited("25%");
     let t = &out.report.vcpus[0].times;
     let share = t.used_ns as f64 / t.wall_ns as f64;
     assert!(
@@ -136,14 +125,7 @@ fn the_cgroup_backend_holds_a_vcpu_near_its_limit() {
 #[test]
 fn a_runaway_vcpu_is_held_to_the_throttle_limit() {
     let _g = common::serial();
-    let out = common::run_opts(RunOptions {
-        vcpus: Some(1),
-        workload: vec!["busy:ms=2000".into()],
-        runaway: Some(100.0),
-        overload_action: Some("throttle:25%".into()),
-        max_runtime: Some(60.0),
-        ..Default::default()
-    });
+    let out = run_runaway_throttled("25%");
     let v = &out.report.vcpus[0];
     let g = out
         .report

@@ -2,15 +2,17 @@
 
 #![allow(dead_code)]
 
+pub mod limits;
 pub mod page;
 pub mod vmm;
 
 use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
 use ppa_vmm::report::{Report, VcpuReport};
-use ppa_vmm::vm::{RunOutcome, Vm};
+use ppa_vmm::vm::{RunOutcome, Vm, VmHandle};
 use ppa_vmm_api::{GuestThreadView, GuestView};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -60,32 +62,41 @@ pub fn run_vm_at(vcpus: usize, workloads: &[&str], level: Level) -> RunOutcome {
     build_vm(vcpus, workloads, level).run().expect("VM runs")
 }
 
-/// Builds and runs a VM from `opts`; panics on setup errors.
-pub fn run_opts(opts: RunOptions) -> RunOutcome {
-    require_kvm();
-    let (config, _) = opts.into_config().expect("valid config");
-    Vm::try_from(config)
-        .expect("VM builds")
-        .run()
-        .expect("VM runs")
+/// Runs one busy vCPU alone for `ms`; returns the outcome and the guest's spin_ns and lost_ns.
+pub fn run_busy_alone(ms: u64) -> (RunOutcome, u64, u64) {
+    let out = run_vm(1, &[&format!("busy:ms={ms}")]);
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let (spin, lost) = (reported(v, "spin_ns"), reported(v, "lost_ns"));
+    (out, spin, lost)
 }
 
-/// Runs `vcpus` vCPUs of `workload` under an optional VM limit and `groups` (60 s at most).
-pub fn run_limited(
+/// Builds a VM at accounting `level` and runs it on a thread of its own: its handle, and the
+/// thread, which returns the outcome.
+pub fn spawn_vm(
     vcpus: usize,
-    workload: &str,
-    cpu_limit: Option<&str>,
-    groups: &[&str],
-) -> RunOutcome {
-    run_opts(RunOptions {
-        vcpus: Some(vcpus),
-        workload: vec![workload.to_string()],
-        cpu_limit: cpu_limit.map(str::to_string),
-        vcpu_group: groups.iter().map(|s| s.to_string()).collect(),
-        max_runtime: Some(60.0),
-        ..Default::default()
-    })
+    workloads: &[&str],
+    level: Level,
+) -> (VmHandle, JoinHandle<RunOutcome>) {
+    let vm = build_vm(vcpus, workloads, level);
+    let handle = vm.handle();
+    (
+        handle,
+        std::thread::spawn(move || vm.run().expect("VM runs")),
+    )
 }
+
+/// The reset tests' VM: a busy vCPU beside a periodic one, both about 0.9 s long.
+pub const RESET_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=900",
+    "1=periodic:run_us=300,period_us=3000,count=300",
+];
+
+/// The pause tests' VM: a busy vCPU beside a periodic one, both about 0.6 s long.
+pub const PAUSE_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=600",
+    "1=periodic:run_us=300,period_us=3000,count=200",
+];
 
 /// Asserts the identity of spec section 4 for a stopped vCPU, with a readable message.
 ///

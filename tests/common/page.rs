@@ -3,9 +3,28 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::time::Duration;
 
 use ppa_guest_abi::ppa_page::{read_record, HostVcpu, RegionHeader};
+use ppa_vmm_api::GuestView;
+use serde_json::json;
 use vm_memory::{FileOffset, MmapRegion};
+
+use super::vmm::{Conn, Vmm};
+
+/// Three busy vCPUs (2.5 s) publishing to the PPA page, paused after 1 s so that neither the
+/// guest's records nor the host's figures move: the VMM, a connection, and what `guest` said
+/// 50 ms into the pause (past the stats snapshot's maximum age, 15 ms). Three busy vCPUs on
+/// two cores steal, so the steal they see means something.
+pub fn paused_busy_workers() -> (Vmm, Conn, GuestView) {
+    let vmm = Vmm::start("workers", &["--vcpus", "3", "--workload", "busy:ms=2500"]);
+    let mut c = vmm.connect();
+    std::thread::sleep(Duration::from_millis(1000));
+    c.ok(json!({"cmd": "pause"}));
+    std::thread::sleep(Duration::from_millis(50));
+    let g = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
+    (vmm, c, g)
+}
 
 /// A read-only shared mapping of a PPA page file; unmapped when dropped.
 pub struct HostSection {
