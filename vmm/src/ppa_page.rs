@@ -4,9 +4,10 @@
 //! Data flow: `Vm::try_from` creates the region ([`PpaPage::create`]): a memfd, or the file
 //! given with `--ppa-page-file` so that host tools can map it, mapped shared (a vm-memory
 //! `MmapRegion` of the file from offset 0) and registered as its own KVM memory slot at
-//! [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it writes the region header and tells each vCPU the address in its boot-info record. Every
-//! 8 ms the sampler writes each started vCPU's section 4 figures into its host record with
-//! the sequence protocol of `ppa_guest_abi::ppa_page`. The guest section is the guest's:
+//! [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it writes the region header
+//! and tells each vCPU the address in its boot-info record. Every 8 ms the sampler writes
+//! each started vCPU's section 4 figures into its host record with the sequence protocol of
+//! `ppa_guest_abi::ppa_page`. The guest section is the guest's:
 //! [`decode`] checks it on demand (`guest`, the final report) and [`text`] prints it.
 
 use std::fs::{File, OpenOptions};
