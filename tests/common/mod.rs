@@ -2,14 +2,19 @@
 
 #![allow(dead_code)]
 
+pub mod limits;
+pub mod page;
 pub mod vmm;
 
 use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
+use ppa_vmm::handle::VmHandle;
 use ppa_vmm::report::{Report, VcpuReport};
 use ppa_vmm::vm::{RunOutcome, Vm};
+use ppa_vmm_api::{GuestThreadView, GuestView};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -27,7 +32,8 @@ pub fn require_kvm() {
     }
 }
 
-/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host.
+/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host,
+/// and functional tests that sleep a set time while a VM runs are steadier without company.
 pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -56,6 +62,42 @@ pub fn build_vm(vcpus: usize, workloads: &[&str], level: Level) -> Vm {
 pub fn run_vm_at(vcpus: usize, workloads: &[&str], level: Level) -> RunOutcome {
     build_vm(vcpus, workloads, level).run().expect("VM runs")
 }
+
+/// Runs one busy vCPU alone for `ms`; returns the outcome and the guest's spin_ns and lost_ns.
+pub fn run_busy_alone(ms: u64) -> (RunOutcome, u64, u64) {
+    let out = run_vm(1, &[&format!("busy:ms={ms}")]);
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let (spin, lost) = (reported(v, "spin_ns"), reported(v, "lost_ns"));
+    (out, spin, lost)
+}
+
+/// Builds a VM at accounting `level` and runs it on a thread of its own: its handle, and the
+/// thread, which returns the outcome.
+pub fn spawn_vm(
+    vcpus: usize,
+    workloads: &[&str],
+    level: Level,
+) -> (VmHandle, JoinHandle<RunOutcome>) {
+    let vm = build_vm(vcpus, workloads, level);
+    let handle = vm.handle();
+    (
+        handle,
+        std::thread::spawn(move || vm.run().expect("VM runs")),
+    )
+}
+
+/// The reset tests' VM: a busy vCPU beside a periodic one, both about 0.9 s long.
+pub const RESET_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=900",
+    "1=periodic:run_us=300,period_us=3000,count=300",
+];
+
+/// The pause tests' VM: a busy vCPU beside a periodic one, both about 0.6 s long.
+pub const PAUSE_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=600",
+    "1=periodic:run_us=300,period_us=3000,count=200",
+];
 
 /// Asserts the identity of spec section 4 for a stopped vCPU, with a readable message.
 ///
@@ -108,6 +150,14 @@ pub fn reported(v: &VcpuReport, key: &str) -> u64 {
                 v.tiny().map(|t| &t.guest_reported)
             )
         })
+}
+
+/// The thread record named `name` in a decoded guest section.
+pub fn guest_thread<'a>(g: &'a GuestView, name: &str) -> &'a GuestThreadView {
+    g.threads
+        .iter()
+        .find(|t| t.comm == name)
+        .unwrap_or_else(|| panic!("no thread record named {name}: {g:?}"))
 }
 
 /// Asserts every vCPU exited with code 0.
