@@ -11,22 +11,22 @@
 //! returns a [`report::Report`].
 
 pub mod accounting;
-pub mod api;
-pub mod arch;
+pub(crate) mod api;
+pub(crate) mod arch;
 pub mod bench;
 pub mod config;
-pub mod devices;
+pub(crate) mod devices;
 pub mod exit;
 pub mod handle;
-pub mod hypervisor;
-pub mod limits;
-pub mod memory;
-pub mod metrics;
+pub(crate) mod hypervisor;
+pub(crate) mod limits;
+pub(crate) mod memory;
+pub(crate) mod metrics;
 pub mod payload;
-pub mod ppa_page;
+pub(crate) mod ppa_page;
 pub mod report;
-pub mod sampler;
-pub mod sched;
+pub(crate) mod sampler;
+pub(crate) mod sched;
 pub mod sync;
-pub mod vcpu;
+pub(crate) mod vcpu;
 pub mod vm;

@@ -170,7 +170,38 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(0)
 }
 
+/// Log records to stderr as `ppa-vmm: LEVEL: message`, at the level `PPA_VMM_LOG` names
+/// (error, warn, info, debug, trace; default warn).
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let level = r.level().as_str().to_ascii_lowercase();
+            eprintln!("ppa-vmm: {level}: {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn init_log() {
+    static LOG: StderrLog = StderrLog;
+    let level = std::env::var("PPA_VMM_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(log::LevelFilter::Warn);
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
 fn main() -> ExitCode {
+    init_log();
     let cli = Cli::parse();
     let opts = match cli.command {
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),

@@ -94,6 +94,7 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, ErrorBody> {
 
 impl Handler {
     /// A handler over `vm` that reuses `stats` snapshots for at most `max_age_ns`.
+    #[cfg(test)]
     pub fn new(vm: VmHandle, max_age_ns: u64) -> Self {
         Self::with_board(vm, max_age_ns, Arc::new(Board::default()))
     }
@@ -139,6 +140,7 @@ impl Handler {
     }
 
     /// Every vCPU's figures and the VM's, freshly taken.
+    #[cfg(test)]
     pub fn fresh_stats(&self) -> Stats {
         fresh_stats(&self.vm)
     }

@@ -24,7 +24,7 @@ pub mod i8042;
 pub mod serial;
 pub mod tiny;
 
-pub use bus::{Bus, BusError, Buses};
+pub use bus::{BusError, Buses};
 
 /// One guest access to a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -294,3 +294,65 @@ fn a_script_that_ends_is_an_unexpected_exit_not_a_hang() {
         })
     ));
 }
+
+#[test]
+fn reads_get_the_devices_bytes_and_an_internal_error_keeps_its_suberror() {
+    let script = vec![
+        Step::now(FakeExit::MmioRead(DOORBELL_GPA, 8)),
+        Step::now(FakeExit::IoIn(WORKLOAD_PIO_PORT, 4)),
+        Step::now(FakeExit::InternalError(3)),
+    ];
+    let vcpu = FakeVcpu::new(script);
+    let reads = vcpu.reads();
+    let board = TinyBoard::new(1);
+    let mut buses = Buses::new(1);
+    buses
+        .mmio
+        .insert(
+            DOORBELL_GPA,
+            DOORBELL_SIZE,
+            Arc::new(Doorbells(board.clone())),
+        )
+        .unwrap();
+    buses
+        .pio
+        .insert(
+            u64::from(WORKLOAD_PIO_PORT),
+            4,
+            Arc::new(WorkloadPort(board.clone())),
+        )
+        .unwrap();
+    let shared = Arc::new(VcpuShared::new(
+        0,
+        VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 4)), None, None),
+    ));
+    let (tx, rx) = channel();
+    let h = spawn(VcpuThread {
+        vcpu,
+        shared: Arc::clone(&shared),
+        buses: Arc::new(buses),
+        done: tx,
+        start_gate: Arc::new(AtomicU32::new(1)),
+        control: Arc::new(AccountingControl::default()),
+        warm_up: None,
+    })
+    .unwrap();
+    rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    h.join().unwrap();
+    assert!(matches!(
+        shared.end(),
+        Some(VcpuEnd::Failed {
+            failure: crate::exit::Failure::InternalError { suberror: 3 },
+            ..
+        })
+    ));
+    // The fake filled each read with 0xAA; the devices answered zeros.
+    let log = reads.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        vec![
+            (DOORBELL_GPA, vec![0; 8]),
+            (u64::from(WORKLOAD_PIO_PORT), vec![0; 4])
+        ]
+    );
+}

@@ -181,6 +181,9 @@ where
             handle.clone(),
             Arc::clone(&self.hub),
         )?;
+        if let Some(a) = run.server.as_ref().and_then(ApiServer::metrics_addr) {
+            log::info!("serving metrics at http://{a}/metrics");
+        }
         let l = Arc::clone(&self.limiter);
         run.limiter_thread = Some(
             std::thread::Builder::new()
