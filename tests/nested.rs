@@ -3,7 +3,8 @@
 //! machine's own KVM (the PVM backend) behaves differently in places, so these runs are our only
 //! check of SVM: exact exit counts through KVM's statistics there, and a triple fault that ends
 //! the run. Each case boots the nested host once (about 10 s here); QEMU must be installed
-//! (scripts/setup.sh does it), and its absence is a failure, not a skip.
+//! (scripts/setup.sh does it), and its absence is a failure, not a skip. One more case boots the
+//! Linux guest image (images/linux/) directly under QEMU, to check its init and workload.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -17,13 +18,13 @@ static NESTED: Mutex<()> = Mutex::new(());
 /// The hard limit of one try in seconds. Three cases of three tries each stay under 10 minutes.
 const TRY_TIMEOUT_S: &str = "60";
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/nested-run.sh")
+fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
 }
 
-/// Runs `ppa-vmm ARGS` (this build) in the nested host; panics when the host itself failed.
-fn nested(args: &[&str]) -> Output {
-    let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
+fn require_qemu() {
     let qemu = Command::new("sh")
         .args(["-c", "command -v qemu-system-x86_64"])
         .output()
@@ -33,7 +34,13 @@ fn nested(args: &[&str]) -> Output {
         "qemu-system-x86_64 is missing: the nested SVM checks need it. Run scripts/setup.sh \
          (it installs qemu-system-x86, busybox-static and cpio; CI runs it)."
     );
-    let out = Command::new(script())
+}
+
+/// Runs `ppa-vmm ARGS` (this build) in the nested host; panics when the host itself failed.
+fn nested(args: &[&str]) -> Output {
+    let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
+    require_qemu();
+    let out = Command::new(repo_path("scripts/nested-run.sh"))
         .args(["--timeout", TRY_TIMEOUT_S, "--"])
         .args(args)
         .env("PPA_VMM", env!("CARGO_BIN_EXE_ppa-vmm"))
@@ -164,5 +171,61 @@ fn bad_input_comes_back_as_exit_code_2_with_stderr_apart_from_stdout() {
     assert!(
         err.contains("nested-run: ppa-vmm exited with 2 after "),
         "the script reports its tries: {err}"
+    );
+}
+
+/// The `key=value` fields of the first console line that starts with `tag` and has `name=NAME`.
+fn console_fields(console: &str, tag: &str, name: &str) -> Vec<(String, String)> {
+    let line = console
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .find(|l| l.starts_with(tag) && l.split(' ').any(|w| w == format!("name={name}")))
+        .unwrap_or_else(|| panic!("no {tag} line for {name} on the console:\n{console}"));
+    line.split(' ')
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_linux_guest_image_runs_its_workload_and_reboots_under_qemu() {
+    let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
+    require_qemu();
+    let ms = 300u64;
+    let run = || {
+        Command::new(repo_path("images/linux/qemu-run.sh"))
+            .args(["--timeout", TRY_TIMEOUT_S])
+            .arg(format!("ppa.workload=spin:threads=2,ms={ms}"))
+            .output()
+            .expect("images/linux/qemu-run.sh runs")
+    };
+    // A second try only when QEMU hung (exit 124): the image's own faults fail at once.
+    let mut out = run();
+    if out.status.code() == Some(124) {
+        out = run();
+    }
+    let console = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}\nconsole:\n{console}",
+        stderr(&out)
+    );
+    for name in ["spin-0", "spin-1"] {
+        let fields = console_fields(&console, "PPA-THREAD ", name);
+        let cpu_ns: u64 = fields
+            .iter()
+            .find(|(k, _)| k == "cpu_ns")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} has no cpu_ns: {fields:?}"));
+        assert!(
+            cpu_ns >= ms * 1_000_000,
+            "{name} spun {cpu_ns} ns of its CPU clock, at least {ms} ms"
+        );
+    }
+    assert!(console.contains("PPA-PROC-STAT cpu "), "{console}");
+    assert!(
+        console.contains("PPA-WORKLOAD-DONE workload=spin:threads=2,ms=300 rc=0 "),
+        "{console}"
     );
 }
