@@ -11,7 +11,8 @@
 #   --prepare     only build the outer machine's image (cached in target/nested/)
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (an agent for the guest image
 # when images/linux/build.sh has to run), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
-# NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr).
+# NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
+# NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot).
 # Inside, the Linux guest image is at /images/linux/vmlinuz and /images/linux/initrd.img.
 #
 # Exit codes: ppa-vmm's own; 124 no try finished in time (or the host died every time);
@@ -94,6 +95,12 @@ ko_kvm_amd=$(ko kvm-amd)
 
 inputs=("$vmm" "$root/scripts/nested/init" "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img"
 	"$vmlinuz" "$ko_irqbypass" "$ko_kvm" "$ko_kvm_amd" "$(ppa_busybox)")
+guest_elf=
+if [ -n "${NESTED_GUEST_ELF:-}" ]; then
+	guest_elf="$guest_dir/out/vmlinux"
+	[ -f "$guest_elf" ] || ppa_die "NESTED_GUEST_ELF is set but $guest_elf is missing: run images/linux/build.sh"
+	inputs+=("$guest_elf")
+fi
 stamp=$({ printf '%s\n' "${inputs[@]}"; ldd "$vmm" 2>/dev/null | sed "s/ (0x[0-9a-f]*)//" || true; cat "${inputs[@]}"; } | sha256sum | cut -d' ' -f1)
 if [ ! -f "$nested/initrd.img" ] || [ "$(cat "$nested/initrd.stamp" 2>/dev/null)" != "$stamp" ]; then
 	staging=$(mktemp -d "$nested/staging.XXXXXX")
@@ -105,6 +112,7 @@ if [ ! -f "$nested/initrd.img" ] || [ "$(cat "$nested/initrd.stamp" 2>/dev/null)
 	cp "$ko_kvm_amd" "$staging/lib/modules/kvm-amd.ko"
 	ppa_install_with_libs "$vmm" "$staging" /usr/bin/ppa-vmm
 	cp "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img" "$staging/images/linux/"
+	if [ -n "$guest_elf" ]; then cp "$guest_elf" "$staging/images/linux/"; fi
 	ppa_cpio "$staging" "$nested/initrd.img"
 	rm -rf "$staging"
 	cp "$vmlinuz" "$nested/vmlinuz"

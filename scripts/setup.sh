@@ -19,10 +19,12 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 
 # The Linux guest image (images/linux/build.sh) and the nested test host (scripts/nested-run.sh,
-# tests/nested.rs): QEMU, a static busybox, cpio, and gcc with a static libc for the workload.
+# tests/nested.rs): QEMU, a static busybox, cpio, lz4 (to unpack the ELF kernel), and gcc with a
+# static libc for the workload runner.
 need_debs=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_debs+=(qemu-system-x86)
 command -v cpio >/dev/null 2>&1 || need_debs+=(cpio)
+command -v lz4 >/dev/null 2>&1 || need_debs+=(lz4)
 command -v gcc >/dev/null 2>&1 || need_debs+=(gcc)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need_debs+=(libc6-dev)
 # busybox-static replaces the dynamic busybox package; where that one is installed, the image

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds the Linux guest image: images/linux/out/vmlinuz (Debian 12's 6.1 cloud kernel) and
-# images/linux/out/initrd.img (an uncompressed busybox initramfs whose /init runs the workload
-# named by `ppa.workload=` on the kernel command line; see images/linux/init and docs/linux.md).
+# Builds the Linux guest image: images/linux/out/vmlinuz (Debian 12's 6.1 cloud kernel, a
+# bzImage), out/vmlinux (the same kernel as an ELF with its PVH entry note) and out/initrd.img (an
+# uncompressed busybox initramfs whose /init runs the workload named by `ppa.workload=` on the
+# kernel command line; see images/linux/init and docs/linux.md).
 #
 # Usage: images/linux/build.sh [--agent PATH]
 #   --agent PATH   install this ppa-agent binary as /usr/bin/ppa-agent (also PPA_AGENT=PATH);
 #                  without it the image has no agent and init says agent=absent.
 # Environment: PPA_CACHE (default target/linux-image) holds the downloaded .debs and what they
 # unpack to; nothing is downloaded twice. PPA_KERNEL_PKG names a kernel package explicitly.
-# Needs: apt-get/dpkg-deb (Debian), gcc with static glibc (libc6-dev), cpio, ldd.
+# Needs: apt-get/dpkg-deb (Debian), gcc with static glibc (libc6-dev), cpio, ldd, lz4.
 set -eEuo pipefail
 shopt -s inherit_errexit
 
@@ -34,7 +35,7 @@ PPA_DIE_CODE=1
 . "$here/lib.sh"
 trap 'ppa_on_err $? $LINENO "$BASH_COMMAND"' ERR
 
-for tool in dpkg-deb cpio gcc ldd; do
+for tool in dpkg-deb cpio gcc ldd lz4; do
 	command -v "$tool" >/dev/null || ppa_die "$tool is missing (scripts/setup.sh installs what this needs)"
 done
 if [ -n "$agent" ]; then
@@ -68,9 +69,14 @@ fi
 ppa_cpio "$staging" "$here/out/initrd.img"
 cp "$vmlinuz" "$here/out/vmlinuz.tmp"
 mv "$here/out/vmlinuz.tmp" "$here/out/vmlinuz"
+# The ELF is unpacked once per kernel into the cache, then copied.
+elf="$kernel_dir.vmlinux"
+[ -f "$elf" ] || ppa_extract_vmlinux "$vmlinuz" "$elf"
+cp "$elf" "$here/out/vmlinux.tmp"
+mv "$here/out/vmlinux.tmp" "$here/out/vmlinux"
 {
 	echo "kernel_package=$kernel_pkg"
 	echo "kernel_release=$(basename "$vmlinuz" | sed 's/^vmlinuz-//')"
 	echo "agent=${agent:-none}"
 } >"$here/out/build-info.txt"
-ppa_log "wrote $here/out/vmlinuz ($kernel_pkg) and $here/out/initrd.img ($(du -k "$here/out/initrd.img" | cut -f1) KiB, agent: ${agent:-none})"
+ppa_log "wrote $here/out/vmlinuz and vmlinux ($kernel_pkg) and $here/out/initrd.img ($(du -k "$here/out/initrd.img" | cut -f1) KiB, agent: ${agent:-none})"

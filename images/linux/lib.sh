@@ -173,3 +173,21 @@ ppa_cpio() {
 		cpio --null -o -H newc --owner=0:0 --reproducible --quiet) >"$out.tmp"
 	mv "$out.tmp" "$out"
 }
+
+# Writes the ELF vmlinux inside the bzImage BZ to OUT (for an ELF loader and the PVH entry note,
+# XEN_ELFNOTE_PHYS32_ENTRY, that the bzImage does not expose). Debian's 6.1 kernel compresses it
+# with LZ4 (CONFIG_KERNEL_LZ4): the payload starts at the LZ4 legacy frame magic 02 21 4c 18.
+ppa_extract_vmlinux() {
+	local bz=$1 out=$2 off
+	command -v lz4 >/dev/null || ppa_die "lz4 is missing: it unpacks the ELF vmlinux (scripts/setup.sh installs it)"
+	for off in $(LC_ALL=C grep -abo $'\x02\x21\x4c\x18' "$bz" | cut -d: -f1 || true); do
+		# lz4 complains about the bytes after the frame (the bzImage's tail); the ELF is whole.
+		tail -c +$((off + 1)) "$bz" | lz4 -dc >"$out.tmp" 2>/dev/null || true
+		if [ "$(head -c 4 "$out.tmp" | od -An -tx1 | tr -d ' ')" = 7f454c46 ]; then
+			mv "$out.tmp" "$out"
+			return
+		fi
+	done
+	rm -f "$out.tmp"
+	ppa_die "found no LZ4-compressed ELF kernel in $bz"
+}
