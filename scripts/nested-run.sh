@@ -12,7 +12,8 @@
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (an agent for the guest image
 # when images/linux/build.sh has to run), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
 # NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
-# NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot).
+# NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot),
+# NESTED_LOCK (/tmp/ppa-vmm-nested.lock: one nested host at a time on the machine).
 # Inside, the Linux guest image is at /images/linux/vmlinuz and /images/linux/initrd.img.
 #
 # Exit codes: ppa-vmm's own; 124 no try finished in time (or the host died every time);
@@ -55,9 +56,11 @@ for tool in qemu-system-x86_64 cpio dpkg-deb base64 flock timeout ldd; do
 		ppa_die "$tool is missing; scripts/setup.sh installs what the nested host needs (qemu-system-x86, busybox-static, cpio)"
 done
 mkdir -p "$nested"
-# One nested host at a time on this machine, whoever starts it: QEMU TCG takes every core.
-exec 9>"$nested/lock"
-flock -w 1800 9 || ppa_die "another nested run held $nested/lock for 30 minutes"
+# One nested host at a time on this machine, from whichever checkout: QEMU TCG takes every core,
+# and the outer machine hangs more often on a loaded host.
+lock=${NESTED_LOCK:-/tmp/ppa-vmm-nested.lock}
+exec 9>>"$lock"
+flock -w 1800 9 || ppa_die "another nested run held $lock for 30 minutes"
 
 # --- The image of the outer machine, rebuilt only when an input changed -------------------------
 vmm=${PPA_VMM:-$root/target/release/ppa-vmm}
