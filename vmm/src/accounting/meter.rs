@@ -176,6 +176,10 @@ pub struct VcpuMeter {
     pub park_cpu: Counter,
     /// Run-queue wait during parks (the wake-up part; also in steal).
     pub park_delay: Counter,
+    /// Time blocked inside KVM_RUN before the guest started this vCPU (an application
+    /// processor waiting for its INIT and start-up IPI), which the hypervisor's halt
+    /// statistics do not count.
+    pub start_wait: Counter,
     /// Time really blocked in parks, by kind (idle, limited, paused).
     pub blocked: PerPark<Counter>,
     /// Number of parks.
@@ -224,6 +228,8 @@ pub struct MeterReading {
     pub park_cpu: u64,
     /// See [`VcpuMeter::park_delay`].
     pub park_delay: u64,
+    /// See [`VcpuMeter::start_wait`].
+    pub start_wait: u64,
     /// See [`VcpuMeter::blocked`].
     pub blocked: PerPark<u64>,
     /// See [`VcpuMeter::parks`].
@@ -278,6 +284,7 @@ impl VcpuMeter {
             vmm_wall_basic: Counter::default(),
             park_cpu: Counter::default(),
             park_delay: Counter::default(),
+            start_wait: Counter::default(),
             blocked: Default::default(),
             parks: Counter::default(),
             exits: Default::default(),
@@ -347,6 +354,7 @@ impl VcpuMeter {
             vmm_wall_basic: self.vmm_wall_basic.get(),
             park_cpu: self.park_cpu.get(),
             park_delay: self.park_delay.get(),
+            start_wait: self.start_wait.get(),
             blocked: self.blocked.map(Counter::get),
             parks: self.parks.get(),
             exits: counters(&self.exits),
@@ -640,6 +648,21 @@ impl Recorder {
         self.meter.set_state(kind, p.now);
         self.meter.end();
         self.park = Some((kind, p));
+    }
+
+    /// A run of a vCPU the guest had not started yet ended: `before` and `after` were taken
+    /// around it (wall, thread CPU, run_delay); the time the thread slept in it, neither on a
+    /// CPU nor runnable, was the wait for the start-up IPI.
+    pub fn start_wait(&mut self, before: ParkStamp, after: ParkStamp) {
+        if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
+            (before.cpu, after.cpu, before.run_delay, after.run_delay)
+        {
+            let wall = after.now.saturating_sub(before.now);
+            let slept = wall.saturating_sub(c1.saturating_sub(c0) + d1.saturating_sub(d0));
+            self.meter.begin();
+            self.meter.start_wait.add(slept);
+            self.meter.end();
+        }
     }
 
     /// The park ended; `release` is when it was released (its deadline, or the kick).

@@ -449,7 +449,9 @@ pub fn derive(
         kvm.and_then(|k| k.scalar_names().position(|n| n == name))
             .and_then(|i| kvm_delta.get(i).copied())
     };
-    let halted = kvm_stat("halt_wait_ns").unwrap_or(0);
+    // Blocked inside KVM_RUN: the guest's HLTs (KVM's halt statistics) and, before the guest
+    // started the vCPU, its wait for the start-up IPI (measured by the vCPU thread).
+    let halted = kvm_stat("halt_wait_ns").unwrap_or(0) + m.start_wait.saturating_sub(bm.start_wait);
     let kvm_exits = kvm_stat("exits");
     let kvm_stats: BTreeMap<String, u64> = match kvm {
         Some(k) if detail => k

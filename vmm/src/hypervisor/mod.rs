@@ -374,6 +374,11 @@ pub trait Vcpu: Send {
     /// Wires the local APIC's LINT0 to external interrupts (the PIC) and LINT1 to NMI, as
     /// firmware does on a PC (needs `Vm::create_platform`).
     fn setup_lapic_lints(&self) -> Result<(), HvError>;
+    /// Whether the vCPU waits for the guest to start it (an application processor before its
+    /// INIT and start-up IPI: the hypervisor blocks its runs until then).
+    fn waits_for_start(&self) -> bool {
+        false
+    }
     /// Tells the guest's paravirtual clock that the VMM paused the vCPU (KVM:
     /// KVMCLOCK_CTRL), so the guest's watchdogs do not call the lost time a soft lockup.
     /// Best effort: a guest without a paravirtual clock has nothing to tell.

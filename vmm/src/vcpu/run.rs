@@ -117,6 +117,9 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     let shared = Arc::clone(&v.shared);
     let id = shared.id;
     let mut last_exit: Option<LastExit> = None;
+    // An application processor the guest has not started blocks in its runs until it is: the
+    // thread measures that wait (only then, at a few system calls per run).
+    let mut unstarted = v.vcpu.waits_for_start();
     loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -139,9 +142,13 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         } else {
             current_cpu() as usize
         };
+        let before = unstarted.then(|| consistent_stamp(&shared));
         rec.on_entry(stamp(rec.level(), next), host_cpu, next);
         let result = v.vcpu.run();
         let exit_stamp = stamp(rec.level(), rec.level());
+        if let Some(before) = before {
+            rec.start_wait(before, consistent_stamp(&shared));
+        }
         let event = match result {
             Ok(event) => event,
             Err(e) => break VcpuEnd::Error(e),
@@ -149,6 +156,9 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         let addr = event.address();
         let (reason, outcome) = handle_exit(event, &v.buses, id);
         rec.on_exit(exit_stamp, reason);
+        if unstarted {
+            unstarted = v.vcpu.waits_for_start();
+        }
         let previous = last_exit.replace(LastExit { reason, addr });
         match outcome {
             Outcome::Resume => {}

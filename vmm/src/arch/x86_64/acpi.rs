@@ -3,10 +3,16 @@
 //!
 //! Data flow: the Linux payload writes [`tables`] into the legacy area below 1 MiB (reserved in
 //! e820), where Linux scans 0xE0000–0xFFFFF for the RSDP, and also gives the RSDP's address in
-//! the zero page (`acpi_rsdp_addr`). RSDP → XSDT → FADT (hardware-reduced: no PM timer, SCI or
-//! fixed registers; the i8042 declared present) → an empty DSDT; XSDT → MADT (one local APIC per
-//! vCPU, APIC ID = vCPU index, and the IOAPIC at 0xFEC0_0000 with GSI base 0). Built with the
-//! rust-vmm `acpi_tables` crate, which computes the checksums.
+//! the zero page (`acpi_rsdp_addr`). RSDP → XSDT → FADT (hardware-reduced: no PM timer, SCI,
+//! fixed registers or legacy PIC; no VGA, no MSI, no 8042 to probe) → DSDT, whose one device is
+//! COM1 (PNP0501 at ports 0x3F8–0x3FF with GSI 4, edge, active high: a hardware-reduced guest
+//! has no legacy ISA IRQ numbers, so the UART's interrupt must be described here for Linux to
+//! map it); XSDT → MADT (one local APIC per vCPU, APIC ID = vCPU index, and the IOAPIC at
+//! 0xFEC0_0000 with GSI base 0). Built with the rust-vmm `acpi_tables` crate, which computes
+//! the checksums and encodes the AML.
+//!
+//! The i8042 is left out on purpose: its driver's probe of a controller without a keyboard
+//! costs seconds of boot, and `reboot=k` writes its reset command to port 0x64 without it.
 //!
 //! Why ACPI and an MP table both: the MP table costs nothing and serves kernels without ACPI;
 //! ACPI serves kernels without an MP parser. Linux takes ACPI's MADT when both exist.
@@ -18,7 +24,7 @@ use acpi_tables::madt::{
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
-use acpi_tables::Aml;
+use acpi_tables::{aml, Aml};
 
 use super::layout::IOAPIC_START;
 use super::mptable::MAX_CPUS;
@@ -36,9 +42,28 @@ const END_GPA: u64 = 0xf_0000;
 const OEM_ID: [u8; 6] = *b"PPAVMM";
 const OEM_TABLE_ID: [u8; 8] = *b"PPAVMM  ";
 const LAPIC_BASE: u32 = 0xfee0_0000;
-/// IA-PC boot architecture flags: legacy devices (bit 0), an 8042 (bit 1), no VGA (bit 2),
-/// no MSI (bit 3).
-const IAPC_BOOT_ARCH: u16 = 0b1011;
+/// IA-PC boot architecture flags: no VGA (bit 2), no MSI (bit 3); no legacy devices (bit 0)
+/// or 8042 (bit 1) for the guest to probe.
+const IAPC_BOOT_ARCH: u16 = 0b1100;
+/// The serial port the DSDT describes, and its interrupt.
+const COM1: (u16, u8, u32) = (0x3f8, 8, 4);
+
+/// `Scope (\_SB) { Device (COM1) { _HID PNP0501, _UID 1, _CRS { IO, Interrupt } } }` as AML.
+fn com1() -> Vec<u8> {
+    let (port, len, gsi) = COM1;
+    let io = aml::IO::new(port, port, 1, len);
+    let irq = aml::Interrupt::new(true, true, false, false, gsi);
+    let crs = aml::ResourceTemplate::new(vec![&io, &irq]);
+    let hid = aml::EISAName::new("PNP0501");
+    let uid: u8 = 1;
+    let (hid, uid, crs) = (
+        aml::Name::new("_HID".into(), &hid),
+        aml::Name::new("_UID".into(), &uid),
+        aml::Name::new("_CRS".into(), &crs),
+    );
+    let dev = aml::Device::new("COM1".into(), vec![&hid, &uid, &crs]);
+    bytes(&aml::Scope::new("\\_SB_".into(), vec![&dev]))
+}
 
 fn bytes(t: &dyn Aml) -> Vec<u8> {
     let mut v = Vec::new();
@@ -49,7 +74,9 @@ fn bytes(t: &dyn Aml) -> Vec<u8> {
 /// The ACPI tables of a VM with `vcpus` vCPUs, as `(guest address, bytes)`.
 pub fn tables(vcpus: usize) -> Vec<(u64, Vec<u8>)> {
     let vcpus = vcpus.clamp(1, MAX_CPUS);
-    let dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, 1);
+    let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, 1);
+    dsdt.append_slice(&com1());
+    dsdt.update_checksum();
     let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, 1)
         .dsdt_64(DSDT_GPA)
         .flag(Flags::HwReducedAcpi)
@@ -132,6 +159,13 @@ mod tests {
             assert_ne!(u32_at(fadt, 112) & (1 << 20), 0, "hardware-reduced");
             let dsdt = at(u64_at(fadt, 140));
             assert_eq!((&dsdt[0..4], sum(dsdt)), (&b"DSDT"[..], 0));
+            assert_eq!(u32_at(dsdt, 4) as usize, dsdt.len());
+            let aml = &dsdt[36..];
+            let has = |needle: &[u8]| aml.windows(needle.len()).any(|w| w == needle);
+            assert!(has(b"COM1") && has(b"_HID") && has(b"_CRS"), "{aml:x?}");
+            // The interrupt descriptor: extended IRQ, consumer + edge, one interrupt, GSI 4.
+            assert!(has(&[0x89, 6, 0, 0x03, 1, 4, 0, 0, 0]), "{aml:x?}");
+            assert_eq!(u16::from_le_bytes([fadt[109], fadt[110]]), IAPC_BOOT_ARCH);
             let madt = at(entries[1]);
             assert_eq!(&madt[0..4], b"APIC");
             assert_eq!(sum(madt), 0);

@@ -360,6 +360,13 @@ impl Vcpu for KvmVcpu {
             .map_err(HvError::call("set the vCPU's local APIC"))
     }
 
+    fn waits_for_start(&self) -> bool {
+        self.fd.get_mp_state().is_ok_and(|s| {
+            s.mp_state == kvm_bindings::KVM_MP_STATE_UNINITIALIZED
+                || s.mp_state == kvm_bindings::KVM_MP_STATE_INIT_RECEIVED
+        })
+    }
+
     fn pause_notify(&self) {
         // EINVAL: the guest has no kvm-clock; nothing to tell.
         let _ = self.fd.kvmclock_ctrl();
