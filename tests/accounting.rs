@@ -6,8 +6,8 @@
 
 mod common;
 
+use common::RESET_WORKLOADS;
 use common::{assert_all_exited_ok, reported, run_vm_at, serial, spawn_vm};
-use common::{PAUSE_WORKLOADS, RESET_WORKLOADS};
 use ppa_vmm::accounting::Level;
 
 #[test]
@@ -88,9 +88,7 @@ fn reset_restarts_every_field() {
 #[test]
 fn pause_freezes_used_time_and_accounts_paused_time() {
     let _g = serial();
-    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    handle.pause();
+    let (handle, runner) = common::spawn_and_pause();
     assert!(handle.paused());
     // Wait until both vCPUs are parked as paused.
     while (0..2).any(|i| handle.times(i).unwrap().0.state != ppa_vmm_api::VcpuMicroState::Paused) {

@@ -2,10 +2,10 @@
 //! rdtsc measurements and the identity wall = used + steal + halted + idle + limited + paused.
 //! The exact parts (exit counts, split kinds, reset, pause) are in tests/accounting.rs.
 
+use crate::common::RESET_WORKLOADS;
 use crate::common::{
     self, assert_all_exited_ok, assert_identity, reported, run_vm, run_vm_at, serial, spawn_vm,
 };
-use crate::common::{PAUSE_WORKLOADS, RESET_WORKLOADS};
 use ppa_vmm::accounting::Level;
 
 fn pct(part: u64, whole: u64) -> f64 {
@@ -216,9 +216,7 @@ fn the_identity_holds_again_after_a_reset() {
 #[test]
 fn the_identity_holds_across_a_pause() {
     let _g = serial();
-    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    handle.pause();
+    let (handle, runner) = common::spawn_and_pause();
     std::thread::sleep(std::time::Duration::from_millis(250));
     handle.resume();
     let out = runner.join().unwrap();

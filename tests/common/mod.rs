@@ -99,6 +99,14 @@ pub const PAUSE_WORKLOADS: [&str; 2] = [
     "1=periodic:run_us=300,period_us=3000,count=200",
 ];
 
+/// Starts the pause tests' VM and pauses it after 150 ms of run: its handle and its thread.
+pub fn spawn_and_pause() -> (VmHandle, JoinHandle<RunOutcome>) {
+    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    handle.pause();
+    (handle, runner)
+}
+
 /// Asserts the identity of spec section 4 for a stopped vCPU, with a readable message.
 ///
 /// The development and CI hosts are themselves VMs: time their hypervisor steals while a vCPU

@@ -10,6 +10,35 @@
 //! socket [`api`], the [`sampler`], the [`limits`]). When every vCPU has ended, the run
 //! returns a [`report::Report`].
 
+/// Declares a fieldless enum whose variants index per-kind counter arrays and carry the name
+/// reports use (also their serde name): `COUNT`, `ALL` in index order, `index()`, `name()`.
+macro_rules! indexed_enum {
+    ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        $vis enum $name {
+            $($(#[$vm])* #[serde(rename = $s)] $v,)*
+        }
+
+        impl $name {
+            /// Number of variants.
+            pub const COUNT: usize = [$($name::$v),*].len();
+            /// Every variant, in index order.
+            pub const ALL: [$name; Self::COUNT] = [$($name::$v),*];
+
+            /// Index into per-variant arrays.
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The name used in reports.
+            pub fn name(self) -> &'static str {
+                [$($s),*][self as usize]
+            }
+        }
+    };
+}
+
 pub mod accounting;
 pub(crate) mod api;
 pub(crate) mod arch;

@@ -129,43 +129,49 @@ fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(outcome.exit_code)
 }
 
+/// Prints a bench result as one JSON object or as its table.
+fn print_result<T: serde::Serialize>(
+    r: &T,
+    json: bool,
+    text: impl Fn(&T) -> String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+    } else {
+        print!("{}", text(r));
+    }
+    Ok(())
+}
+
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
+    use ppa_vmm::bench::{limit, socket};
     match args.which {
-        BenchKind::Overhead => {
-            let r = ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
+        BenchKind::Overhead => print_result(
+            &ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(40_000),
                 rounds: args.rounds,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
-        BenchKind::Limit => {
-            let r = ppa_vmm::bench::limit::limit(ppa_vmm::bench::limit::LimitOptions {
+            })?,
+            args.json,
+            ppa_vmm::bench::OverheadResult::to_text,
+        )?,
+        BenchKind::Limit => print_result(
+            &limit::limit(limit::LimitOptions {
                 periods: args.periods,
                 percent: 25,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
-        BenchKind::Socket => {
-            let r = ppa_vmm::bench::socket::socket(ppa_vmm::bench::socket::SocketOptions {
+            })?,
+            args.json,
+            limit::LimitResult::to_text,
+        )?,
+        BenchKind::Socket => print_result(
+            &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 exits: args.exits.unwrap_or(1500),
                 rounds: args.rounds,
                 rate: args.rate,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
+            })?,
+            args.json,
+            socket::SocketResult::to_text,
+        )?,
     }
     Ok(0)
 }

@@ -138,14 +138,9 @@ pub struct Report {
 
 fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
     let (times, hist) = s.times();
-    let (end, exit_code) = match s.end() {
-        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code)),
-        // The vCPU that asked the VM to stop ended the run as the guest wanted.
-        Some(VcpuEnd::GuestStop) => (VcpuEndKind::Exited, Some(0)),
-        Some(VcpuEnd::Failed { .. }) => (VcpuEndKind::Failed, None),
-        Some(VcpuEnd::Error(_)) => (VcpuEndKind::Error, None),
-        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None),
-    };
+    let (end, exit_code) = s
+        .end()
+        .map_or((VcpuEndKind::Stopped, None), VcpuEnd::kind_and_code);
     let failure = s.end().and_then(|e| {
         Some(FailureReport {
             reason: e.reason()?,

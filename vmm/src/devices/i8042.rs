@@ -16,12 +16,10 @@ pub const DATA_PORT: u16 = 0x60;
 /// The status (read) and command (write) port.
 pub const COMMAND_PORT: u16 = 0x64;
 
-const STATUS_OUTPUT_FULL: u8 = 0x01;
-const STATUS_SYSTEM_FLAG: u8 = 0x04;
-const CMD_READ_CONFIG: u8 = 0x20;
-const CMD_WRITE_CONFIG: u8 = 0x60;
-const CMD_SELF_TEST: u8 = 0xaa;
-const CMD_PORT_TEST: u8 = 0xab;
+/// Status register bits of an idle controller: system flag (self-test passed), keyboard not
+/// locked. Bit 0 (0x01) says a byte waits in the output buffer.
+const STATUS_IDLE: u8 = 0x14;
+/// The reset command (pulse the CPU's reset line).
 const CMD_RESET: u8 = 0xfe;
 
 #[derive(Debug, Default)]
@@ -54,14 +52,7 @@ impl BusDevice for I8042 {
         data.fill(0);
         let mut s = self.state();
         let v = match a.addr {
-            x if x == u64::from(COMMAND_PORT) => {
-                STATUS_SYSTEM_FLAG
-                    | if s.output.is_some() {
-                        STATUS_OUTPUT_FULL
-                    } else {
-                        0
-                    }
-            }
+            x if x == u64::from(COMMAND_PORT) => STATUS_IDLE | u8::from(s.output.is_some()),
             _ => s.output.take().unwrap_or(0),
         };
         if let Some(b) = data.first_mut() {
@@ -76,10 +67,10 @@ impl BusDevice for I8042 {
         if a.addr == u64::from(COMMAND_PORT) {
             s.writing_config = false;
             match v {
-                CMD_READ_CONFIG => s.output = Some(s.config),
-                CMD_WRITE_CONFIG => s.writing_config = true,
-                CMD_SELF_TEST => s.output = Some(0x55),
-                CMD_PORT_TEST => s.output = Some(0x00),
+                0x20 => s.output = Some(s.config), // read the configuration byte
+                0x60 => s.writing_config = true,   // write it (next byte on the data port)
+                0xaa => s.output = Some(0x55),     // controller self-test: passed
+                0xab => s.output = Some(0x00),     // keyboard interface test: no error
                 CMD_RESET => {
                     s.resets += 1;
                     return Some(VcpuRequest::Stop);
@@ -114,15 +105,16 @@ mod tests {
     #[test]
     fn the_probe_sees_a_controller_and_reset_stops_the_vm() {
         let d = I8042::default();
-        assert_eq!(read(&d, COMMAND_PORT) & STATUS_OUTPUT_FULL, 0);
-        d.write(port(COMMAND_PORT), &[CMD_SELF_TEST]);
-        assert_ne!(read(&d, COMMAND_PORT) & STATUS_OUTPUT_FULL, 0);
+        let full = |d: &I8042| read(d, COMMAND_PORT) & 0x01 != 0;
+        assert!(!full(&d));
+        d.write(port(COMMAND_PORT), &[0xaa]);
+        assert!(full(&d));
         assert_eq!(read(&d, DATA_PORT), 0x55);
-        assert_eq!(read(&d, COMMAND_PORT) & STATUS_OUTPUT_FULL, 0, "taken");
+        assert!(!full(&d), "taken");
         // The configuration byte round-trips.
-        d.write(port(COMMAND_PORT), &[CMD_WRITE_CONFIG]);
+        d.write(port(COMMAND_PORT), &[0x60]);
         d.write(port(DATA_PORT), &[0x47]);
-        d.write(port(COMMAND_PORT), &[CMD_READ_CONFIG]);
+        d.write(port(COMMAND_PORT), &[0x20]);
         assert_eq!(read(&d, DATA_PORT), 0x47);
         assert_eq!(d.resets(), 0);
         assert_eq!(

@@ -100,14 +100,16 @@ impl super::Hypervisor for FakeHypervisor {
             edx,
         };
         Ok(vec![
-            e(0, 0, 0xd, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
-            e(1, 0, 0x00a5_0f00, 0x0010_0800, 0x8000_0000, 0x178b_fbff),
-            e(0xb, 0, 1, 1, 0x100, 0),
-            e(0xb, 1, 1, 1, 0x201, 0),
+            e(0, 0, 0x1f, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
+            e(1, 0, 0x00a5_0f00, 0x0010_0800, 0, 0x178b_fbff),
+            e(4, 0, 0x7c00_4121, 0, 0, 0),
+            e(0xb, 0, 1, 2, 0x100, 9),
+            e(0xb, 1, 4, 16, 0x201, 9),
             e(0x4000_0000, 0, 0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x4d),
             e(0x4000_0001, 0, 0x0100_0eff, 0, 0, 0),
-            e(0x8000_0000, 0, 0x8000_0008, 0, 0, 0),
-            e(0x8000_0008, 0, 0x3030, 0, 0, 0),
+            e(0x8000_0000, 0, 0x8000_001e, 0, 0, 0),
+            e(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
+            e(0x8000_001e, 0, 9, 9, 9, 0),
         ])
     }
 }
@@ -281,7 +283,9 @@ impl Vcpu for FakeVcpu {
             }
             FakeExit::Hlt => ExitEvent::Hlt,
             FakeExit::Shutdown => ExitEvent::Shutdown,
-            FakeExit::InternalError(suberror) => ExitEvent::InternalError { suberror },
+            FakeExit::InternalError(suberror) => {
+                ExitEvent::Fatal(super::FatalExit::InternalError { suberror })
+            }
         })
     }
 

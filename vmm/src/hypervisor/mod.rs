@@ -108,6 +108,15 @@ pub enum ExitEvent<'a> {
     Shutdown,
     /// Interrupted: a kick, another signal, or `immediate_exit`.
     Intr,
+    /// An exit that ends the vCPU, as the hypervisor reported it.
+    Fatal(FatalExit),
+    /// An exit this VMM does not expect from its guests.
+    Other(&'static str),
+}
+
+/// An exit after which the vCPU cannot go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FatalExit {
     /// VM entry failed.
     FailEntry {
         /// Hardware reason.
@@ -120,13 +129,26 @@ pub enum ExitEvent<'a> {
         /// The hypervisor's suberror code.
         suberror: u32,
     },
-    /// System event (reset, shutdown, crash request).
+    /// The guest raised a system event (reset, shutdown, crash request).
     SystemEvent {
         /// Event type.
         kind: u32,
     },
-    /// An exit this VMM does not expect from its guests.
-    Other(&'static str),
+}
+
+impl std::fmt::Display for FatalExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FatalExit::FailEntry { reason, cpu } => write!(
+                f,
+                "VM entry failed with hardware reason {reason:#x} on host CPU {cpu}"
+            ),
+            FatalExit::InternalError { suberror } => {
+                write!(f, "KVM reported an internal error (suberror {suberror})")
+            }
+            FatalExit::SystemEvent { kind } => write!(f, "the guest raised system event {kind}"),
+        }
+    }
 }
 
 impl ExitEvent<'_> {

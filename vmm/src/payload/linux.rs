@@ -28,7 +28,7 @@ use linux_loader::loader::{load_cmdline, KernelLoader};
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{BootContext, PayloadError};
+use super::{write, Load, PayloadError};
 use crate::arch::x86_64::acpi;
 use crate::arch::x86_64::cpuid::{boot_msrs, guest_cpuid};
 use crate::arch::x86_64::layout::Region;
@@ -37,7 +37,6 @@ use crate::arch::x86_64::mptable::{mptable, MAX_CPUS};
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu};
 use crate::devices::i8042::{COMMAND_PORT, DATA_PORT, I8042};
 use crate::devices::serial::{ConsoleOut, ConsoleStats, Serial, COM1_IRQ, COM1_LEN, COM1_PORT};
-use crate::devices::Buses;
 use crate::hypervisor::{self as hv, Vcpu as _};
 
 /// What every Linux guest's command line starts with: the console on the serial port, a
@@ -247,14 +246,8 @@ impl LinuxBoot {
     }
 
     /// Loads the guest, configures every vCPU and adds the serial port and the i8042.
-    pub fn load<V: hv::Vm>(
-        &self,
-        ctx: &BootContext<'_>,
-        vm: &V,
-        vcpus: &[V::Vcpu],
-        buses: &mut Buses,
-    ) -> Result<(), PayloadError> {
-        let mem = ctx.memory;
+    pub fn load<V: hv::Vm>(&self, ctx: &mut Load<'_, V>) -> Result<(), PayloadError> {
+        let (mem, vcpus) = (ctx.memory, ctx.vcpus);
         let (entry, header) = self.load_kernel(mem)?;
         if let Some(h) = header {
             let max = h.cmdline_size as usize;
@@ -311,15 +304,17 @@ impl LinuxBoot {
         }
 
         let serial = Serial::new(
-            vm.irq_line(COM1_IRQ)?,
+            ctx.vm.irq_line(COM1_IRQ)?,
             ConsoleOut::new("ttyS0", Arc::clone(&self.console)),
         );
-        buses
+        ctx.buses
             .pio
             .insert(u64::from(COM1_PORT), COM1_LEN, Arc::new(serial))?;
         let i8042: Arc<I8042> = Arc::clone(&self.i8042);
-        buses.pio.insert(u64::from(DATA_PORT), 1, i8042.clone())?;
-        buses.pio.insert(u64::from(COMMAND_PORT), 1, i8042)?;
+        ctx.buses
+            .pio
+            .insert(u64::from(DATA_PORT), 1, i8042.clone())?;
+        ctx.buses.pio.insert(u64::from(COMMAND_PORT), 1, i8042)?;
         Ok(())
     }
 
@@ -343,13 +338,4 @@ impl LinuxBoot {
 fn ppa_cpuid(page: Option<Region>) -> Vec<CpuidEntry> {
     let _ = page;
     Vec::new()
-}
-
-fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), PayloadError> {
-    mem.write_slice(bytes, GuestAddress(gpa))
-        .map_err(|source| PayloadError::Write {
-            gpa,
-            len: bytes.len(),
-            source,
-        })
 }

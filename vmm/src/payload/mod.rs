@@ -168,8 +168,19 @@ pub enum PayloadError {
     Boot(#[from] crate::arch::x86_64::linux::BootError),
 }
 
-/// What a payload needs to know to load itself.
-pub struct BootContext<'a> {
+/// Writes `bytes` at `gpa` in guest memory, or says where it could not.
+fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), PayloadError> {
+    use vm_memory::{Bytes, GuestAddress};
+    mem.write_slice(bytes, GuestAddress(gpa))
+        .map_err(|source| PayloadError::Write {
+            gpa,
+            len: bytes.len(),
+            source,
+        })
+}
+
+/// What a payload loads itself into, and what it needs to know to do so.
+pub struct Load<'a, V: hv::Vm> {
     /// Guest RAM.
     pub memory: &'a GuestMemoryMmap,
     /// The guest's TSC frequency.
@@ -178,6 +189,12 @@ pub struct BootContext<'a> {
     pub ppa_page: Option<Region>,
     /// The CPUID the hypervisor supports (read only for payloads that set CPUID).
     pub cpuid: Vec<CpuidEntry>,
+    /// The hypervisor's VM (for interrupt lines).
+    pub vm: &'a V,
+    /// Its vCPUs, to set their registers.
+    pub vcpus: &'a [V::Vcpu],
+    /// Where the payload's devices go.
+    pub buses: &'a mut Buses,
 }
 
 /// A payload's fields in one vCPU's report (flattened into the vCPU's JSON object).
@@ -260,16 +277,10 @@ impl Boot {
     }
 
     /// Writes the payload into guest memory, sets the vCPUs' registers, adds its devices.
-    pub fn load<V: hv::Vm>(
-        &self,
-        ctx: &BootContext<'_>,
-        vm: &V,
-        vcpus: &[V::Vcpu],
-        buses: &mut Buses,
-    ) -> Result<(), PayloadError> {
+    pub fn load<V: hv::Vm>(&self, to: &mut Load<'_, V>) -> Result<(), PayloadError> {
         match self {
-            Boot::Tiny(t) => t.load(ctx, vcpus, buses),
-            Boot::Linux(l) => l.load(ctx, vm, vcpus, buses),
+            Boot::Tiny(t) => t.load(to),
+            Boot::Linux(l) => l.load(to),
         }
     }
 

@@ -119,6 +119,19 @@ impl VcpuEnd {
         matches!(self, VcpuEnd::Failed { .. } | VcpuEnd::Error(_))
     }
 
+    /// The end as the protocol names it, and the guest's exit code when it chose its end (the
+    /// vCPU that asked the VM to stop ended the run as the guest wanted: code 0).
+    pub fn kind_and_code(&self) -> (ppa_vmm_api::VcpuEndKind, Option<u64>) {
+        use ppa_vmm_api::VcpuEndKind as K;
+        match self {
+            VcpuEnd::Exited(code) => (K::Exited, Some(*code)),
+            VcpuEnd::GuestStop => (K::Exited, Some(0)),
+            VcpuEnd::Failed { .. } => (K::Failed, None),
+            VcpuEnd::Error(_) => (K::Error, None),
+            VcpuEnd::Stopped => (K::Stopped, None),
+        }
+    }
+
     /// One sentence for an operator, with the hypervisor's error where there is one.
     pub fn reason(&self) -> Option<String> {
         match self {

@@ -6,13 +6,13 @@ use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ppa_guest_abi::{doorbell, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+use ppa_guest_abi::{doorbell, DOORBELL_GPA, WORKLOAD_PIO_PORT};
 
 use super::*;
 use crate::accounting::meter::VcpuMeter;
 use crate::accounting::snapshot::VcpuAccounting;
 use crate::accounting::Level;
-use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
+use crate::devices::tiny::{Doorbell, TinyBoard};
 use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
 use crate::hypervisor::{RegsDump, Vcpu as _};
 
@@ -30,24 +30,14 @@ struct Rig {
 
 /// Starts one vCPU thread replaying `script` at `level`, with the tiny devices on the buses.
 fn start(script: Vec<Step>, level: Level) -> Rig {
+    start_vcpu(FakeVcpu::new(script), level)
+}
+
+/// Starts a thread for `vcpu` at `level`, with the tiny devices on the buses.
+fn start_vcpu(vcpu: FakeVcpu, level: Level) -> Rig {
     let board = TinyBoard::new(1);
     let mut buses = Buses::new(1);
-    buses
-        .mmio
-        .insert(
-            DOORBELL_GPA,
-            DOORBELL_SIZE,
-            Arc::new(Doorbells(board.clone())),
-        )
-        .unwrap();
-    buses
-        .pio
-        .insert(
-            u64::from(WORKLOAD_PIO_PORT),
-            4,
-            Arc::new(WorkloadPort(board.clone())),
-        )
-        .unwrap();
+    crate::devices::tiny::install(&board, &mut buses).unwrap();
     let buses = Arc::new(buses);
     let meter = Arc::new(VcpuMeter::new(3, 4));
     let shared = Arc::new(VcpuShared::new(0, VcpuAccounting::new(meter, None, None)));
@@ -60,7 +50,7 @@ fn start(script: Vec<Step>, level: Level) -> Rig {
     let gate = Arc::new(AtomicU32::new(1));
     let (tx, rx) = channel();
     let handle = spawn(VcpuThread {
-        vcpu: FakeVcpu::new(script),
+        vcpu,
         shared: Arc::clone(&shared),
         buses: Arc::clone(&buses),
         done: tx,
@@ -304,45 +294,15 @@ fn reads_get_the_devices_bytes_and_an_internal_error_keeps_its_suberror() {
     ];
     let vcpu = FakeVcpu::new(script);
     let reads = vcpu.reads();
-    let board = TinyBoard::new(1);
-    let mut buses = Buses::new(1);
-    buses
-        .mmio
-        .insert(
-            DOORBELL_GPA,
-            DOORBELL_SIZE,
-            Arc::new(Doorbells(board.clone())),
-        )
-        .unwrap();
-    buses
-        .pio
-        .insert(
-            u64::from(WORKLOAD_PIO_PORT),
-            4,
-            Arc::new(WorkloadPort(board.clone())),
-        )
-        .unwrap();
-    let shared = Arc::new(VcpuShared::new(
-        0,
-        VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 4)), None, None),
-    ));
-    let (tx, rx) = channel();
-    let h = spawn(VcpuThread {
-        vcpu,
-        shared: Arc::clone(&shared),
-        buses: Arc::new(buses),
-        done: tx,
-        start_gate: Arc::new(AtomicU32::new(1)),
-        control: Arc::new(AccountingControl::default()),
-        warm_up: None,
-    })
-    .unwrap();
-    rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    h.join().unwrap();
+    let r = start_vcpu(vcpu, Level::Basic).finish();
+    r.handle.join().unwrap();
+    let shared = r.shared;
     assert!(matches!(
         shared.end(),
         Some(VcpuEnd::Failed {
-            failure: crate::exit::Failure::InternalError { suberror: 3 },
+            failure: crate::exit::Failure::Fatal(crate::exit::FatalExit::InternalError {
+                suberror: 3
+            }),
             ..
         })
     ));

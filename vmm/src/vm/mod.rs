@@ -27,7 +27,7 @@ use crate::hypervisor::{self as hv, ExitCost, HvError, Hypervisor, Vm as _};
 use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
 use crate::memory::{map_region, GuestRam, MemoryError, SlotAllocator};
-use crate::payload::{Boot, BootContext, PayloadError};
+use crate::payload::{Boot, Load, PayloadError};
 use crate::ppa_page::PpaPage;
 use crate::report::{Report, VmInfo};
 use crate::sync::now_ns;
@@ -266,13 +266,15 @@ impl<H: Hypervisor> Vm<H> {
         let vcpus = create_vcpus(&hv_vm, config.vcpus)?;
         let tsc_khz = tsc_khz(&vcpus[0]);
         let mut buses = Buses::new(config.vcpus);
-        let ctx = BootContext {
+        boot.load(&mut Load {
             memory: ram.memory(),
             tsc_khz,
             ppa_page: ppa_page.as_ref().and_then(|p| ppa_page_region(p.size())),
             cpuid,
-        };
-        boot.load(&ctx, &hv_vm, &vcpus, &mut buses)?;
+            vm: &hv_vm,
+            vcpus: &vcpus,
+            buses: &mut buses,
+        })?;
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
         let control = Arc::new(AccountingControl::new(
             config.accounting,

@@ -29,14 +29,9 @@ use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
 fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
-    let (end, exit_code) = match v.end() {
-        Some(VcpuEnd::Exited(code)) => (VcpuEndKind::Exited, Some(*code)),
-        // The vCPU that asked the VM to stop ended the run as the guest wanted.
-        Some(VcpuEnd::GuestStop) => (VcpuEndKind::Exited, Some(0)),
-        Some(VcpuEnd::Failed { .. }) => (VcpuEndKind::Failed, None),
-        Some(VcpuEnd::Error(_)) => (VcpuEndKind::Error, None),
-        Some(VcpuEnd::Stopped) | None => (VcpuEndKind::Stopped, None),
-    };
+    let (end, exit_code) = v
+        .end()
+        .map_or((VcpuEndKind::Stopped, None), VcpuEnd::kind_and_code);
     ppa_vmm_api::Event::VcpuExit {
         uptime_ns,
         vcpu: v.id,

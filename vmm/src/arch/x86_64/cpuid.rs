@@ -118,26 +118,12 @@ pub fn boot_msrs() -> Vec<Msr> {
 mod tests {
     use super::*;
 
+    /// A plausible host's leaves (the fake hypervisor's).
     fn supported() -> Vec<CpuidEntry> {
-        let e = |function, index, eax, ebx, ecx, edx| CpuidEntry {
-            function,
-            index,
-            flags: 0,
-            eax,
-            ebx,
-            ecx,
-            edx,
-        };
-        vec![
-            e(0, 0, 0x1f, 1, 2, 3),
-            e(1, 0, 0x00a5_0f00, 0x0010_0800, 0, 0x178b_fbff),
-            e(4, 0, 0x7c00_4121, 0, 0, 0),
-            e(0xb, 0, 1, 2, 0x100, 9),
-            e(0xb, 1, 4, 16, 0x201, 9),
-            e(0x4000_0000, 0, 0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x4d),
-            e(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
-            e(0x8000_001e, 0, 9, 9, 9, 0),
-        ]
+        use crate::hypervisor::Hypervisor;
+        crate::hypervisor::fake::FakeHypervisor::default()
+            .supported_cpuid()
+            .unwrap()
     }
 
     fn leaf(c: &[CpuidEntry], function: u32, index: u32) -> CpuidEntry {

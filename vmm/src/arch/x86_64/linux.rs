@@ -198,12 +198,7 @@ pub fn boot_sregs() -> SpecialRegs {
         gs: data,
         ss: data,
         tr: segment_of(g[3], 3),
-        ldt: Segment {
-            unusable: true,
-            type_: 0x2,
-            present: true,
-            ..Default::default()
-        },
+        ldt: Segment::no_ldt(),
         gdt: DescriptorTable {
             base: GDT_GPA,
             limit: (std::mem::size_of_val(&g) - 1) as u16,

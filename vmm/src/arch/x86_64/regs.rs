@@ -24,8 +24,22 @@ pub struct Regs {
     pub rsp: u64,
     /// RBP.
     pub rbp: u64,
-    /// R8 to R15.
-    pub r8_15: [u64; 8],
+    /// R8.
+    pub r8: u64,
+    /// R9.
+    pub r9: u64,
+    /// R10.
+    pub r10: u64,
+    /// R11.
+    pub r11: u64,
+    /// R12.
+    pub r12: u64,
+    /// R13.
+    pub r13: u64,
+    /// R14.
+    pub r14: u64,
+    /// R15.
+    pub r15: u64,
     /// Instruction pointer.
     pub rip: u64,
     /// Flags.
@@ -57,6 +71,18 @@ pub struct Segment {
     pub g: bool,
     /// Unusable (a null selector loaded, or LDTR unused).
     pub unusable: bool,
+}
+
+impl Segment {
+    /// An unusable LDT (no LDT: what both the CPL 3 and the Linux boot states load).
+    pub fn no_ldt() -> Segment {
+        Segment {
+            unusable: true,
+            type_: 0x2,
+            present: true,
+            ..Default::default()
+        }
+    }
 }
 
 /// A descriptor table register (GDTR, IDTR).

@@ -17,8 +17,8 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
-    ExitCost, ExitEvent, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu, Vm,
-    WarmUpStub,
+    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu,
+    Vm, WarmUpStub,
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
@@ -198,9 +198,9 @@ fn to_event(exit: VcpuExit<'_>) -> ExitEvent<'_> {
         VcpuExit::Hlt => ExitEvent::Hlt,
         VcpuExit::Shutdown => ExitEvent::Shutdown,
         VcpuExit::Intr => ExitEvent::Intr,
-        VcpuExit::FailEntry(reason, cpu) => ExitEvent::FailEntry { reason, cpu },
-        VcpuExit::InternalError => ExitEvent::InternalError { suberror: 0 },
-        VcpuExit::SystemEvent(kind, _) => ExitEvent::SystemEvent { kind },
+        VcpuExit::FailEntry(reason, cpu) => ExitEvent::Fatal(FatalExit::FailEntry { reason, cpu }),
+        VcpuExit::InternalError => ExitEvent::Fatal(FatalExit::InternalError { suberror: 0 }),
+        VcpuExit::SystemEvent(kind, _) => ExitEvent::Fatal(FatalExit::SystemEvent { kind }),
         VcpuExit::Exception => ExitEvent::Other("exception"),
         VcpuExit::Debug(_) => ExitEvent::Other("debug"),
         VcpuExit::Hypercall(_) => ExitEvent::Other("hypercall"),
@@ -251,7 +251,7 @@ impl Vcpu for KvmVcpu {
                 // for this call. KVM_EXIT_INTERNAL_ERROR means the kernel filled the `internal`
                 // member of the union; its u32 suberror is valid for any bit pattern.
                 let suberror = unsafe { (*run_ptr).__bindgen_anon_1.internal.suberror };
-                Ok(ExitEvent::InternalError { suberror })
+                Ok(ExitEvent::Fatal(FatalExit::InternalError { suberror }))
             }
             Ok(exit) => Ok(to_event(exit)),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Ok(ExitEvent::Intr),
@@ -278,11 +278,9 @@ impl Vcpu for KvmVcpu {
     }
 
     fn regs(&self) -> Result<Regs, HvError> {
-        let r = self
-            .fd
-            .get_regs()
-            .map_err(HvError::call("read the vCPU's registers"))?;
-        Ok(x86_64::from_kvm_regs(&r))
+        let r = self.fd.get_regs();
+        r.map(|r| x86_64::from_kvm_regs(&r))
+            .map_err(HvError::call("read the vCPU's registers"))
     }
 
     fn set_regs(&self, regs: &Regs) -> Result<(), HvError> {
@@ -292,11 +290,9 @@ impl Vcpu for KvmVcpu {
     }
 
     fn sregs(&self) -> Result<SpecialRegs, HvError> {
-        let s = self
-            .fd
-            .get_sregs()
-            .map_err(HvError::call("read the vCPU's special registers"))?;
-        Ok(x86_64::from_kvm_sregs(&s))
+        let s = self.fd.get_sregs();
+        s.map(|s| x86_64::from_kvm_sregs(&s))
+            .map_err(HvError::call("read the vCPU's special registers"))
     }
 
     fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError> {

@@ -10,45 +10,40 @@ use kvm_bindings::{
 
 use crate::arch::x86_64::regs::{CpuidEntry, DescriptorTable, Fpu, Regs, Segment, SpecialRegs};
 
+/// The same general registers in another struct (KVM's and ours name them alike).
+macro_rules! copy_regs {
+    ($r:expr => $ty:ident) => {
+        $ty {
+            rax: $r.rax,
+            rbx: $r.rbx,
+            rcx: $r.rcx,
+            rdx: $r.rdx,
+            rsi: $r.rsi,
+            rdi: $r.rdi,
+            rsp: $r.rsp,
+            rbp: $r.rbp,
+            r8: $r.r8,
+            r9: $r.r9,
+            r10: $r.r10,
+            r11: $r.r11,
+            r12: $r.r12,
+            r13: $r.r13,
+            r14: $r.r14,
+            r15: $r.r15,
+            rip: $r.rip,
+            rflags: $r.rflags,
+        }
+    };
+}
+
 /// KVM's general registers from ours.
 pub fn to_kvm_regs(r: &Regs) -> kvm_regs {
-    kvm_regs {
-        rax: r.rax,
-        rbx: r.rbx,
-        rcx: r.rcx,
-        rdx: r.rdx,
-        rsi: r.rsi,
-        rdi: r.rdi,
-        rsp: r.rsp,
-        rbp: r.rbp,
-        r8: r.r8_15[0],
-        r9: r.r8_15[1],
-        r10: r.r8_15[2],
-        r11: r.r8_15[3],
-        r12: r.r8_15[4],
-        r13: r.r8_15[5],
-        r14: r.r8_15[6],
-        r15: r.r8_15[7],
-        rip: r.rip,
-        rflags: r.rflags,
-    }
+    copy_regs!(r => kvm_regs)
 }
 
 /// Our general registers from KVM's.
 pub fn from_kvm_regs(r: &kvm_regs) -> Regs {
-    Regs {
-        rax: r.rax,
-        rbx: r.rbx,
-        rcx: r.rcx,
-        rdx: r.rdx,
-        rsi: r.rsi,
-        rdi: r.rdi,
-        rsp: r.rsp,
-        rbp: r.rbp,
-        r8_15: [r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15],
-        rip: r.rip,
-        rflags: r.rflags,
-    }
+    copy_regs!(r => Regs)
 }
 
 fn to_kvm_segment(s: &Segment) -> kvm_segment {
@@ -144,31 +139,30 @@ pub fn to_kvm_fpu(f: &Fpu) -> kvm_fpu {
     }
 }
 
+/// The same CPUID entry in another struct (KVM's carries padding too).
+macro_rules! copy_cpuid {
+    ($e:expr => $ty:ident { $($extra:tt)* }) => {
+        $ty {
+            function: $e.function,
+            index: $e.index,
+            flags: $e.flags,
+            eax: $e.eax,
+            ebx: $e.ebx,
+            ecx: $e.ecx,
+            edx: $e.edx,
+            $($extra)*
+        }
+    };
+}
+
 /// Our CPUID entry from KVM's.
 pub fn from_kvm_cpuid(e: &kvm_cpuid_entry2) -> CpuidEntry {
-    CpuidEntry {
-        function: e.function,
-        index: e.index,
-        flags: e.flags,
-        eax: e.eax,
-        ebx: e.ebx,
-        ecx: e.ecx,
-        edx: e.edx,
-    }
+    copy_cpuid!(e => CpuidEntry {})
 }
 
 /// KVM's CPUID entry from ours.
 pub fn to_kvm_cpuid(e: &CpuidEntry) -> kvm_cpuid_entry2 {
-    kvm_cpuid_entry2 {
-        function: e.function,
-        index: e.index,
-        flags: e.flags,
-        eax: e.eax,
-        ebx: e.ebx,
-        ecx: e.ecx,
-        edx: e.edx,
-        padding: [0; 3],
-    }
+    copy_cpuid!(e => kvm_cpuid_entry2 { padding: [0; 3] })
 }
 
 /// Offset of the LVT LINT0 register in the local APIC's register page.
@@ -210,7 +204,8 @@ mod tests {
         let r = Regs {
             rax: 1,
             rdi: 2,
-            r8_15: [8, 9, 10, 11, 12, 13, 14, 15],
+            r8: 8,
+            r15: 15,
             rip: 0x10_0000,
             rflags: 0x3002,
             ..Default::default()
