@@ -23,8 +23,8 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use names::{
-    LimitBackend, OverloadKind, SplitKind, ThreadState, Threshold, ThrottleEndWhy, UnknownName,
-    VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    LimitBackend, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
+    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use time_split::TimeSplit;
 pub use types::{

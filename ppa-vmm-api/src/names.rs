@@ -121,6 +121,21 @@ names! {
 }
 
 names! {
+    /// What measured the on-CPU part of each interval at level full (`split_source` of
+    /// [`crate::VcpuTimes`] and [`crate::VcpuSummary`]).
+    pub enum SplitSource ("a split source") {
+        /// The thread's context-switch records (perf): no system call on the exit path.
+        Records = "records",
+        /// The thread CPU clock, read at every KVM_RUN boundary.
+        CpuClock = "cpu_clock",
+        /// Some intervals each way.
+        Mixed = "mixed",
+        /// No interval at level full.
+        None = "none",
+    }
+}
+
+names! {
     /// The state of a VM (`state` of [`crate::VmStats`]).
     pub enum VmState ("a VM state") {
         /// Built; its vCPUs have not been released.

@@ -276,14 +276,15 @@ fn split() -> TimeSplit {
         idle_ns: 200_000,
         limited_ns: 60_000,
         paused_ns: 45_000,
+        blocked_ns: 3_000,
     }
 }
 
 #[test]
 fn time_split_identity() {
     let s = split();
-    assert_eq!(s.accounted_ns(), 995_000);
-    assert_eq!(s.identity_error_ns(), 5_000);
+    assert_eq!(s.accounted_ns(), 998_000);
+    assert_eq!(s.identity_error_ns(), 2_000);
     // Stopped: max(0.5 % of wall, 200 µs) = 200 µs; running: 1 % = 10 µs.
     assert_eq!(TimeSplit::identity_tolerance_ns(1_000_000, true), 200_000);
     assert_eq!(
@@ -296,7 +297,7 @@ fn time_split_identity() {
         used_ns: 620_000,
         ..s
     };
-    assert_eq!(over.identity_error_ns(), -15_000);
+    assert_eq!(over.identity_error_ns(), -18_000);
     assert!(over.identity_holds(true) && !over.identity_holds(false));
     assert!(identity_within(1_000_000, -15_000, true));
     assert!(!identity_within(1_000_000, -15_000, false));
@@ -360,7 +361,10 @@ fn times() -> VcpuTimes {
         idle_ns: s.idle_ns,
         limited_ns: s.limited_ns,
         paused_ns: s.paused_ns,
+        blocked_ns: s.blocked_ns,
         split: SplitKind::Mixed,
+        split_source: SplitSource::Records,
+        records_lost: 1,
         identity_error_ns: s.identity_error_ns(),
         state: VcpuMicroState::Limited,
         exits: [("hlt".to_string(), 5), ("io_out".to_string(), 0)].into(),
@@ -385,7 +389,8 @@ fn vcpu_figures_keep_their_json() {
         "{\"id\":1,\"host_tid\":77,\"wall_ns\":1000000,\"used_ns\":600000,\"guest_ns\":500000,\
          \"kvm_ns\":null,\"kvm_ns_estimate\":3,\"guest_code_ns_estimate\":4,\"parks\":2,\
          \"vmm_ns\":100000,\"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\
-         \"limited_ns\":60000,\"paused_ns\":45000,\"split\":\"mixed\",\"identity_error_ns\":5000,\
+         \"limited_ns\":60000,\"paused_ns\":45000,\"blocked_ns\":3000,\"split\":\"mixed\",\
+         \"split_source\":\"records\",\"records_lost\":1,\"identity_error_ns\":2000,\
          \"state\":\"limited\",\"exits\":{\"hlt\":5,\"io_out\":0},\"exit_ns\":{},\"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
          \"kvm_run_wall_ns\":0,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0}"
@@ -397,7 +402,8 @@ fn vcpu_figures_keep_their_json() {
         "{\"id\":1,\"host_tid\":77,\"state\":\"limited\",\"wall_ns\":1000000,\
          \"used_ns\":600000,\"guest_ns\":500000,\"kvm_ns\":null,\"vmm_ns\":100000,\
          \"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\"limited_ns\":60000,\
-         \"paused_ns\":45000,\"identity_error_ns\":5000,\"parks\":2,\"exits\":{\"hlt\":5},\
+         \"paused_ns\":45000,\"blocked_ns\":3000,\"identity_error_ns\":2000,\"parks\":2,\
+         \"exits\":{\"hlt\":5},\
          \"overloads\":0}"
     );
     let back: VcpuSummary =

@@ -1,7 +1,7 @@
 //! [`TimeSplit`]: where a vCPU thread's wall time went (spec section 4), as one value, and the
 //! identity that ties its parts together.
 //!
-//! The wire structs ([`crate::VcpuTimes`], [`crate::VcpuSummary`]) keep these nine fields flat
+//! The wire structs ([`crate::VcpuTimes`], [`crate::VcpuSummary`]) keep these ten fields flat
 //! and give them to code as a [`TimeSplit`] through `split()`. They are not a
 //! `#[serde(flatten)]` member, for two reasons. The JSON must stay byte for byte what it was,
 //! and in both structs other fields sit between the times (`kvm_ns`, the estimates and `parks`
@@ -36,17 +36,20 @@ pub struct TimeSplit {
     pub limited_ns: u64,
     /// Parked by an operator's pause.
     pub paused_ns: u64,
+    /// Off CPU and not runnable outside any park and not halted: asleep in the kernel inside
+    /// KVM_RUN or while handling an exit (e.g. on a lock).
+    pub blocked_ns: u64,
 }
 
 impl TimeSplit {
     /// The parts' names, in the order of [`TimeSplit::values`] (the field names without
     /// `_ns`; the metrics call them `ppa_vcpu_NAME_seconds_total`).
-    pub const NAMES: [&'static str; 9] = [
-        "wall", "used", "guest", "vmm", "steal", "halted", "idle", "limited", "paused",
+    pub const NAMES: [&'static str; 10] = [
+        "wall", "used", "guest", "vmm", "steal", "halted", "idle", "limited", "paused", "blocked",
     ];
 
     /// The parts, in the order of [`TimeSplit::NAMES`].
-    pub fn values(&self) -> [u64; 9] {
+    pub fn values(&self) -> [u64; 10] {
         [
             self.wall_ns,
             self.used_ns,
@@ -57,6 +60,7 @@ impl TimeSplit {
             self.idle_ns,
             self.limited_ns,
             self.paused_ns,
+            self.blocked_ns,
         ]
     }
 
@@ -65,7 +69,8 @@ impl TimeSplit {
         TimeSplit::NAMES.into_iter().zip(self.values())
     }
 
-    /// The right-hand side of the identity: used + steal + halted + idle + limited + paused.
+    /// The right-hand side of the identity: used + steal + halted + idle + limited + paused +
+    /// blocked.
     pub fn accounted_ns(&self) -> u64 {
         self.used_ns
             + self.steal_ns
@@ -73,9 +78,10 @@ impl TimeSplit {
             + self.idle_ns
             + self.limited_ns
             + self.paused_ns
+            + self.blocked_ns
     }
 
-    /// wall − (used + steal + halted + idle + limited + paused): the `identity_error_ns` of the
+    /// wall − (used + steal + halted + idle + limited + paused + blocked): the `identity_error_ns` of the
     /// wire structs.
     pub fn identity_error_ns(&self) -> i64 {
         self.wall_ns as i64 - self.accounted_ns() as i64
@@ -98,8 +104,8 @@ impl TimeSplit {
     }
 
     /// The split whose parts, in the order of [`TimeSplit::NAMES`], are `v`.
-    pub fn from_values(v: [u64; 9]) -> TimeSplit {
-        let [wall_ns, used_ns, guest_ns, vmm_ns, steal_ns, halted_ns, idle_ns, limited_ns, paused_ns] =
+    pub fn from_values(v: [u64; 10]) -> TimeSplit {
+        let [wall_ns, used_ns, guest_ns, vmm_ns, steal_ns, halted_ns, idle_ns, limited_ns, paused_ns, blocked_ns] =
             v;
         TimeSplit {
             wall_ns,
@@ -111,6 +117,7 @@ impl TimeSplit {
             idle_ns,
             limited_ns,
             paused_ns,
+            blocked_ns,
         }
     }
 

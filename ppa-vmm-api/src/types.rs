@@ -10,7 +10,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{LimitBackend, SplitKind, ThreadState, TimeSplit, VcpuMicroState, VmState};
+use crate::{
+    LimitBackend, SplitKind, SplitSource, ThreadState, TimeSplit, VcpuMicroState, VmState,
+};
 
 /// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
 /// identity error and the exit counts under the same field names.
@@ -35,6 +37,7 @@ macro_rules! vcpu_figures {
                     idle_ns: self.idle_ns,
                     limited_ns: self.limited_ns,
                     paused_ns: self.paused_ns,
+                    blocked_ns: self.blocked_ns,
                 }
             }
 
@@ -209,9 +212,17 @@ pub struct VcpuTimes {
     pub limited_ns: u64,
     /// Parked because an operator paused the VM.
     pub paused_ns: u64,
+    /// Off CPU and not runnable, outside parks and halts (asleep in the kernel).
+    pub blocked_ns: u64,
     /// How guest/vmm were split: `exact` (level full), `estimated` (basic), `mixed`, `none`.
     pub split: SplitKind,
-    /// wall − (used + steal + halted + idle + limited + paused).
+    /// What split level full's intervals: `records` (context-switch records), `cpu_clock`,
+    /// `mixed`, or `none` (no interval at level full).
+    pub split_source: SplitSource,
+    /// Boundaries at which the records may have missed a switch (the window's blocked and
+    /// halted time then come from the thread CPU clock: docs/accounting.md).
+    pub records_lost: u64,
+    /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Micro-state at the time of reading: guest, vmm, idle, limited, paused, or finished.
     pub state: VcpuMicroState,
@@ -278,7 +289,9 @@ pub struct VcpuSummary {
     pub limited_ns: u64,
     /// Parked because an operator paused the VM.
     pub paused_ns: u64,
-    /// wall − (used + steal + halted + idle + limited + paused).
+    /// Off CPU and not runnable, outside parks and halts (asleep in the kernel).
+    pub blocked_ns: u64,
+    /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Number of parks.
     pub parks: u64,
@@ -306,6 +319,7 @@ impl From<VcpuTimes> for VcpuSummary {
             idle_ns: t.idle_ns,
             limited_ns: t.limited_ns,
             paused_ns: t.paused_ns,
+            blocked_ns: t.blocked_ns,
             identity_error_ns: t.identity_error_ns,
             parks: t.parks,
             exits: t.exits.into_iter().filter(|(_, n)| *n > 0).collect(),

@@ -26,6 +26,7 @@ pub mod histogram;
 pub mod host;
 pub mod meter;
 pub mod snapshot;
+pub mod switches;
 
 pub use ppa_vmm_api::{Level, Threshold, Thresholds};
 
