@@ -306,6 +306,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
         "IDLE_MS",
         "LMTD_MS",
         "PAUSED_MS",
+        "BLKD_MS",
         "EXITS",
     ];
     let rows: Vec<Vec<String>> = stats
@@ -324,6 +325,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
                 ms(v.idle_ns.saturating_add(v.halted_ns)),
                 ms(v.limited_ns),
                 ms(v.paused_ns),
+                ms(v.blocked_ns),
                 v.total_exits().to_string(),
             ]
         })

@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, SplitKind, Stats,
-    Thresholds, VcpuMicroState, VcpuTimes, VmState, VmStats,
+    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, SplitKind, SplitSource,
+    Stats, Thresholds, VcpuMicroState, VcpuTimes, VmState, VmStats,
 };
 use serde_json::{json, Value};
 
@@ -121,7 +121,10 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         idle_ns: wall_ns - used_ns,
         limited_ns: 0,
         paused_ns: 0,
+        blocked_ns: 0,
         split: SplitKind::Exact,
+        split_source: SplitSource::Records,
+        records_lost: 0,
         identity_error_ns: 0,
         state: VcpuMicroState::Guest,
         exits: exits.iter().map(|(r, c)| (r.to_string(), *c)).collect(),

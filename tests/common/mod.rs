@@ -119,7 +119,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
     assert!(
         identity_explained(t.wall_ns, t.identity_error_ns, host_steal),
         "identity fails for vCPU {} ({}): wall {} vs used {} + steal {} + halted {} + idle {} + \
-         limited {} + paused {} (error {} ns, host steal {host_steal} ns)",
+         limited {} + paused {} + blocked {} (error {} ns, host steal {host_steal} ns)",
         v.times.id,
         v.tiny().map_or("", |t| t.workload.as_str()),
         t.wall_ns,
@@ -129,6 +129,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
         t.idle_ns,
         t.limited_ns,
         t.paused_ns,
+        t.blocked_ns,
         t.identity_error_ns
     );
 }

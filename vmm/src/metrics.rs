@@ -223,6 +223,11 @@ fn declare_all(f: &mut Families) {
         "Time parked because an operator paused the VM.",
     );
     f.declare(
+        "ppa_vcpu_blocked_seconds_total",
+        Counter,
+        "Time off CPU and not runnable outside parks and halts (asleep in the kernel).",
+    );
+    f.declare(
         "ppa_vcpu_kvm_seconds_total",
         Counter,
         "Measured in-kernel exit handling time (only where the host can split it out).",
@@ -280,7 +285,7 @@ fn declare_all(f: &mut Families) {
     f.declare(
         "ppa_vcpu_identity_error_seconds",
         Gauge,
-        "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused).",
+        "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused + blocked).",
     );
     f.declare(
         "ppa_vcpu_overloads_total",

@@ -278,7 +278,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
             "VCPU",
             "WORKLOAD",
             "END",
@@ -290,6 +290,7 @@ impl Report {
             "IDLE",
             "HALT",
             "LMTD",
+            "BLKD",
             "/proc ms",
             "EXITS",
             "IDENT"
@@ -308,7 +309,7 @@ impl Report {
             w.truncate(24);
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
@@ -320,6 +321,7 @@ impl Report {
                 ms(t.idle_ns),
                 ms(t.halted_ns),
                 ms(t.limited_ns),
+                ms(t.blocked_ns),
                 ticks,
                 total,
                 t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64,
@@ -328,8 +330,12 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {}. IDENT = wall - (used+steal+halted+idle+limited+paused).",
-            self.vcpus.first().map_or("-", |v| v.times.split.as_str())
+             GUEST/VMM split: {} (from {}). BLKD: asleep in the kernel outside parks, not halted. \
+             IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
+            self.vcpus.first().map_or("-", |v| v.times.split.as_str()),
+            self.vcpus
+                .first()
+                .map_or("-", |v| v.times.split_source.as_str())
         );
         for g in &self.groups {
             let _ = writeln!(

@@ -13,11 +13,12 @@
 //! `wall − on-CPU − run-queue wait`: what the identity of spec section 4 needs.
 
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ppa_vmm_api::VcpuMicroState;
 
 use super::histogram::Histogram;
+use super::switches::{Pairing, RingView, SwitchRing, Tally};
 use super::{AccountingControl, ByKey, Key, Level, PerThreshold, Threshold};
 use crate::exit::ExitReason;
 
@@ -184,6 +185,25 @@ pub struct VcpuMeter {
     pub blocked: PerPark<Counter>,
     /// Number of parks.
     pub parks: Counter,
+    /// KVM_RUN intervals at level full split with context-switch records (the rest of the
+    /// full ones read the thread CPU clock).
+    pub records_runs: Counter,
+    /// Boundaries at which the records may have been incomplete (see `switches`).
+    pub records_lost: Counter,
+    /// Off-CPU episodes the records showed outside parks.
+    pub records_episodes: Counter,
+    /// The records' consumer position, its open switch-out (time, 0: none) and whether that
+    /// was a preemption, as of the last drain: what readers peek from.
+    pub ring_tail: Counter,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_out: Counter,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_out_preempted: Counter,
+    /// 1 while the records are on (level full with a ring), else 0.
+    pub records_on: Counter,
+    /// The thread's context-switch ring, once level full first opened it (for readers' looks
+    /// at the interval in progress).
+    pub ring: OnceLock<Arc<RingView>>,
     /// Userspace exits by reason, exact at every level.
     pub exits: [Counter; ExitReason::COUNT],
     /// Userspace handling wall time by reason.
@@ -234,6 +254,18 @@ pub struct MeterReading {
     pub blocked: PerPark<u64>,
     /// See [`VcpuMeter::parks`].
     pub parks: u64,
+    /// See [`VcpuMeter::records_runs`].
+    pub records_runs: u64,
+    /// See [`VcpuMeter::records_lost`].
+    pub records_lost: u64,
+    /// See [`VcpuMeter::records_episodes`].
+    pub records_episodes: u64,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_tail: u64,
+    /// The consumer's pairing state as of `ring_tail`.
+    pub ring_pairing: Pairing,
+    /// See [`VcpuMeter::records_on`].
+    pub records_on: bool,
     /// See [`VcpuMeter::exits`].
     pub exits: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exit_ns`].
@@ -287,6 +319,14 @@ impl VcpuMeter {
             start_wait: Counter::default(),
             blocked: Default::default(),
             parks: Counter::default(),
+            records_runs: Counter::default(),
+            records_lost: Counter::default(),
+            records_episodes: Counter::default(),
+            ring_tail: Counter::default(),
+            ring_out: Counter::default(),
+            ring_out_preempted: Counter::default(),
+            records_on: Counter::default(),
+            ring: OnceLock::new(),
             exits: Default::default(),
             exit_ns: Default::default(),
             exits_at_level: Default::default(),
@@ -357,6 +397,15 @@ impl VcpuMeter {
             start_wait: self.start_wait.get(),
             blocked: self.blocked.map(Counter::get),
             parks: self.parks.get(),
+            records_runs: self.records_runs.get(),
+            records_lost: self.records_lost.get(),
+            records_episodes: self.records_episodes.get(),
+            ring_tail: self.ring_tail.get(),
+            ring_pairing: Pairing::with_pending(match self.ring_out.get() {
+                0 => None,
+                t => Some((t, self.ring_out_preempted.get() != 0)),
+            }),
+            records_on: self.records_on.get() != 0,
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
             exits_at_level: self.exits_at_level.map(Counter::get),
@@ -426,6 +475,16 @@ pub struct Recorder {
     exit_vmm_ns: u64,
     park: Option<(MicroState, ParkStamp)>,
     wakeup_from: Option<u64>,
+    /// The thread's context-switch records, when perf gives them (level full uses them
+    /// instead of the thread CPU clock).
+    ring: Option<SwitchRing>,
+    /// Whether to try records at all, and whether opening them was tried.
+    records_wanted: bool,
+    records_tried: bool,
+    /// Off-CPU time inside the KVM_RUN in progress found by the drain at its entry.
+    run_off: u64,
+    /// The ring position last published to the meter.
+    published_tail: u64,
 }
 
 impl Recorder {
@@ -449,7 +508,125 @@ impl Recorder {
             exit_vmm_ns: 0,
             park: None,
             wakeup_from: None,
+            ring: None,
+            records_wanted: false,
+            records_tried: false,
+            run_off: 0,
+            published_tail: 0,
         }
+    }
+
+    /// Starts the clocks at `start` (after `use_records`, whose cost is then nobody's time):
+    /// the recorder is in state `vmm` from there, and records from before are dropped.
+    pub fn begin(&mut self, start: Stamp) {
+        let _ = self.drain(u64::MAX);
+        self.since = start.now;
+        self.cpu_since = start.cpu;
+        self.meter.begin();
+        self.publish_ring();
+        self.meter.set_state(MicroState::Vmm, start.now);
+        self.meter.end();
+    }
+
+    /// Applies the level of the next KVM_RUN to the records before its entry stamp is taken:
+    /// opening or switching them can sleep, which must fall in the interval measured at the
+    /// old level, not inside the run.
+    #[inline]
+    pub fn prepare(&mut self, next: Level) {
+        self.apply_records(next);
+    }
+
+    /// Splits level `full` with context-switch records instead of thread-CPU-clock reads,
+    /// where perf gives them. The recorder opens them on its thread (the vCPU thread) the
+    /// first time level full is in force: an open event costs every context switch on the
+    /// host a little, so a VM that never uses level full does not open one.
+    pub fn use_records(&mut self) {
+        self.records_wanted = true;
+        self.apply_records(self.level);
+    }
+
+    /// Whether records split level full (else the thread CPU clock does).
+    pub fn has_records(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Opens the records (once), and turns them on for level full and off otherwise (a
+    /// system call, only when that changes); a ring that cannot be switched is given up for
+    /// the CPU clock.
+    fn apply_records(&mut self, level: Level) {
+        if level == Level::Full && self.records_wanted && !self.records_tried {
+            self.records_tried = true;
+            match SwitchRing::open() {
+                Ok(ring) => {
+                    let _ = self.meter.ring.set(ring.view());
+                    self.ring = Some(ring);
+                }
+                Err(e) => log::warn!(
+                    "no context-switch records for this vCPU thread ({e}); level full reads the thread CPU clock at every KVM_RUN boundary"
+                ),
+            }
+        }
+        let Some(ring) = &mut self.ring else {
+            return;
+        };
+        let want = level == Level::Full;
+        if ring.enabled() == want {
+            return;
+        }
+        let ok = ring.set_enabled(want).is_ok();
+        if !ok {
+            log::warn!("context-switch records could not be switched; level full reads the thread CPU clock");
+            self.ring = None;
+        }
+        self.meter.begin();
+        self.meter.records_on.set(u64::from(want && ok));
+        self.publish_ring();
+        self.meter.end();
+    }
+
+    /// Whether a boundary between intervals at `prev` and `next` reads the thread CPU clock:
+    /// level full without records.
+    #[inline]
+    pub fn needs_cpu_clock(&self, prev: Level, next: Level) -> bool {
+        (prev == Level::Full || next == Level::Full) && self.ring.is_none()
+    }
+
+    /// The records since the last drain, split at `boundary` (None: no records in use).
+    #[inline]
+    fn drain(&mut self, boundary: u64) -> Option<Tally> {
+        // A disabled ring still holds what it recorded before it was disabled.
+        Some(self.ring.as_mut()?.drain(boundary))
+    }
+
+    /// Counts what a drain found and publishes the ring position for readers' peeks (only
+    /// when it moved). Called inside a write section.
+    #[inline]
+    fn note_records(&mut self, t: &Tally) {
+        let m = &*self.meter;
+        if t.episodes != 0 {
+            m.records_episodes.add(t.episodes);
+        }
+        if t.lost {
+            m.records_lost.add(1);
+        }
+        self.publish_ring();
+    }
+
+    #[inline]
+    fn publish_ring(&mut self) {
+        let Some(ring) = &self.ring else {
+            return;
+        };
+        let (tail, pairing) = ring.position();
+        if tail == self.published_tail {
+            return;
+        }
+        self.published_tail = tail;
+        let m = &*self.meter;
+        m.ring_tail.set(tail);
+        let (out, preempted) = pairing.pending().unwrap_or((0, false));
+        m.ring_out.set(out);
+        m.ring_out_preempted.set(u64::from(preempted));
     }
 
     /// The shared meter.
@@ -508,15 +685,26 @@ impl Recorder {
     }
 
     /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
-    /// current exit. Called inside a write section.
+    /// current exit. Called inside a write section. At level full its on-CPU part is the wall
+    /// time less the off-CPU episodes the records show, or the thread CPU clock's delta.
     #[inline]
     fn close_vmm(&mut self, s: Stamp) {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
+        let records = if self.level == Level::Full {
+            self.drain(s.now)
+        } else {
+            None
+        };
+        if let Some(t) = &records {
+            self.note_records(t);
+            self.run_off += t.off[1];
+        }
         let m = &*self.meter;
         m.wall[MicroState::Vmm].add(h);
-        match (self.level, s.cpu, self.cpu_since) {
-            (Level::Full, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
+        match (self.level, records, s.cpu, self.cpu_since) {
+            (Level::Full, Some(t), _, _) => m.cpu_vmm_full.add(h.saturating_sub(t.off[0])),
+            (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
         }
     }
@@ -588,17 +776,35 @@ impl Recorder {
     /// interval.
     #[inline]
     pub fn on_exit(&mut self, s: Stamp, reason: ExitReason) {
-        let m = &*self.meter;
         let r = reason.index();
         let timed = self.level != Level::Off;
         let run = s.now.saturating_sub(self.since);
-        m.begin();
+        let records = if self.level == Level::Full {
+            self.drain(self.since)
+        } else {
+            None
+        };
+        self.meter.begin();
+        if let Some(t) = &records {
+            self.note_records(t);
+        }
+        let m = &*self.meter;
         m.exits[r].add(1);
         m.exits_at_level[self.level].add(1);
         if timed {
             m.wall[MicroState::Guest].add(run);
-            if let (Level::Full, Some(c), Some(c0)) = (self.level, s.cpu, self.cpu_since) {
-                m.cpu_guest_full.add(c.saturating_sub(c0));
+            match (self.level, records, s.cpu, self.cpu_since) {
+                (Level::Full, Some(t), _, _) => {
+                    // Side 0 began before this entry, in an interval measured otherwise (a
+                    // park, or VMM time at another level): not this run's.
+                    let off = self.run_off + t.off[1];
+                    m.cpu_guest_full.add(run.saturating_sub(off));
+                    m.records_runs.add(1);
+                }
+                (Level::Full, None, Some(c), Some(c0)) => {
+                    m.cpu_guest_full.add(c.saturating_sub(c0));
+                }
+                _ => {}
             }
             let t = self.control.threshold(Threshold::GuestRun);
             if t != 0 && run > t {
@@ -613,6 +819,7 @@ impl Recorder {
         }
         self.exit_reason = Some(r);
         self.exit_vmm_ns = 0;
+        self.run_off = 0;
         self.since = s.now;
         self.cpu_since = s.cpu;
     }
@@ -647,6 +854,7 @@ impl Recorder {
         }
         self.meter.set_state(kind, p.now);
         self.meter.end();
+        self.run_off = 0;
         self.park = Some((kind, p));
     }
 
@@ -670,9 +878,14 @@ impl Recorder {
         let Some((kind, start)) = self.park.take() else {
             return;
         };
-        let m = &*self.meter;
+        // The park measures itself (its stamps); its records are dropped.
+        let records = self.drain(u64::MAX);
         let wall = p.now.saturating_sub(start.now);
-        m.begin();
+        self.meter.begin();
+        if records.is_some() {
+            self.publish_ring();
+        }
+        let m = &*self.meter;
         m.parks.add(1);
         m.wall[kind].add(wall);
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =

@@ -6,7 +6,8 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use ppa_vmm_api::{
-    Level, LimitBackend, SplitKind, Threshold, Thresholds, VcpuMicroState, VmState, VmStats,
+    Level, LimitBackend, SplitKind, SplitSource, Threshold, Thresholds, VcpuMicroState, VmState,
+    VmStats,
 };
 
 /// A VM name that needs every escape.
@@ -33,7 +34,10 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuTimes 
         idle_ns: 1_000_000_000,
         limited_ns: 0,
         paused_ns: 250_000_000,
+        blocked_ns: 0,
         split: SplitKind::Estimated,
+        split_source: SplitSource::None,
+        records_lost: 0,
         identity_error_ns: if id == 0 { -150_000 } else { 1 },
         state: VcpuMicroState::Guest,
         exits: map(&[("hlt", 3), ("io_out", 42)]),
@@ -268,6 +272,7 @@ fn families_once_each_and_grouped() {
         "ppa_vcpu_idle_seconds_total",
         "ppa_vcpu_limited_seconds_total",
         "ppa_vcpu_paused_seconds_total",
+        "ppa_vcpu_blocked_seconds_total",
         "ppa_vcpu_kvm_seconds_total",
         "ppa_vcpu_kvm_estimated_seconds_total",
         "ppa_vcpu_guest_code_estimated_seconds_total",
@@ -301,10 +306,10 @@ fn every_sample_parses_and_is_unique() {
         assert!(seen.insert((s.name, s.labels)), "duplicate series {line}");
         n += 1;
     }
-    // 4 VM samples + 4 thresholds; per vCPU: info, 11 times, 2 + 2 exit figures, overloads,
+    // 4 VM samples + 4 thresholds; per vCPU: info, 12 times, 2 + 2 exit figures, overloads,
     // migrations and parks, 4 thresholds, identity; then vCPU 0's two estimates and
     // kvm_exits, and vCPU 1's kvm_ns.
-    assert_eq!(n, 8 + (1 + 11 + 4 + 2 + 4 + 1 + 1) * 2 + 3 + 1, "{text}");
+    assert_eq!(n, 8 + (1 + 12 + 4 + 2 + 4 + 1 + 1) * 2 + 3 + 1, "{text}");
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
 }
 
