@@ -102,6 +102,17 @@ fn four_busy_vcpus_at(level: Level) {
         if level == Level::Full {
             assert_eq!(t.split_source, SplitSource::Records, "vCPU {}", t.id);
             assert_eq!(t.records_lost, 0, "vCPU {}", t.id);
+            // Two independent views of the run-queue wait of a busy thread: the kernel's
+            // schedstat run_delay (steal_ns) and the records' preempted episodes.
+            assert!(
+                t.records_preempted_ns.abs_diff(t.steal_ns) <= t.wall_ns / 100,
+                "vCPU {}: the records saw {} ns preempted, schedstat {} ns of steal, over 1 % \
+                 of wall {}",
+                t.id,
+                t.records_preempted_ns,
+                t.steal_ns,
+                t.wall_ns
+            );
         }
         assert!(
             pct(t.steal_ns, t.wall_ns) >= 30.0,
