@@ -323,6 +323,10 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
         // The guest's steal clock is KVM's view of the same run-queue wait, counted until
         // the guest read /proc/stat, in 10 ms ticks.
         let seen = guest_steal_ns(&console, i);
+        eprintln!(
+            "vCPU {i}: guest /proc/stat steal {seen} ns, steal_ns {} ns",
+            n("steal_ns")
+        );
         assert!(
             seen <= n("steal_ns") + 20_000_000,
             "vCPU {i}: the guest saw {seen} ns of steal, the VMM {} ns",
