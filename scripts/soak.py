@@ -91,6 +91,22 @@ def loadavg():
         return float(f.read().split()[0])
 
 
+def thread_ticks(pid):
+    """CPU ticks (utime + stime) by thread name; the vCPU threads summed as `vcpu*`."""
+    by_name = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:
+            continue
+        name = head.partition("(")[2]
+        name = "vcpu*" if name.startswith("vcpu") else name
+        fields = rest.split()
+        by_name[name] = by_name.get(name, 0) + int(fields[11]) + int(fields[12])
+    return by_name
+
+
 def proc_sample(pid):
     """RSS, peak RSS, threads, open fds and CPU ticks of a process, or None if it is gone."""
     try:
@@ -106,6 +122,7 @@ def proc_sample(pid):
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         out["cpu_ticks"] = int(fields[11]) + int(fields[12])
+        out["thread_ticks"] = thread_ticks(pid)
         return out
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return None
@@ -114,7 +131,9 @@ def proc_sample(pid):
 def set_thread_nice(st, nice):
     """Give the calling thread `nice` (Linux: a tid is a PRIO_PROCESS target), as the VMM's api
     threads and `bench socket`'s client have, so that the latency measured is the VMM's and not
-    this thread's wait behind 64 vCPU threads. Falls back to the inherited nice."""
+    this thread's wait behind 64 vCPU threads. Called on the main thread after the VMM started
+    and before the other threads: they inherit it, so that no thread of ours holds the GIL while
+    it waits behind the vCPUs at a lower priority. Falls back to the inherited nice."""
     if nice is None:
         return
     try:
@@ -182,7 +201,6 @@ class Poller:
 
 
 def run_pollers(args, sock_path, st, t0, stop):
-    set_thread_nice(st, args.client_nice)
     sel = selectors.DefaultSelector()
     period = 1.0 / args.rate
     pollers = [Poller(i) for i in range(args.clients)]
@@ -314,7 +332,6 @@ def run_pollers(args, sock_path, st, t0, stop):
 
 
 def run_subscriber(args, sock_path, st):
-    set_thread_nice(st, args.client_nice)
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(sock_path)
@@ -343,7 +360,6 @@ def run_subscriber(args, sock_path, st):
 
 
 def run_scraper(args, url, st, stop):
-    set_thread_nice(st, args.client_nice)
     nxt = now()
     while not stop.is_set():
         t = now()
@@ -368,7 +384,6 @@ def run_scraper(args, url, st, stop):
 
 
 def run_limits(args, sock_path, st, stop):
-    set_thread_nice(st, args.client_nice)
     s = None
     i = 0
     nxt = now() + 1.0
@@ -511,6 +526,9 @@ def summarize(args, st, ctx):
         span = b["t"] - a["t"] or 1
         tck = os.sysconf("SC_CLK_TCK")
         host["vmm_cpu_pct_of_one_cpu"] = round(100.0 * (b["cpu_ticks"] - a["cpu_ticks"]) / tck / span, 1)
+        a_t, b_t = a.get("thread_ticks", {}), b.get("thread_ticks", {})
+        host["vmm_threads_cpu_pct_of_one_cpu"] = {
+            k: round(100.0 * (b_t[k] - a_t.get(k, 0)) / tck / span, 1) for k in sorted(b_t)}
         host["load1_first_max_last"] = [a["load1"], max(s["load1"] for s in st.samples), b["load1"]]
     host["cpus"] = os.cpu_count()
     host["kernel"] = os.uname().release
@@ -648,6 +666,7 @@ def text(sm):
         f"{h.get('load1_first_max_last')}; VMM {h.get('vmm_cpu_pct_of_one_cpu')} % of a CPU, "
         f"load generator {h.get('load_generator_cpu_s')} CPU s at nice "
         f"{sm['settings']['client_nice']} ({sm['client_nice']})",
+        f"VMM threads   % of a CPU: {h.get('vmm_threads_cpu_pct_of_one_cpu')}",
     ]
     for fl in sm["failures"]:
         out.append(f"FAIL: {fl}")
@@ -697,6 +716,7 @@ def main():
     proc, cmd, version = start_vmm(args, sock_path, port)
     print(f"soak: VMM pid {proc.pid} up ({version}); {args.duration:g} s of load; out {args.out}",
           flush=True)
+    set_thread_nice(st, args.client_nice)
     t0 = now()
     gen0 = os.times()
     threads = [
