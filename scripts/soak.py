@@ -21,6 +21,7 @@ writes summary.json and summary.txt into --out, prints the text and exits 0 on P
 import argparse
 import heapq
 import json
+import math
 import os
 import random
 import selectors
@@ -57,7 +58,7 @@ def pct(sorted_vals, p):
     """Nearest-rank percentile of an ascending list (None when empty)."""
     if not sorted_vals:
         return None
-    k = max(0, min(len(sorted_vals) - 1, int(round(p / 100.0 * len(sorted_vals) + 0.5)) - 1))
+    k = max(0, min(len(sorted_vals) - 1, math.ceil(p * len(sorted_vals) / 100.0 - 1e-9) - 1))
     return sorted_vals[k]
 
 
@@ -488,6 +489,17 @@ def start_vmm(args, sock_path, port):
 # ---------------------------------------------------------------- summary and verdict
 
 
+def slope_per_min(points):
+    """Least-squares slope of (t s, value) points, per minute (None under 3 points)."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return round(60.0 * sum((t - mt) * (v - mv) for t, v in points) / den, 2) if den else None
+
+
 def series(samples, key, ref_t):
     vals = [(s["t"], s[key]) for s in samples if key in s]
     if not vals:
@@ -495,7 +507,8 @@ def series(samples, key, ref_t):
     ref = next((v for t, v in vals if t >= ref_t), vals[-1][1])
     first, last = vals[0][1], vals[-1][1]
     return {"first": first, "at_10pct": ref, "max": max(v for _, v in vals), "last": last,
-            "last_over_10pct": round(last / ref, 3) if ref else None}
+            "last_over_10pct": round(last / ref, 3) if ref else None,
+            "slope_per_min_after_10pct": slope_per_min([(t, v) for t, v in vals if t >= ref_t])}
 
 
 def summarize(args, st, ctx):
@@ -635,7 +648,8 @@ def text(sm):
     r, f, s, e = sm["rss_kib"] or {}, sm["fds"] or {}, sm["stats_requests"], sm["events"]
     h, i, v = sm["host"], sm["identity"], sm["vmm"]
     line = lambda d: (f"first {d.get('first')}  at 10 % {d.get('at_10pct')}  max {d.get('max')}"  # noqa: E731
-                      f"  last {d.get('last')}  (last / at 10 % = {d.get('last_over_10pct')})")
+                      f"  last {d.get('last')}  (last / at 10 % = {d.get('last_over_10pct')}; "
+                      f"{d.get('slope_per_min_after_10pct')}/min after 10 %)")
     out = [
         f"ppa-vmm soak: {sm['verdict']}  ({sm['ran_s']} s, {sm['settings']['vcpus']} vCPUs mixed, "
         f"{sm['settings']['clients']} clients x {sm['settings']['rate']} Hz)",
@@ -695,6 +709,8 @@ def main():
     args = ap.parse_args()
     if args.vcpus < 4:
         raise SystemExit("soak: --vcpus must be at least 4")
+    if args.clients < 1 or args.rate <= 0 or not 0 <= args.kill_fraction <= 1:
+        raise SystemExit("soak: --clients >= 1, --rate > 0 and 0 <= --kill-fraction <= 1")
     if args.sample_interval is None:
         args.sample_interval = max(0.5, min(5.0, args.duration / 20))
     os.makedirs(args.out, exist_ok=True)
