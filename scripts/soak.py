@@ -729,7 +729,11 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
 
     st = Stats()
-    proc, cmd, version = start_vmm(args, sock_path, port)
+    try:
+        proc, cmd, version = start_vmm(args, sock_path, port)
+    except SystemExit:
+        os.rmdir(sockdir)  # the VMM removes its socket file when it ends
+        raise
     print(f"soak: VMM pid {proc.pid} up ({version}); {args.duration:g} s of load; out {args.out}",
           flush=True)
     set_thread_nice(st, args.client_nice)
