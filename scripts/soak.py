@@ -708,9 +708,9 @@ def main():
     ap.add_argument("--client-nice", type=int, default=-10)
     args = ap.parse_args()
     if args.vcpus < 4:
-        raise SystemExit("soak: --vcpus must be at least 4")
+        ap.error("--vcpus must be at least 4")
     if args.clients < 1 or args.rate <= 0 or not 0 <= args.kill_fraction <= 1:
-        raise SystemExit("soak: --clients >= 1, --rate > 0 and 0 <= --kill-fraction <= 1")
+        ap.error("--clients must be >= 1, --rate > 0 and --kill-fraction within 0..1")
     if args.sample_interval is None:
         args.sample_interval = max(0.5, min(5.0, args.duration / 20))
     os.makedirs(args.out, exist_ok=True)
