@@ -17,9 +17,9 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use types::{
-    identity_within, GroupStats, GuestCpuView, GuestThreadView, GuestView, HistogramJson, HostCpu,
-    Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes,
-    VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+    identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
+    HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
+    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.
