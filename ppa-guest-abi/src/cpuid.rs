@@ -107,6 +107,8 @@ impl fmt::Display for CpuidError {
     }
 }
 
+impl core::error::Error for CpuidError {}
+
 /// [`SIGNATURE`] as the three registers EBX, ECX, EDX.
 const SIGNATURE_WORDS: [u32; 3] = {
     let s = SIGNATURE;
