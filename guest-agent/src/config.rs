@@ -215,6 +215,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shipped_config_file_is_the_defaults_and_the_unit_probes_first() {
+        let c = Config::parse(
+            Path::new("ppa-agent.conf"),
+            include_str!("../ppa-agent.conf"),
+        );
+        assert_eq!(c.unwrap(), Config::default());
+        let unit = include_str!("../ppa-agent.service");
+        let cond = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecCondition="))
+            .expect("an ExecCondition");
+        assert!(cond.ends_with("--probe"), "{cond}");
+        let start = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap();
+        assert_eq!(
+            cond.strip_suffix(" --probe"),
+            Some(start),
+            "probe what is started"
+        );
+    }
+
+    #[test]
     fn intervals_with_units() {
         assert_eq!(parse_interval("100ms"), Ok(Duration::from_millis(100)));
         assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
