@@ -113,22 +113,32 @@ fn short_process(shared: *mut u64, spin_ns: u64) -> (u32, u64, u64) {
     (pid as u32, seen, tv(ru.ru_utime) + tv(ru.ru_stime))
 }
 
-/// Starts the agent on `page`; its stderr goes to `log`.
+/// Starts the agent on `page`; its stderr goes to `log`. The kernel kills it when the thread
+/// that started it ends, so a failed assertion (which aborts: `panic = "abort"`) leaves no
+/// agent behind.
 fn start_agent(page: &Path, log: &Path, extra: &[&str]) -> Child {
-    Command::new(agent_bin())
-        .args([
-            "--config",
-            "/dev/null",
-            "--interval",
-            "100ms",
-            "--log-exits",
-            "--page-file",
-        ])
-        .arg(page)
-        .args(extra)
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-        .spawn()
-        .expect("ppa-agent starts")
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--config",
+        "/dev/null",
+        "--interval",
+        "100ms",
+        "--log-exits",
+    ])
+    .arg("--page-file")
+    .arg(page)
+    .args(extra)
+    .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    };
+    cmd.spawn().expect("ppa-agent starts")
 }
 
 fn stop_agent(mut child: Child) {
@@ -200,7 +210,7 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
     let (spin_tid, spun, stop_spin, h_spin) = thread("agent-spin", 300_000_000);
     // One thread that starts and ends between two samples (most likely: it lives ~2 ms
     // of a 100 ms interval; if a sample catches it, it is counted as an exit all the same).
-    let (_, a1) = after_samples(&mut c, pid, a0.samples, 1);
+    after_samples(&mut c, pid, a0.samples, 1);
     let before = guest(&mut c);
     let (blip_tid, blip_cpu, stop_blip, h_blip) = thread("agent-blip", 2_000_000);
     stop_blip.send(()).unwrap();
@@ -221,7 +231,9 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
     let children: Vec<(u32, u64, u64)> = (0..50)
         .map(|_| short_process(shared.cast(), 3_000_000))
         .collect();
-    let (g, a) = after_samples(&mut c, pid, a1.samples, 3);
+    // Two samples after the last child ended (the sample under way may predate it).
+    let now = guest(&mut c).agent.map_or(0, |a| a.samples);
+    let (g, a) = after_samples(&mut c, pid, now, 2);
 
     // The spinner: its published on-CPU time is its own measurement within 1 %.
     let spin = g
@@ -298,8 +310,16 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
             .stdout,
     )
     .unwrap();
-    assert!(text.contains("agent: pid"), "{text}");
-    assert!(text.contains("agent-spin"), "{text}");
+    // (It lists the 20 threads with the most on-CPU time, which need not include ours.)
+    assert!(
+        text.contains(&format!("agent: pid {pid}, every 100 ms")),
+        "{text}"
+    );
+    assert!(
+        text.contains("of which started and ended between samples"),
+        "{text}"
+    );
+    assert!(text.contains("TGID NAME"), "{text}");
 
     // A stopped agent leaves its last publication, marked.
     stop_agent(agent);

@@ -186,17 +186,27 @@ fn a_bad_config_file_is_named_with_its_line() {
 
 /// A running agent publishing into `page` every 20 ms.
 fn agent(page: &Path, extra: &[&str]) -> Child {
-    Command::new(bin())
-        .args(["--config", "/dev/null", "--interval", "20ms", "--page-file"])
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(bin());
+    cmd.args(["--config", "/dev/null", "--interval", "20ms", "--page-file"])
         .arg(page)
         .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+    // which is async-signal-safe. The agent dies with the test thread that started it, so
+    // a failed assertion (which aborts the test process) leaves none behind.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    };
+    cmd.spawn().unwrap()
 }
 
-/// The guest header and agent record now in the page file (guest section at 320).
-fn published(page: &Path) -> (GuestHeader, GuestAgent) {
+/// The guest header and agent record now in the page file (guest section at 320); `None`
+/// when the copy caught either mid-write.
+fn published(page: &Path) -> Option<(GuestHeader, GuestAgent)> {
     let bytes = std::fs::read(page).unwrap();
     let words: Vec<u64> = bytes
         .chunks_exact(8)
@@ -205,19 +215,20 @@ fn published(page: &Path) -> (GuestHeader, GuestAgent) {
     let base = words.as_ptr().cast::<u8>();
     // SAFETY: `words` is 8-aligned and holds the whole file; nobody writes this copy.
     unsafe {
-        (
-            read_record(base.add(320).cast::<GuestHeader>(), 8).unwrap(),
-            read_record(base.add(320 + 64).cast::<GuestAgent>(), 8).unwrap(),
-        )
+        Some((
+            read_record(base.add(320).cast::<GuestHeader>(), 1).ok()?,
+            read_record(base.add(320 + 64).cast::<GuestAgent>(), 1).ok()?,
+        ))
     }
 }
 
 /// Waits (bounded) until the agent has taken `n` samples.
 fn wait_samples(page: &Path, n: u64) -> (GuestHeader, GuestAgent) {
     for _ in 0..1000 {
-        let (h, a) = published(page);
-        if a.magic == AGENT_MAGIC && a.samples >= n {
-            return (h, a);
+        if let Some((h, a)) = published(page) {
+            if a.magic == AGENT_MAGIC && a.samples >= n {
+                return (h, a);
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -265,14 +276,15 @@ fn another_writer_in_the_guest_header_stops_the_agent() {
     let page = d.join("page");
     write_region_file(&page, 65536, 2).unwrap();
     let child = agent(&page, &[]);
-    // A second agent on the same page is refused while the first holds it.
+    let (h, _) = wait_samples(&page, 2);
+    // A second agent on the same page is refused while the first (which has
+    // published, so holds the lock) runs.
     let (c, err, _) = run(&["--once", "--page-file", page.to_str().unwrap()]);
     assert_eq!(c, 4, "{err}");
     assert!(
         err.contains("another ppa-agent is publishing into this page"),
         "{err}"
     );
-    let (h, _) = wait_samples(&page, 2);
     // Something else writes the guest header: its counter moves by a whole write. (Until
     // the agent notices: a store that lands inside one of the agent's own writes is
     // overwritten by it, as a second writer's would be.)
@@ -306,7 +318,7 @@ fn sigterm_ends_with_a_last_publication_marked_stopped() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let (code, err) = stderr_of(child);
     assert_eq!(code, 0, "{err}");
-    let (h, a) = published(&page);
+    let (h, a) = published(&page).expect("nobody writes the page any more");
     assert_ne!(a.flags & AGENT_STOPPED, 0, "{a:?}");
     assert!(a.samples >= 3 && a.interval_ns == 20_000_000, "{a:?}");
     assert!(h.threads_count > 0 && a.threads_published == h.threads_count);
