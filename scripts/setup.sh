@@ -18,6 +18,28 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# The Linux guest image (images/linux/build.sh) and the nested test host (scripts/nested-run.sh,
+# tests/nested.rs): QEMU, a static busybox, cpio, lz4 (to unpack the ELF kernel), and gcc with a
+# static libc for the workload runner.
+need_debs=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need_debs+=(qemu-system-x86)
+command -v cpio >/dev/null 2>&1 || need_debs+=(cpio)
+command -v lz4 >/dev/null 2>&1 || need_debs+=(lz4)
+command -v gcc >/dev/null 2>&1 || need_debs+=(gcc)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need_debs+=(libc6-dev)
+# busybox-static replaces the dynamic busybox package; where that one is installed, the image
+# scripts fetch busybox-static's .deb into their cache instead.
+if ! dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' &&
+  ! dpkg-query -W -f '${Status}' busybox 2>/dev/null | grep -q 'ok installed'; then
+  need_debs+=(busybox-static)
+fi
+if [ ${#need_debs[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
+fi
+
 if [ ! -e /dev/kvm ]; then
   echo "setup: warning: /dev/kvm is missing; the KVM tests will fail and say so" >&2
 fi

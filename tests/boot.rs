@@ -1,9 +1,10 @@
 //! End-to-end tests that boot the tiny guest on KVM through the library and check what it
-//! reports against the guest's own rdtsc measurements and against exact counts.
+//! reports against exact counts and its own measurements (how close those come to the wall
+//! clock is the accuracy target's, tests/accuracy.rs).
 
 mod common;
 
-use common::{assert_all_exited_ok, reported, run_vm, serial};
+use common::{assert_all_exited_ok, reported, run_busy_alone, run_vm, serial};
 
 #[test]
 fn every_workload_but_fault_exits_zero() {
@@ -20,7 +21,7 @@ fn every_workload_but_fault_exits_zero() {
     );
     assert_all_exited_ok(&out.report);
     assert_eq!(out.exit_code, 0);
-    assert_eq!(out.report.vm.end, "completed");
+    assert_eq!(out.report.vm.end, ppa_vmm_api::VmEnd::Completed);
     for v in &out.report.vcpus {
         assert!(v.times.host_tid > 0, "vCPU {} has a host tid", v.times.id);
         assert!(v.times.wall_ns > 0);
@@ -101,23 +102,13 @@ fn one_two_eight_and_sixty_four_vcpus_run() {
     }
 }
 
+/// A busy guest's figures agree with one another; how close its spin comes to 300 ms is the
+/// accuracy target's (`busy_spin_matches_wall_time_and_loses_little_alone`).
 #[test]
-fn busy_spin_matches_wall_time_and_loses_little_alone() {
+fn a_busy_guest_reports_consistent_figures() {
     let _g = serial();
-    let out = run_vm(1, &["busy:ms=300"]);
-    assert_all_exited_ok(&out.report);
+    let (out, spin, lost) = run_busy_alone(300);
     let v = &out.report.vcpus[0];
-    let spin = reported(v, "spin_ns");
-    let lost = reported(v, "lost_ns");
-    let target = 300_000_000u64;
-    assert!(
-        spin.abs_diff(target) <= target / 100,
-        "spin_ns {spin} within 1 % of 300 ms"
-    );
-    assert!(
-        lost < spin / 20,
-        "lost_ns {lost} under 5 % of spin_ns {spin}"
-    );
     assert_eq!(reported(v, "ran_ns"), spin - lost);
     // The host's wall clock for the vCPU thread covers the guest's spin.
     assert!(
@@ -133,17 +124,29 @@ fn fault_is_reported_and_the_others_stop_cleanly() {
     for kind in ["hlt", "ud"] {
         let out = run_vm(3, &["busy:ms=5000", &format!("1=fault:kind={kind}")]);
         assert_ne!(out.exit_code, 0);
-        assert_eq!(out.report.vm.end, "failed");
+        assert_eq!(out.report.vm.end, ppa_vmm_api::VmEnd::Failed);
         let f = &out.report.vcpus[1];
-        assert_eq!(f.end, "failed");
+        assert_eq!(f.end, ppa_vmm_api::VcpuEndKind::Failed);
         assert_eq!(f.times.exits["shutdown"], 1);
         let failure = f.failure.as_ref().expect("failure reported");
         assert!(failure.reason.contains("shut down"), "{}", failure.reason);
         let regs = failure.regs.as_ref().expect("registers reported");
-        assert_eq!(regs.cs, "0x33", "failed at CPL 3 in the guest");
+        if regs.reset {
+            // KVM on SVM resets the vCPU after a triple fault: the report must say so and
+            // give the last exit the VMM saw (the console line of vCPU 0 is not this vCPU's).
+            assert!(failure.reason.contains("reset state"), "{}", failure.reason);
+            assert_eq!((regs.cs.as_str(), regs.rip.as_str()), ("0xf000", "0xfff0"));
+        } else {
+            assert_eq!(regs.cs, "0x33", "failed at CPL 3 in the guest");
+        }
         // The 5 s busy vCPUs cannot have finished: the VMM stopped them, without failure.
         for other in [&out.report.vcpus[0], &out.report.vcpus[2]] {
-            assert_eq!(other.end, "stopped", "vCPU {}", other.times.id);
+            assert_eq!(
+                other.end,
+                ppa_vmm_api::VcpuEndKind::Stopped,
+                "vCPU {}",
+                other.times.id
+            );
             assert!(other.failure.is_none());
             assert!(
                 other.tiny().unwrap().guest_reported.is_empty(),
@@ -172,6 +175,10 @@ fn a_5_gib_vm_has_ram_above_4_gib_that_the_guest_writes_and_reads_back() {
     let v = &out.report.vcpus[0];
     assert_eq!(reported(v, "touch_base"), 4 << 30, "RAM above 4 GiB");
     assert_eq!(reported(v, "touched_bytes"), 256 << 20);
-    assert_eq!(reported(v, "touch_errors"), 0, "every word read back as written");
+    assert_eq!(
+        reported(v, "touch_errors"),
+        0,
+        "every word read back as written"
+    );
     assert_eq!(out.report.vm.info.memory_mib, 5 << 10);
 }

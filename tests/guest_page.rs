@@ -1,77 +1,24 @@
 //! The PPA page seen from both sides with a real guest: the tiny guest publishes each vCPU's
 //! worker thread through ppa-guest-abi, the VMM decodes it (`guest`, the report), and the
-//! figures are compared with the guest's own rdtsc measurements and with the host's accounting.
+//! figures are compared with the guest's own rdtsc measurements field for field (how close
+//! they come to the host's accounting is the accuracy target's, tests/accuracy/guest_page.rs).
 //! The `hostile` workload then writes each kind of bad data into the page from inside the VM.
 
 mod common;
 
 use std::time::Duration;
 
+use common::page::paused_busy_workers;
 use common::vmm::Vmm;
-use common::{assert_all_exited_ok, reported, run_vm, serial};
-use ppa_vmm_api::{GuestThreadView, GuestView, Stats, VcpuTimes};
+use common::{assert_all_exited_ok, guest_thread, reported, run_vm, serial};
+use ppa_vmm_api::{GuestView, Stats};
 use serde_json::json;
 
-/// The issue's bound on |on_cpu_ns − guest_ns|, as a share of guest_ns.
-const ON_CPU_SHARE: f64 = 0.02;
-
-fn thread<'a>(g: &'a GuestView, name: &str) -> &'a GuestThreadView {
-    g.threads
-        .iter()
-        .find(|t| t.comm == name)
-        .unwrap_or_else(|| panic!("no thread record named {name}: {g:?}"))
-}
-
-/// Asserts a worker's published on-CPU time is within the issue's 2 % of the host's guest_ns,
-/// once guest_ns is cleared of what the guest could not have run in: KVM's in-kernel exit
-/// handling (the host's estimate, `kvm_ns_estimate`) and the platform's interruptions (see
-/// `common::platform_interrupt_share`); `lag_ns` allows for a record published up to that
-/// long before the host's figure was read.
-fn assert_on_cpu_close(what: &str, on_cpu: u64, host: &HostSide, lag_ns: u64) {
-    let g = host.guest_ns as f64;
-    let allowed = (g * (ON_CPU_SHARE + host.platform)) as u64 + host.kvm_estimate_ns + lag_ns;
-    let diff = on_cpu.abs_diff(host.guest_ns);
-    let pct = |x: u64| 100.0 * x as f64 / g.max(1.0);
-    eprintln!(
-        "{what}: on_cpu {on_cpu} ns, guest_ns {} ns: off by {:.2} % (in-kernel estimate {:.2} %, \
-         platform {:.2} %, left {:.2} %)",
-        host.guest_ns,
-        pct(diff),
-        pct(host.kvm_estimate_ns),
-        100.0 * host.platform,
-        pct(diff).abs() - pct(host.kvm_estimate_ns) - 100.0 * host.platform,
-    );
-    assert!(
-        diff <= allowed,
-        "{what}: the guest's on_cpu_ns {on_cpu} is {diff} ns from the host's guest_ns {}, \
-         more than 2 % + the platform's {:.2} % + the in-kernel estimate {} ns + {lag_ns} ns lag",
-        host.guest_ns,
-        100.0 * host.platform,
-        host.kvm_estimate_ns
-    );
-}
-
-/// The host's figures for one vCPU that [`assert_on_cpu_close`] compares with.
-struct HostSide {
-    guest_ns: u64,
-    kvm_estimate_ns: u64,
-    platform: f64,
-}
-
 #[test]
-fn busy_workers_publish_what_the_guest_measured_and_it_matches_the_host() {
+fn busy_workers_publish_what_the_guest_measured() {
     let _g = serial();
-    let before = common::platform_interrupt_share(300);
-    // Three busy vCPUs on two cores: steal appears, so the seen-steal check means something.
-    let mut vmm = Vmm::start("workers", &["--vcpus", "3", "--workload", "busy:ms=2500"]);
-    let mut c = vmm.connect();
-    std::thread::sleep(Duration::from_millis(1000));
-
-    // Live: pause so that neither side moves, then compare what `guest` and `stats` say.
-    c.ok(json!({"cmd": "pause"}));
-    // Past the stats snapshot's maximum age (15 ms), so stats are read after the pause.
-    std::thread::sleep(Duration::from_millis(50));
-    let g: GuestView = serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap();
+    // Live, paused: what `guest` and `stats` say.
+    let (mut vmm, mut c, g) = paused_busy_workers();
     let s: Stats = c.stats();
     assert!(g.published && g.errors.is_empty(), "{g:?}");
     assert_eq!(
@@ -81,25 +28,13 @@ fn busy_workers_publish_what_the_guest_measured_and_it_matches_the_host() {
     );
     assert!(s.vcpus.iter().all(|v| v.paused_ns > 0), "{s:?}");
     for i in 0..3 {
-        let v: VcpuTimes = serde_json::from_value(c.ok(json!({"cmd": "vcpu", "vcpu": i}))).unwrap();
-        let t = thread(&g, &format!("busy-{i}"));
+        let t = guest_thread(&g, &format!("busy-{i}"));
         assert!(!t.stale, "{t:?}");
-        let host = HostSide {
-            guest_ns: v.guest_ns,
-            kvm_estimate_ns: v.kvm_ns_estimate.expect("this host measures the exit cost"),
-            platform: before,
-        };
-        // A record is published every 2 ms while the vCPU runs: up to 2 ms of work, plus
-        // what the vCPU did between its last publication and the pause, is not in it yet.
-        assert_on_cpu_close(&format!("paused vCPU {i}"), t.on_cpu_ns, &host, 3_000_000);
     }
     c.ok(json!({"cmd": "resume"}));
 
     let (code, report) = vmm.wait();
     assert_eq!(code, 0, "{report}");
-    // The platform's share, measured on either side of the run (it varies with the outer
-    // host's load), for the final comparison.
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let g: GuestView = serde_json::from_value(report["guest"].clone()).expect("a guest view");
     assert!(g.published && g.errors.is_empty(), "{g:?}");
     assert_eq!(g.threads.len(), 3);
@@ -111,7 +46,7 @@ fn busy_workers_publish_what_the_guest_measured_and_it_matches_the_host() {
                 .as_u64()
                 .unwrap_or_else(|| panic!("vCPU {i} reported no {k}: {v}"))
         };
-        let t = thread(&g, &format!("busy-{i}"));
+        let t = guest_thread(&g, &format!("busy-{i}"));
         // The final record is the guest's final measurement, field for field.
         assert_eq!((t.tid, t.tgid, t.last_cpu), (i as u32 + 1, 1, i as u32));
         assert_eq!(t.on_cpu_ns, seen_by_guest("ran_ns"), "vCPU {i}");
@@ -119,14 +54,8 @@ fn busy_workers_publish_what_the_guest_measured_and_it_matches_the_host() {
         assert_eq!(t.run_delay_ns, seen_by_guest("lost_ns"), "vCPU {i}");
         assert_eq!(t.nivcsw, seen_by_guest("gaps"), "vCPU {i}");
         assert_eq!(t.work, seen_by_guest("iterations"), "vCPU {i}");
-        // One publication every 2 ms of the 2.5 s (less pauses and lost time).
-        assert!(seen_by_guest("publishes") >= 500, "{v}");
-        let side = HostSide {
-            guest_ns: host("guest_ns"),
-            kvm_estimate_ns: host("kvm_ns_estimate"),
-            platform,
-        };
-        assert_on_cpu_close(&format!("vCPU {i}"), t.on_cpu_ns, &side, 0);
+        // (How often it published is the accuracy target's.)
+        assert!(seen_by_guest("publishes") > 0, "{v}");
 
         // The CPU record carries the same time as user and the steal the guest read.
         let cpu = g
@@ -137,30 +66,14 @@ fn busy_workers_publish_what_the_guest_measured_and_it_matches_the_host() {
         assert_eq!(cpu.times_ns[0], t.on_cpu_ns);
         let seen = seen_by_guest("steal_seen_ns");
         assert_eq!(cpu.times_ns[6], seen);
-        // The steal the guest saw is the host's figure as of the record it read. The record's
-        // age when the guest read it: the host's wall from the record to the vCPU's end, less
-        // the guest's own (rdtsc) time from its read to its last report.
+        // The steal the guest saw is the host's figure as of a record it read: never ahead
+        // of the final figure. (How old that record was is the accuracy target's.)
         let (steal, wall) = (host("steal_ns"), host("wall_ns"));
         let seen_wall = seen_by_guest("steal_seen_wall_ns");
-        let read_to_end = seen_by_guest("elapsed_ns") - seen_by_guest("steal_seen_at_ns");
-        let age = (wall - seen_wall).saturating_sub(read_to_end);
-        eprintln!(
-            "vCPU {i}: steal seen {seen} ns from a record {age} ns old at the read, \
-             {read_to_end} ns before the end; final {steal} ns (behind by {} ns)",
-            steal.saturating_sub(seen),
-        );
         assert!(steal > 0, "three busy vCPUs on two cores steal: {v}");
         assert!(
             seen <= steal && seen_wall <= wall,
             "vCPU {i}: {seen} {steal}"
-        );
-        // (steal − seen may exceed wall − seen_wall: run_delay counts a run-queue wait when
-        // it ends, so a wait under way when the record was made shows in full later.)
-        // 10 ms: the issue's bound on staleness (the sampler refreshes every 8 ms, leaving
-        // 2 ms for its wake-up on a host whose CPUs the vCPUs oversubscribe).
-        assert!(
-            age <= 10_000_000,
-            "vCPU {i}: the guest read a host record {age} ns old"
         );
     }
 }
@@ -273,7 +186,7 @@ fn a_guest_rewriting_the_page_never_yields_a_torn_record_and_disturbs_nothing() 
     let before = c.stats();
     std::thread::sleep(Duration::from_millis(100));
     let after = c.stats();
-    assert_eq!(after.vm.state, "running");
+    assert_eq!(after.vm.state, ppa_vmm_api::VmState::Running);
     for (a, b) in before.vcpus.iter().zip(&after.vcpus) {
         assert!(b.used_ns > a.used_ns, "vCPU {} went on", a.id);
     }
@@ -323,14 +236,6 @@ fn every_hostile_mode_in_turn_leaves_the_vmm_its_socket_and_neighbours_undisturb
     let mut vmm = vmm;
     let (code, report) = vmm.wait();
     assert_eq!(code, 0, "both vCPUs exited with code 0: {report}");
-    let host_steal = report["vm"]["host_steal_ns"].as_u64().unwrap_or(0);
-    for v in report["vcpus"].as_array().unwrap() {
-        let (wall, err) = (
-            v["wall_ns"].as_u64().unwrap(),
-            v["identity_error_ns"].as_i64().unwrap(),
-        );
-        assert!(common::identity_explained(wall, err, host_steal), "{v}");
-    }
     assert!(
         report["vcpus"][1]["guest_reported"]["iterations"].as_u64() > Some(0),
         "the neighbour worked: {report}"

@@ -5,7 +5,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -44,9 +43,8 @@ fn get(port: u16, target: &str) -> Option<(String, String)> {
 fn prometheus_scrapes_per_vcpu_series() {
     common::require_kvm();
     let _g = common::serial();
-    let dir: PathBuf = std::env::temp_dir().join(format!("ppa-prom-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = common::vmm::temp_dir("prometheus");
+    let dir = tmp.as_path();
     let vmm_port = free_port();
     let _vmm = Killed(
         Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
@@ -130,5 +128,4 @@ fn prometheus_scrapes_per_vcpu_series() {
         let used: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
         assert!(used > 0.0, "a vCPU that ran has used time: {s}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

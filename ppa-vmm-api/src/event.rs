@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::{OverloadKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd};
+
 /// The kinds a client can subscribe to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -44,7 +46,7 @@ pub enum Event {
         /// vCPU index.
         vcpu: usize,
         /// `exited`, `failed`, `error` or `stopped`.
-        end: String,
+        end: VcpuEndKind,
         /// The guest's exit code, when it exited.
         exit_code: Option<u64>,
     },
@@ -53,7 +55,7 @@ pub enum Event {
         /// Time since the VM started, ns.
         uptime_ns: u64,
         /// `completed`, `failed`, `timeout` or `shutdown`.
-        end: String,
+        end: VmEnd,
     },
     /// A threshold counter of a vCPU grew since the last check (checked every 10 ms).
     Threshold {
@@ -62,7 +64,7 @@ pub enum Event {
         /// vCPU index.
         vcpu: usize,
         /// Threshold name (`exit_handling_ns`, ...).
-        name: String,
+        name: Threshold,
         /// The threshold value in force, ns.
         threshold_ns: u64,
         /// New occurrences since the previous event of this vCPU and name.
@@ -90,7 +92,7 @@ pub enum Event {
         /// Group name.
         group: String,
         /// `period` (a new period began) or `redistributed` (members went idle).
-        why: String,
+        why: ThrottleEndWhy,
     },
     /// A vCPU stayed in the guest too long without an exit (`runaway`), or used more than
     /// its share for too many windows (`overload`); the action was applied.
@@ -100,7 +102,7 @@ pub enum Event {
         /// vCPU index.
         vcpu: usize,
         /// `runaway` or `overload`.
-        kind: String,
+        kind: OverloadKind,
         /// What was seen, in one sentence.
         detail: String,
         /// `notify`, `pause` or `throttle:LIMIT`.

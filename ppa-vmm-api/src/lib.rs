@@ -8,18 +8,29 @@
 //! fields with an [`ErrorBody`]; it answers each request with one [`Response`] line whose
 //! `result` is the command's result type ([`VersionInfo`], [`Stats`], [`VcpuTimes`], ...).
 //! After `subscribe` the connection also carries [`Event`] lines.
+//!
+//! Values drawn from a closed set of words (states, end reasons, the split kind, backends,
+//! threshold names) are enums that serialise as those words ([`VmState`], [`SplitKind`], ...);
+//! a vCPU's time split reaches code as one [`TimeSplit`], while the wire keeps its fields flat.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod event;
+mod names;
+mod time_split;
 mod types;
 
 pub use event::{Event, EventKind};
+pub use names::{
+    LimitBackend, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
+    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+};
+pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
     HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
-    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats, THRESHOLD_NAMES,
+    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

@@ -10,6 +10,45 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::{
+    LimitBackend, SplitKind, SplitSource, ThreadState, TimeSplit, VcpuMicroState, VmState,
+};
+
+/// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
+/// identity error and the exit counts under the same field names.
+macro_rules! vcpu_figures {
+    ($t:ty) => {
+        impl $t {
+            /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs)
+            /// after the vCPU stopped (`stopped`), within 1 % while it runs.
+            pub fn identity_holds(&self, stopped: bool) -> bool {
+                identity_within(self.wall_ns, self.identity_error_ns, stopped)
+            }
+
+            /// The time split (the wire keeps its fields flat: see [`TimeSplit`]'s module).
+            pub fn split(&self) -> TimeSplit {
+                TimeSplit {
+                    wall_ns: self.wall_ns,
+                    used_ns: self.used_ns,
+                    guest_ns: self.guest_ns,
+                    vmm_ns: self.vmm_ns,
+                    steal_ns: self.steal_ns,
+                    halted_ns: self.halted_ns,
+                    idle_ns: self.idle_ns,
+                    limited_ns: self.limited_ns,
+                    paused_ns: self.paused_ns,
+                    blocked_ns: self.blocked_ns,
+                }
+            }
+
+            /// Total userspace exits.
+            pub fn total_exits(&self) -> u64 {
+                self.exits.values().sum()
+            }
+        }
+    };
+}
+
 /// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
 /// it next enters the guest, i.e. right after handling its next exit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,14 +147,6 @@ impl ThresholdsUpdate {
     }
 }
 
-/// Threshold names, in the index order of the per-vCPU exceed counters.
-pub const THRESHOLD_NAMES: [&str; 4] = [
-    "exit_handling_ns",
-    "guest_run_ns",
-    "wakeup_latency_ns",
-    "steal_window_ns",
-];
-
 /// The tick-based accounting `/proc` keeps for a thread: the imprecise baseline the exact
 /// sources are compared against.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,12 +212,20 @@ pub struct VcpuTimes {
     pub limited_ns: u64,
     /// Parked because an operator paused the VM.
     pub paused_ns: u64,
+    /// Off CPU and not runnable, outside parks and halts (asleep in the kernel).
+    pub blocked_ns: u64,
     /// How guest/vmm were split: `exact` (level full), `estimated` (basic), `mixed`, `none`.
-    pub split: String,
-    /// wall − (used + steal + halted + idle + limited + paused).
+    pub split: SplitKind,
+    /// What split level full's intervals: `records` (context-switch records), `cpu_clock`,
+    /// `mixed`, or `none` (no interval at level full).
+    pub split_source: SplitSource,
+    /// Boundaries at which the records may have missed a switch (the window's blocked and
+    /// halted time then come from the thread CPU clock: docs/accounting.md).
+    pub records_lost: u64,
+    /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Micro-state at the time of reading: guest, vmm, idle, limited, paused, or finished.
-    pub state: String,
+    pub state: VcpuMicroState,
     /// Userspace exits by reason.
     pub exits: BTreeMap<String, u64>,
     /// Userspace handling time by reason.
@@ -209,28 +248,12 @@ pub struct VcpuTimes {
     pub overloads: u64,
 }
 
-impl VcpuTimes {
-    /// Whether the identity of spec section 4 holds: within max(0.5 % of wall, 200 µs) after
-    /// the vCPU stopped (`stopped`), within 1 % while it runs.
-    pub fn identity_holds(&self, stopped: bool) -> bool {
-        identity_within(self.wall_ns, self.identity_error_ns, stopped)
-    }
-
-    /// Total userspace exits.
-    pub fn total_exits(&self) -> u64 {
-        self.exits.values().sum()
-    }
-}
+vcpu_figures!(VcpuTimes);
 
 /// Whether an identity error is within spec section 4's tolerance: max(0.5 % of wall,
 /// 200 µs) after the vCPU stopped, 1 % of wall while it runs.
 pub fn identity_within(wall_ns: u64, error_ns: i64, stopped: bool) -> bool {
-    let tol = if stopped {
-        (wall_ns / 200).max(200_000)
-    } else {
-        wall_ns / 100
-    };
-    error_ns.unsigned_abs() <= tol
+    error_ns.unsigned_abs() <= TimeSplit::identity_tolerance_ns(wall_ns, stopped)
 }
 
 /// The overview of one vCPU in `stats`: the section 4 times and the exit counts. `vcpu`
@@ -245,7 +268,7 @@ pub struct VcpuSummary {
     /// Host thread id (0 before the thread started).
     pub host_tid: i32,
     /// Micro-state at the time of reading.
-    pub state: String,
+    pub state: VcpuMicroState,
     /// Monotonic time elapsed.
     pub wall_ns: u64,
     /// On-CPU time of the vCPU thread.
@@ -266,7 +289,9 @@ pub struct VcpuSummary {
     pub limited_ns: u64,
     /// Parked because an operator paused the VM.
     pub paused_ns: u64,
-    /// wall − (used + steal + halted + idle + limited + paused).
+    /// Off CPU and not runnable, outside parks and halts (asleep in the kernel).
+    pub blocked_ns: u64,
+    /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Number of parks.
     pub parks: u64,
@@ -276,17 +301,7 @@ pub struct VcpuSummary {
     pub overloads: u64,
 }
 
-impl VcpuSummary {
-    /// Whether the identity of spec section 4 holds (see [`VcpuTimes::identity_holds`]).
-    pub fn identity_holds(&self, stopped: bool) -> bool {
-        identity_within(self.wall_ns, self.identity_error_ns, stopped)
-    }
-
-    /// Total userspace exits.
-    pub fn total_exits(&self) -> u64 {
-        self.exits.values().sum()
-    }
-}
+vcpu_figures!(VcpuSummary);
 
 impl From<VcpuTimes> for VcpuSummary {
     fn from(t: VcpuTimes) -> Self {
@@ -304,6 +319,7 @@ impl From<VcpuTimes> for VcpuSummary {
             idle_ns: t.idle_ns,
             limited_ns: t.limited_ns,
             paused_ns: t.paused_ns,
+            blocked_ns: t.blocked_ns,
             identity_error_ns: t.identity_error_ns,
             parks: t.parks,
             exits: t.exits.into_iter().filter(|(_, n)| *n > 0).collect(),
@@ -374,8 +390,8 @@ pub struct VmStats {
     pub name: String,
     /// The VMM's process id.
     pub pid: u32,
-    /// `running`, `paused`, `stopping` or `finished`.
-    pub state: String,
+    /// `created`, `running`, `paused`, `stopping` or `finished`.
+    pub state: VmState,
     /// vCPU count.
     pub vcpus: usize,
     /// Time since the vCPUs were started, at the moment the figures were taken (the server
@@ -410,7 +426,7 @@ pub struct GroupStats {
     /// Member vCPUs.
     pub vcpus: Vec<usize>,
     /// `vmm` (enforced by the VMM) or `cgroup`.
-    pub backend: String,
+    pub backend: LimitBackend,
     /// The limit as given (`50%`, `15ms/10ms`).
     pub limit: String,
     /// CPU time allowed per period.
@@ -442,7 +458,7 @@ pub struct ThreadInfo {
     /// Thread name.
     pub name: String,
     /// `created`, `running`, `parked` or `finished`.
-    pub state: String,
+    pub state: ThreadState,
 }
 
 /// Result of `threads`.

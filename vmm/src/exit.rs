@@ -8,77 +8,34 @@
 
 use std::fmt;
 
-use serde::Serialize;
-
 use crate::devices::{Buses, VcpuRequest};
-pub use crate::hypervisor::ExitEvent;
+pub use crate::hypervisor::{ExitEvent, FatalExit};
 
-/// Userspace exit reasons, the keys of the per-vCPU `exits` counts (spec section 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExitReason {
-    /// Port read.
-    IoIn,
-    /// Port write.
-    IoOut,
-    /// MMIO read.
-    MmioRead,
-    /// MMIO write.
-    MmioWrite,
-    /// HLT with no in-kernel irqchip.
-    Hlt,
-    /// Triple fault or other shutdown.
-    Shutdown,
-    /// KVM_RUN interrupted by a signal or `immediate_exit` (a kick).
-    Intr,
-    /// The hardware refused VM entry.
-    FailEntry,
-    /// KVM could not handle something (emulation failure, ...).
-    InternalError,
-    /// A system event (reset, shutdown, crash request).
-    SystemEvent,
-    /// Anything else.
-    Other,
-}
-
-impl ExitReason {
-    /// Number of reasons.
-    pub const COUNT: usize = 11;
-    /// Every reason, in index order.
-    pub const ALL: [ExitReason; Self::COUNT] = [
-        ExitReason::IoIn,
-        ExitReason::IoOut,
-        ExitReason::MmioRead,
-        ExitReason::MmioWrite,
-        ExitReason::Hlt,
-        ExitReason::Shutdown,
-        ExitReason::Intr,
-        ExitReason::FailEntry,
-        ExitReason::InternalError,
-        ExitReason::SystemEvent,
-        ExitReason::Other,
-    ];
-
-    /// Index into per-reason arrays.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The name used in reports.
-    pub fn name(self) -> &'static str {
-        [
-            "io_in",
-            "io_out",
-            "mmio_read",
-            "mmio_write",
-            "hlt",
-            "shutdown",
-            "intr",
-            "fail_entry",
-            "internal_error",
-            "system_event",
-            "other",
-        ][self.index()]
+indexed_enum! {
+    /// Userspace exit reasons, the keys of the per-vCPU `exits` counts (spec section 4).
+    pub enum ExitReason {
+        /// Port read.
+        IoIn = "io_in",
+        /// Port write.
+        IoOut = "io_out",
+        /// MMIO read.
+        MmioRead = "mmio_read",
+        /// MMIO write.
+        MmioWrite = "mmio_write",
+        /// HLT with no in-kernel irqchip.
+        Hlt = "hlt",
+        /// Triple fault or other shutdown.
+        Shutdown = "shutdown",
+        /// KVM_RUN interrupted by a signal or `immediate_exit` (a kick).
+        Intr = "intr",
+        /// The hardware refused VM entry.
+        FailEntry = "fail_entry",
+        /// KVM could not handle something (emulation failure, ...).
+        InternalError = "internal_error",
+        /// A system event (reset, shutdown, crash request).
+        SystemEvent = "system_event",
+        /// Anything else.
+        Other = "other",
     }
 }
 
@@ -87,23 +44,8 @@ impl ExitReason {
 pub enum Failure {
     /// KVM_EXIT_SHUTDOWN: a triple fault (at CPL 3 with no IDT: any exception).
     Shutdown,
-    /// VM entry failed.
-    FailEntry {
-        /// Hardware reason.
-        reason: u64,
-        /// Host CPU.
-        cpu: u32,
-    },
-    /// KVM internal error.
-    InternalError {
-        /// Suberror.
-        suberror: u32,
-    },
-    /// The guest asked for a system event (reset, shutdown, crash).
-    SystemEvent {
-        /// Event type.
-        kind: u32,
-    },
+    /// Entry failed, an internal error or a system event.
+    Fatal(FatalExit),
     /// An unexpected exit.
     Unexpected(&'static str),
 }
@@ -117,14 +59,7 @@ impl fmt::Display for Failure {
                     "the vCPU shut down (triple fault: an exception with no handler)"
                 )
             }
-            Failure::FailEntry { reason, cpu } => write!(
-                f,
-                "VM entry failed with hardware reason {reason:#x} on host CPU {cpu}"
-            ),
-            Failure::InternalError { suberror } => {
-                write!(f, "KVM reported an internal error (suberror {suberror})")
-            }
-            Failure::SystemEvent { kind } => write!(f, "the guest raised system event {kind}"),
+            Failure::Fatal(e) => e.fmt(f),
             Failure::Unexpected(what) => write!(f, "unexpected exit: {what}"),
         }
     }
@@ -173,18 +108,14 @@ pub fn handle_exit(event: ExitEvent<'_>, buses: &Buses, vcpu: usize) -> (ExitRea
         ),
         ExitEvent::Intr => (ExitReason::Intr, Outcome::Resume),
         ExitEvent::Shutdown => (ExitReason::Shutdown, Outcome::Fail(Failure::Shutdown)),
-        ExitEvent::FailEntry { reason, cpu } => (
-            ExitReason::FailEntry,
-            Outcome::Fail(Failure::FailEntry { reason, cpu }),
-        ),
-        ExitEvent::InternalError { suberror } => (
-            ExitReason::InternalError,
-            Outcome::Fail(Failure::InternalError { suberror }),
-        ),
-        ExitEvent::SystemEvent { kind } => (
-            ExitReason::SystemEvent,
-            Outcome::Fail(Failure::SystemEvent { kind }),
-        ),
+        ExitEvent::Fatal(e) => {
+            let reason = match e {
+                FatalExit::FailEntry { .. } => ExitReason::FailEntry,
+                FatalExit::InternalError { .. } => ExitReason::InternalError,
+                FatalExit::SystemEvent { .. } => ExitReason::SystemEvent,
+            };
+            (reason, Outcome::Fail(Failure::Fatal(e)))
+        }
         ExitEvent::Other(what) => (ExitReason::Other, Outcome::Fail(Failure::Unexpected(what))),
     }
 }
@@ -193,27 +124,14 @@ pub fn handle_exit(event: ExitEvent<'_>, buses: &Buses, vcpu: usize) -> (ExitRea
 mod tests {
     use std::sync::Arc;
 
-    use ppa_guest_abi::{doorbell, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+    use ppa_guest_abi::{doorbell, DOORBELL_GPA, WORKLOAD_PIO_PORT};
 
     use super::*;
-    use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
+    use crate::devices::tiny::{Doorbell, TinyBoard};
 
     fn buses(board: &Arc<TinyBoard>) -> Buses {
         let mut b = Buses::new(1);
-        b.mmio
-            .insert(
-                DOORBELL_GPA,
-                DOORBELL_SIZE,
-                Arc::new(Doorbells(board.clone())),
-            )
-            .unwrap();
-        b.pio
-            .insert(
-                u64::from(WORKLOAD_PIO_PORT),
-                4,
-                Arc::new(WorkloadPort(board.clone())),
-            )
-            .unwrap();
+        crate::devices::tiny::install(board, &mut b).unwrap();
         b
     }
 
@@ -295,10 +213,10 @@ mod tests {
             (ExitReason::Shutdown, Outcome::Fail(Failure::Shutdown))
         );
         assert_eq!(
-            h(ExitEvent::FailEntry { reason: 7, cpu: 1 }),
+            h(ExitEvent::Fatal(FatalExit::FailEntry { reason: 7, cpu: 1 })),
             (
                 ExitReason::FailEntry,
-                Outcome::Fail(Failure::FailEntry { reason: 7, cpu: 1 })
+                Outcome::Fail(Failure::Fatal(FatalExit::FailEntry { reason: 7, cpu: 1 }))
             )
         );
         assert_eq!(h(ExitEvent::Intr), (ExitReason::Intr, Outcome::Resume));
@@ -311,11 +229,11 @@ mod tests {
         );
         assert_eq!(h(ExitEvent::Other("debug")).0, ExitReason::Other);
         assert_eq!(
-            h(ExitEvent::InternalError { suberror: 1 }).0,
+            h(ExitEvent::Fatal(FatalExit::InternalError { suberror: 1 })).0,
             ExitReason::InternalError
         );
         assert_eq!(
-            h(ExitEvent::SystemEvent { kind: 2 }).0,
+            h(ExitEvent::Fatal(FatalExit::SystemEvent { kind: 2 })).0,
             ExitReason::SystemEvent
         );
         assert!(Failure::Shutdown.to_string().contains("triple fault"));

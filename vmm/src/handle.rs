@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ppa_vmm_api::VmState;
 use thiserror::Error;
 
 use crate::accounting::host::process_cpu_ns;
@@ -118,18 +119,18 @@ impl VmHandle {
         }
     }
 
-    /// `created`, `running`, `paused`, `stopping` or `finished`.
-    pub fn state(&self) -> &'static str {
+    /// Created, running, paused, stopping or finished.
+    pub fn state(&self) -> VmState {
         if self.status.finished.load(Ordering::Acquire) {
-            "finished"
+            VmState::Finished
         } else if self.status.shutdown.load(Ordering::Acquire) {
-            "stopping"
+            VmState::Stopping
         } else if self.status.start_ns.load(Ordering::Acquire) == 0 {
-            "created"
+            VmState::Created
         } else if self.paused() {
-            "paused"
+            VmState::Paused
         } else {
-            "running"
+            VmState::Running
         }
     }
 

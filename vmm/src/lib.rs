@@ -10,24 +10,52 @@
 //! socket [`api`], the [`sampler`], the [`limits`]). When every vCPU has ended, the run
 //! returns a [`report::Report`].
 
+/// Declares a fieldless enum whose variants index per-kind counter arrays and carry the name
+/// reports use (also their serde name): `COUNT`, `ALL` in index order, `index()`, `name()`.
+macro_rules! indexed_enum {
+    ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        $vis enum $name {
+            $($(#[$vm])* #[serde(rename = $s)] $v,)*
+        }
+
+        impl $name {
+            /// Number of variants.
+            pub const COUNT: usize = [$($name::$v),*].len();
+            /// Every variant, in index order.
+            pub const ALL: [$name; Self::COUNT] = [$($name::$v),*];
+
+            /// Index into per-variant arrays.
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The name used in reports.
+            pub fn name(self) -> &'static str {
+                [$($s),*][self as usize]
+            }
+        }
+    };
+}
+
 pub mod accounting;
-pub mod api;
-pub mod arch;
+pub(crate) mod api;
+pub(crate) mod arch;
 pub mod bench;
-pub mod client;
 pub mod config;
-pub mod devices;
+pub(crate) mod devices;
 pub mod exit;
 pub mod handle;
-pub mod hypervisor;
-pub mod limits;
-pub mod memory;
-pub mod metrics;
+pub(crate) mod hypervisor;
+pub(crate) mod limits;
+pub(crate) mod memory;
+pub(crate) mod metrics;
 pub mod payload;
-pub mod ppa_page;
+pub(crate) mod ppa_page;
 pub mod report;
-pub mod sampler;
-pub mod sched;
+pub(crate) mod sampler;
+pub(crate) mod sched;
 pub mod sync;
-pub mod vcpu;
+pub(crate) mod vcpu;
 pub mod vm;

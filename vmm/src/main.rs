@@ -4,12 +4,14 @@
 //! the final report; `demo` runs the embedded default. Exit codes: 0 every vCPU exited with
 //! code 0; 1 a vCPU failed, exited non-zero or was stopped; 2 bad input or a setup error.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::vm::Vm;
+use ppa_vmm_client::ctl::CtlOptions;
+use ppa_vmm_client::describe;
+use ppa_vmm_client::top::TopOptions;
 
 #[derive(Parser)]
 #[command(
@@ -31,40 +33,9 @@ enum Command {
     /// Measure the VMM itself.
     Bench(BenchArgs),
     /// Send one request to a running VMM's control socket and print the result.
-    Ctl(CtlArgs),
+    Ctl(CtlOptions),
     /// A live per-vCPU table of a running VMM, like esxtop.
-    Top(TopArgs),
-}
-
-#[derive(Args)]
-struct CtlArgs {
-    /// The VMM's control socket (`run --api-sock`).
-    #[arg(long, value_name = "PATH")]
-    api_sock: PathBuf,
-    /// Print a readable form instead of JSON.
-    #[arg(long)]
-    text: bool,
-    /// The command: version, stats, vcpu, histogram, reset, set-level, set-thresholds,
-    /// threads, pause, resume, shutdown, metrics, subscribe.
-    command: String,
-    /// Arguments as KEY=VALUE (e.g. `vcpu=0`, `level=full`, `events=vcpu-exit,threshold`).
-    args: Vec<String>,
-}
-
-#[derive(Args)]
-struct TopArgs {
-    /// The VMM's control socket (`run --api-sock`).
-    #[arg(long, value_name = "PATH")]
-    api_sock: PathBuf,
-    /// Print one table and exit.
-    #[arg(long)]
-    once: bool,
-    /// Refresh interval in ms (rates are computed over it).
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
-    interval: u64,
-    /// Sort column: vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits.
-    #[arg(long, default_value = "vcpu", value_name = "COL")]
-    sort: String,
+    Top(TopOptions),
 }
 
 #[derive(Args)]
@@ -158,68 +129,89 @@ fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(outcome.exit_code)
 }
 
-use ppa_vmm::client::describe;
+/// Prints a bench result as one JSON object or as its table.
+fn print_result<T: serde::Serialize>(
+    r: &T,
+    json: bool,
+    text: impl Fn(&T) -> String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+    } else {
+        print!("{}", text(r));
+    }
+    Ok(())
+}
 
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
+    use ppa_vmm::bench::{limit, socket};
     match args.which {
-        BenchKind::Overhead => {
-            let r = ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
+        BenchKind::Overhead => print_result(
+            &ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(40_000),
                 rounds: args.rounds,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
-        BenchKind::Limit => {
-            let r = ppa_vmm::bench::limit::limit(ppa_vmm::bench::limit::LimitOptions {
+            })?,
+            args.json,
+            ppa_vmm::bench::OverheadResult::to_text,
+        )?,
+        BenchKind::Limit => print_result(
+            &limit::limit(limit::LimitOptions {
                 periods: args.periods,
                 percent: 25,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
-        BenchKind::Socket => {
-            let r = ppa_vmm::bench::socket::socket(ppa_vmm::bench::socket::SocketOptions {
+            })?,
+            args.json,
+            limit::LimitResult::to_text,
+        )?,
+        BenchKind::Socket => print_result(
+            &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 exits: args.exits.unwrap_or(1500),
                 rounds: args.rounds,
                 rate: args.rate,
-            })?;
-            if args.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                print!("{}", r.to_text());
-            }
-        }
+            })?,
+            args.json,
+            socket::SocketResult::to_text,
+        )?,
     }
     Ok(0)
 }
 
+/// Log records to stderr as `ppa-vmm: LEVEL: message`, at the level `PPA_VMM_LOG` names
+/// (error, warn, info, debug, trace; default warn).
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let level = r.level().as_str().to_ascii_lowercase();
+            eprintln!("ppa-vmm: {level}: {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn init_log() {
+    static LOG: StderrLog = StderrLog;
+    let level = std::env::var("PPA_VMM_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(log::LevelFilter::Warn);
+    if log::set_logger(&LOG).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
 fn main() -> ExitCode {
+    init_log();
     let cli = Cli::parse();
     let opts = match cli.command {
-        Command::Ctl(a) => {
-            return ExitCode::from(ppa_vmm::client::ctl::run(ppa_vmm::client::ctl::CtlOptions {
-                api_sock: a.api_sock,
-                command: a.command,
-                args: a.args,
-                text: a.text,
-            }) as u8)
-        }
-        Command::Top(a) => {
-            return ExitCode::from(ppa_vmm::client::top::run(ppa_vmm::client::top::TopOptions {
-                api_sock: a.api_sock,
-                once: a.once,
-                interval_ms: a.interval,
-                sort: a.sort,
-            }) as u8)
-        }
+        Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
+        Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
         Command::Bench(args) => {

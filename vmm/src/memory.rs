@@ -186,12 +186,8 @@ impl GuestRam {
         &self.memory
     }
 
-    /// The RAM regions, in address order.
-    pub fn regions(&self) -> &[Region] {
-        &self.regions
-    }
-
     /// Bytes of RAM.
+    #[cfg(test)]
     pub fn size(&self) -> u64 {
         self.regions.iter().map(|r| r.size).sum()
     }

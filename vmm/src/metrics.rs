@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::{GroupStats, VcpuTimes, VmStats};
+use ppa_vmm_api::{GroupStats, Threshold, VcpuTimes, VmStats};
 
 /// Content type to serve it with over HTTP.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -223,6 +223,11 @@ fn declare_all(f: &mut Families) {
         "Time parked because an operator paused the VM.",
     );
     f.declare(
+        "ppa_vcpu_blocked_seconds_total",
+        Counter,
+        "Time off CPU and not runnable outside parks and halts (asleep in the kernel).",
+    );
+    f.declare(
         "ppa_vcpu_kvm_seconds_total",
         Counter,
         "Measured in-kernel exit handling time (only where the host can split it out).",
@@ -280,7 +285,7 @@ fn declare_all(f: &mut Families) {
     f.declare(
         "ppa_vcpu_identity_error_seconds",
         Gauge,
-        "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused).",
+        "Signed error of the accounting identity: wall - (used + steal + halted + idle + limited + paused + blocked).",
     );
     f.declare(
         "ppa_vcpu_overloads_total",
@@ -329,21 +334,20 @@ fn add_vcpu(f: &mut Families, vm: &str, v: &VcpuTimes) {
         &[
             ("vm", vm),
             ("vcpu", &id),
-            ("state", &v.state),
-            ("split", &v.split),
+            ("state", v.state.as_str()),
+            ("split", v.split.as_str()),
         ],
         "1".into(),
     );
+    // Each part of the time split is the family ppa_vcpu_PART_seconds_total.
+    for (part, ns) in v.split().named() {
+        f.add(
+            &format!("ppa_vcpu_{part}_seconds_total"),
+            &base,
+            seconds(ns),
+        );
+    }
     let times = [
-        ("ppa_vcpu_wall_seconds_total", v.wall_ns),
-        ("ppa_vcpu_used_seconds_total", v.used_ns),
-        ("ppa_vcpu_guest_seconds_total", v.guest_ns),
-        ("ppa_vcpu_vmm_seconds_total", v.vmm_ns),
-        ("ppa_vcpu_steal_seconds_total", v.steal_ns),
-        ("ppa_vcpu_halted_seconds_total", v.halted_ns),
-        ("ppa_vcpu_idle_seconds_total", v.idle_ns),
-        ("ppa_vcpu_limited_seconds_total", v.limited_ns),
-        ("ppa_vcpu_paused_seconds_total", v.paused_ns),
         ("ppa_vcpu_kvm_run_wall_seconds_total", v.kvm_run_wall_ns),
         ("ppa_vcpu_park_cpu_seconds_total", v.park_cpu_ns),
     ];
@@ -424,7 +428,7 @@ pub fn render(stats: &Detailed) -> String {
             ("vm", vm),
             ("version", env!("CARGO_PKG_VERSION")),
             ("level", stats.vm.level.name()),
-            ("state", &stats.vm.state),
+            ("state", stats.vm.state.as_str()),
         ],
         "1".into(),
     );
@@ -435,18 +439,11 @@ pub fn render(stats: &Detailed) -> String {
         &base,
         seconds(stats.vm.host_threads_ns),
     );
-    let t = &stats.vm.thresholds;
-    let thresholds = [
-        ("exit_handling_ns", t.exit_handling_ns),
-        ("guest_run_ns", t.guest_run_ns),
-        ("wakeup_latency_ns", t.wakeup_latency_ns),
-        ("steal_window_ns", t.steal_window_ns),
-    ];
-    for (name, ns) in thresholds {
+    for t in Threshold::ALL {
         f.add(
             "ppa_vm_threshold_seconds",
-            &[("vm", vm), ("threshold", name)],
-            seconds(ns),
+            &[("vm", vm), ("threshold", t.as_str())],
+            seconds(t.of(&stats.vm.thresholds)),
         );
     }
     for v in &stats.vcpus {

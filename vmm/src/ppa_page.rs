@@ -2,25 +2,29 @@
 //! header, and the host section the sampler refreshes.
 //!
 //! Data flow: `Vm::try_from` creates the region ([`PpaPage::create`]): a memfd, or the file
-//! given with `--ppa-page-file` so that host tools can map it, mapped shared and registered as
-//! its own KVM memory slot at [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it
-//! writes the region header and tells each vCPU the address in its boot-info record. Every
-//! 8 ms the sampler writes each started vCPU's section 4 figures into its host record with
-//! the sequence protocol of `ppa_guest_abi::ppa_page`. The guest section is the guest's:
-//! [`decode`] checks it on demand (`guest`, the final report) and [`text`] prints it.
+//! given with `--ppa-page-file` so that host tools can map it, mapped shared (a vm-memory
+//! `MmapRegion` of the file from offset 0) and registered as its own KVM memory slot at
+//! [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it writes the region header
+//! and tells each vCPU the address in its boot-info record. Every 8 ms the sampler writes
+//! each started vCPU's section 4 figures into its host record with the sequence protocol of
+//! `ppa_guest_abi::ppa_page`. The guest section is the guest's:
+//! [`decode`] checks it on demand (`guest`, the final report) and
+//! `ppa_vmm_client::guest_view` prints it.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ppa_guest_abi::ppa_page::{
     read_record, write_record, HostVcpu, ReadError, RegionHeader, MAJOR, MINOR, REGION_MAGIC,
 };
 use thiserror::Error;
+use vm_memory::mmap::MmapRegionError;
+use vm_memory::{FileOffset, MmapRegion};
 
 pub mod decode;
-pub mod text;
 
 /// Smallest region: a page.
 pub const MIN_SIZE: u64 = 4096;
@@ -50,24 +54,25 @@ pub enum PpaPageError {
         #[source]
         source: io::Error,
     },
+    /// The backing file or memfd could not be mapped.
+    #[error("cannot map the PPA page's backing {what}")]
+    Map {
+        /// `memfd` or the path.
+        what: String,
+        /// Cause.
+        #[source]
+        source: MmapRegionError,
+    },
 }
 
-/// The shared region.
+/// The shared region: a shared mapping of its memfd or file, through vm-memory.
 #[derive(Debug)]
 pub struct PpaPage {
-    ptr: *mut u8,
-    size: usize,
+    mapping: Arc<MmapRegion>,
     vcpus: usize,
     header: RegionHeader,
     file: Option<PathBuf>,
-    _fd: OwnedFd,
 }
-
-// SAFETY: the mapping is shared memory owned by this struct for its whole life; every access
-// goes through the sequence protocol (host records: one writer, the sampler) or is a read.
-unsafe impl Send for PpaPage {}
-// SAFETY: as above.
-unsafe impl Sync for PpaPage {}
 
 /// The layout of a region of `size` bytes for `vcpus` vCPUs: host records after the header,
 /// the guest section after them (8-byte aligned), the rest of the region.
@@ -103,8 +108,12 @@ impl PpaPage {
     /// mode 0600, removed when the region is dropped) or by a memfd, and writes its header.
     pub fn create(size: u64, vcpus: usize, file: Option<&Path>) -> Result<PpaPage, PpaPageError> {
         let header = layout(size, vcpus)?;
-        let backing = |what: String| move |source| PpaPageError::Backing { what, source };
-        let fd: OwnedFd = match file {
+        let what = file.map_or("memfd".to_string(), |p| p.display().to_string());
+        let backing = |source| PpaPageError::Backing {
+            what: what.clone(),
+            source,
+        };
+        let backing_file = match file {
             Some(path) => {
                 use std::os::unix::fs::OpenOptionsExt;
                 OpenOptions::new()
@@ -114,60 +123,38 @@ impl PpaPage {
                     .truncate(true)
                     .mode(0o600)
                     .open(path)
-                    .map_err(backing(path.display().to_string()))?
-                    .into()
+                    .map_err(backing)?
             }
-            None => {
-                // SAFETY: memfd_create reads the NUL-terminated name; the result is checked.
-                let fd = unsafe { libc::memfd_create(c"ppa-page".as_ptr(), libc::MFD_CLOEXEC) };
-                if fd < 0 {
-                    return Err(backing("memfd".into())(io::Error::last_os_error()));
-                }
-                // SAFETY: `fd` is a new descriptor this function owns.
-                unsafe { OwnedFd::from_raw_fd(fd) }
-            }
+            None => memfd().map_err(backing)?,
         };
-        let what = file.map_or("memfd".to_string(), |p| p.display().to_string());
-        // SAFETY: ftruncate on a descriptor we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
-            return Err(backing(what)(io::Error::last_os_error()));
-        }
-        // SAFETY: a new shared mapping of `size` bytes of a file we own and sized above.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(backing(what)(io::Error::last_os_error()));
-        }
-        let page = PpaPage {
-            ptr: ptr.cast(),
-            size: size as usize,
+        // A file of `size` zero bytes: the mapping below never reaches past its end.
+        backing_file.set_len(size).map_err(backing)?;
+        let mapping = MmapRegion::from_file(FileOffset::new(backing_file, 0), size as usize)
+            .map_err(|source| PpaPageError::Map { what, source })?;
+        // SAFETY: the mapping is `size` >= 4096 bytes, page-aligned (so the header's 8-byte
+        // alignment holds), and nobody else writes it before the VM starts.
+        unsafe { std::ptr::write_volatile(mapping.as_ptr().cast::<RegionHeader>(), header) };
+        Ok(PpaPage {
+            mapping: Arc::new(mapping),
             vcpus,
             header,
             file: file.map(Path::to_path_buf),
-            _fd: fd,
-        };
-        // SAFETY: the mapping is at least 64 bytes, page-aligned, and nobody else writes it
-        // before the VM starts.
-        unsafe { std::ptr::write_volatile(page.ptr.cast::<RegionHeader>(), header) };
-        Ok(page)
+        })
     }
 
     /// Host address of the region.
     pub fn host_addr(&self) -> u64 {
-        self.ptr as u64
+        self.mapping.as_ptr() as u64
     }
 
     /// Size of the region.
     pub fn size(&self) -> u64 {
-        self.size as u64
+        self.mapping.size() as u64
+    }
+
+    /// The region's mapping (its memfd or file at offset 0), to place it in a guest memory map.
+    pub fn mapping(&self) -> Arc<MmapRegion> {
+        Arc::clone(&self.mapping)
     }
 
     /// The header written at the start.
@@ -180,7 +167,7 @@ impl PpaPage {
             let off =
                 self.header.host_offset as usize + vcpu * self.header.host_record_size as usize;
             // SAFETY: `layout` checked that every host record lies inside the mapping.
-            unsafe { self.ptr.add(off).cast::<HostVcpu>() }
+            unsafe { self.mapping.as_ptr().add(off).cast::<HostVcpu>() }
         })
     }
 
@@ -193,13 +180,14 @@ impl PpaPage {
         }
     }
 
-    /// The guest section, live.
-    pub fn guest_section(&self) -> decode::Section {
-        // SAFETY: `layout` placed the guest section inside the mapping, 8-byte aligned, and
-        // the mapping lives as long as `self`.
+    /// The guest section, live: it borrows the page, so it cannot outlive the mapping.
+    pub fn guest_section(&self) -> decode::Section<'_> {
+        // SAFETY: `layout` placed the guest section inside the mapping, 8-byte aligned; the
+        // mapping lives as long as `self`, which the returned section borrows; the guest writes
+        // it concurrently, which `Section` allows (it reads only with volatile reads).
         unsafe {
             decode::Section::new(
-                self.ptr.add(self.header.guest_offset as usize),
+                self.mapping.as_ptr().add(self.header.guest_offset as usize),
                 self.header.guest_size as usize,
             )
         }
@@ -225,12 +213,22 @@ impl PpaPage {
 
 impl Drop for PpaPage {
     fn drop(&mut self) {
-        // SAFETY: the mapping was made in `create` with this size and is not used after this.
-        unsafe { libc::munmap(self.ptr.cast(), self.size) };
+        // The mapping goes with the last holder of `mapping`; the name goes now.
         if let Some(p) = &self.file {
             let _ = std::fs::remove_file(p);
         }
     }
+}
+
+/// A new memfd, closed on exec.
+fn memfd() -> io::Result<File> {
+    // SAFETY: memfd_create reads the NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"ppa-page".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 #[cfg(test)]
@@ -257,7 +255,8 @@ mod tests {
 
     #[test]
     fn a_file_backed_region_is_shared_with_its_file() {
-        let path = std::env::temp_dir().join(format!("ppa-page-{}", std::process::id()));
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let path = dir.as_path().join("page");
         let page = PpaPage::create(8192, 2, Some(&path)).unwrap();
         let rec = HostVcpu {
             vcpu: 1,
@@ -278,5 +277,40 @@ mod tests {
         assert!(page.read_host(2, 4).is_none());
         drop(page);
         assert!(!path.exists(), "the file goes with the VM");
+    }
+
+    #[test]
+    fn a_memfd_backed_region_has_its_header_records_and_an_empty_guest_section() {
+        let page = PpaPage::create(16384, 3, None).unwrap();
+        assert_eq!(page.size(), 16384);
+        assert_eq!(page.mapping().size(), 16384);
+        assert_eq!(
+            page.host_addr() % 4096,
+            0,
+            "page-aligned for a KVM memory slot"
+        );
+        // SAFETY: the header is at the start of the live mapping, written by `create`.
+        let h: RegionHeader = unsafe { std::ptr::read_volatile(page.host_addr() as *const _) };
+        assert_eq!(h, *page.header());
+        assert_eq!(
+            (h.magic, h.host_count, h.total_size),
+            (REGION_MAGIC, 3, 16384)
+        );
+        for vcpu in 0..3 {
+            let rec = HostVcpu {
+                vcpu: vcpu as u32,
+                used_ns: 1000 + vcpu as u64,
+                ..Default::default()
+            };
+            page.publish(vcpu, &rec);
+        }
+        for vcpu in 0..3 {
+            let got = page.read_host(vcpu, 4).unwrap().unwrap();
+            assert_eq!((got.vcpu, got.used_ns), (vcpu as u32, 1000 + vcpu as u64));
+            assert_eq!(got.seq, 2, "written once");
+        }
+        let v = page.guest_view();
+        assert!(v.page && !v.published && v.errors.is_empty(), "{v:?}");
+        assert_eq!(v.host.len(), 3);
     }
 }

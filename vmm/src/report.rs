@@ -9,14 +9,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use ppa_vmm_api::{VcpuEndKind, VmEnd};
+use ppa_vmm_client::guest_view::{guest_view_text, HostColumns};
 use serde::Serialize;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
 use crate::hypervisor::RegsDump;
-use crate::payload::{Boot, PayloadVcpuReport};
-use crate::ppa_page::text::{guest_view_text, HostColumns};
+use crate::payload::{PayloadVcpuReport, PayloadVmReport};
 use crate::vcpu::{VcpuEnd, VcpuShared};
 
 /// VM facts fixed at build time.
@@ -61,8 +62,8 @@ pub struct VmReport {
     pub info: VmInfo,
     /// Time from the first vCPU start to the last join.
     pub uptime_ns: u64,
-    /// `completed` (every vCPU exited with 0), `failed`, or `timeout`.
-    pub end: &'static str,
+    /// `completed` (every vCPU exited with 0), `failed`, `timeout` or `shutdown`.
+    pub end: VmEnd,
     /// Accounting level at the end.
     pub level: Level,
     /// CPU time of every non-vCPU thread of the VMM process.
@@ -72,6 +73,9 @@ pub struct VmReport {
     pub host_steal_ns: Option<u64>,
     /// Histograms merged over every vCPU.
     pub histograms: BTreeMap<String, HistogramJson>,
+    /// The payload's fields (a Linux guest: command line, console, resets).
+    #[serde(flatten)]
+    pub payload: PayloadVmReport,
 }
 
 /// A failed vCPU's cause.
@@ -81,6 +85,9 @@ pub struct FailureReport {
     pub reason: String,
     /// Registers at failure, when available.
     pub regs: Option<RegsDump>,
+    /// The vCPU's exit before the fatal one (reason and address), when it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<crate::vcpu::LastExit>,
 }
 
 /// Per-vCPU part of the report.
@@ -90,7 +97,7 @@ pub struct VcpuReport {
     #[serde(flatten)]
     pub payload: PayloadVcpuReport,
     /// `exited`, `failed`, `error` or `stopped`.
-    pub end: &'static str,
+    pub end: VcpuEndKind,
     /// The code the guest exited with, when it did.
     pub exit_code: Option<u64>,
     /// Why it failed, when it did.
@@ -110,6 +117,7 @@ impl VcpuReport {
     pub fn tiny(&self) -> Option<&crate::payload::tiny::report::TinyVcpuReport> {
         match &self.payload {
             PayloadVcpuReport::Tiny(t) => Some(t),
+            PayloadVcpuReport::Linux(_) => None,
         }
     }
 }
@@ -130,17 +138,18 @@ pub struct Report {
 
 fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
     let (times, hist) = s.times();
-    let (end, exit_code) = match s.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
-        Some(VcpuEnd::Failed { .. }) => ("failed", None),
-        Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
-    };
+    let (end, exit_code) = s
+        .end()
+        .map_or((VcpuEndKind::Stopped, None), VcpuEnd::kind_and_code);
     let failure = s.end().and_then(|e| {
         Some(FailureReport {
             reason: e.reason()?,
             regs: match e {
                 VcpuEnd::Failed { regs, .. } => regs.as_deref().cloned(),
+                _ => None,
+            },
+            last_exit: match e {
+                VcpuEnd::Failed { last_exit, .. } => *last_exit,
                 _ => None,
             },
         })
@@ -181,22 +190,27 @@ impl Report {
     pub fn build(
         info: &VmInfo,
         vcpus: &[std::sync::Arc<VcpuShared>],
-        payload: Vec<PayloadVcpuReport>,
+        (vm_payload, payload): (PayloadVmReport, Vec<PayloadVcpuReport>),
         facts: RunFacts,
     ) -> Report {
+        let guest_stop = vcpus
+            .iter()
+            .any(|v| matches!(v.end(), Some(VcpuEnd::GuestStop)));
         let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = vcpus
             .iter()
             .zip(payload)
             .map(|(s, p)| vcpu_report(s, p))
             .unzip();
         let timed_out = facts.timed_out;
-        let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0));
         let any_failed = vcpus.iter().any(|v| v.failure.is_some());
+        // A guest that asked the VM to stop (a Linux `reboot`) ended it cleanly, even though
+        // the VMM stopped its other vCPUs.
+        let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0)) || (guest_stop && !any_failed);
         let end = match (timed_out, all_ok) {
-            (_, true) => "completed",
-            _ if facts.shutdown && !any_failed => "shutdown",
-            (true, false) => "timeout",
-            (false, false) => "failed",
+            (_, true) => VmEnd::Completed,
+            _ if facts.shutdown && !any_failed => VmEnd::Shutdown,
+            (true, false) => VmEnd::Timeout,
+            (false, false) => VmEnd::Failed,
         };
         Report {
             vm: VmReport {
@@ -207,6 +221,7 @@ impl Report {
                 host_threads_ns: facts.host_threads_ns,
                 host_steal_ns: facts.host_steal_ns,
                 histograms: merge_all(&hists),
+                payload: vm_payload,
             },
             vcpus,
             groups: Vec::new(),
@@ -233,7 +248,7 @@ impl Report {
 
     /// 0 when every vCPU exited with code 0, else 1.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.vm.end != "completed" && self.vm.end != "shutdown")
+        i32::from(!self.vm.end.is_clean())
     }
 
     /// A table for people: the time split per vCPU beside /proc's tick-based figure, the
@@ -263,7 +278,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
             "VCPU",
             "WORKLOAD",
             "END",
@@ -275,6 +290,7 @@ impl Report {
             "IDLE",
             "HALT",
             "LMTD",
+            "BLKD",
             "/proc ms",
             "EXITS",
             "IDENT"
@@ -293,7 +309,7 @@ impl Report {
             w.truncate(24);
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
@@ -305,6 +321,7 @@ impl Report {
                 ms(t.idle_ns),
                 ms(t.halted_ns),
                 ms(t.limited_ns),
+                ms(t.blocked_ns),
                 ticks,
                 total,
                 t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64,
@@ -313,8 +330,12 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {}. IDENT = wall - (used+steal+halted+idle+limited+paused).",
-            self.vcpus.first().map_or("-", |v| v.times.split.as_str())
+             GUEST/VMM split: {} (from {}). BLKD: asleep in the kernel outside parks, not halted. \
+             IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
+            self.vcpus.first().map_or("-", |v| v.times.split.as_str()),
+            self.vcpus
+                .first()
+                .map_or("-", |v| v.times.split_source.as_str())
         );
         for g in &self.groups {
             let _ = writeln!(
@@ -340,7 +361,7 @@ impl Report {
                 (v.times.id, &v.payload, p99)
             })
             .collect();
-        out.push_str(&Boot::text(&rows));
+        out.push_str(&crate::payload::text(&self.vm.payload, &rows));
         self.guest_text(&mut out);
         for v in &self.vcpus {
             if let Some(f) = &v.failure {

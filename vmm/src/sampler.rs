@@ -2,8 +2,8 @@
 //!
 //! Data flow: every `sample_interval_ns` (10 ms by default) it reads run_delay of every vCPU
 //! whose thread has started and not finished, and counts windows whose steal exceeded the
-//! `steal_window_ns` threshold into that vCPU's `steal_windows` counter (the sampler is that
-//! counter's only writer). With `--runaway` or `--overload` it also runs the detectors of
+//! `steal_window_ns` threshold into that vCPU's `exceeded[StealWindow]` counter (the sampler is
+//! that counter's only writer). With `--runaway` or `--overload` it also runs the detectors of
 //! `limits::overload` on every vCPU and applies their action. Reading schedstat costs ~1 µs
 //! per vCPU here, which is why it happens here and not on the exit path. With a PPA page it
 //! also refreshes the page's host section every [`PAGE_REFRESH_NS`] (8 ms), on its own
@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use ppa_guest_abi::ppa_page::HostVcpu;
-use ppa_vmm_api::Event;
+use ppa_vmm_api::{Event, OverloadKind};
 
 use crate::accounting::meter::MicroState;
-use crate::accounting::AccountingControl;
+use crate::accounting::{AccountingControl, Threshold};
 use crate::api::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
@@ -96,14 +96,14 @@ impl Overload {
             v.overloads.add(1);
             let (kind, detail) = match f {
                 Fired::Runaway { ns } => (
-                    "runaway",
+                    OverloadKind::Runaway,
                     format!(
                         "in the guest for {:.1} ms without an exit or an idle",
                         ns as f64 / 1e6
                     ),
                 ),
                 Fired::Overload { per_mille, windows } => (
-                    "overload",
+                    OverloadKind::Overload,
                     format!(
                         "used {:.1} % of the last window, above the limit for {windows} windows of 100 ms",
                         per_mille as f64 / 10.0
@@ -118,7 +118,7 @@ impl Overload {
             self.hub.push(Event::Overload {
                 uptime_ns: self.vm.uptime_ns(),
                 vcpu: v.id,
-                kind: kind.into(),
+                kind,
                 detail,
                 action: self.config.action.name(),
             });
@@ -195,7 +195,7 @@ fn run(
         // One window per wake-up; if the thread was held up, start a fresh window from now
         // rather than lumping several windows into one.
         next = (next + interval).max(now + interval / 2);
-        let threshold = control.threshold(3);
+        let threshold = control.threshold(Threshold::StealWindow);
         for (v, prev) in vcpus.iter().zip(last.iter_mut()) {
             if v.acct.finals.get().is_some() {
                 continue;
@@ -208,7 +208,7 @@ fn run(
             };
             if let Some(p) = *prev {
                 if threshold != 0 && s.run_delay_ns.saturating_sub(p) > threshold {
-                    v.acct.steal_windows.add(1);
+                    v.acct.meter.exceeded[Threshold::StealWindow].add(1);
                 }
             }
             *prev = Some(s.run_delay_ns);

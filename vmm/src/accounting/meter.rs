@@ -13,10 +13,13 @@
 //! `wall − on-CPU − run-queue wait`: what the identity of spec section 4 needs.
 
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use ppa_vmm_api::VcpuMicroState;
 
 use super::histogram::Histogram;
-use super::{AccountingControl, Level};
+use super::switches::{Pairing, RingView, SwitchRing, Tally};
+use super::{AccountingControl, ByKey, Key, Level, PerThreshold, Threshold};
 use crate::exit::ExitReason;
 
 /// A single-writer counter: one thread adds, anyone reads.
@@ -73,9 +76,61 @@ impl MicroState {
         }
     }
 
-    /// Index of a park state in the per-park-kind arrays (idle 0, limited 1, paused 2).
-    pub fn park_index(self) -> Option<usize> {
-        (self as usize).checked_sub(2)
+    /// The kind of park this state is (`None`: not parked).
+    pub fn park_kind(self) -> Option<ParkKind> {
+        match self {
+            MicroState::Guest | MicroState::Vmm => None,
+            MicroState::Idle => Some(ParkKind::Idle),
+            MicroState::Limited => Some(ParkKind::Limited),
+            MicroState::Paused => Some(ParkKind::Paused),
+        }
+    }
+}
+
+impl Key for MicroState {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a vCPU thread is parked: the parked micro-states, as the key of per-park-kind counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkKind {
+    /// The guest asked to idle.
+    Idle = 0,
+    /// A CPU limit was exhausted.
+    Limited = 1,
+    /// An operator paused the VM.
+    Paused = 2,
+}
+
+impl ParkKind {
+    /// Number of kinds.
+    pub const COUNT: usize = 3;
+}
+
+impl Key for ParkKind {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One value per micro-state.
+pub type PerState<T> = ByKey<MicroState, T, { MicroState::COUNT }>;
+/// One value per park kind.
+pub type PerPark<T> = ByKey<ParkKind, T, { ParkKind::COUNT }>;
+/// One value per accounting level.
+pub type PerLevel<T> = ByKey<Level, T, 3>;
+
+impl From<MicroState> for VcpuMicroState {
+    fn from(s: MicroState) -> VcpuMicroState {
+        match s {
+            MicroState::Guest => VcpuMicroState::Guest,
+            MicroState::Vmm => VcpuMicroState::Vmm,
+            MicroState::Idle => VcpuMicroState::Idle,
+            MicroState::Limited => VcpuMicroState::Limited,
+            MicroState::Paused => VcpuMicroState::Paused,
+        }
     }
 }
 
@@ -111,7 +166,7 @@ pub struct VcpuMeter {
     state: AtomicU8,
     since: AtomicU64,
     /// Wall time in each micro-state (while timed: level basic or full).
-    pub wall: [Counter; MicroState::COUNT],
+    pub wall: PerState<Counter>,
     /// On-CPU time inside KVM_RUN, measured at level full.
     pub cpu_guest_full: Counter,
     /// On-CPU time handling exits, measured at level full.
@@ -122,18 +177,43 @@ pub struct VcpuMeter {
     pub park_cpu: Counter,
     /// Run-queue wait during parks (the wake-up part; also in steal).
     pub park_delay: Counter,
+    /// Time blocked inside KVM_RUN before the guest started this vCPU (an application
+    /// processor waiting for its INIT and start-up IPI), which the hypervisor's halt
+    /// statistics do not count.
+    pub start_wait: Counter,
     /// Time really blocked in parks, by kind (idle, limited, paused).
-    pub blocked: [Counter; 3],
+    pub blocked: PerPark<Counter>,
     /// Number of parks.
     pub parks: Counter,
+    /// KVM_RUN intervals at level full split with context-switch records (the rest of the
+    /// full ones read the thread CPU clock).
+    pub records_runs: Counter,
+    /// Boundaries at which the records may have been incomplete (see `switches`).
+    pub records_lost: Counter,
+    /// Off-CPU episodes the records showed outside parks.
+    pub records_episodes: Counter,
+    /// The records' consumer position, its open switch-out (time, 0: none) and whether that
+    /// was a preemption, as of the last drain: what readers peek from.
+    pub ring_tail: Counter,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_out: Counter,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_out_preempted: Counter,
+    /// 1 while the records are on (level full with a ring), else 0.
+    pub records_on: Counter,
+    /// The thread's context-switch ring, once level full first opened it (for readers' looks
+    /// at the interval in progress).
+    pub ring: OnceLock<Arc<RingView>>,
     /// Userspace exits by reason, exact at every level.
     pub exits: [Counter; ExitReason::COUNT],
     /// Userspace handling wall time by reason.
     pub exit_ns: [Counter; ExitReason::COUNT],
     /// Exits recorded at each level (off, basic, full).
-    pub exits_at_level: [Counter; 3],
-    /// Occurrences above the exit_handling, guest_run and wakeup_latency thresholds.
-    pub exceeded: [Counter; 3],
+    pub exits_at_level: PerLevel<Counter>,
+    /// Occurrences above each threshold. The vCPU thread counts exit_handling, guest_run and
+    /// wakeup_latency; the sampler thread is the one writer of steal_window (a count of
+    /// sampler windows), outside the sequence counter's groups.
+    pub exceeded: PerThreshold<Counter>,
     /// KVM_RUN wall time by host CPU (the CPU at entry).
     pub guest_wall_by_cpu: Box<[Counter]>,
     /// KVM_RUN entries by host CPU.
@@ -157,7 +237,7 @@ pub struct MeterReading {
     /// When that state began (0: not timed).
     pub since: u64,
     /// See [`VcpuMeter::wall`].
-    pub wall: [u64; MicroState::COUNT],
+    pub wall: PerState<u64>,
     /// See [`VcpuMeter::cpu_guest_full`].
     pub cpu_guest_full: u64,
     /// See [`VcpuMeter::cpu_vmm_full`].
@@ -168,18 +248,32 @@ pub struct MeterReading {
     pub park_cpu: u64,
     /// See [`VcpuMeter::park_delay`].
     pub park_delay: u64,
+    /// See [`VcpuMeter::start_wait`].
+    pub start_wait: u64,
     /// See [`VcpuMeter::blocked`].
-    pub blocked: [u64; 3],
+    pub blocked: PerPark<u64>,
     /// See [`VcpuMeter::parks`].
     pub parks: u64,
+    /// See [`VcpuMeter::records_runs`].
+    pub records_runs: u64,
+    /// See [`VcpuMeter::records_lost`].
+    pub records_lost: u64,
+    /// See [`VcpuMeter::records_episodes`].
+    pub records_episodes: u64,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_tail: u64,
+    /// The consumer's pairing state as of `ring_tail`.
+    pub ring_pairing: Pairing,
+    /// See [`VcpuMeter::records_on`].
+    pub records_on: bool,
     /// See [`VcpuMeter::exits`].
     pub exits: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exit_ns`].
     pub exit_ns: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exits_at_level`].
-    pub exits_at_level: [u64; 3],
+    pub exits_at_level: PerLevel<u64>,
     /// See [`VcpuMeter::exceeded`].
-    pub exceeded: [u64; 3],
+    pub exceeded: PerThreshold<u64>,
     /// See [`VcpuMeter::guest_wall_by_cpu`].
     pub guest_wall_by_cpu: Vec<u64>,
     /// See [`VcpuMeter::entries_by_cpu`].
@@ -222,8 +316,17 @@ impl VcpuMeter {
             vmm_wall_basic: Counter::default(),
             park_cpu: Counter::default(),
             park_delay: Counter::default(),
+            start_wait: Counter::default(),
             blocked: Default::default(),
             parks: Counter::default(),
+            records_runs: Counter::default(),
+            records_lost: Counter::default(),
+            records_episodes: Counter::default(),
+            ring_tail: Counter::default(),
+            ring_out: Counter::default(),
+            ring_out_preempted: Counter::default(),
+            records_on: Counter::default(),
+            ring: OnceLock::new(),
             exits: Default::default(),
             exit_ns: Default::default(),
             exits_at_level: Default::default(),
@@ -285,18 +388,28 @@ impl VcpuMeter {
         MeterReading {
             state: self.state.load(Ordering::Relaxed),
             since: self.since.load(Ordering::Relaxed),
-            wall: counters(&self.wall),
+            wall: self.wall.map(Counter::get),
             cpu_guest_full: self.cpu_guest_full.get(),
             cpu_vmm_full: self.cpu_vmm_full.get(),
             vmm_wall_basic: self.vmm_wall_basic.get(),
             park_cpu: self.park_cpu.get(),
             park_delay: self.park_delay.get(),
-            blocked: counters(&self.blocked),
+            start_wait: self.start_wait.get(),
+            blocked: self.blocked.map(Counter::get),
             parks: self.parks.get(),
+            records_runs: self.records_runs.get(),
+            records_lost: self.records_lost.get(),
+            records_episodes: self.records_episodes.get(),
+            ring_tail: self.ring_tail.get(),
+            ring_pairing: Pairing::with_pending(match self.ring_out.get() {
+                0 => None,
+                t => Some((t, self.ring_out_preempted.get() != 0)),
+            }),
+            records_on: self.records_on.get() != 0,
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
-            exits_at_level: counters(&self.exits_at_level),
-            exceeded: counters(&self.exceeded),
+            exits_at_level: self.exits_at_level.map(Counter::get),
+            exceeded: self.exceeded.map(Counter::get),
             guest_wall_by_cpu: self.guest_wall_by_cpu.iter().map(Counter::get).collect(),
             entries_by_cpu: self.entries_by_cpu.iter().map(Counter::get).collect(),
             migrations: self.migrations.get(),
@@ -362,6 +475,16 @@ pub struct Recorder {
     exit_vmm_ns: u64,
     park: Option<(MicroState, ParkStamp)>,
     wakeup_from: Option<u64>,
+    /// The thread's context-switch records, when perf gives them (level full uses them
+    /// instead of the thread CPU clock).
+    ring: Option<SwitchRing>,
+    /// Whether to try records at all, and whether opening them was tried.
+    records_wanted: bool,
+    records_tried: bool,
+    /// Off-CPU time inside the KVM_RUN in progress found by the drain at its entry.
+    run_off: u64,
+    /// The ring position last published to the meter.
+    published_tail: u64,
 }
 
 impl Recorder {
@@ -385,7 +508,125 @@ impl Recorder {
             exit_vmm_ns: 0,
             park: None,
             wakeup_from: None,
+            ring: None,
+            records_wanted: false,
+            records_tried: false,
+            run_off: 0,
+            published_tail: 0,
         }
+    }
+
+    /// Starts the clocks at `start` (after `use_records`, whose cost is then nobody's time):
+    /// the recorder is in state `vmm` from there, and records from before are dropped.
+    pub fn begin(&mut self, start: Stamp) {
+        let _ = self.drain(u64::MAX);
+        self.since = start.now;
+        self.cpu_since = start.cpu;
+        self.meter.begin();
+        self.publish_ring();
+        self.meter.set_state(MicroState::Vmm, start.now);
+        self.meter.end();
+    }
+
+    /// Applies the level of the next KVM_RUN to the records before its entry stamp is taken:
+    /// opening or switching them can sleep, which must fall in the interval measured at the
+    /// old level, not inside the run.
+    #[inline]
+    pub fn prepare(&mut self, next: Level) {
+        self.apply_records(next);
+    }
+
+    /// Splits level `full` with context-switch records instead of thread-CPU-clock reads,
+    /// where perf gives them. The recorder opens them on its thread (the vCPU thread) the
+    /// first time level full is in force: an open event costs every context switch on the
+    /// host a little, so a VM that never uses level full does not open one.
+    pub fn use_records(&mut self) {
+        self.records_wanted = true;
+        self.apply_records(self.level);
+    }
+
+    /// Whether records split level full (else the thread CPU clock does).
+    pub fn has_records(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Opens the records (once), and turns them on for level full and off otherwise (a
+    /// system call, only when that changes); a ring that cannot be switched is given up for
+    /// the CPU clock.
+    fn apply_records(&mut self, level: Level) {
+        if level == Level::Full && self.records_wanted && !self.records_tried {
+            self.records_tried = true;
+            match SwitchRing::open() {
+                Ok(ring) => {
+                    let _ = self.meter.ring.set(ring.view());
+                    self.ring = Some(ring);
+                }
+                Err(e) => log::warn!(
+                    "no context-switch records for this vCPU thread ({e}); level full reads the thread CPU clock at every KVM_RUN boundary"
+                ),
+            }
+        }
+        let Some(ring) = &mut self.ring else {
+            return;
+        };
+        let want = level == Level::Full;
+        if ring.enabled() == want {
+            return;
+        }
+        let ok = ring.set_enabled(want).is_ok();
+        if !ok {
+            log::warn!("context-switch records could not be switched; level full reads the thread CPU clock");
+            self.ring = None;
+        }
+        self.meter.begin();
+        self.meter.records_on.set(u64::from(want && ok));
+        self.publish_ring();
+        self.meter.end();
+    }
+
+    /// Whether a boundary between intervals at `prev` and `next` reads the thread CPU clock:
+    /// level full without records.
+    #[inline]
+    pub fn needs_cpu_clock(&self, prev: Level, next: Level) -> bool {
+        (prev == Level::Full || next == Level::Full) && self.ring.is_none()
+    }
+
+    /// The records since the last drain, split at `boundary` (None: no records in use).
+    #[inline]
+    fn drain(&mut self, boundary: u64) -> Option<Tally> {
+        // A disabled ring still holds what it recorded before it was disabled.
+        Some(self.ring.as_mut()?.drain(boundary))
+    }
+
+    /// Counts what a drain found and publishes the ring position for readers' peeks (only
+    /// when it moved). Called inside a write section.
+    #[inline]
+    fn note_records(&mut self, t: &Tally) {
+        let m = &*self.meter;
+        if t.episodes != 0 {
+            m.records_episodes.add(t.episodes);
+        }
+        if t.lost {
+            m.records_lost.add(1);
+        }
+        self.publish_ring();
+    }
+
+    #[inline]
+    fn publish_ring(&mut self) {
+        let Some(ring) = &self.ring else {
+            return;
+        };
+        let (tail, pairing) = ring.position();
+        if tail == self.published_tail {
+            return;
+        }
+        self.published_tail = tail;
+        let m = &*self.meter;
+        m.ring_tail.set(tail);
+        let (out, preempted) = pairing.pending().unwrap_or((0, false));
+        m.ring_out.set(out);
+        m.ring_out_preempted.set(u64::from(preempted));
     }
 
     /// The shared meter.
@@ -444,15 +685,26 @@ impl Recorder {
     }
 
     /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
-    /// current exit. Called inside a write section.
+    /// current exit. Called inside a write section. At level full its on-CPU part is the wall
+    /// time less the off-CPU episodes the records show, or the thread CPU clock's delta.
     #[inline]
     fn close_vmm(&mut self, s: Stamp) {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
+        let records = if self.level == Level::Full {
+            self.drain(s.now)
+        } else {
+            None
+        };
+        if let Some(t) = &records {
+            self.note_records(t);
+            self.run_off += t.off[1];
+        }
         let m = &*self.meter;
-        m.wall[MicroState::Vmm as usize].add(h);
-        match (self.level, s.cpu, self.cpu_since) {
-            (Level::Full, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
+        m.wall[MicroState::Vmm].add(h);
+        match (self.level, records, s.cpu, self.cpu_since) {
+            (Level::Full, Some(t), _, _) => m.cpu_vmm_full.add(h.saturating_sub(t.off[0])),
+            (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
         }
     }
@@ -478,17 +730,17 @@ impl Recorder {
         let handled = self.exit_reason.filter(|_| timed);
         if let Some(r) = handled {
             m.exit_ns[r].add(self.exit_vmm_ns);
-            let t = self.control.threshold(0);
+            let t = self.control.threshold(Threshold::ExitHandling);
             if t != 0 && self.exit_vmm_ns > t {
-                m.exceeded[0].add(1);
+                m.exceeded[Threshold::ExitHandling].add(1);
             }
         }
         if timed {
             if let Some(rel) = self.wakeup_from {
                 let lat = s.now.saturating_sub(rel);
-                let t = self.control.threshold(2);
+                let t = self.control.threshold(Threshold::WakeupLatency);
                 if t != 0 && lat > t {
-                    m.exceeded[2].add(1);
+                    m.exceeded[Threshold::WakeupLatency].add(1);
                 }
                 wakeup = Some(lat);
             }
@@ -524,21 +776,39 @@ impl Recorder {
     /// interval.
     #[inline]
     pub fn on_exit(&mut self, s: Stamp, reason: ExitReason) {
-        let m = &*self.meter;
         let r = reason.index();
         let timed = self.level != Level::Off;
         let run = s.now.saturating_sub(self.since);
-        m.begin();
+        let records = if self.level == Level::Full {
+            self.drain(self.since)
+        } else {
+            None
+        };
+        self.meter.begin();
+        if let Some(t) = &records {
+            self.note_records(t);
+        }
+        let m = &*self.meter;
         m.exits[r].add(1);
-        m.exits_at_level[self.level as usize].add(1);
+        m.exits_at_level[self.level].add(1);
         if timed {
-            m.wall[MicroState::Guest as usize].add(run);
-            if let (Level::Full, Some(c), Some(c0)) = (self.level, s.cpu, self.cpu_since) {
-                m.cpu_guest_full.add(c.saturating_sub(c0));
+            m.wall[MicroState::Guest].add(run);
+            match (self.level, records, s.cpu, self.cpu_since) {
+                (Level::Full, Some(t), _, _) => {
+                    // Side 0 began before this entry, in an interval measured otherwise (a
+                    // park, or VMM time at another level): not this run's.
+                    let off = self.run_off + t.off[1];
+                    m.cpu_guest_full.add(run.saturating_sub(off));
+                    m.records_runs.add(1);
+                }
+                (Level::Full, None, Some(c), Some(c0)) => {
+                    m.cpu_guest_full.add(c.saturating_sub(c0));
+                }
+                _ => {}
             }
-            let t = self.control.threshold(1);
+            let t = self.control.threshold(Threshold::GuestRun);
             if t != 0 && run > t {
-                m.exceeded[1].add(1);
+                m.exceeded[Threshold::GuestRun].add(1);
             }
         }
         m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
@@ -549,6 +819,7 @@ impl Recorder {
         }
         self.exit_reason = Some(r);
         self.exit_vmm_ns = 0;
+        self.run_off = 0;
         self.since = s.now;
         self.cpu_since = s.cpu;
     }
@@ -583,7 +854,23 @@ impl Recorder {
         }
         self.meter.set_state(kind, p.now);
         self.meter.end();
+        self.run_off = 0;
         self.park = Some((kind, p));
+    }
+
+    /// A run of a vCPU the guest had not started yet ended: `before` and `after` were taken
+    /// around it (wall, thread CPU, run_delay); the time the thread slept in it, neither on a
+    /// CPU nor runnable, was the wait for the start-up IPI.
+    pub fn start_wait(&mut self, before: ParkStamp, after: ParkStamp) {
+        if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
+            (before.cpu, after.cpu, before.run_delay, after.run_delay)
+        {
+            let wall = after.now.saturating_sub(before.now);
+            let slept = wall.saturating_sub(c1.saturating_sub(c0) + d1.saturating_sub(d0));
+            self.meter.begin();
+            self.meter.start_wait.add(slept);
+            self.meter.end();
+        }
     }
 
     /// The park ended; `release` is when it was released (its deadline, or the kick).
@@ -591,11 +878,16 @@ impl Recorder {
         let Some((kind, start)) = self.park.take() else {
             return;
         };
-        let m = &*self.meter;
+        // The park measures itself (its stamps); its records are dropped.
+        let records = self.drain(u64::MAX);
         let wall = p.now.saturating_sub(start.now);
-        m.begin();
+        self.meter.begin();
+        if records.is_some() {
+            self.publish_ring();
+        }
+        let m = &*self.meter;
         m.parks.add(1);
-        m.wall[kind as usize].add(wall);
+        m.wall[kind].add(wall);
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
             (start.cpu, p.cpu, start.run_delay, p.run_delay)
         {
@@ -603,12 +895,12 @@ impl Recorder {
             let ddelay = d1.saturating_sub(d0);
             m.park_cpu.add(dcpu);
             m.park_delay.add(ddelay);
-            if let Some(i) = kind.park_index() {
-                m.blocked[i].add(wall.saturating_sub(dcpu + ddelay));
+            if let Some(k) = kind.park_kind() {
+                m.blocked[k].add(wall.saturating_sub(dcpu + ddelay));
             }
-        } else if let Some(i) = kind.park_index() {
+        } else if let Some(k) = kind.park_kind() {
             // Level off: only the wall time is known.
-            m.blocked[i].add(wall);
+            m.blocked[k].add(wall);
         }
         m.set_state(MicroState::Vmm, p.now);
         m.end();
@@ -621,170 +913,5 @@ impl Recorder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recorder(level: Level) -> Recorder {
-        let control = Arc::new(AccountingControl::default());
-        control.set_level(level);
-        let meter = Arc::new(VcpuMeter::new(3, 2));
-        Recorder::new(
-            meter,
-            control,
-            Stamp {
-                now: 1_000,
-                cpu: Some(100),
-            },
-        )
-    }
-
-    fn st(now: u64, cpu: u64) -> Stamp {
-        Stamp {
-            now,
-            cpu: Some(cpu),
-        }
-    }
-
-    #[test]
-    fn basic_level_splits_wall_between_guest_and_vmm() {
-        let mut r = recorder(Level::Basic);
-        r.on_entry(st(1_500, 0), 0, Level::Basic);
-        r.on_exit(st(11_500, 0), ExitReason::MmioWrite);
-        r.on_entry(st(12_000, 0), 1, Level::Basic);
-        r.on_exit(st(20_000, 0), ExitReason::IoOut);
-        assert_eq!(r.meter().hist.guest_run.snapshot().count(), 0, "batched");
-        r.flush();
-        let m = r.meter().read();
-        assert!(m.consistent);
-        assert_eq!(m.wall[MicroState::Guest as usize], 10_000 + 8_000);
-        assert_eq!(m.wall[MicroState::Vmm as usize], 500 + 500);
-        assert_eq!(m.exits[ExitReason::MmioWrite.index()], 1);
-        assert_eq!(m.exits[ExitReason::IoOut.index()], 1);
-        assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
-        assert_eq!(m.guest_wall_by_cpu, vec![10_000, 8_000]);
-        assert_eq!(m.entries_by_cpu, vec![1, 1]);
-        assert_eq!(
-            m.migrations, 1,
-            "CPU 0 then CPU 1; the first entry is no migration"
-        );
-        assert_eq!(m.vmm_wall_basic, 1_000);
-        assert_eq!(m.micro_state(), MicroState::Vmm);
-        assert_eq!(m.since, 20_000);
-        assert_eq!(r.meter().hist.guest_run.snapshot().count(), 2);
-        assert_eq!(r.meter().hist.exit_handling_all.snapshot().count(), 1);
-    }
-
-    #[test]
-    fn full_level_uses_cpu_time() {
-        let mut r = recorder(Level::Full);
-        r.on_entry(st(1_500, 150), 0, Level::Full);
-        r.on_exit(st(11_500, 9_150), ExitReason::MmioWrite);
-        r.on_entry(st(12_000, 9_450), 0, Level::Full);
-        let m = r.meter().read();
-        assert_eq!(m.cpu_guest_full, 9_000);
-        assert_eq!(m.cpu_vmm_full, 50 + 300);
-        assert_eq!(m.vmm_wall_basic, 0);
-    }
-
-    #[test]
-    fn off_level_counts_exits_only_and_a_switch_takes_effect_at_the_next_entry() {
-        let mut r = recorder(Level::Off);
-        r.on_entry(Stamp::default(), 0, Level::Off);
-        for _ in 0..5 {
-            r.on_exit(Stamp::default(), ExitReason::MmioWrite);
-            r.on_entry(Stamp::default(), 0, Level::Off);
-        }
-        let m = r.meter().read();
-        assert_eq!(m.exits[ExitReason::MmioWrite.index()], 5);
-        assert_eq!(m.exits_at_level, [5, 0, 0]);
-        assert_eq!(m.wall, [0; 5]);
-        // Switch to basic: the first timed interval starts at that entry.
-        r.on_exit(Stamp::default(), ExitReason::MmioWrite);
-        r.on_entry(st(50_000, 0), 0, Level::Basic);
-        r.on_exit(st(51_000, 0), ExitReason::MmioWrite);
-        let m = r.meter().read();
-        assert_eq!(m.wall[MicroState::Guest as usize], 1_000);
-        assert_eq!(m.exits_at_level, [6, 1, 0]);
-    }
-
-    #[test]
-    fn parks_count_only_blocked_time_and_wakeup_latency() {
-        let mut r = recorder(Level::Basic);
-        r.on_entry(st(2_000, 0), 0, Level::Basic);
-        r.on_exit(st(3_000, 0), ExitReason::MmioWrite);
-        let p0 = ParkStamp {
-            now: 3_200,
-            cpu: Some(1_000),
-            run_delay: Some(50),
-        };
-        r.park_begin(MicroState::Idle, p0);
-        assert_eq!(r.meter().read().micro_state(), MicroState::Idle);
-        // Parked 1 ms; 2 µs on CPU around the wait, woke 10 µs late, 7 µs on the run queue.
-        let p1 = ParkStamp {
-            now: 3_200 + 1_000_000 + 10_000,
-            cpu: Some(3_000),
-            run_delay: Some(7_050),
-        };
-        r.park_end(p1, 3_200 + 1_000_000);
-        r.on_entry(st(3_200 + 1_010_000 + 300, 0), 0, Level::Basic);
-        let m = r.meter().read();
-        assert_eq!(m.wall[MicroState::Idle as usize], 1_010_000);
-        assert_eq!(m.blocked[0], 1_010_000 - 2_000 - 7_000);
-        assert_eq!(m.park_cpu, 2_000);
-        assert_eq!(m.park_delay, 7_000);
-        // Handling of the halt exit: 200 ns before the park, 300 ns after.
-        assert_eq!(m.exit_ns[ExitReason::MmioWrite.index()], 500);
-        r.flush();
-        let w = r.meter().hist.wakeup_latency.snapshot();
-        assert_eq!(w.count(), 1);
-        assert_eq!(w.sum(), 10_300);
-    }
-
-    #[test]
-    fn thresholds_count_occurrences_above() {
-        let mut r = recorder(Level::Basic);
-        r.control.set_thresholds(super::super::Thresholds {
-            exit_handling_ns: 1_000,
-            guest_run_ns: 5_000,
-            ..Default::default()
-        });
-        let mut t = 2_000;
-        for (run, handle) in [(4_000, 500), (6_000, 2_000), (7_000, 1_001)] {
-            r.on_entry(st(t, 0), 0, Level::Basic);
-            t += run;
-            r.on_exit(st(t, 0), ExitReason::IoIn);
-            t += handle;
-        }
-        r.on_entry(st(t, 0), 0, Level::Basic);
-        let m = r.meter().read();
-        assert_eq!(m.exceeded[1], 2, "guest runs above 5 µs");
-        assert_eq!(m.exceeded[0], 2, "exit handling above 1 µs");
-    }
-
-    #[test]
-    fn readers_never_see_a_torn_group() {
-        let meter = Arc::new(VcpuMeter::new(3, 1));
-        let control = Arc::new(AccountingControl::default());
-        let m2 = Arc::clone(&meter);
-        let reader = std::thread::spawn(move || {
-            let mut seen = 0;
-            while seen < 20_000 {
-                let r = m2.read();
-                if r.consistent {
-                    // Each exit adds 1 to the count and 100 to the guest wall together.
-                    let n = r.exits[ExitReason::MmioWrite.index()];
-                    assert_eq!(r.wall[0], n * 100);
-                    seen += 1;
-                }
-            }
-        });
-        let mut r = Recorder::new(meter, control, Stamp { now: 1, cpu: None });
-        let mut t = 1;
-        while !reader.is_finished() {
-            r.on_entry(Stamp { now: t, cpu: None }, 0, Level::Basic);
-            t += 100;
-            r.on_exit(Stamp { now: t, cpu: None }, ExitReason::MmioWrite);
-        }
-        reader.join().unwrap();
-    }
-}
+#[path = "meter_tests.rs"]
+mod tests;

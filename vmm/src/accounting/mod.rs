@@ -13,22 +13,126 @@
 //!   (halted_ns, kvm_stats). Reset stores a baseline snapshot that readers subtract; the vCPU
 //!   thread never sees a reset, so a reader sees either the state before or after it.
 //!
+//! Counters that come one per state, park kind, level or threshold sit in [`ByKey`] arrays
+//! indexed by that enum, not by number.
+//!
 //! Definitions of every field are in docs/accounting.md.
 
+use std::marker::PhantomData;
+use std::ops::{Index, IndexMut};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 pub mod histogram;
 pub mod host;
 pub mod meter;
 pub mod snapshot;
+pub mod switches;
 
-pub use ppa_vmm_api::{Level, Thresholds, THRESHOLD_NAMES};
+pub use ppa_vmm_api::{Level, Threshold, Thresholds};
+
+/// A fieldless enum whose `N` values number 0 to N − 1: the key of a [`ByKey`] array.
+pub trait Key: Copy {
+    /// The value's position.
+    fn index(self) -> usize;
+}
+
+impl Key for Threshold {
+    fn index(self) -> usize {
+        Threshold::index(self)
+    }
+}
+
+impl Key for Level {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One `T` for each of the `N` values of the enum `K`, indexed by `K`.
+pub struct ByKey<K, T, const N: usize>([T; N], PhantomData<K>);
+
+impl<K: Key, T, const N: usize> ByKey<K, T, N> {
+    /// The array whose entry for each key is `f(index)`.
+    pub fn from_fn(f: impl FnMut(usize) -> T) -> Self {
+        ByKey(std::array::from_fn(f), PhantomData)
+    }
+
+    /// `f` of each entry, under the same keys.
+    pub fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> ByKey<K, U, N> {
+        ByKey::from_fn(|i| f(&self.0[i]))
+    }
+
+    /// The entries in key order.
+    pub fn values(&self) -> &[T; N] {
+        &self.0
+    }
+}
+
+impl<K: Key, const N: usize> ByKey<K, u64, N> {
+    /// Each entry less the same entry of `base` (0 where it went down).
+    pub fn since(&self, base: &Self) -> Self {
+        ByKey::from_fn(|i| self.0[i].saturating_sub(base.0[i]))
+    }
+}
+
+impl<K: Key, T, const N: usize> Index<K> for ByKey<K, T, N> {
+    type Output = T;
+
+    #[inline]
+    fn index(&self, k: K) -> &T {
+        &self.0[k.index()]
+    }
+}
+
+impl<K: Key, T, const N: usize> IndexMut<K> for ByKey<K, T, N> {
+    #[inline]
+    fn index_mut(&mut self, k: K) -> &mut T {
+        &mut self.0[k.index()]
+    }
+}
+
+impl<K: Key, T: Default, const N: usize> Default for ByKey<K, T, N> {
+    fn default() -> Self {
+        ByKey::from_fn(|_| T::default())
+    }
+}
+
+impl<K, T: Clone, const N: usize> Clone for ByKey<K, T, N> {
+    fn clone(&self) -> Self {
+        ByKey(self.0.clone(), PhantomData)
+    }
+}
+
+impl<K, T: Copy, const N: usize> Copy for ByKey<K, T, N> {}
+
+impl<K, T: PartialEq, const N: usize> PartialEq for ByKey<K, T, N> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl<K, T: Eq, const N: usize> Eq for ByKey<K, T, N> {}
+
+impl<K, T: PartialEq, const N: usize> PartialEq<[T; N]> for ByKey<K, T, N> {
+    fn eq(&self, other: &[T; N]) -> bool {
+        self.0 == *other
+    }
+}
+
+impl<K, T: std::fmt::Debug, const N: usize> std::fmt::Debug for ByKey<K, T, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One value per threshold.
+pub type PerThreshold<T> = ByKey<Threshold, T, { Threshold::COUNT }>;
 
 /// VM-wide accounting settings, shared by every vCPU thread, the sampler and readers.
 #[derive(Debug)]
 pub struct AccountingControl {
     level: AtomicU8,
-    thresholds: [AtomicU64; 4],
+    thresholds: PerThreshold<AtomicU64>,
     frac_bits: u8,
     sample_interval_ns: u64,
 }
@@ -41,18 +145,14 @@ impl AccountingControl {
         frac_bits: u8,
         sample_interval_ns: u64,
     ) -> Self {
-        let t = thresholds;
-        AccountingControl {
+        let control = AccountingControl {
             level: AtomicU8::new(level as u8),
-            thresholds: [
-                AtomicU64::new(t.exit_handling_ns),
-                AtomicU64::new(t.guest_run_ns),
-                AtomicU64::new(t.wakeup_latency_ns),
-                AtomicU64::new(t.steal_window_ns),
-            ],
+            thresholds: PerThreshold::default(),
             frac_bits,
             sample_interval_ns,
-        }
+        };
+        control.set_thresholds(thresholds);
+        control
     }
 
     /// The current level.
@@ -66,32 +166,25 @@ impl AccountingControl {
         self.level.store(level as u8, Ordering::Relaxed);
     }
 
-    /// Threshold `i` (index into [`THRESHOLD_NAMES`]).
+    /// The value of threshold `t` (0: off).
     #[inline]
-    pub fn threshold(&self, i: usize) -> u64 {
-        self.thresholds[i].load(Ordering::Relaxed)
+    pub fn threshold(&self, t: Threshold) -> u64 {
+        self.thresholds[t].load(Ordering::Relaxed)
     }
 
     /// The current thresholds.
     pub fn thresholds(&self) -> Thresholds {
-        Thresholds {
-            exit_handling_ns: self.threshold(0),
-            guest_run_ns: self.threshold(1),
-            wakeup_latency_ns: self.threshold(2),
-            steal_window_ns: self.threshold(3),
+        let mut out = Thresholds::default();
+        for t in Threshold::ALL {
+            t.set(&mut out, self.threshold(t));
         }
+        out
     }
 
     /// Replaces the thresholds.
     pub fn set_thresholds(&self, t: Thresholds) {
-        let v = [
-            t.exit_handling_ns,
-            t.guest_run_ns,
-            t.wakeup_latency_ns,
-            t.steal_window_ns,
-        ];
-        for (a, v) in self.thresholds.iter().zip(v) {
-            a.store(v, Ordering::Relaxed);
+        for k in Threshold::ALL {
+            self.thresholds[k].store(k.of(&t), Ordering::Relaxed);
         }
     }
 

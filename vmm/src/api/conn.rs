@@ -147,6 +147,7 @@ impl OutQueue {
     }
 
     /// Events dropped over the connection's life.
+    #[cfg(test)]
     pub fn dropped_total(&self) -> u64 {
         self.dropped_total
     }

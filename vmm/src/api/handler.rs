@@ -13,7 +13,7 @@
 
 use ppa_vmm_api::{
     parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, Response, Stats,
-    ThreadInfo, Threads, ThresholdsUpdate, VersionInfo, VmStats,
+    ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState, VmStats,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -59,7 +59,7 @@ pub fn fresh_stats(vm: &VmHandle) -> Stats {
         vm: VmStats {
             name: vm.name().to_string(),
             pid: std::process::id(),
-            state: vm.state().to_string(),
+            state: vm.state(),
             vcpus: vm.vcpu_count(),
             uptime_ns: vm.uptime_ns(),
             level: vm.level(),
@@ -94,6 +94,7 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, ErrorBody> {
 
 impl Handler {
     /// A handler over `vm` that reuses `stats` snapshots for at most `max_age_ns`.
+    #[cfg(test)]
     pub fn new(vm: VmHandle, max_age_ns: u64) -> Self {
         Self::with_board(vm, max_age_ns, Arc::new(Board::default()))
     }
@@ -139,6 +140,7 @@ impl Handler {
     }
 
     /// Every vCPU's figures and the VM's, freshly taken.
+    #[cfg(test)]
     pub fn fresh_stats(&self) -> Stats {
         fresh_stats(&self.vm)
     }
@@ -231,12 +233,11 @@ impl Handler {
                         host_tid: v.host_tid(),
                         name: format!("vcpu{}", v.id),
                         state: match v.state() {
-                            VcpuState::Created => "created",
-                            VcpuState::Running => "running",
-                            VcpuState::Parked => "parked",
-                            VcpuState::Finished => "finished",
-                        }
-                        .to_string(),
+                            VcpuState::Created => ThreadState::Created,
+                            VcpuState::Running => ThreadState::Running,
+                            VcpuState::Parked => ThreadState::Parked,
+                            VcpuState::Finished => ThreadState::Finished,
+                        },
                     })
                     .collect(),
             }),
@@ -249,7 +250,7 @@ impl Handler {
             Command::Pause {} => {
                 vm.pause();
                 self.invalidate();
-                Ok(serde_json::json!({ "state": "paused" }))
+                Ok(serde_json::json!({ "state": VmState::Paused }))
             }
             Command::Resume {} => {
                 vm.resume();
@@ -259,7 +260,7 @@ impl Handler {
             Command::Shutdown {} => {
                 vm.shutdown();
                 self.invalidate();
-                Ok(serde_json::json!({ "state": "stopping" }))
+                Ok(serde_json::json!({ "state": VmState::Stopping }))
             }
             Command::Metrics {} => Ok(Value::String(self.metrics_text())),
             Command::SetLimit { group, limit } => {

@@ -33,7 +33,8 @@ use super::conn::{LineBuffer, Next, OutQueue};
 use super::handler::{kind_bit, Handler, Outcome};
 use super::http::{http_head_complete, http_reply, http_response, MAX_HTTP_HEAD};
 use super::unix::{bind_unix, peer_uid};
-use crate::accounting::THRESHOLD_NAMES;
+use crate::accounting::meter::Counter;
+use crate::accounting::{PerThreshold, Threshold};
 use crate::handle::VmHandle;
 
 /// Bytes queued for one client past which the server stops reading its requests.
@@ -196,7 +197,7 @@ struct Serve {
     next_token: u32,
     uid: u32,
     /// Threshold counters at the last check, per vCPU.
-    seen: Vec<[u64; 4]>,
+    seen: Vec<PerThreshold<u64>>,
     stopping: bool,
 }
 
@@ -497,32 +498,20 @@ impl Serve {
         let _ = self.timer.wait();
         let vm = self.handler.vm().clone();
         let limits = vm.thresholds();
-        let limit = [
-            limits.exit_handling_ns,
-            limits.guest_run_ns,
-            limits.wakeup_latency_ns,
-            limits.steal_window_ns,
-        ];
         let uptime_ns = vm.uptime_ns();
-        self.seen.resize(vm.vcpu_count(), [0; 4]);
+        self.seen.resize(vm.vcpu_count(), PerThreshold::default());
         let mut events = Vec::new();
         for (v, seen) in vm.vcpus().iter().zip(self.seen.iter_mut()) {
-            let m = &v.acct.meter;
-            let now = [
-                m.exceeded[0].get(),
-                m.exceeded[1].get(),
-                m.exceeded[2].get(),
-                v.acct.steal_windows.get(),
-            ];
-            for i in 0..4 {
-                if now[i] > seen[i] {
+            let now = v.acct.meter.exceeded.map(Counter::get);
+            for t in Threshold::ALL {
+                if now[t] > seen[t] {
                     events.push(Event::Threshold {
                         uptime_ns,
                         vcpu: v.id,
-                        name: THRESHOLD_NAMES[i].to_string(),
-                        threshold_ns: limit[i],
-                        count: now[i] - seen[i],
-                        total: now[i],
+                        name: t,
+                        threshold_ns: t.of(&limits),
+                        count: now[t] - seen[t],
+                        total: now[t],
                     });
                 }
             }

@@ -109,8 +109,8 @@ mod tests {
 
     #[test]
     fn refuses_paths_that_are_not_sockets_or_too_long() {
-        let dir = std::env::temp_dir().join(format!("ppa-sock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let dir = tmp.as_path();
         let file = dir.join("plain");
         std::fs::write(&file, b"x").unwrap();
         assert!(matches!(bind_unix(&file), Err(SocketError::NotASocket(_))));
@@ -125,6 +125,5 @@ mod tests {
         assert!(matches!(bind_unix(&sock), Err(SocketError::InUse(_))));
         drop(l);
         assert!(bind_unix(&sock).is_ok(), "a stale socket is replaced");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use ppa_vmm_api::LimitBackend;
+
 use crate::config::RunOptions;
 use crate::handle::VmHandle;
-use crate::limits::limiter::Backend;
 use crate::vm::{Vm, VmError};
 
 /// Options of `bench limit`.
@@ -119,7 +120,12 @@ fn limit_name(members: usize) -> &'static str {
     }
 }
 
-fn vm(o: &LimitOptions, period_ns: u64, backend: Backend, members: usize) -> Result<Vm, VmError> {
+fn vm(
+    o: &LimitOptions,
+    period_ns: u64,
+    backend: LimitBackend,
+    members: usize,
+) -> Result<Vm, VmError> {
     let quota_ns = period_ns * o.percent / 100 * members as u64;
     let run_ms = (o.periods + 3) * period_ns / 1_000_000;
     let limit = format!("{}us/{}us", quota_ns / 1000, period_ns / 1000);
@@ -184,13 +190,13 @@ fn poll_cgroup(h: &VmHandle, name: &str, stop: &AtomicBool) -> Vec<u64> {
 fn measure(o: &LimitOptions, period_ns: u64, members: usize) -> Result<LimitRun, VmError> {
     let quota_ns = period_ns * o.percent / 100 * members as u64;
     let name = limit_name(members);
-    let v = vm(o, period_ns, Backend::Vmm, members)?;
+    let v = vm(o, period_ns, LimitBackend::Vmm, members)?;
     let h = v.handle();
     v.run()?;
     let vmm = error_stats(&trim(&h.limiter().period_log(name), quota_ns));
     std::thread::sleep(Duration::from_millis(200));
 
-    let v = vm(o, period_ns, Backend::Cgroup, members)?;
+    let v = vm(o, period_ns, LimitBackend::Cgroup, members)?;
     let h = v.handle();
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {
@@ -277,7 +283,10 @@ impl LimitResult {
             p99_ratio: 0.0,
         };
         for r in [&main, &self.at_10ms, &self.group_of_2] {
-            for (name, e) in [("vmm", &r.vmm), ("cgroup", &r.cgroup)] {
+            for (name, e) in [
+                (LimitBackend::Vmm, &r.vmm),
+                (LimitBackend::Cgroup, &r.cgroup),
+            ] {
                 s += &format!(
                     "{:>6}ms {:>8} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>10}\n",
                     r.period_ns / 1_000_000,

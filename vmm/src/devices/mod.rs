@@ -12,16 +12,19 @@
 //! `Stop`. The vCPU loop carries requests out and knows nothing of any device's protocol.
 //!
 //! Devices: [`tiny`] (the tiny guest's doorbells, console, report registers and workload
-//! port).
+//! port); for Linux guests [`serial`] (a 16550 UART with its interrupt) and [`i8042`] (whose
+//! reset command stops the VM).
 
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::hypervisor::IoAddr;
 
 pub mod bus;
+pub mod i8042;
+pub mod serial;
 pub mod tiny;
 
-pub use bus::{Bus, BusError, Buses};
+pub use bus::{BusError, Buses};
 
 /// One guest access to a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{
     ExitEvent, HvError, IoAddr, IrqLine, Kicker, KvmStats, MemorySlot, RunError, Vcpu, Vm,
 };
-use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 use crate::sync::now_ns;
 
 /// One exit of a script.
@@ -87,6 +87,31 @@ impl super::Hypervisor for FakeHypervisor {
     fn max_vcpus(&self) -> usize {
         256
     }
+
+    fn supported_cpuid(&self) -> Result<Vec<CpuidEntry>, HvError> {
+        // A plausible host: vendor leaf, feature leaf, topology, KVM's leaves.
+        let e = |function, index, eax, ebx, ecx, edx| CpuidEntry {
+            function,
+            index,
+            flags: 0,
+            eax,
+            ebx,
+            ecx,
+            edx,
+        };
+        Ok(vec![
+            e(0, 0, 0x1f, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
+            e(1, 0, 0x00a5_0f00, 0x0010_0800, 0, 0x178b_fbff),
+            e(4, 0, 0x7c00_4121, 0, 0, 0),
+            e(0xb, 0, 1, 2, 0x100, 9),
+            e(0xb, 1, 4, 16, 0x201, 9),
+            e(0x4000_0000, 0, 0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x4d),
+            e(0x4000_0001, 0, 0x0100_0eff, 0, 0, 0),
+            e(0x8000_0000, 0, 0x8000_001e, 0, 0, 0),
+            e(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
+            e(0x8000_001e, 0, 9, 9, 9, 0),
+        ])
+    }
 }
 
 /// A VM of the fake hypervisor: records its memory slots.
@@ -124,6 +149,10 @@ impl Vm for FakeVm {
     fn register_ioevent(&self, _: &EventFd, _: IoAddr, _: Option<u64>) -> Result<(), HvError> {
         Ok(())
     }
+
+    fn create_platform(&self) -> Result<(), HvError> {
+        Ok(())
+    }
 }
 
 /// What the VMM wrote into read exits' buffers: (address or port, bytes), in order.
@@ -150,6 +179,10 @@ pub struct FakeVcpu {
     reads: ReadLog,
     /// Runs that returned, kicks included.
     pub runs: u64,
+    /// The CPUID the VMM set.
+    pub cpuid: Mutex<Vec<CpuidEntry>>,
+    /// The MSRs the VMM set, in order.
+    pub msrs: Mutex<Vec<Msr>>,
 }
 
 impl FakeVcpu {
@@ -163,6 +196,8 @@ impl FakeVcpu {
             regs: Mutex::new(Default::default()),
             reads: Arc::new(Mutex::new(Vec::new())),
             runs: 0,
+            cpuid: Mutex::new(Vec::new()),
+            msrs: Mutex::new(Vec::new()),
         }
     }
 
@@ -248,7 +283,9 @@ impl Vcpu for FakeVcpu {
             }
             FakeExit::Hlt => ExitEvent::Hlt,
             FakeExit::Shutdown => ExitEvent::Shutdown,
-            FakeExit::InternalError(suberror) => ExitEvent::InternalError { suberror },
+            FakeExit::InternalError(suberror) => {
+                ExitEvent::Fatal(super::FatalExit::InternalError { suberror })
+            }
         })
     }
 
@@ -273,6 +310,20 @@ impl Vcpu for FakeVcpu {
     }
 
     fn set_fpu(&self, _: &Fpu) -> Result<(), HvError> {
+        Ok(())
+    }
+
+    fn set_cpuid(&self, entries: &[CpuidEntry]) -> Result<(), HvError> {
+        *self.cpuid.lock().unwrap() = entries.to_vec();
+        Ok(())
+    }
+
+    fn set_msrs(&self, msrs: &[Msr]) -> Result<(), HvError> {
+        self.msrs.lock().unwrap().extend_from_slice(msrs);
+        Ok(())
+    }
+
+    fn setup_lapic_lints(&self) -> Result<(), HvError> {
         Ok(())
     }
 

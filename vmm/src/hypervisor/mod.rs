@@ -18,7 +18,7 @@ use serde::Serialize;
 use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
 #[cfg(test)]
 pub mod fake;
@@ -108,6 +108,15 @@ pub enum ExitEvent<'a> {
     Shutdown,
     /// Interrupted: a kick, another signal, or `immediate_exit`.
     Intr,
+    /// An exit that ends the vCPU, as the hypervisor reported it.
+    Fatal(FatalExit),
+    /// An exit this VMM does not expect from its guests.
+    Other(&'static str),
+}
+
+/// An exit after which the vCPU cannot go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FatalExit {
     /// VM entry failed.
     FailEntry {
         /// Hardware reason.
@@ -120,13 +129,37 @@ pub enum ExitEvent<'a> {
         /// The hypervisor's suberror code.
         suberror: u32,
     },
-    /// System event (reset, shutdown, crash request).
+    /// The guest raised a system event (reset, shutdown, crash request).
     SystemEvent {
         /// Event type.
         kind: u32,
     },
-    /// An exit this VMM does not expect from its guests.
-    Other(&'static str),
+}
+
+impl std::fmt::Display for FatalExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FatalExit::FailEntry { reason, cpu } => write!(
+                f,
+                "VM entry failed with hardware reason {reason:#x} on host CPU {cpu}"
+            ),
+            FatalExit::InternalError { suberror } => {
+                write!(f, "KVM reported an internal error (suberror {suberror})")
+            }
+            FatalExit::SystemEvent { kind } => write!(f, "the guest raised system event {kind}"),
+        }
+    }
+}
+
+impl ExitEvent<'_> {
+    /// The guest address (MMIO) or port (PIO) of an I/O exit.
+    pub fn address(&self) -> Option<u64> {
+        match self {
+            ExitEvent::IoIn { port, .. } | ExitEvent::IoOut { port, .. } => Some(u64::from(*port)),
+            ExitEvent::MmioRead { addr, .. } | ExitEvent::MmioWrite { addr, .. } => Some(*addr),
+            _ => None,
+        }
+    }
 }
 
 /// Register state of a vCPU as text, for an operator reading a failure.
@@ -154,6 +187,10 @@ pub struct RegsDump {
     pub cs: String,
     /// SS selector.
     pub ss: String,
+    /// The registers are in the CPU's reset state (CS 0xf000, RIP 0xfff0), not where the
+    /// guest stopped: KVM on AMD SVM resets a vCPU after a triple fault before it returns.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reset: bool,
 }
 
 impl RegsDump {
@@ -161,6 +198,7 @@ impl RegsDump {
     pub fn new(r: &Regs, s: &SpecialRegs) -> Self {
         let h = |v: u64| format!("{v:#x}");
         RegsDump {
+            reset: s.cs.selector == 0xf000 && r.rip == 0xfff0,
             rip: h(r.rip),
             rsp: h(r.rsp),
             rflags: h(r.rflags),
@@ -269,6 +307,13 @@ pub trait Hypervisor {
     fn exit_cost(&self) -> Option<ExitCost> {
         None
     }
+    /// Why this hypervisor cannot run a guest kernel (privileged, 16- and 32-bit code at
+    /// native speed), or None when it can. The PVM backend runs only 64-bit user code natively.
+    fn cannot_boot_kernels(&self) -> Option<String> {
+        None
+    }
+    /// The CPUID leaves the hypervisor can give a guest, to be trimmed and patched per vCPU.
+    fn supported_cpuid(&self) -> Result<Vec<CpuidEntry>, HvError>;
 }
 
 /// A VM of a [`Hypervisor`].
@@ -298,6 +343,12 @@ pub trait Vm: Send + Sync {
         addr: IoAddr,
         datamatch: Option<u64>,
     ) -> Result<(), HvError>;
+
+    /// Creates the PC platform in the hypervisor: interrupt controllers (PIC, IOAPIC, a LAPIC
+    /// per vCPU), the PIT, and what VM entry needs below 4 GiB (KVM: TSS and identity-map
+    /// pages). Called once, before the vCPUs are created. Guest HLTs are then handled in the
+    /// hypervisor (no userspace exit): idle comes from its halt statistics.
+    fn create_platform(&self) -> Result<(), HvError>;
 }
 
 /// A vCPU of a [`Vm`], owned by the thread that runs it.
@@ -338,6 +389,22 @@ pub trait Vcpu: Send {
     fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError>;
     /// Sets the FPU control state.
     fn set_fpu(&self, fpu: &Fpu) -> Result<(), HvError>;
+    /// Sets the CPUID the guest sees.
+    fn set_cpuid(&self, entries: &[CpuidEntry]) -> Result<(), HvError>;
+    /// Sets model-specific registers.
+    fn set_msrs(&self, msrs: &[Msr]) -> Result<(), HvError>;
+    /// Wires the local APIC's LINT0 to external interrupts (the PIC) and LINT1 to NMI, as
+    /// firmware does on a PC (needs `Vm::create_platform`).
+    fn setup_lapic_lints(&self) -> Result<(), HvError>;
+    /// Whether the vCPU waits for the guest to start it (an application processor before its
+    /// INIT and start-up IPI: the hypervisor blocks its runs until then).
+    fn waits_for_start(&self) -> bool {
+        false
+    }
+    /// Tells the guest's paravirtual clock that the VMM paused the vCPU (KVM:
+    /// KVMCLOCK_CTRL), so the guest's watchdogs do not call the lost time a soft lockup.
+    /// Best effort: a guest without a paravirtual clock has nothing to tell.
+    fn pause_notify(&self) {}
 
     /// The vCPU's statistics file, when the hypervisor keeps one.
     fn stats(&self) -> Option<KvmStats>;

@@ -7,16 +7,63 @@
 //! child, so both hold. `Vm::run` calls [`CgroupLimits::place`] with the vCPU threads' ids
 //! after they exist and before the start gate opens, so no guest code runs outside them.
 //! Figures come from the cgroups' own `cpu.stat` (periods, throttled periods, throttled
-//! time) and the members' thread CPU clocks. The directories are removed on drop.
+//! time) and the members' thread CPU clocks. The directories are removed on drop. What fails
+//! is a [`CgroupError`].
 
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use ppa_vmm_api::GroupStats;
+use ppa_vmm_api::{GroupStats, LimitBackend};
+use thiserror::Error;
 
-use super::limiter::LimitConfig;
-use super::{Limit, VM_GROUP};
+use super::{Limit, LimitConfig, VM_GROUP};
 use crate::accounting::histogram::HistogramSnapshot;
+
+/// Why the cgroups could not be set up or the vCPU threads placed in them.
+#[derive(Debug, Error)]
+pub enum CgroupError {
+    /// Neither a v2 hierarchy with the cpu controller nor a v1 cpu hierarchy.
+    #[error(
+        "there is no cgroup cpu controller: neither cgroup v2 with `cpu` in {} nor v1 at {}",
+        .controllers.display(),
+        .v1.display()
+    )]
+    NoController {
+        /// The v2 list of controllers looked at.
+        controllers: PathBuf,
+        /// The v1 hierarchy looked for.
+        v1: PathBuf,
+    },
+    /// A cgroup directory could not be made.
+    #[error("cannot create the cgroup {}", .path.display())]
+    Create {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A cgroup file could not be written.
+    #[error("cannot write `{text}` to {}", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What was to be written.
+        text: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The vCPU threads did not all get their thread ids in time to be placed.
+    #[error(
+        "the vCPU threads did not start within {secs} s, so they cannot be placed in their cgroups"
+    )]
+    ThreadsLate {
+        /// How long was waited.
+        secs: u64,
+    },
+}
 
 /// The cgroups of one VM.
 #[derive(Debug)]
@@ -58,13 +105,24 @@ pub fn parse_cpu_stat(text: &str) -> CpuStat {
     s
 }
 
-fn write(path: &Path, text: &str) -> Result<(), String> {
-    fs::write(path, text).map_err(|e| format!("cannot write `{text}` to {}: {e}", path.display()))
+fn write(path: &Path, text: &str) -> Result<(), CgroupError> {
+    fs::write(path, text).map_err(|source| CgroupError::Write {
+        path: path.to_path_buf(),
+        text: text.to_string(),
+        source,
+    })
+}
+
+fn create_dir(path: &Path) -> Result<(), CgroupError> {
+    fs::create_dir_all(path).map_err(|source| CgroupError::Create {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 impl CgroupLimits {
     /// Creates the cgroups for `config` under a directory named after the VM.
-    pub fn create(config: &LimitConfig, vcpus: usize, tag: &str) -> Result<Self, String> {
+    pub fn create(config: &LimitConfig, vcpus: usize, tag: &str) -> Result<Self, CgroupError> {
         let unified = Path::new("/sys/fs/cgroup");
         let v2 = fs::read_to_string(unified.join("cgroup.controllers"))
             .map(|c| c.split_whitespace().any(|x| x == "cpu"))
@@ -82,14 +140,13 @@ impl CgroupLimits {
             })
             .exists()
         {
-            return Err(format!(
-                "no cgroup cpu controller: neither cgroup v2 with `cpu` in {} nor v1 at {}",
-                unified.join("cgroup.controllers").display(),
-                unified.join("cpu").display()
-            ));
+            return Err(CgroupError::NoController {
+                controllers: unified.join("cgroup.controllers"),
+                v1: unified.join("cpu"),
+            });
         }
         let root = base.join(format!("ppa-vmm-{tag}"));
-        fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        create_dir(&root)?;
         let mut me = CgroupLimits {
             groups: Vec::new(),
             v2,
@@ -119,8 +176,7 @@ impl CgroupLimits {
         }
         for g in &config.groups {
             let dir = root.join(&g.name);
-            fs::create_dir_all(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            create_dir(&dir)?;
             if v2 {
                 let _ = write(&dir.join("cgroup.type"), "threaded");
             }
@@ -136,7 +192,7 @@ impl CgroupLimits {
         Ok(me)
     }
 
-    fn set(&self, dir: &Path, l: &Limit) -> Result<(), String> {
+    fn set(&self, dir: &Path, l: &Limit) -> Result<(), CgroupError> {
         let period_us = l.period_ns / 1000;
         if self.v2 {
             let quota = if l.quota_ns == u64::MAX {
@@ -157,7 +213,7 @@ impl CgroupLimits {
     }
 
     /// Places vCPU `i`'s thread (`tids[i]`) in its group's cgroup, or the VM's.
-    pub fn place(&self, tids: &[i32]) -> Result<(), String> {
+    pub fn place(&self, tids: &[i32]) -> Result<(), CgroupError> {
         let file = if self.v2 { "cgroup.threads" } else { "tasks" };
         for (i, tid) in tids.iter().enumerate() {
             let dir = self
@@ -187,7 +243,7 @@ impl CgroupLimits {
                 GroupStats {
                     name: name.clone(),
                     vcpus: members.clone(),
-                    backend: "cgroup".into(),
+                    backend: LimitBackend::Cgroup,
                     limit: given.clone(),
                     quota_ns: l.quota_ns,
                     period_ns: l.period_ns,
@@ -237,5 +293,27 @@ mod tests {
             parse_cpu_stat("garbage\nnr_periods x\n"),
             CpuStat::default()
         );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_keep_their_cause() {
+        let dir = std::env::temp_dir().join(format!("ppa-cgroup-test-{}", std::process::id()));
+        let e = write(&dir.join("missing").join("cpu.max"), "max 100000").unwrap_err();
+        assert!(matches!(&e, CgroupError::Write { text, .. } if text == "max 100000"));
+        assert!(
+            e.to_string().starts_with("cannot write `max 100000` to "),
+            "{e}"
+        );
+        assert!(e.to_string().ends_with("missing/cpu.max"), "{e}");
+        let cause = std::error::Error::source(&e).expect("the I/O error is the source");
+        assert_eq!(
+            cause.downcast_ref::<io::Error>().map(io::Error::kind),
+            Some(io::ErrorKind::NotFound)
+        );
+        std::fs::write(&dir, "a file, not a directory").unwrap();
+        let e = create_dir(&dir.join("child")).unwrap_err();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(e, CgroupError::Create { .. }), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
     }
 }

@@ -16,37 +16,20 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::{Event, GroupStats};
+use ppa_vmm_api::{Event, GroupStats, LimitBackend, ThrottleEndWhy};
 
+use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, Member};
-use super::{check_name, GroupSpec, Limit, LimitError, VM_GROUP};
+use super::{check_name, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::Histogram;
-use crate::accounting::meter::MicroState;
+use crate::accounting::meter::{MicroState, ParkKind};
 use crate::api::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
 
-/// Who enforces the limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The VMM itself (this module).
-    #[default]
-    Vmm,
-    /// The kernel's CFS bandwidth control, through cgroups ([`super::cgroup`]).
-    Cgroup,
-}
-
-/// The limits of a VM at start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LimitConfig {
-    /// The VM-wide limit and its text.
-    pub vm: Option<(Limit, String)>,
-    /// The vCPU groups.
-    pub groups: Vec<GroupSpec>,
-    /// Who enforces them.
-    pub backend: Backend,
-}
+// Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
+// callers that name them here.
+pub use super::{Backend, LimitConfig};
 
 /// Bounds of the learnt stop margin.
 const MIN_MARGIN_NS: i64 = 5_000;
@@ -101,12 +84,12 @@ pub struct Limiter {
     hub: Option<Arc<EventHub>>,
     start_ns: u64,
     margin_ns: u64,
-    cgroup: Option<super::cgroup::CgroupLimits>,
+    cgroup: Option<CgroupLimits>,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
     let m = v.acct.meter.read();
-    let mut t = m.blocked[1];
+    let mut t = m.blocked[ParkKind::Limited];
     if m.micro_state() == MicroState::Limited && m.since != 0 {
         t += now.saturating_sub(m.since);
     }
@@ -171,7 +154,7 @@ impl Entity {
         GroupStats {
             name: self.name.clone(),
             vcpus: self.members.clone(),
-            backend: "vmm".into(),
+            backend: LimitBackend::Vmm,
             limit: self
                 .limit
                 .as_ref()
@@ -206,7 +189,7 @@ impl Limiter {
         vcpus: Vec<Arc<VcpuShared>>,
         hub: Option<Arc<EventHub>>,
         margin_ns: u64,
-        cgroup: Option<super::cgroup::CgroupLimits>,
+        cgroup: Option<CgroupLimits>,
     ) -> Self {
         let mut entities = Vec::new();
         let config = if cgroup.is_some() {
@@ -244,13 +227,13 @@ impl Limiter {
     }
 
     /// The cgroups, with the cgroup backend.
-    pub fn cgroup(&self) -> Option<&super::cgroup::CgroupLimits> {
+    pub fn cgroup(&self) -> Option<&CgroupLimits> {
         self.cgroup.as_ref()
     }
 
     /// With the cgroup backend: waits (at most 5 s) until every vCPU thread has its id, and
     /// places each in its cgroup. Call before the vCPUs are released.
-    pub fn place_threads(&self) -> Result<(), String> {
+    pub fn place_threads(&self) -> Result<(), CgroupError> {
         let Some(cg) = &self.cgroup else {
             return Ok(());
         };
@@ -261,7 +244,7 @@ impl Limiter {
                 break tids;
             }
             if now_ns() > deadline {
-                return Err("the vCPU threads did not start within 5 s".into());
+                return Err(CgroupError::ThreadsLate { secs: 5 });
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
@@ -393,7 +376,7 @@ impl Limiter {
     }
 
     /// Starts a period at `now`: baselines, and every member released.
-    fn begin_period(&self, e: &mut Entity, now: u64, why: &str) {
+    fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
         let was_stopped = e.stopped.iter().any(|s| *s);
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
@@ -406,7 +389,7 @@ impl Limiter {
             self.event(Event::ThrottleEnd {
                 uptime_ns: self.uptime(now),
                 group: e.name.clone(),
-                why: why.into(),
+                why,
             });
         }
         e.period_start = now;
@@ -466,7 +449,7 @@ impl Limiter {
             Some((l, _)) if now < boundary + l.period_ns => boundary,
             _ => now,
         };
-        self.begin_period(e, start, "period");
+        self.begin_period(e, start, ThrottleEndWhy::Period);
         e.period_start = start;
     }
 
@@ -475,7 +458,7 @@ impl Limiter {
         if e.limit.is_none() {
             // No limit: release whoever is still stopped.
             if e.stopped.iter().any(|s| *s) {
-                self.begin_period(e, now, "period");
+                self.begin_period(e, now, ThrottleEndWhy::Period);
             }
             e.next_look = None;
             return;
@@ -485,7 +468,7 @@ impl Limiter {
             for (k, &i) in e.members.iter().enumerate() {
                 e.limited_base[k] = limited_total(&self.vcpus[i], now);
             }
-            self.begin_period(e, now, "period");
+            self.begin_period(e, now, ThrottleEndWhy::Period);
         }
         let period = e.limit.as_ref().map_or(0, |(l, _)| l.period_ns);
         let boundary = e.period_start + period;
@@ -557,7 +540,7 @@ impl Limiter {
             self.event(Event::ThrottleEnd {
                 uptime_ns: self.uptime(now),
                 group: e.name.clone(),
-                why: "redistributed".into(),
+                why: ThrottleEndWhy::Redistributed,
             });
         }
         let period_end = e.period_start + l.period_ns;
@@ -605,6 +588,7 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::GroupSpec;
 
     #[test]
     fn set_limit_checks_and_queues() {

@@ -98,6 +98,21 @@ pub enum LimitError {
     Action(String),
 }
 
+/// Who enforces the limits: the VMM itself ([`limiter`]), or the kernel's CFS bandwidth
+/// control through cgroups ([`cgroup`]).
+pub use ppa_vmm_api::LimitBackend as Backend;
+
+/// The limits of a VM at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitConfig {
+    /// The VM-wide limit and its text.
+    pub vm: Option<(Limit, String)>,
+    /// The vCPU groups.
+    pub groups: Vec<GroupSpec>,
+    /// Who enforces them.
+    pub backend: Backend,
+}
+
 /// A CPU budget: `quota_ns` of CPU time per `period_ns` of wall time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Limit {

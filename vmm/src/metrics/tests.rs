@@ -5,7 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use ppa_vmm_api::{Level, Thresholds, VmStats, THRESHOLD_NAMES};
+use ppa_vmm_api::{
+    Level, LimitBackend, SplitKind, SplitSource, Threshold, Thresholds, VcpuMicroState, VmState,
+    VmStats,
+};
 
 /// A VM name that needs every escape.
 const VM_NAME: &str = "we\"ird\\vm\nname";
@@ -31,9 +34,12 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuTimes 
         idle_ns: 1_000_000_000,
         limited_ns: 0,
         paused_ns: 250_000_000,
-        split: "estimated".into(),
+        blocked_ns: 0,
+        split: SplitKind::Estimated,
+        split_source: SplitSource::None,
+        records_lost: 0,
         identity_error_ns: if id == 0 { -150_000 } else { 1 },
-        state: "guest".into(),
+        state: VcpuMicroState::Guest,
         exits: map(&[("hlt", 3), ("io_out", 42)]),
         exit_ns: map(&[("hlt", 12_000), ("io_out", 999_999_999)]),
         kvm_stats: if id == 0 {
@@ -43,10 +49,9 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuTimes 
         },
         host_cpus: Vec::new(),
         migrations: 5,
-        thresholds: THRESHOLD_NAMES
+        thresholds: Threshold::ALL
             .iter()
-            .enumerate()
-            .map(|(i, n)| (n.to_string(), i as u64))
+            .map(|t| (t.to_string(), t.index() as u64))
             .collect(),
         kvm_run_wall_ns: 1_300_000_000,
         park_cpu_ns: 20_000,
@@ -60,7 +65,7 @@ fn stats() -> Detailed {
         vm: VmStats {
             name: VM_NAME.into(),
             pid: 4242,
-            state: "running".into(),
+            state: VmState::Running,
             vcpus: 2,
             uptime_ns: 3 * 86_400_000_000_000 + 123_456_789,
             level: Level::Basic,
@@ -267,6 +272,7 @@ fn families_once_each_and_grouped() {
         "ppa_vcpu_idle_seconds_total",
         "ppa_vcpu_limited_seconds_total",
         "ppa_vcpu_paused_seconds_total",
+        "ppa_vcpu_blocked_seconds_total",
         "ppa_vcpu_kvm_seconds_total",
         "ppa_vcpu_kvm_estimated_seconds_total",
         "ppa_vcpu_guest_code_estimated_seconds_total",
@@ -300,10 +306,10 @@ fn every_sample_parses_and_is_unique() {
         assert!(seen.insert((s.name, s.labels)), "duplicate series {line}");
         n += 1;
     }
-    // 4 VM samples + 4 thresholds; per vCPU: info, 11 times, 2 + 2 exit figures, overloads,
+    // 4 VM samples + 4 thresholds; per vCPU: info, 12 times, 2 + 2 exit figures, overloads,
     // migrations and parks, 4 thresholds, identity; then vCPU 0's two estimates and
     // kvm_exits, and vCPU 1's kvm_ns.
-    assert_eq!(n, 8 + (1 + 11 + 4 + 2 + 4 + 1 + 1) * 2 + 3 + 1, "{text}");
+    assert_eq!(n, 8 + (1 + 12 + 4 + 2 + 4 + 1 + 1) * 2 + 3 + 1, "{text}");
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
 }
 
@@ -324,7 +330,7 @@ fn promtool_accepts_the_output() {
     s.groups.push(GroupStats {
         name: "dataplane".into(),
         vcpus: vec![0, 1],
-        backend: "vmm".into(),
+        backend: LimitBackend::Vmm,
         limit: "50%".into(),
         quota_ns: 50_000_000,
         period_ns: 100_000_000,

@@ -8,8 +8,8 @@
 //! devices on the buses. After the run, [`Boot::vcpu_report`] gives the payload's fields of each
 //! vCPU's report and [`Boot::text`] its table. The VM knows nothing of any payload's protocol.
 //!
-//! Payloads: [`tiny`] (the tiny test guest). A Linux payload (kernel, initrd, command line)
-//! fits the same steps.
+//! Payloads: [`tiny`] (the tiny test guest) and [`linux`] (a Linux kernel, initrd and command
+//! line on a PC platform).
 
 use std::path::PathBuf;
 
@@ -18,10 +18,14 @@ use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 
 use crate::arch::x86_64::layout::Region;
+use crate::arch::x86_64::regs::CpuidEntry;
 use crate::devices::{BusError, Buses};
 use crate::hypervisor::{self as hv, HvError, WarmUpStub};
 
+pub mod linux;
 pub mod tiny;
+
+use linux::LinuxBoot;
 
 use tiny::workload::{Assignment, WorkloadError};
 use tiny::{TinyBoot, TinyImage};
@@ -38,6 +42,23 @@ pub enum Payload {
         /// A gap between two rdtsc reads longer than this (ns) counts as lost time.
         gap_threshold_ns: u64,
     },
+    /// A Linux kernel.
+    Linux {
+        /// bzImage or ELF vmlinux.
+        kernel: PathBuf,
+        /// Initial RAM disk.
+        initrd: Option<PathBuf>,
+        /// Command line, after the VMM's own part (`linux::BASE_CMDLINE`, `ppa.page=`).
+        cmdline: String,
+    },
+}
+
+impl Payload {
+    /// Whether this payload is a guest kernel, which needs a hypervisor that runs privileged
+    /// code and the PC platform.
+    pub fn is_kernel(&self) -> bool {
+        matches!(self, Payload::Linux { .. })
+    }
 }
 
 impl Default for Payload {
@@ -111,16 +132,69 @@ pub enum PayloadError {
     /// A device could not be placed.
     #[error("cannot place a device of the payload")]
     Bus(#[from] BusError),
+    /// This host's hypervisor cannot run a guest kernel.
+    #[error("{0}")]
+    HostCannotBoot(String),
+    /// The kernel could not be loaded.
+    #[error("the kernel cannot be loaded: {0}")]
+    Kernel(String),
+    /// The command line is not valid.
+    #[error("the kernel command line is not valid: {0}")]
+    Cmdline(String),
+    /// The command line is longer than the kernel takes.
+    #[error("the kernel command line is {len} bytes; the kernel takes at most {max}")]
+    CmdlineTooLong {
+        /// Bytes.
+        len: usize,
+        /// Most bytes.
+        max: usize,
+    },
+    /// Too little RAM for the kernel and initrd.
+    #[error("{memory_mib} MiB of guest memory is too small for this kernel and initrd: give it at least {needed_mib} MiB")]
+    LinuxTooSmall {
+        /// RAM given.
+        memory_mib: u64,
+        /// RAM needed.
+        needed_mib: u64,
+    },
+    /// More vCPUs than the MP table can describe.
+    #[error("a Linux guest here can have at most {max} vCPUs")]
+    TooManyVcpus {
+        /// Most vCPUs.
+        max: usize,
+    },
+    /// The zero page could not be made.
+    #[error(transparent)]
+    Boot(#[from] crate::arch::x86_64::linux::BootError),
 }
 
-/// What a payload needs to know to load itself.
-pub struct BootContext<'a> {
+/// Writes `bytes` at `gpa` in guest memory, or says where it could not.
+fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), PayloadError> {
+    use vm_memory::{Bytes, GuestAddress};
+    mem.write_slice(bytes, GuestAddress(gpa))
+        .map_err(|source| PayloadError::Write {
+            gpa,
+            len: bytes.len(),
+            source,
+        })
+}
+
+/// What a payload loads itself into, and what it needs to know to do so.
+pub struct Load<'a, V: hv::Vm> {
     /// Guest RAM.
     pub memory: &'a GuestMemoryMmap,
     /// The guest's TSC frequency.
     pub tsc_khz: u64,
     /// Where the PPA page is, when the VM has one.
     pub ppa_page: Option<Region>,
+    /// The CPUID the hypervisor supports (read only for payloads that set CPUID).
+    pub cpuid: Vec<CpuidEntry>,
+    /// The hypervisor's VM (for interrupt lines).
+    pub vm: &'a V,
+    /// Its vCPUs, to set their registers.
+    pub vcpus: &'a [V::Vcpu],
+    /// Where the payload's devices go.
+    pub buses: &'a mut Buses,
 }
 
 /// A payload's fields in one vCPU's report (flattened into the vCPU's JSON object).
@@ -129,6 +203,18 @@ pub struct BootContext<'a> {
 pub enum PayloadVcpuReport {
     /// The tiny guest's workload, doorbells and own measurements.
     Tiny(tiny::report::TinyVcpuReport),
+    /// A Linux guest's vCPU.
+    Linux(linux::LinuxVcpuReport),
+}
+
+/// A payload's fields in the VM's report (flattened into the `vm` object).
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum PayloadVmReport {
+    /// The tiny guest: nothing beyond `image`.
+    Tiny {},
+    /// A Linux guest: its command line and console.
+    Linux(linux::LinuxVmReport),
 }
 
 /// A payload, prepared for a VM.
@@ -136,12 +222,32 @@ pub enum PayloadVcpuReport {
 pub enum Boot {
     /// The tiny guest.
     Tiny(TinyBoot),
+    /// A Linux guest.
+    Linux(LinuxBoot),
 }
 
 impl Boot {
-    /// Reads and checks `payload` for a VM of `vcpus` vCPUs with RAM `ram`.
-    pub fn prepare(payload: &Payload, vcpus: usize, ram: &[Region]) -> Result<Boot, PayloadError> {
+    /// Reads and checks `payload` for a VM of `vcpus` vCPUs with RAM `ram` and, when it has
+    /// one, a PPA page at `ppa_page`.
+    pub fn prepare(
+        payload: &Payload,
+        vcpus: usize,
+        ram: &[Region],
+        ppa_page: Option<Region>,
+    ) -> Result<Boot, PayloadError> {
         match payload {
+            Payload::Linux {
+                kernel,
+                initrd,
+                cmdline,
+            } => Ok(Boot::Linux(LinuxBoot::prepare(
+                kernel,
+                initrd.as_deref(),
+                cmdline,
+                vcpus,
+                ram,
+                ppa_page,
+            )?)),
             Payload::Tiny {
                 image,
                 workloads,
@@ -160,18 +266,21 @@ impl Boot {
     pub fn label(&self) -> String {
         match self {
             Boot::Tiny(t) => t.label().to_string(),
+            Boot::Linux(l) => l.label(),
         }
     }
 
+    /// Whether the payload runs a guest kernel (privileged code), which needs the PC platform
+    /// in the hypervisor (`Vm::create_platform`) and a hypervisor that can run it.
+    pub fn needs_platform(&self) -> bool {
+        matches!(self, Boot::Linux(_))
+    }
+
     /// Writes the payload into guest memory, sets the vCPUs' registers, adds its devices.
-    pub fn load<V: hv::Vcpu>(
-        &self,
-        ctx: &BootContext<'_>,
-        vcpus: &[V],
-        buses: &mut Buses,
-    ) -> Result<(), PayloadError> {
+    pub fn load<V: hv::Vm>(&self, to: &mut Load<'_, V>) -> Result<(), PayloadError> {
         match self {
-            Boot::Tiny(t) => t.load(ctx, vcpus, buses),
+            Boot::Tiny(t) => t.load(to),
+            Boot::Linux(l) => l.load(to),
         }
     }
 
@@ -179,6 +288,7 @@ impl Boot {
     pub fn warm_up(&self) -> Option<WarmUpStub> {
         match self {
             Boot::Tiny(t) => Some(t.warm_up()),
+            Boot::Linux(_) => None,
         }
     }
 
@@ -186,26 +296,39 @@ impl Boot {
     pub fn vcpu_report(&self, index: usize, buses: &Buses) -> PayloadVcpuReport {
         match self {
             Boot::Tiny(t) => PayloadVcpuReport::Tiny(t.vcpu_report(index, buses)),
+            Boot::Linux(_) => PayloadVcpuReport::Linux(linux::LinuxVcpuReport {}),
         }
     }
 
-    /// The payload's table in the text report, from each vCPU's id, payload fields and
-    /// exit-handling p99.
-    pub fn text(rows: &[(usize, &PayloadVcpuReport, Option<u64>)]) -> String {
-        let tiny: Vec<tiny::report::Row<'_>> = rows
-            .iter()
-            .map(|(id, p, p99)| match p {
-                PayloadVcpuReport::Tiny(t) => tiny::report::Row {
-                    id: *id,
-                    tiny: t,
-                    exit_p99_ns: *p99,
-                },
-            })
-            .collect();
-        if tiny.is_empty() {
-            String::new()
-        } else {
-            tiny::report::text(&tiny)
+    /// The payload's fields of the VM's report.
+    pub fn vm_report(&self) -> PayloadVmReport {
+        match self {
+            Boot::Tiny(_) => PayloadVmReport::Tiny {},
+            Boot::Linux(l) => PayloadVmReport::Linux(l.vm_report()),
         }
+    }
+}
+
+/// The payload's part of the text report, from the VM's payload fields and each vCPU's id,
+/// payload fields and exit-handling p99.
+pub fn text(vm: &PayloadVmReport, rows: &[(usize, &PayloadVcpuReport, Option<u64>)]) -> String {
+    if let PayloadVmReport::Linux(l) = vm {
+        return l.text();
+    }
+    let tiny: Vec<tiny::report::Row<'_>> = rows
+        .iter()
+        .filter_map(|(id, p, p99)| match p {
+            PayloadVcpuReport::Tiny(t) => Some(tiny::report::Row {
+                id: *id,
+                tiny: t,
+                exit_p99_ns: *p99,
+            }),
+            PayloadVcpuReport::Linux(_) => None,
+        })
+        .collect();
+    if tiny.is_empty() {
+        String::new()
+    } else {
+        tiny::report::text(&tiny)
     }
 }

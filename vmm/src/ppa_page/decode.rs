@@ -10,6 +10,8 @@
 //! bounded by [`MAX_RECORDS`] records of [`MAX_TRIES`] tries each, whatever the guest wrote:
 //! it never panics, never loops past its bounds and never blocks.
 
+use std::marker::PhantomData;
+
 use ppa_guest_abi::ppa_page::{
     self as abi, read_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, Record, COMM_LEN,
     GUEST_MAGIC, MAJOR,
@@ -23,29 +25,39 @@ pub const MAX_TRIES: u32 = 8;
 /// A record whose update lags the header's by more than this is flagged stale.
 pub const STALE_NS: u64 = 1_000_000_000;
 
-/// The guest section's memory.
+/// The guest section's memory, borrowed for `'a`: a section cannot outlive the memory it
+/// reads. It reads only with volatile copies under the sequence protocol, so another agent
+/// (the guest) may write the memory while it is read.
 #[derive(Debug, Clone, Copy)]
-pub struct Section {
+pub struct Section<'a> {
     base: *const u8,
     len: usize,
+    _memory: PhantomData<&'a [u64]>,
 }
 
-impl Section {
-    /// The section at `base`, `len` bytes.
+impl<'a> Section<'a> {
+    /// The section at `base`, `len` bytes, for `'a`.
     ///
     /// # Safety
     ///
-    /// `base` must be valid for reads of `len` bytes, 8-byte aligned, for as long as the
-    /// section is used; another agent may write it concurrently.
-    pub unsafe fn new(base: *const u8, len: usize) -> Section {
-        Section { base, len }
+    /// `base` must be 8-byte aligned and valid for reads of `len` bytes for all of `'a` (the
+    /// memory is neither unmapped nor freed while the section, or a copy of it, lives). Other
+    /// agents may write it concurrently, but not through Rust references.
+    pub unsafe fn new(base: *const u8, len: usize) -> Section<'a> {
+        Section {
+            base,
+            len,
+            _memory: PhantomData,
+        }
     }
 
-    /// A section over words the caller owns (tests and fuzzing).
-    pub fn of_words(words: &[u64]) -> Section {
+    /// A section over words the caller owns (tests and fuzzing): borrowed, so the words
+    /// outlive the section and nobody writes them while it lives.
+    pub fn of_words(words: &'a [u64]) -> Section<'a> {
         Section {
             base: words.as_ptr().cast(),
             len: std::mem::size_of_val(words),
+            _memory: PhantomData,
         }
     }
 
@@ -65,7 +77,8 @@ impl Section {
             return Err(format!("a record at offset {off} is not 8-byte aligned"));
         }
         // SAFETY: `off + size <= len` and `off` is 8-aligned within an 8-aligned section, so
-        // the record is valid for reads and aligned (the `Section` contract).
+        // the record is valid for reads and aligned for as long as `self` lives (the
+        // `Section` contract: the memory outlives `'a`).
         let p = unsafe { self.base.add(off as usize) }.cast::<T>();
         // SAFETY: as above; `T: Record` accepts any bit pattern.
         Ok(unsafe { read_record(p, MAX_TRIES) }.map_err(|_| ()))
@@ -184,7 +197,7 @@ fn agent(section: &Section, errors: &mut Vec<String>) -> Option<GuestAgentView> 
 }
 
 /// Decodes the guest section.
-pub fn decode(section: Section) -> GuestView {
+pub fn decode(section: Section<'_>) -> GuestView {
     let mut v = GuestView {
         page: true,
         published: false,

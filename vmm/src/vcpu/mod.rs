@@ -91,6 +91,9 @@ pub enum VcpuEnd {
         failure: Failure,
         /// Registers at that moment, when the hypervisor could give them.
         regs: Option<Box<RegsDump>>,
+        /// The exit before the fatal one, as the VMM saw it: where the guest last was for sure
+        /// when the registers do not say (`RegsDump::reset`).
+        last_exit: Option<LastExit>,
     },
     /// The hypervisor failed (not the guest's doing).
     Error(RunError),
@@ -100,16 +103,67 @@ pub enum VcpuEnd {
     GuestStop,
 }
 
+/// An exit the vCPU loop remembers: its reason and address (what it keeps costs two stores
+/// per exit, no clock or system call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LastExit {
+    /// Reason.
+    pub reason: crate::exit::ExitReason,
+    /// Guest address or port of an I/O exit.
+    pub addr: Option<u64>,
+}
+
 impl VcpuEnd {
     /// Whether the end is a failure that should stop the other vCPUs.
     pub fn is_failure(&self) -> bool {
         matches!(self, VcpuEnd::Failed { .. } | VcpuEnd::Error(_))
     }
 
+    /// The end as the protocol names it, and the guest's exit code when it chose its end (the
+    /// vCPU that asked the VM to stop ended the run as the guest wanted: code 0).
+    pub fn kind_and_code(&self) -> (ppa_vmm_api::VcpuEndKind, Option<u64>) {
+        use ppa_vmm_api::VcpuEndKind as K;
+        match self {
+            VcpuEnd::Exited(code) => (K::Exited, Some(*code)),
+            VcpuEnd::GuestStop => (K::Exited, Some(0)),
+            VcpuEnd::Failed { .. } => (K::Failed, None),
+            VcpuEnd::Error(_) => (K::Error, None),
+            VcpuEnd::Stopped => (K::Stopped, None),
+        }
+    }
+
     /// One sentence for an operator, with the hypervisor's error where there is one.
     pub fn reason(&self) -> Option<String> {
         match self {
-            VcpuEnd::Failed { failure, .. } => Some(failure.to_string()),
+            VcpuEnd::Failed {
+                failure,
+                regs,
+                last_exit,
+            } => {
+                let mut s = failure.to_string();
+                if regs.as_ref().is_some_and(|r| r.reset) {
+                    s.push_str(
+                        "; the hypervisor handed back the registers in their reset state (CS \
+                         0xf000, RIP 0xfff0), as KVM on AMD SVM does after a triple fault, so \
+                         they do not show where the guest failed",
+                    );
+                    match last_exit {
+                        Some(LastExit {
+                            reason,
+                            addr: Some(a),
+                        }) => s.push_str(&format!(
+                            "; its last exit before the fault was {} at {a:#x}",
+                            reason.name()
+                        )),
+                        Some(LastExit { reason, addr: None }) => s.push_str(&format!(
+                            "; its last exit before the fault was {}",
+                            reason.name()
+                        )),
+                        None => s.push_str("; it made no exit before the fault"),
+                    }
+                }
+                Some(s)
+            }
             VcpuEnd::Error(e) => Some(match std::error::Error::source(e) {
                 Some(s) => format!("{e}: {s}"),
                 None => e.to_string(),
@@ -212,7 +266,7 @@ impl VcpuShared {
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
         if self.state() == VcpuState::Finished {
-            t.state = "finished".into();
+            t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
         (t, h)
     }

@@ -1,5 +1,7 @@
 //! Parking a vCPU thread (idle, limited or paused) and the clock readings around a park.
 //!
+//! A pause or a limit park tells the guest's paravirtual clock (`Vcpu::pause_notify`: KVM's
+//! KVMCLOCK_CTRL) so that a Linux guest does not call the time it was held a soft lockup.
 //! A park is a futex wait on the vCPU's wake word with an optional absolute deadline; whoever
 //! releases it (a kick, a limit's release, a resume) bumps the word. The readings at both ends
 //! ([`consistent_stamp`]: wall, thread CPU time, run_delay as of one instant) let the recorder
@@ -10,6 +12,7 @@ use std::sync::atomic::Ordering;
 use super::{VcpuShared, VcpuState, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
 use crate::accounting::host::thread_cpu_ns;
 use crate::accounting::meter::{MicroState, ParkStamp, Recorder};
+use crate::hypervisor::Vcpu;
 use crate::sync::{futex_wait, now_ns};
 
 /// Wall clock, thread CPU time and run_delay read as of one instant: run_delay is read before
@@ -38,7 +41,8 @@ pub(super) fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
 /// pause park ends when the pause request is cleared or a stop arrives; a limited park when
 /// both limit bits are cleared or a stop or pause arrives; an idle park at a stop or pause
 /// (a limit that stops an idle vCPU takes effect when the idle park ends).
-pub(super) fn park(
+pub(super) fn park<V: Vcpu>(
+    vcpu: &V,
     shared: &VcpuShared,
     rec: &mut Recorder,
     kind: MicroState,
@@ -46,6 +50,11 @@ pub(super) fn park(
 ) {
     shared.set_state(VcpuState::Parked);
     rec.park_begin(kind, consistent_stamp(shared));
+    if matches!(kind, MicroState::Paused | MicroState::Limited) {
+        // The guest did not ask for this stop: tell its paravirtual clock, so its watchdogs
+        // do not report the parked time as a soft lockup.
+        vcpu.pause_notify();
+    }
     let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
         let requests = shared.requests.load(Ordering::Acquire);

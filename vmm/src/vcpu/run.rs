@@ -4,17 +4,18 @@
 //! read the request bits, take a clock stamp, run the guest, take a stamp, classify and route
 //! the exit (`exit::handle_exit`), record it, carry out the outcome. It holds no lock, makes no
 //! allocation, and makes no system call beyond KVM_RUN and what the accounting level asks for
-//! (none at `off` and `basic`: vDSO clock reads; two thread-CPU-clock reads at `full`).
+//! (none at `off` and `basic`: vDSO clock reads; at `full`, none either where the thread has
+//! context-switch records, else two thread-CPU-clock reads).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::park::{consistent_stamp, park};
-use super::{VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
 };
-use crate::accounting::meter::{MicroState, Recorder, Stamp};
+use crate::accounting::meter::{MicroState, ParkStamp, Recorder, Stamp};
 use crate::accounting::snapshot::{FinalReadings, LiveSources};
 use crate::accounting::Level;
 use crate::devices::VcpuRequest;
@@ -32,29 +33,31 @@ pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
     }
     // SAFETY: `unbind_thread` runs below on this thread, before `v` (and its vCPU) is dropped
     // at the end of this function; the vCPU never leaves this thread in between.
-    let end = match unsafe { v.vcpu.bind_thread() } {
+    let (end, last) = match unsafe { v.vcpu.bind_thread() } {
         Ok(kicker) => {
             let _ = shared.kicker.set(Box::new(kicker));
-            let end = start_and_run(&mut v, &shared);
+            let ended = start_and_run(&mut v, &shared);
             v.vcpu.unbind_thread();
-            end
+            ended
         }
         Err(e) => {
             while v.start_gate.load(Ordering::Acquire) == 0 {
                 futex_wait(&v.start_gate, 0, None);
             }
-            VcpuEnd::Error(e)
+            v.buses.vcpu_ended(shared.id);
+            (VcpuEnd::Error(e), consistent_stamp(&shared))
         }
     };
-    v.buses.vcpu_ended(shared.id);
-    publish_final(&shared, tid);
+    publish_final(&shared, tid, last);
     let _ = shared.end.set(end);
     shared.set_state(VcpuState::Finished);
     let _ = v.done.send(shared.id);
 }
 
-/// Warms up, waits for the start gate, starts the clocks and runs the loop to its end.
-fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> VcpuEnd {
+/// Warms up, waits for the start gate, starts the clocks and runs the loop to its end: how it
+/// ended, and the stamp that closed the last interval (the end of the vCPU's wall time, so
+/// that nothing after it, such as the devices' end-of-vCPU work, is wall no interval holds).
+fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEnd, ParkStamp) {
     if !v.vcpu.warm_up(v.warm_up) {
         log::warn!(
             "vCPU {}: warm-up run failed; its first run is measured",
@@ -67,6 +70,14 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> VcpuEnd
     // Precise halts: the default 50 µs timer slack would lengthen every park.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let mut rec = Recorder::new(
+        Arc::clone(&shared.acct.meter),
+        Arc::clone(&v.control),
+        Stamp::default(),
+    );
+    // Opening the context-switch records can sleep (perf_event_open, mmap): before the
+    // clocks start, so that no interval holds time no record explains.
+    rec.use_records();
     let origin = consistent_stamp(shared);
     let start = Stamp {
         now: origin.now,
@@ -77,20 +88,21 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> VcpuEnd
         .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
     shared.acct.started_ns.store(start.now, Ordering::Release);
     shared.set_state(VcpuState::Running);
-    let mut rec = Recorder::new(
-        Arc::clone(&shared.acct.meter),
-        Arc::clone(&v.control),
-        start,
-    );
+    rec.begin(start);
     let end = run_loop(v, &mut rec);
-    rec.finish(stamp(rec.level(), rec.level()));
-    end
+    // The devices' end-of-vCPU work (a console line flushed) is VMM time of this vCPU.
+    v.buses.vcpu_ended(shared.id);
+    let last = consistent_stamp(shared);
+    rec.finish(Stamp {
+        now: last.now,
+        cpu: last.cpu,
+    });
+    (end, last)
 }
 
 /// Reads its own clocks, schedstat, /proc ticks and KVM statistics as the loop ends, for the
 /// final report (its /proc entries vanish when the thread exits).
-fn publish_final(shared: &VcpuShared, tid: i32) {
-    let end = consistent_stamp(shared);
+fn publish_final(shared: &VcpuShared, tid: i32, end: ParkStamp) {
     let finals = FinalReadings {
         at_ns: end.now,
         cpu_ns: end.cpu.unwrap_or(0),
@@ -101,14 +113,17 @@ fn publish_final(shared: &VcpuShared, tid: i32) {
     let _ = shared.acct.finals.set(finals);
 }
 
-/// Clock readings for a run boundary between an interval at `prev` and one at `next`.
+/// Clock readings for a run boundary after an interval at `prev`: the wall clock unless
+/// level off, the thread CPU clock when `cpu` (`Recorder::needs_cpu_clock`).
 #[inline]
-fn stamp(prev: Level, next: Level) -> Stamp {
-    let timed = prev != Level::Off || next != Level::Off;
-    let full = prev == Level::Full || next == Level::Full;
+fn stamp(prev: Level, cpu: bool) -> Stamp {
     Stamp {
-        now: if timed { now_ns() } else { 0 },
-        cpu: if full { Some(thread_cpu_ns()) } else { None },
+        now: if prev != Level::Off || cpu {
+            now_ns()
+        } else {
+            0
+        },
+        cpu: if cpu { Some(thread_cpu_ns()) } else { None },
     }
 }
 
@@ -116,6 +131,10 @@ fn stamp(prev: Level, next: Level) -> Stamp {
 pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
     let id = shared.id;
+    let mut last_exit: Option<LastExit> = None;
+    // An application processor the guest has not started blocks in its runs until it is: the
+    // thread measures that wait (only then, at a few system calls per run).
+    let mut unstarted = v.vcpu.waits_for_start();
     loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -125,11 +144,11 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             break VcpuEnd::Stopped;
         }
         if requests & REQ_PAUSE != 0 {
-            park(&shared, rec, MicroState::Paused, None);
+            park(&v.vcpu, &shared, rec, MicroState::Paused, None);
             continue;
         }
         if requests & REQ_LIMIT != 0 {
-            park(&shared, rec, MicroState::Limited, None);
+            park(&v.vcpu, &shared, rec, MicroState::Limited, None);
             continue;
         }
         let next = rec.next_level();
@@ -138,19 +157,37 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         } else {
             current_cpu() as usize
         };
-        rec.on_entry(stamp(rec.level(), next), host_cpu, next);
+        rec.prepare(next);
+        let before = unstarted.then(|| consistent_stamp(&shared));
+        let entry = stamp(
+            if next == Level::Off {
+                rec.level()
+            } else {
+                next
+            },
+            rec.needs_cpu_clock(rec.level(), next),
+        );
+        rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
-        let exit_stamp = stamp(rec.level(), rec.level());
+        let exit_stamp = stamp(rec.level(), rec.needs_cpu_clock(rec.level(), rec.level()));
+        if let Some(before) = before {
+            rec.start_wait(before, consistent_stamp(&shared));
+        }
         let event = match result {
             Ok(event) => event,
             Err(e) => break VcpuEnd::Error(e),
         };
+        let addr = event.address();
         let (reason, outcome) = handle_exit(event, &v.buses, id);
         rec.on_exit(exit_stamp, reason);
+        if unstarted {
+            unstarted = v.vcpu.waits_for_start();
+        }
+        let previous = last_exit.replace(LastExit { reason, addr });
         match outcome {
             Outcome::Resume => {}
             Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
-                park(&shared, rec, MicroState::Idle, deadline_ns);
+                park(&v.vcpu, &shared, rec, MicroState::Idle, deadline_ns);
             }
             Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
             Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,
@@ -158,6 +195,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 break VcpuEnd::Failed {
                     failure,
                     regs: v.vcpu.dump_regs().map(Box::new),
+                    last_exit: previous,
                 }
             }
         }

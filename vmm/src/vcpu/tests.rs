@@ -6,14 +6,15 @@ use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ppa_guest_abi::{doorbell, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+use ppa_guest_abi::{doorbell, DOORBELL_GPA, WORKLOAD_PIO_PORT};
 
 use super::*;
 use crate::accounting::meter::VcpuMeter;
 use crate::accounting::snapshot::VcpuAccounting;
 use crate::accounting::Level;
-use crate::devices::tiny::{Doorbell, Doorbells, TinyBoard, WorkloadPort};
+use crate::devices::tiny::{Doorbell, TinyBoard};
 use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
+use crate::hypervisor::{RegsDump, Vcpu as _};
 
 fn bell(offset: u64, value: u64) -> FakeExit {
     FakeExit::MmioWrite(DOORBELL_GPA + offset, value.to_le_bytes().to_vec())
@@ -29,20 +30,14 @@ struct Rig {
 
 /// Starts one vCPU thread replaying `script` at `level`, with the tiny devices on the buses.
 fn start(script: Vec<Step>, level: Level) -> Rig {
+    start_vcpu(FakeVcpu::new(script), level)
+}
+
+/// Starts a thread for `vcpu` at `level`, with the tiny devices on the buses.
+fn start_vcpu(vcpu: FakeVcpu, level: Level) -> Rig {
     let board = TinyBoard::new(1);
     let mut buses = Buses::new(1);
-    buses
-        .mmio
-        .insert(DOORBELL_GPA, DOORBELL_SIZE, Arc::new(Doorbells(board.clone())))
-        .unwrap();
-    buses
-        .pio
-        .insert(
-            u64::from(WORKLOAD_PIO_PORT),
-            4,
-            Arc::new(WorkloadPort(board.clone())),
-        )
-        .unwrap();
+    crate::devices::tiny::install(&board, &mut buses).unwrap();
     let buses = Arc::new(buses);
     let meter = Arc::new(VcpuMeter::new(3, 4));
     let shared = Arc::new(VcpuShared::new(0, VcpuAccounting::new(meter, None, None)));
@@ -55,7 +50,7 @@ fn start(script: Vec<Step>, level: Level) -> Rig {
     let gate = Arc::new(AtomicU32::new(1));
     let (tx, rx) = channel();
     let handle = spawn(VcpuThread {
-        vcpu: FakeVcpu::new(script),
+        vcpu,
         shared: Arc::clone(&shared),
         buses: Arc::clone(&buses),
         done: tx,
@@ -85,8 +80,14 @@ impl Rig {
 #[test]
 fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
     let script = vec![
-        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"h".to_vec())),
-        Step::now(FakeExit::MmioWrite(DOORBELL_GPA + doorbell::CONSOLE, b"\n".to_vec())),
+        Step::now(FakeExit::MmioWrite(
+            DOORBELL_GPA + doorbell::CONSOLE,
+            b"h".to_vec(),
+        )),
+        Step::now(FakeExit::MmioWrite(
+            DOORBELL_GPA + doorbell::CONSOLE,
+            b"\n".to_vec(),
+        )),
         Step::after(200_000, bell(doorbell::WORKLOAD, 1)),
         Step::now(FakeExit::IoOut(WORKLOAD_PIO_PORT, vec![1, 0, 0, 0])),
         Step::now(FakeExit::IoIn(0x80, 1)),
@@ -110,14 +111,24 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
     let (t, _) = r.shared.times();
     assert_eq!(t.total_exits(), n, "every exit counted, exactly");
     assert_eq!(t.exits["mmio_write"], 6);
-    assert_eq!((t.exits["io_out"], t.exits["io_in"], t.exits["mmio_read"]), (1, 1, 1));
+    assert_eq!(
+        (t.exits["io_out"], t.exits["io_in"], t.exits["mmio_read"]),
+        (1, 1, 1)
+    );
     assert_eq!(t.parks, 1, "the halt parked once");
     assert!(
         t.idle_ns >= 2_000_000,
         "a park lasts at least to its deadline: idle {} ns",
         t.idle_ns
     );
-    assert!(t.guest_ns >= 200_000, "the scripted guest time: {}", t.guest_ns);
+    // The fake spins on the wall clock: its run lasts at least the scripted time, whatever
+    // share of it the thread was on a CPU.
+    assert!(
+        t.kvm_run_wall_ns >= 200_000,
+        "the scripted guest time: {}",
+        t.kvm_run_wall_ns
+    );
+    assert!(t.guest_ns > 0);
     assert!(
         t.identity_holds(true),
         "wall {} = used {} + steal {} + idle {} ... off by {}",
@@ -169,7 +180,12 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
     assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(0))));
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["hlt"], 1);
-    assert_eq!(t.exits.get("intr").copied().unwrap_or(0), 0, "{:?}", t.exits);
+    assert_eq!(
+        t.exits.get("intr").copied().unwrap_or(0),
+        0,
+        "{:?}",
+        t.exits
+    );
     assert_eq!(t.parks, 2, "idle, then paused");
     assert!(t.paused_ns > 0);
 }
@@ -178,16 +194,83 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
 fn a_guest_failure_ends_the_vcpu_with_its_registers() {
     let r = start(vec![Step::after(100_000, FakeExit::Shutdown)], Level::Full);
     let r = r.finish();
-    let Some(VcpuEnd::Failed { failure, regs }) = r.shared.end() else {
+    let Some(VcpuEnd::Failed {
+        failure,
+        regs,
+        last_exit,
+    }) = r.shared.end()
+    else {
         panic!("expected a failure, got {:?}", r.shared.end());
     };
     assert_eq!(*failure, crate::exit::Failure::Shutdown);
     assert!(regs.is_some(), "the fake gives its registers");
+    assert_eq!(*last_exit, None, "the fault was the first exit");
     assert!(r.shared.end().unwrap().is_failure());
     let (t, _) = r.shared.times();
     assert_eq!(t.exits["shutdown"], 1);
-    assert_eq!(t.split, "exact", "level full splits exactly");
-    assert!(t.identity_holds(true), "identity off by {}", t.identity_error_ns);
+    assert_eq!(
+        t.split,
+        ppa_vmm_api::SplitKind::Exact,
+        "level full splits exactly"
+    );
+    assert!(
+        t.identity_holds(true),
+        "identity off by {}",
+        t.identity_error_ns
+    );
+}
+
+#[test]
+fn registers_in_reset_state_are_called_so_with_the_last_exit_the_vmm_saw() {
+    let script = vec![
+        Step::now(bell(doorbell::WORKLOAD, 1)),
+        Step::now(FakeExit::Shutdown),
+    ];
+    // What KVM on SVM hands back after a triple fault.
+    let vcpu = FakeVcpu::new(Vec::new());
+    let mut s = vcpu.sregs().unwrap();
+    s.cs.selector = 0xf000;
+    let r = crate::arch::x86_64::regs::Regs {
+        rip: 0xfff0,
+        ..Default::default()
+    };
+    let dump = RegsDump::new(&r, &s);
+    assert!(dump.reset);
+    let end = VcpuEnd::Failed {
+        failure: crate::exit::Failure::Shutdown,
+        regs: Some(Box::new(dump)),
+        last_exit: Some(LastExit {
+            reason: crate::exit::ExitReason::MmioWrite,
+            addr: Some(DOORBELL_GPA + doorbell::WORKLOAD),
+        }),
+    };
+    let reason = end.reason().unwrap();
+    assert!(reason.contains("reset state"), "{reason}");
+    assert!(reason.contains("mmio_write at 0xd0000018"), "{reason}");
+    // And the loop keeps the exit before the fatal one.
+    let r = start(script, Level::Basic).finish();
+    let Some(VcpuEnd::Failed {
+        last_exit, regs, ..
+    }) = r.shared.end()
+    else {
+        panic!("failed");
+    };
+    assert_eq!(
+        *last_exit,
+        Some(LastExit {
+            reason: crate::exit::ExitReason::MmioWrite,
+            addr: Some(DOORBELL_GPA + doorbell::WORKLOAD)
+        })
+    );
+    assert!(
+        !regs.as_ref().unwrap().reset,
+        "ordinary registers are not called reset"
+    );
+    let json = serde_json::to_value(regs.as_deref().unwrap()).unwrap();
+    assert!(
+        json.get("reset").is_none(),
+        "the key appears only when true"
+    );
 }
 
 #[test]
@@ -200,4 +283,36 @@ fn a_script_that_ends_is_an_unexpected_exit_not_a_hang() {
             ..
         })
     ));
+}
+
+#[test]
+fn reads_get_the_devices_bytes_and_an_internal_error_keeps_its_suberror() {
+    let script = vec![
+        Step::now(FakeExit::MmioRead(DOORBELL_GPA, 8)),
+        Step::now(FakeExit::IoIn(WORKLOAD_PIO_PORT, 4)),
+        Step::now(FakeExit::InternalError(3)),
+    ];
+    let vcpu = FakeVcpu::new(script);
+    let reads = vcpu.reads();
+    let r = start_vcpu(vcpu, Level::Basic).finish();
+    r.handle.join().unwrap();
+    let shared = r.shared;
+    assert!(matches!(
+        shared.end(),
+        Some(VcpuEnd::Failed {
+            failure: crate::exit::Failure::Fatal(crate::exit::FatalExit::InternalError {
+                suberror: 3
+            }),
+            ..
+        })
+    ));
+    // The fake filled each read with 0xAA; the devices answered zeros.
+    let log = reads.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        vec![
+            (DOORBELL_GPA, vec![0; 8]),
+            (u64::from(WORKLOAD_PIO_PORT), vec![0; 4])
+        ]
+    );
 }

@@ -23,11 +23,11 @@ use crate::config::{ConfigError, VmConfig};
 use crate::devices::Buses;
 use crate::handle::{VmHandle, VmStatus};
 use crate::hypervisor::kvm::Kvm;
-use crate::hypervisor::{self as hv, ExitCost, HvError, Hypervisor};
+use crate::hypervisor::{self as hv, ExitCost, HvError, Hypervisor, Vm as _};
 use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
 use crate::memory::{map_region, GuestRam, MemoryError, SlotAllocator};
-use crate::payload::{Boot, BootContext, PayloadError};
+use crate::payload::{Boot, Load, PayloadError};
 use crate::ppa_page::PpaPage;
 use crate::report::{Report, VmInfo};
 use crate::sync::now_ns;
@@ -74,14 +74,11 @@ pub enum VmError {
     #[error(transparent)]
     PpaPage(#[from] crate::ppa_page::PpaPageError),
     /// The cgroup limit backend could not be set up.
-    #[error("cannot set up the cgroup limit backend: {0}")]
-    Cgroup(String),
+    #[error("cannot set up the cgroup limit backend")]
+    Cgroup(#[source] crate::limits::cgroup::CgroupError),
     /// A helper thread could not be started.
     #[error("cannot start the {0} thread")]
     Thread(&'static str, #[source] std::io::Error),
-    /// The kick signal handler could not be installed.
-    #[error("cannot install the vCPU kick signal handler")]
-    KickHandler(#[source] hv::Errno),
 }
 
 /// A VM ready to run, on hypervisor `H`.
@@ -245,22 +242,39 @@ impl<H: Hypervisor> Vm<H> {
     /// Builds the VM of `config` on `hv`.
     pub fn build(config: VmConfig, hv: H) -> Result<Self, VmError> {
         config.validate()?;
+        if config.payload.is_kernel() {
+            if let Some(why) = hv.cannot_boot_kernels() {
+                return Err(PayloadError::HostCannotBoot(why).into());
+            }
+        }
         let regions = ram_regions(config.memory_mib << 20);
-        let boot = Boot::prepare(&config.payload, config.vcpus, &regions)?;
+        let page = (config.ppa_page_size > 0)
+            .then(|| ppa_page_region(config.ppa_page_size))
+            .flatten();
+        let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page)?;
         let exit_cost = hv.exit_cost();
         let hv_vm = create_vm(&hv, config.vcpus)?;
+        let cpuid = if boot.needs_platform() {
+            hv_vm.create_platform()?;
+            hv.supported_cpuid()?
+        } else {
+            Vec::new()
+        };
         let mut slots = SlotAllocator::default();
         let ram = map_ram(&hv_vm, &mut slots, &regions, config.prefault)?;
         let ppa_page = map_ppa_page(&hv_vm, &mut slots, &config)?;
         let vcpus = create_vcpus(&hv_vm, config.vcpus)?;
         let tsc_khz = tsc_khz(&vcpus[0]);
         let mut buses = Buses::new(config.vcpus);
-        let ctx = BootContext {
+        boot.load(&mut Load {
             memory: ram.memory(),
             tsc_khz,
             ppa_page: ppa_page.as_ref().and_then(|p| ppa_page_region(p.size())),
-        };
-        boot.load(&ctx, &vcpus, &mut buses)?;
+            cpuid,
+            vm: &hv_vm,
+            vcpus: &vcpus,
+            buses: &mut buses,
+        })?;
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
         let control = Arc::new(AccountingControl::new(
             config.accounting,

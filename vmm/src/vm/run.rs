@@ -25,19 +25,17 @@ use crate::report::{Report, RunFacts};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
 use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuThread, REQ_STOP};
+use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
 fn vcpu_exit_event(v: &VcpuShared, uptime_ns: u64) -> ppa_vmm_api::Event {
-    let (end, exit_code) = match v.end() {
-        Some(VcpuEnd::Exited(code)) => ("exited", Some(*code)),
-        Some(VcpuEnd::Failed { .. }) => ("failed", None),
-        Some(VcpuEnd::Error(_)) => ("error", None),
-        Some(VcpuEnd::Stopped | VcpuEnd::GuestStop) | None => ("stopped", None),
-    };
+    let (end, exit_code) = v
+        .end()
+        .map_or((VcpuEndKind::Stopped, None), VcpuEnd::kind_and_code);
     ppa_vmm_api::Event::VcpuExit {
         uptime_ns,
         vcpu: v.id,
-        end: end.to_string(),
+        end,
         exit_code,
     }
 }
@@ -163,7 +161,6 @@ where
 
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
-        crate::hypervisor::kvm::kick::install_handler().map_err(VmError::KickHandler)?;
         let handle = self.handle();
         let mut run = Running {
             shared: std::mem::take(&mut self.shared),
@@ -179,6 +176,9 @@ where
             handle.clone(),
             Arc::clone(&self.hub),
         )?;
+        if let Some(a) = run.server.as_ref().and_then(ApiServer::metrics_addr) {
+            log::info!("serving metrics at http://{a}/metrics");
+        }
         let l = Arc::clone(&self.limiter);
         run.limiter_thread = Some(
             std::thread::Builder::new()
@@ -240,7 +240,7 @@ where
         let mut report = Report::build(
             &self.info,
             &run.shared,
-            payload,
+            (self.boot.vm_report(), payload),
             RunFacts {
                 uptime_ns,
                 timed_out,
@@ -255,7 +255,7 @@ where
         let exit_code = report.exit_code();
         run.push(ppa_vmm_api::Event::VmExit {
             uptime_ns,
-            end: report.vm.end.to_string(),
+            end: report.vm.end,
         });
         drop(run);
         Ok(RunOutcome { report, exit_code })

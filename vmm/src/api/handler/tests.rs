@@ -57,7 +57,7 @@ fn stats_parse_as_the_client_types() {
     let s: Stats = serde_json::from_value(r.result.unwrap()).unwrap();
     assert_eq!(s.vcpus.len(), 3);
     assert_eq!(s.vm.vcpus, 3);
-    assert_eq!(s.vm.state, "created");
+    assert_eq!(s.vm.state, VmState::Created);
     assert_eq!(s.vm.name, "test \"vm\"");
     assert_eq!(
         s.vcpus.iter().map(|v| v.id).collect::<Vec<_>>(),
@@ -169,7 +169,7 @@ fn pause_resume_shutdown_and_threads() {
     assert_eq!(t.pid, std::process::id());
     ok(&mut h, r#"{"cmd":"shutdown"}"#);
     assert!(vm.shutdown_requested());
-    assert_eq!(vm.state(), "stopping");
+    assert_eq!(vm.state(), VmState::Stopping);
     assert_eq!(err(&mut h, r#"{"cmd":"pause"}"#), ErrorKind::InvalidState);
     assert_eq!(err(&mut h, r#"{"cmd":"resume"}"#), ErrorKind::InvalidState);
 }

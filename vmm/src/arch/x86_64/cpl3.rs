@@ -140,12 +140,7 @@ impl Cpl3Layout {
                 present: true,
                 ..Default::default()
             },
-            ldt: Segment {
-                unusable: true,
-                type_: 0x2,
-                present: true,
-                ..Default::default()
-            },
+            ldt: Segment::no_ldt(),
             gdt: DescriptorTable {
                 base: self.gdt,
                 limit: (GDT_SIZE - 1) as u16,

@@ -24,8 +24,22 @@ pub struct Regs {
     pub rsp: u64,
     /// RBP.
     pub rbp: u64,
-    /// R8 to R15.
-    pub r8_15: [u64; 8],
+    /// R8.
+    pub r8: u64,
+    /// R9.
+    pub r9: u64,
+    /// R10.
+    pub r10: u64,
+    /// R11.
+    pub r11: u64,
+    /// R12.
+    pub r12: u64,
+    /// R13.
+    pub r13: u64,
+    /// R14.
+    pub r14: u64,
+    /// R15.
+    pub r15: u64,
     /// Instruction pointer.
     pub rip: u64,
     /// Flags.
@@ -57,6 +71,18 @@ pub struct Segment {
     pub g: bool,
     /// Unusable (a null selector loaded, or LDTR unused).
     pub unusable: bool,
+}
+
+impl Segment {
+    /// An unusable LDT (no LDT: what both the CPL 3 and the Linux boot states load).
+    pub fn no_ldt() -> Segment {
+        Segment {
+            unusable: true,
+            type_: 0x2,
+            present: true,
+            ..Default::default()
+        }
+    }
 }
 
 /// A descriptor table register (GDTR, IDTR).
@@ -118,4 +144,35 @@ impl Default for Fpu {
             mxcsr: 0x1f80,
         }
     }
+}
+
+/// One CPUID leaf (and subleaf) as the guest will see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuidEntry {
+    /// Leaf (EAX input).
+    pub function: u32,
+    /// Subleaf (ECX input), when `flags` says the leaf has subleaves.
+    pub index: u32,
+    /// The hypervisor's flags (KVM: `KVM_CPUID_FLAG_SIGNIFCANT_INDEX` = 1).
+    pub flags: u32,
+    /// EAX.
+    pub eax: u32,
+    /// EBX.
+    pub ebx: u32,
+    /// ECX.
+    pub ecx: u32,
+    /// EDX.
+    pub edx: u32,
+}
+
+/// The subleaf matters for this leaf (KVM_CPUID_FLAG_SIGNIFCANT_INDEX).
+pub const CPUID_FLAG_SIGNIFICANT_INDEX: u32 = 1;
+
+/// A model-specific register and the value it starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Msr {
+    /// Index.
+    pub index: u32,
+    /// Value.
+    pub value: u64,
 }

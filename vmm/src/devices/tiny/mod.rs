@@ -15,57 +15,29 @@ use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ppa_guest_abi::doorbell::{self, REPORT_KEYS};
-use serde::Serialize;
 
 use super::{le_value, BusAccess, BusDevice, VcpuRequest};
 use crate::accounting::meter::Counter;
 use crate::sync::now_ns;
 
-/// Doorbell accesses by kind, so that workload exits are told apart from the protocol's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Doorbell {
-    /// Console byte.
-    Console,
-    /// Exit doorbell.
-    Exit,
-    /// Halt doorbell.
-    Halt,
-    /// Report doorbell.
-    Report,
-    /// MMIO workload doorbell.
-    WorkloadMmio,
-    /// PIO workload port.
-    WorkloadPio,
-    /// An access to a register the page does not have, or to no device at all.
-    Unhandled,
-}
-
-impl Doorbell {
-    /// Number of kinds.
-    pub const COUNT: usize = 7;
-    /// Every kind, in index order.
-    pub const ALL: [Doorbell; Self::COUNT] = [
-        Doorbell::Console,
-        Doorbell::Exit,
-        Doorbell::Halt,
-        Doorbell::Report,
-        Doorbell::WorkloadMmio,
-        Doorbell::WorkloadPio,
-        Doorbell::Unhandled,
-    ];
-
-    /// Name in reports.
-    pub fn name(self) -> &'static str {
-        [
-            "console",
-            "exit",
-            "halt",
-            "report",
-            "workload_mmio",
-            "workload_pio",
-            "unhandled",
-        ][self as usize]
+indexed_enum! {
+    /// Doorbell accesses by kind, so that workload exits are told apart from the protocol's
+    /// own.
+    pub enum Doorbell {
+        /// Console byte.
+        Console = "console",
+        /// Exit doorbell.
+        Exit = "exit",
+        /// Halt doorbell.
+        Halt = "halt",
+        /// Report doorbell.
+        Report = "report",
+        /// MMIO workload doorbell.
+        WorkloadMmio = "workload_mmio",
+        /// PIO workload port.
+        WorkloadPio = "workload_pio",
+        /// An access to a register the page does not have, or to no device at all.
+        Unhandled = "unhandled",
     }
 }
 
@@ -169,16 +141,38 @@ impl TinyBoard {
     }
 }
 
+/// Puts the doorbell page and the workload port, sharing `board`, on `buses`.
+pub fn install(board: &Arc<TinyBoard>, buses: &mut super::Buses) -> Result<(), super::BusError> {
+    use ppa_guest_abi::{DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
+    buses.mmio.insert(
+        DOORBELL_GPA,
+        DOORBELL_SIZE,
+        Arc::new(Doorbells(Arc::clone(board))),
+    )?;
+    buses.pio.insert(
+        u64::from(WORKLOAD_PIO_PORT),
+        4,
+        Arc::new(WorkloadPort(Arc::clone(board))),
+    )
+}
+
 /// The doorbell page of spec section 3.
 pub struct Doorbells(pub Arc<TinyBoard>);
 
-impl BusDevice for Doorbells {
-    fn read(&self, a: BusAccess, data: &mut [u8]) -> Option<VcpuRequest> {
+impl TinyBoard {
+    /// A read of a tiny device: zeros, counted as `d` for the vCPU that made it.
+    fn read_zeros(&self, a: BusAccess, data: &mut [u8], d: Doorbell) -> Option<VcpuRequest> {
         data.fill(0);
-        if let Some(v) = self.0.vcpu(a.vcpu) {
-            v.count(Doorbell::Unhandled);
+        if let Some(v) = self.vcpu(a.vcpu) {
+            v.count(d);
         }
         None
+    }
+}
+
+impl BusDevice for Doorbells {
+    fn read(&self, a: BusAccess, data: &mut [u8]) -> Option<VcpuRequest> {
+        self.0.read_zeros(a, data, Doorbell::Unhandled)
     }
 
     fn write(&self, a: BusAccess, data: &[u8]) -> Option<VcpuRequest> {
@@ -232,11 +226,7 @@ pub struct WorkloadPort(pub Arc<TinyBoard>);
 
 impl BusDevice for WorkloadPort {
     fn read(&self, a: BusAccess, data: &mut [u8]) -> Option<VcpuRequest> {
-        data.fill(0);
-        if let Some(v) = self.0.vcpu(a.vcpu) {
-            v.count(Doorbell::WorkloadPio);
-        }
-        None
+        self.0.read_zeros(a, data, Doorbell::WorkloadPio)
     }
 
     fn write(&self, a: BusAccess, _data: &[u8]) -> Option<VcpuRequest> {

@@ -17,10 +17,10 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
-    ExitCost, ExitEvent, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu, Vm,
-    WarmUpStub,
+    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu,
+    Vm, WarmUpStub,
 };
-use crate::arch::x86_64::regs::{Fpu, Regs, SpecialRegs};
+use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
 pub mod kick;
 pub mod x86_64;
@@ -65,6 +65,25 @@ impl super::Hypervisor for Kvm {
 
     fn exit_cost(&self) -> Option<ExitCost> {
         crate::arch::x86_64::calibrate::exit_cost(self, 200)
+    }
+
+    fn cannot_boot_kernels(&self) -> Option<String> {
+        let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
+        (loaded("kvm_pvm") && !loaded("kvm_intel") && !loaded("kvm_amd")).then(|| {
+            "this host's KVM is the PVM backend (kvm_pvm), which runs only 64-bit user-mode guest \
+             code natively and cannot boot a Linux kernel: boot Linux guests on a host with \
+             kvm_intel or kvm_amd (docs/linux.md says how to test them on this machine through an \
+             emulated SVM host)"
+                .to_string()
+        })
+    }
+
+    fn supported_cpuid(&self) -> Result<Vec<CpuidEntry>, HvError> {
+        let c = self
+            .kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(HvError::call("read the CPUID it supports"))?;
+        Ok(c.as_slice().iter().map(x86_64::from_kvm_cpuid).collect())
     }
 }
 
@@ -122,6 +141,28 @@ impl Vm for KvmVm {
         }
         .map_err(HvError::call("register an ioeventfd"))
     }
+
+    fn create_platform(&self) -> Result<(), HvError> {
+        // VMX needs three pages for the real-mode TSS and one for the identity map of
+        // unrestricted guests, below 4 GiB and outside RAM: right below the firmware area at
+        // the top of the 32-bit gap, as QEMU and Firecracker place them.
+        self.fd
+            .set_tss_address(0xfffb_d000)
+            .map_err(HvError::call("set the TSS address"))?;
+        self.fd
+            .set_identity_map_address(0xfffb_c000)
+            .map_err(HvError::call("set the identity map address"))?;
+        self.fd
+            .create_irq_chip()
+            .map_err(HvError::call("create the interrupt controllers"))?;
+        let pit = kvm_bindings::kvm_pit_config {
+            flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        self.fd
+            .create_pit2(pit)
+            .map_err(HvError::call("create the PIT"))
+    }
 }
 
 /// A KVM vCPU: its fd and mmapped `kvm_run`.
@@ -157,9 +198,9 @@ fn to_event(exit: VcpuExit<'_>) -> ExitEvent<'_> {
         VcpuExit::Hlt => ExitEvent::Hlt,
         VcpuExit::Shutdown => ExitEvent::Shutdown,
         VcpuExit::Intr => ExitEvent::Intr,
-        VcpuExit::FailEntry(reason, cpu) => ExitEvent::FailEntry { reason, cpu },
-        VcpuExit::InternalError => ExitEvent::InternalError { suberror: 0 },
-        VcpuExit::SystemEvent(kind, _) => ExitEvent::SystemEvent { kind },
+        VcpuExit::FailEntry(reason, cpu) => ExitEvent::Fatal(FatalExit::FailEntry { reason, cpu }),
+        VcpuExit::InternalError => ExitEvent::Fatal(FatalExit::InternalError { suberror: 0 }),
+        VcpuExit::SystemEvent(kind, _) => ExitEvent::Fatal(FatalExit::SystemEvent { kind }),
         VcpuExit::Exception => ExitEvent::Other("exception"),
         VcpuExit::Debug(_) => ExitEvent::Other("debug"),
         VcpuExit::Hypercall(_) => ExitEvent::Other("hypercall"),
@@ -210,7 +251,7 @@ impl Vcpu for KvmVcpu {
                 // for this call. KVM_EXIT_INTERNAL_ERROR means the kernel filled the `internal`
                 // member of the union; its u32 suberror is valid for any bit pattern.
                 let suberror = unsafe { (*run_ptr).__bindgen_anon_1.internal.suberror };
-                Ok(ExitEvent::InternalError { suberror })
+                Ok(ExitEvent::Fatal(FatalExit::InternalError { suberror }))
             }
             Ok(exit) => Ok(to_event(exit)),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Ok(ExitEvent::Intr),
@@ -237,11 +278,9 @@ impl Vcpu for KvmVcpu {
     }
 
     fn regs(&self) -> Result<Regs, HvError> {
-        let r = self
-            .fd
-            .get_regs()
-            .map_err(HvError::call("read the vCPU's registers"))?;
-        Ok(x86_64::from_kvm_regs(&r))
+        let r = self.fd.get_regs();
+        r.map(|r| x86_64::from_kvm_regs(&r))
+            .map_err(HvError::call("read the vCPU's registers"))
     }
 
     fn set_regs(&self, regs: &Regs) -> Result<(), HvError> {
@@ -251,11 +290,9 @@ impl Vcpu for KvmVcpu {
     }
 
     fn sregs(&self) -> Result<SpecialRegs, HvError> {
-        let s = self
-            .fd
-            .get_sregs()
-            .map_err(HvError::call("read the vCPU's special registers"))?;
-        Ok(x86_64::from_kvm_sregs(&s))
+        let s = self.fd.get_sregs();
+        s.map(|s| x86_64::from_kvm_sregs(&s))
+            .map_err(HvError::call("read the vCPU's special registers"))
     }
 
     fn set_sregs(&self, sregs: &SpecialRegs) -> Result<(), HvError> {
@@ -275,6 +312,62 @@ impl Vcpu for KvmVcpu {
             .map_err(HvError::call("set the vCPU's FPU state"))
     }
 
+    fn set_cpuid(&self, entries: &[CpuidEntry]) -> Result<(), HvError> {
+        let kvm: Vec<kvm_bindings::kvm_cpuid_entry2> =
+            entries.iter().map(x86_64::to_kvm_cpuid).collect();
+        let cpuid = kvm_bindings::CpuId::from_entries(&kvm)
+            .map_err(|_| HvError::call("take that many CPUID entries")(hv_errno(libc::E2BIG)))?;
+        self.fd
+            .set_cpuid2(&cpuid)
+            .map_err(HvError::call("set the vCPU's CPUID"))
+    }
+
+    fn set_msrs(&self, msrs: &[Msr]) -> Result<(), HvError> {
+        let entries: Vec<kvm_bindings::kvm_msr_entry> = msrs
+            .iter()
+            .map(|m| kvm_bindings::kvm_msr_entry {
+                index: m.index,
+                data: m.value,
+                ..Default::default()
+            })
+            .collect();
+        let k = kvm_bindings::Msrs::from_entries(&entries)
+            .map_err(|_| HvError::call("take that many MSRs")(hv_errno(libc::E2BIG)))?;
+        let set = self
+            .fd
+            .set_msrs(&k)
+            .map_err(HvError::call("set the vCPU's MSRs"))?;
+        if set != entries.len() {
+            return Err(HvError::call(
+                "set every boot MSR (it stopped at one it refused)",
+            )(hv_errno(libc::EINVAL)));
+        }
+        Ok(())
+    }
+
+    fn setup_lapic_lints(&self) -> Result<(), HvError> {
+        let mut lapic = self
+            .fd
+            .get_lapic()
+            .map_err(HvError::call("read the vCPU's local APIC"))?;
+        x86_64::set_lints(&mut lapic);
+        self.fd
+            .set_lapic(&lapic)
+            .map_err(HvError::call("set the vCPU's local APIC"))
+    }
+
+    fn waits_for_start(&self) -> bool {
+        self.fd.get_mp_state().is_ok_and(|s| {
+            s.mp_state == kvm_bindings::KVM_MP_STATE_UNINITIALIZED
+                || s.mp_state == kvm_bindings::KVM_MP_STATE_INIT_RECEIVED
+        })
+    }
+
+    fn pause_notify(&self) {
+        // EINVAL: the guest has no kvm-clock; nothing to tell.
+        let _ = self.fd.kvmclock_ctrl();
+    }
+
     fn stats(&self) -> Option<KvmStats> {
         KvmStats::from_fd(&self.fd)
             .map_err(|e| log::warn!("no KVM statistics for a vCPU: {e}"))
@@ -284,4 +377,9 @@ impl Vcpu for KvmVcpu {
     fn tsc_khz(&self) -> Option<u64> {
         self.fd.get_tsc_khz().ok().filter(|&k| k > 0).map(u64::from)
     }
+}
+
+/// An error number as the hypervisor's error type.
+fn hv_errno(e: i32) -> super::Errno {
+    super::Errno::new(e)
 }

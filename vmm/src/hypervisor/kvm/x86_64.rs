@@ -4,49 +4,46 @@
 //! base, the x87 stack): a set is a read of KVM's state, an overlay of the VMM's fields, and a
 //! write, so every field the VMM does not model keeps KVM's value.
 
-use kvm_bindings::{kvm_dtable, kvm_fpu, kvm_regs, kvm_segment, kvm_sregs};
+use kvm_bindings::{
+    kvm_cpuid_entry2, kvm_dtable, kvm_fpu, kvm_lapic_state, kvm_regs, kvm_segment, kvm_sregs,
+};
 
-use crate::arch::x86_64::regs::{DescriptorTable, Fpu, Regs, Segment, SpecialRegs};
+use crate::arch::x86_64::regs::{CpuidEntry, DescriptorTable, Fpu, Regs, Segment, SpecialRegs};
+
+/// The same general registers in another struct (KVM's and ours name them alike).
+macro_rules! copy_regs {
+    ($r:expr => $ty:ident) => {
+        $ty {
+            rax: $r.rax,
+            rbx: $r.rbx,
+            rcx: $r.rcx,
+            rdx: $r.rdx,
+            rsi: $r.rsi,
+            rdi: $r.rdi,
+            rsp: $r.rsp,
+            rbp: $r.rbp,
+            r8: $r.r8,
+            r9: $r.r9,
+            r10: $r.r10,
+            r11: $r.r11,
+            r12: $r.r12,
+            r13: $r.r13,
+            r14: $r.r14,
+            r15: $r.r15,
+            rip: $r.rip,
+            rflags: $r.rflags,
+        }
+    };
+}
 
 /// KVM's general registers from ours.
 pub fn to_kvm_regs(r: &Regs) -> kvm_regs {
-    kvm_regs {
-        rax: r.rax,
-        rbx: r.rbx,
-        rcx: r.rcx,
-        rdx: r.rdx,
-        rsi: r.rsi,
-        rdi: r.rdi,
-        rsp: r.rsp,
-        rbp: r.rbp,
-        r8: r.r8_15[0],
-        r9: r.r8_15[1],
-        r10: r.r8_15[2],
-        r11: r.r8_15[3],
-        r12: r.r8_15[4],
-        r13: r.r8_15[5],
-        r14: r.r8_15[6],
-        r15: r.r8_15[7],
-        rip: r.rip,
-        rflags: r.rflags,
-    }
+    copy_regs!(r => kvm_regs)
 }
 
 /// Our general registers from KVM's.
 pub fn from_kvm_regs(r: &kvm_regs) -> Regs {
-    Regs {
-        rax: r.rax,
-        rbx: r.rbx,
-        rcx: r.rcx,
-        rdx: r.rdx,
-        rsi: r.rsi,
-        rdi: r.rdi,
-        rsp: r.rsp,
-        rbp: r.rbp,
-        r8_15: [r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15],
-        rip: r.rip,
-        rflags: r.rflags,
-    }
+    copy_regs!(r => Regs)
 }
 
 fn to_kvm_segment(s: &Segment) -> kvm_segment {
@@ -142,6 +139,62 @@ pub fn to_kvm_fpu(f: &Fpu) -> kvm_fpu {
     }
 }
 
+/// The same CPUID entry in another struct (KVM's carries padding too).
+macro_rules! copy_cpuid {
+    ($e:expr => $ty:ident { $($extra:tt)* }) => {
+        $ty {
+            function: $e.function,
+            index: $e.index,
+            flags: $e.flags,
+            eax: $e.eax,
+            ebx: $e.ebx,
+            ecx: $e.ecx,
+            edx: $e.edx,
+            $($extra)*
+        }
+    };
+}
+
+/// Our CPUID entry from KVM's.
+pub fn from_kvm_cpuid(e: &kvm_cpuid_entry2) -> CpuidEntry {
+    copy_cpuid!(e => CpuidEntry {})
+}
+
+/// KVM's CPUID entry from ours.
+pub fn to_kvm_cpuid(e: &CpuidEntry) -> kvm_cpuid_entry2 {
+    copy_cpuid!(e => kvm_cpuid_entry2 { padding: [0; 3] })
+}
+
+/// Offset of the LVT LINT0 register in the local APIC's register page.
+const APIC_LVT0: usize = 0x350;
+/// Offset of the LVT LINT1 register.
+const APIC_LVT1: usize = 0x360;
+/// LVT delivery mode: external interrupt (the PIC).
+const APIC_MODE_EXTINT: u32 = 0x7;
+/// LVT delivery mode: NMI.
+const APIC_MODE_NMI: u32 = 0x4;
+
+fn lapic_reg(l: &kvm_lapic_state, at: usize) -> u32 {
+    let b = &l.regs[at..at + 4];
+    u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
+}
+
+fn set_lapic_reg(l: &mut kvm_lapic_state, at: usize, v: u32) {
+    for (d, s) in l.regs[at..at + 4].iter_mut().zip(v.to_le_bytes()) {
+        *d = s as _;
+    }
+}
+
+/// LINT0 to ExtINT and LINT1 to NMI, keeping the other LVT bits (the delivery mode is bits
+/// 8..11).
+pub fn set_lints(l: &mut kvm_lapic_state) {
+    let mode = |v: u32, m: u32| (v & !0x700) | (m << 8);
+    let lvt0 = lapic_reg(l, APIC_LVT0);
+    set_lapic_reg(l, APIC_LVT0, mode(lvt0, APIC_MODE_EXTINT));
+    let lvt1 = lapic_reg(l, APIC_LVT1);
+    set_lapic_reg(l, APIC_LVT1, mode(lvt1, APIC_MODE_NMI));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,7 +204,8 @@ mod tests {
         let r = Regs {
             rax: 1,
             rdi: 2,
-            r8_15: [8, 9, 10, 11, 12, 13, 14, 15],
+            r8: 8,
+            r15: 15,
             rip: 0x10_0000,
             rflags: 0x3002,
             ..Default::default()
@@ -182,5 +236,25 @@ mod tests {
         assert_eq!(from_kvm_sregs(&k), s);
         assert_eq!(k.apic_base, 0xfee0_0900, "fields we do not model stay");
         assert_eq!(k.cr8, 3);
+    }
+
+    #[test]
+    fn lints_get_extint_and_nmi_and_keep_their_other_bits() {
+        let mut l = kvm_lapic_state::default();
+        set_lapic_reg(&mut l, APIC_LVT0, 0x0001_0000); // masked
+        set_lapic_reg(&mut l, APIC_LVT1, 0x0001_0200);
+        set_lints(&mut l);
+        assert_eq!(lapic_reg(&l, APIC_LVT0), 0x0001_0700);
+        assert_eq!(lapic_reg(&l, APIC_LVT1), 0x0001_0400);
+        let e = CpuidEntry {
+            function: 0x4000_0000,
+            index: 1,
+            flags: 1,
+            eax: 2,
+            ebx: 3,
+            ecx: 4,
+            edx: 5,
+        };
+        assert_eq!(from_kvm_cpuid(&to_kvm_cpuid(&e)), e);
     }
 }

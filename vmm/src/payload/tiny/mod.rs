@@ -15,16 +15,15 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ppa_guest_abi::{BootInfo, DOORBELL_GPA, DOORBELL_SIZE, WORKLOAD_PIO_PORT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use ppa_guest_abi::{BootInfo, DOORBELL_GPA};
 
-use super::{BootContext, PayloadError};
+use super::{write, Load, PayloadError};
 use crate::arch::x86_64::cpl3::{entry_regs, tss};
 use crate::arch::x86_64::layout::{Region, MMIO_GAP_END};
 use crate::arch::x86_64::regs::Fpu;
-use crate::devices::tiny::{Doorbells, TinyBoard, WorkloadPort};
+use crate::devices::tiny::TinyBoard;
 use crate::devices::Buses;
-use crate::hypervisor::{self as hv, WarmUpStub};
+use crate::hypervisor::{self as hv, Vcpu as _, WarmUpStub};
 
 pub mod elf;
 pub mod layout;
@@ -176,13 +175,9 @@ impl TinyBoot {
 
     /// Writes the boot state into guest memory, sets every vCPU's registers and puts the
     /// tiny devices on the buses.
-    pub fn load<V: hv::Vcpu>(
-        &self,
-        ctx: &BootContext<'_>,
-        vcpus: &[V],
-        buses: &mut Buses,
-    ) -> Result<(), PayloadError> {
+    pub fn load<V: hv::Vm>(&self, ctx: &mut Load<'_, V>) -> Result<(), PayloadError> {
         let mem = ctx.memory;
+        let vcpus = ctx.vcpus;
         let tables = &layout::TABLES;
         for (gpa, table) in tables.page_tables(self.map_gib) {
             let bytes: Vec<u8> = table.iter().flat_map(|e| e.to_le_bytes()).collect();
@@ -217,16 +212,7 @@ impl TinyBoot {
             ))?;
             vcpu.set_fpu(&Fpu::default())?;
         }
-        buses.mmio.insert(
-            DOORBELL_GPA,
-            DOORBELL_SIZE,
-            Arc::new(Doorbells(Arc::clone(&self.board))),
-        )?;
-        buses.pio.insert(
-            u64::from(WORKLOAD_PIO_PORT),
-            4,
-            Arc::new(WorkloadPort(Arc::clone(&self.board))),
-        )?;
+        crate::devices::tiny::install(&self.board, ctx.buses)?;
         Ok(())
     }
 
@@ -238,15 +224,6 @@ impl TinyBoot {
             buses.unclaimed(index),
         )
     }
-}
-
-fn write(mem: &GuestMemoryMmap, gpa: u64, bytes: &[u8]) -> Result<(), PayloadError> {
-    mem.write_slice(bytes, GuestAddress(gpa))
-        .map_err(|source| PayloadError::Write {
-            gpa,
-            len: bytes.len(),
-            source,
-        })
 }
 
 #[cfg(test)]

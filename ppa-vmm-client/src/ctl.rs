@@ -1,11 +1,12 @@
 //! `ppa-vmm ctl`: one request to the control socket, its result printed.
 //!
-//! Data flow: [`parse_command`] turns `COMMAND KEY=VALUE...` into a JSON object and validates
-//! it with [`ppa_vmm_api::parse_request`], so a bad command is refused here with the message
-//! the server would give; [`run`] sends it with a [`Client`] and prints the result as pretty
-//! JSON or, with `text`, readably (raw strings, a table for `stats`, `key: value` lines for
-//! the rest). After `subscribe` it copies every event line to stdout until the VMM closes the
-//! connection.
+//! Data flow: [`CtlOptions`] is the subcommand's arguments as clap parses them (its help lists
+//! [`crate::commands::COMMANDS`]). [`parse_command`] refuses a command not in that table, turns
+//! `COMMAND KEY=VALUE...` into a JSON object and validates it with
+//! [`ppa_vmm_api::parse_request`], so a bad request is refused here with the message the server
+//! would give; [`run`] sends it with a [`Client`] and prints the result as pretty JSON or, with
+//! `text`, readably (raw strings, a table for `stats`, `key: value` lines for the rest). After
+//! `subscribe` it copies every event line to stdout until the VMM closes the connection.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -14,8 +15,9 @@ use ppa_vmm_api::{parse_request, Command, ErrorBody, GuestView, Stats};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use super::{describe, kind_name, Client};
-use crate::ppa_page::text::{guest_view_text, page_host_columns, HostColumns};
+use crate::commands;
+use crate::guest_view::{guest_view_text, page_host_columns, HostColumns};
+use crate::{describe, kind_name, Client};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm ctl";
@@ -26,6 +28,12 @@ const NS_PER_MS: f64 = 1e6;
 /// Why the command line does not make a request.
 #[derive(Debug, Error)]
 pub enum CtlError {
+    /// A command name the VMM does not know.
+    #[error(
+        "unknown command `{0}` (the commands are {names}; `{PREFIX} --help` describes them)",
+        names = commands::names()
+    )]
+    UnknownCommand(String),
     /// An argument without `=`.
     #[error("the argument `{0}` is not of the form KEY=VALUE")]
     NotKeyValue(String),
@@ -43,24 +51,30 @@ pub enum CtlError {
     Refused(ErrorBody),
 }
 
-/// Options of `ppa-vmm ctl`.
-#[derive(Debug, Clone)]
+/// Options of `ppa-vmm ctl`, as clap parses them.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = commands::help())]
 pub struct CtlOptions {
-    /// The VMM's control socket (`--api-sock`).
+    /// The VMM's control socket (`run --api-sock`).
+    #[arg(long, value_name = "PATH")]
     pub api_sock: PathBuf,
-    /// The command name (`stats`, `set-level`, ...).
-    pub command: String,
-    /// Its arguments, `KEY=VALUE` each.
-    pub args: Vec<String>,
-    /// Print readably instead of as JSON.
+    /// Print a readable form instead of JSON.
+    #[arg(long)]
     pub text: bool,
+    /// The command (the list follows).
+    pub command: String,
+    /// Arguments as KEY=VALUE (e.g. `vcpu=0`, `level=full`, `events=vcpu-exit,threshold`).
+    pub args: Vec<String>,
 }
 
 /// Builds the command `cmd` from `KEY=VALUE` arguments. A VALUE that parses as JSON (numbers,
 /// `true`, `null`, arrays, quoted strings) is taken as that JSON, anything else as a string;
 /// for `subscribe`, `events=a,b` is the array `["a", "b"]`. The result is checked as the
-/// server checks a request line.
+/// server checks a request line, after the name is looked up in [`commands::COMMANDS`].
 pub fn parse_command(cmd: &str, args: &[String]) -> Result<Command, CtlError> {
+    if commands::find(cmd).is_none() {
+        return Err(CtlError::UnknownCommand(cmd.to_string()));
+    }
     let mut map = Map::new();
     map.insert("cmd".into(), Value::String(cmd.to_string()));
     for arg in args {
@@ -292,6 +306,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
         "IDLE_MS",
         "LMTD_MS",
         "PAUSED_MS",
+        "BLKD_MS",
         "EXITS",
     ];
     let rows: Vec<Vec<String>> = stats
@@ -301,7 +316,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
             vec![
                 v.id.to_string(),
                 v.host_tid.to_string(),
-                v.state.clone(),
+                v.state.to_string(),
                 ms(v.wall_ns),
                 ms(v.used_ns),
                 ms(v.guest_ns),
@@ -310,6 +325,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
                 ms(v.idle_ns.saturating_add(v.halted_ns)),
                 ms(v.limited_ns),
                 ms(v.paused_ns),
+                ms(v.blocked_ns),
                 v.total_exits().to_string(),
             ]
         })
@@ -347,7 +363,7 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::tests::{stats, vcpu, FakeServer};
+    use crate::tests::{stats, vcpu, FakeServer};
     use ppa_vmm_api::{ErrorKind, EventKind, HistogramFormat, Level, Response};
 
     fn args(a: &[&str]) -> Vec<String> {
@@ -422,10 +438,20 @@ mod tests {
     }
 
     #[test]
+    fn refuses_an_unknown_command_with_the_list() {
+        let e = parse_command("frobnicate", &args(&["x=1"])).unwrap_err();
+        assert!(matches!(e, CtlError::UnknownCommand(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.starts_with("unknown command `frobnicate`"), "{msg}");
+        assert!(
+            msg.contains("version, stats,") && msg.contains("set-limit, groups, guest,"),
+            "{msg}"
+        );
+        assert!(msg.contains("ppa-vmm ctl --help"), "{msg}");
+    }
+
+    #[test]
     fn refuses_what_the_server_would() {
-        let e = refused("frobnicate", &[]);
-        assert_eq!(e.kind, ErrorKind::UnknownCommand);
-        assert!(e.message.contains("unknown command `frobnicate`"), "{e:?}");
         let e = refused("vcpu", &["vcpu=abc"]);
         assert_eq!(e.kind, ErrorKind::BadRequest);
         assert!(e.message.contains("invalid type"), "{e:?}");

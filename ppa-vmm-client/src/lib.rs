@@ -1,6 +1,13 @@
-//! The client side of the control socket: a [`Client`] that talks the JSON Lines protocol of
-//! `ppa-vmm-api`, and the two commands built on it, [`ctl`] (one request, its result printed)
-//! and [`top`] (an esxtop-like view refreshed from `stats`).
+//! The clients of PPA-VMM's control socket, in a crate of their own: a [`Client`] that talks
+//! the JSON Lines protocol of `ppa-vmm-api`, the two commands built on it, [`ctl`] (one request,
+//! its result printed) and [`top`] (an esxtop-like view refreshed from `stats`), and
+//! [`guest_view`], the text form of what a guest published on its PPA page.
+//!
+//! This crate links no KVM code: it depends on `ppa-vmm-api`, serde_json, thiserror and clap,
+//! not on kvm-ioctls, kvm-bindings, vm-memory or the `ppa-vmm` library (`cargo tree -p
+//! ppa-vmm-client` shows it), so a monitoring tool can use it on a host without the VMM's
+//! machine layer. The `ppa-vmm` binary's `ctl` and `top` subcommands call into it, and the
+//! VMM's final report uses [`guest_view`] for its GUEST VIEW tables.
 //!
 //! Data flow: [`Client::connect`] opens the Unix stream the VMM serves with `--api-sock`;
 //! [`Client::call`] numbers a [`Command`] into a [`Request`], writes it as one line and reads
@@ -17,7 +24,9 @@ use ppa_vmm_api::{Command, Request, Response};
 use serde_json::Value;
 use thiserror::Error;
 
+pub mod commands;
 pub mod ctl;
+pub mod guest_view;
 pub mod top;
 
 /// How long a read or a write on the socket may block before it fails.

@@ -13,13 +13,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Stats, VcpuSummary, VmStats};
+use ppa_vmm_api::{Command, Stats, VcpuSummary, VmState, VmStats};
 use thiserror::Error;
 
-use super::{describe, kind_name, Client};
+use crate::{describe, kind_name, Client};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm top";
@@ -30,67 +29,51 @@ pub const MIN_INTERVAL_MS: u64 = 10;
 /// ANSI: cursor home, clear screen.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
-/// Sort keys, as given on the command line.
-const SORT_KEYS: &str = "vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits";
-
 /// Why `top` could not run.
 #[derive(Debug, Error)]
 pub enum TopError {
     /// The refresh interval is too short.
     #[error("the interval must be at least {MIN_INTERVAL_MS} ms, not {0} ms")]
     Interval(u64),
-    /// The sort key names no column.
-    #[error("`{0}` is not a column to sort by (valid: {SORT_KEYS})")]
-    SortKey(String),
     /// The `stats` result does not have the expected shape.
     #[error("the VMM's `stats` result cannot be read")]
     BadStats(#[source] serde_json::Error),
 }
 
 /// Column to sort the vCPU rows by; numeric columns sort descending, vCPU ascending.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+///
+/// On the command line (`--sort`) case does not matter, and each name may end in `%` or `/s`
+/// as the column headers do (hidden aliases: `USED%`, `exits/s`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SortKey {
-    /// vCPU index (the default).
+    /// VCPU: the vCPU index (ascending).
     #[default]
+    #[value(aliases = ["vcpu%", "vcpu/s"])]
     Vcpu,
-    /// USED%.
+    /// USED%: on-CPU time (guest + VMM).
+    #[value(aliases = ["used%", "used/s"])]
     Used,
-    /// GUEST%.
+    /// GUEST%: on-CPU inside KVM_RUN.
+    #[value(aliases = ["guest%", "guest/s"])]
     Guest,
-    /// VMM%.
+    /// VMM%: on-CPU in the VMM outside KVM_RUN.
+    #[value(aliases = ["vmm%", "vmm/s"])]
     Vmm,
-    /// RDY% (steal).
+    /// RDY%: runnable but waiting for a host CPU (steal).
+    #[value(aliases = ["rdy%", "rdy/s"])]
     Rdy,
-    /// IDLE%.
+    /// IDLE%: parked at the guest's request or halted.
+    #[value(aliases = ["idle%", "idle/s"])]
     Idle,
-    /// LMTD%.
+    /// LMTD%: parked by a CPU limit.
+    #[value(aliases = ["lmtd%", "lmtd/s"])]
     Lmtd,
-    /// PSD%.
+    /// PSD%: parked by an operator's pause.
+    #[value(aliases = ["psd%", "psd/s"])]
     Psd,
-    /// EXITS/s.
+    /// EXITS/s: userspace exits per second.
+    #[value(aliases = ["exits%", "exits/s"])]
     Exits,
-}
-
-impl FromStr for SortKey {
-    type Err = TopError;
-
-    /// A column name, case-insensitively, with or without its `%` or `/s`.
-    fn from_str(s: &str) -> Result<Self, TopError> {
-        let key = s.trim().to_ascii_lowercase();
-        let key = key.trim_end_matches('%').trim_end_matches("/s");
-        Ok(match key {
-            "vcpu" => SortKey::Vcpu,
-            "used" => SortKey::Used,
-            "guest" => SortKey::Guest,
-            "vmm" => SortKey::Vmm,
-            "rdy" => SortKey::Rdy,
-            "idle" => SortKey::Idle,
-            "lmtd" => SortKey::Lmtd,
-            "psd" => SortKey::Psd,
-            "exits" => SortKey::Exits,
-            _ => return Err(TopError::SortKey(s.to_string())),
-        })
-    }
 }
 
 /// Rates of one vCPU (or the VM) over one interval. Percentages are of one host CPU.
@@ -158,19 +141,8 @@ pub struct Row {
 /// Rates of one vCPU between two of its samples; `Err(true)` after a reset, `Err(false)` when
 /// no time passed.
 fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
-    // Counters that never go down while the figures are not reset. guest_ns and vmm_ns are
-    // not among them: an estimated split may move a little time from one to the other.
-    let monotonic = [
-        (p.wall_ns, c.wall_ns),
-        (p.used_ns, c.used_ns),
-        (p.steal_ns, c.steal_ns),
-        (p.halted_ns, c.halted_ns),
-        (p.idle_ns, c.idle_ns),
-        (p.limited_ns, c.limited_ns),
-        (p.paused_ns, c.paused_ns),
-        (p.parks, c.parks),
-    ];
-    if monotonic.iter().any(|(a, b)| b < a) {
+    let (before, now) = (p.split(), c.split());
+    if now.went_down_from(&before) || c.parks < p.parks {
         return Err(true);
     }
     let mut exits = BTreeMap::new();
@@ -185,20 +157,20 @@ fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
             exits.insert(reason.clone(), d);
         }
     }
-    let dt = c.wall_ns - p.wall_ns;
+    let d = now.since(&before);
+    let dt = d.wall_ns;
     if dt == 0 {
         return Err(false);
     }
-    let pct = |d: u64| d as f64 * 100.0 / dt as f64;
-    let d = |a: u64, b: u64| b.saturating_sub(a);
+    let pct = |ns: u64| ns as f64 * 100.0 / dt as f64;
     Ok(Rates {
-        used_pct: pct(d(p.used_ns, c.used_ns)),
-        guest_pct: pct(d(p.guest_ns, c.guest_ns)),
-        vmm_pct: pct(d(p.vmm_ns, c.vmm_ns)),
-        rdy_pct: pct(d(p.steal_ns, c.steal_ns)),
-        idle_pct: pct(d(p.idle_ns + p.halted_ns, c.idle_ns + c.halted_ns)),
-        lmtd_pct: pct(d(p.limited_ns, c.limited_ns)),
-        psd_pct: pct(d(p.paused_ns, c.paused_ns)),
+        used_pct: pct(d.used_ns),
+        guest_pct: pct(d.guest_ns),
+        vmm_pct: pct(d.vmm_ns),
+        rdy_pct: pct(d.steal_ns),
+        idle_pct: pct(d.idle_ns + d.halted_ns),
+        lmtd_pct: pct(d.limited_ns),
+        psd_pct: pct(d.paused_ns),
         exits_per_s: exits.values().sum::<u64>() as f64 * 1e9 / dt as f64,
         exits,
     })
@@ -360,17 +332,27 @@ pub fn render(rows: &[Row], total: &Row, header: &VmStats, sort: SortKey) -> Str
     s
 }
 
-/// Options of `ppa-vmm top`.
-#[derive(Debug, Clone)]
+/// Options of `ppa-vmm top`, as clap parses them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct TopOptions {
-    /// The VMM's control socket (`--api-sock`).
+    /// The VMM's control socket (`run --api-sock`).
+    #[arg(long, value_name = "PATH")]
     pub api_sock: PathBuf,
-    /// Print one table and return.
+    /// Print one table and exit.
+    #[arg(long)]
     pub once: bool,
-    /// Refresh interval, ms (at least [`MIN_INTERVAL_MS`]).
+    /// Refresh interval in ms (rates are computed over it; at least 10).
+    #[arg(long = "interval", default_value_t = 1000, value_name = "MS")]
     pub interval_ms: u64,
-    /// Column to sort by (see [`SortKey`]).
-    pub sort: String,
+    /// Sort column.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        default_value_t,
+        value_name = "COL"
+    )]
+    pub sort: SortKey,
 }
 
 /// Why a sample could not be taken.
@@ -392,10 +374,6 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
     if opts.interval_ms < MIN_INTERVAL_MS {
         return fail(err, 2, &TopError::Interval(opts.interval_ms).to_string());
     }
-    let sort = match opts.sort.parse::<SortKey>() {
-        Ok(k) => k,
-        Err(e) => return fail(err, 2, &e.to_string()),
-    };
     let mut client = match Client::connect(&opts.api_sock) {
         Ok(c) => c,
         Err(e) => return fail(err, 2, &describe(&e)),
@@ -419,7 +397,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
             Err(SampleError::Fail(code)) => return code,
         };
         let r = rows(&prev, &cur);
-        let table = render(&r, &total(&r), &cur.vm, sort);
+        let table = render(&r, &total(&r), &cur.vm, opts.sort);
         let screen = if opts.once {
             table
         } else {
@@ -434,7 +412,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         if opts.once {
             return 0;
         }
-        if cur.vm.state == "finished" {
+        if cur.vm.state == VmState::Finished {
             return ended(out);
         }
         prev = cur;
@@ -469,7 +447,7 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::tests::{stats, vcpu, FakeServer};
+    use crate::tests::{stats, vcpu, FakeServer};
     use ppa_vmm_api::Response;
 
     const MS: u64 = 1_000_000;
@@ -571,14 +549,50 @@ mod tests {
         );
     }
 
-    #[test]
-    fn sort_keys() {
-        assert_eq!("USED".parse::<SortKey>().unwrap(), SortKey::Used);
-        assert_eq!("rdy%".parse::<SortKey>().unwrap(), SortKey::Rdy);
-        assert_eq!("Exits/s".parse::<SortKey>().unwrap(), SortKey::Exits);
-        let e = "cpu".parse::<SortKey>().unwrap_err().to_string();
-        assert!(e.contains("`cpu`") && e.contains("vcpu, used"), "{e}");
+    /// `top`'s arguments as the binary parses them.
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        top: TopOptions,
+    }
 
+    fn parse(args: &[&str]) -> Result<TopOptions, clap::Error> {
+        use clap::Parser;
+        let argv = ["top", "--api-sock", "s"].iter().chain(args);
+        Cli::try_parse_from(argv).map(|c| c.top)
+    }
+
+    #[test]
+    fn options_parse_as_documented() {
+        let o = parse(&[]).unwrap();
+        assert_eq!(
+            (o.once, o.interval_ms, o.sort),
+            (false, 1000, SortKey::Vcpu)
+        );
+        let o = parse(&["--once", "--interval", "200", "--sort", "exits"]).unwrap();
+        assert_eq!((o.once, o.interval_ms, o.sort), (true, 200, SortKey::Exits));
+    }
+
+    #[test]
+    fn sort_keys_ignore_case_and_take_the_header_suffix() {
+        let sort = |k: &str| parse(&["--sort", k]).map(|o| o.sort);
+        assert_eq!(sort("USED").unwrap(), SortKey::Used);
+        assert_eq!(sort("rdy%").unwrap(), SortKey::Rdy);
+        assert_eq!(sort("Exits/s").unwrap(), SortKey::Exits);
+        assert_eq!(sort("LMTD%").unwrap(), SortKey::Lmtd);
+        // A name that is no column is refused with the list of columns.
+        let e = sort("tid").unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
+        let msg = e.to_string();
+        assert!(msg.contains("'tid'"), "{msg}");
+        assert!(
+            msg.contains("vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits"),
+            "the columns, and not the aliases: {msg}"
+        );
+    }
+
+    #[test]
+    fn sort_rows_by_each_kind_of_column() {
         let (prev, mut cur) = samples();
         cur.vcpus.push(vcpu(2, S, 0, &[]).into());
         let mut prev = prev;
@@ -652,12 +666,12 @@ mod tests {
         assert!(text.lines().nth(3).unwrap().starts_with("   3"), "{text}");
     }
 
-    fn top_opts(sock: &std::path::Path, once: bool, interval_ms: u64, sort: &str) -> TopOptions {
+    fn top_opts(sock: &std::path::Path, once: bool, interval_ms: u64, sort: SortKey) -> TopOptions {
         TopOptions {
             api_sock: sock.to_path_buf(),
             once,
             interval_ms,
-            sort: sort.into(),
+            sort,
         }
     }
 
@@ -671,7 +685,7 @@ mod tests {
         });
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let code = run_to(
-            top_opts(server.path(), true, 10, "vcpu"),
+            top_opts(server.path(), true, 10, SortKey::Vcpu),
             &mut out,
             &mut err,
         );
@@ -682,7 +696,7 @@ mod tests {
 
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let code = run_to(
-            top_opts(server.path(), false, 10, "used"),
+            top_opts(server.path(), false, 10, SortKey::Used),
             &mut out,
             &mut err,
         );
@@ -693,23 +707,20 @@ mod tests {
     }
 
     #[test]
-    fn run_refuses_bad_options() {
+    fn run_refuses_a_short_interval() {
         let server = FakeServer::start(|_, _| Vec::new());
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert_eq!(
-            run_to(top_opts(server.path(), true, 5, "vcpu"), &mut out, &mut err),
+            run_to(
+                top_opts(server.path(), true, 5, SortKey::Vcpu),
+                &mut out,
+                &mut err
+            ),
             2
         );
         assert_eq!(
             String::from_utf8_lossy(&err),
             "ppa-vmm top: the interval must be at least 10 ms, not 5 ms\n"
         );
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        assert_eq!(
-            run_to(top_opts(server.path(), true, 10, "tid"), &mut out, &mut err),
-            2
-        );
-        let msg = String::from_utf8_lossy(&err);
-        assert!(msg.contains("`tid` is not a column") && msg.contains("exits"));
     }
 }

@@ -1,10 +1,11 @@
 //! The text form of a decoded guest section ("GUEST VIEW"), beside host figures.
 //!
-//! Data flow: the final report (with each vCPU's final times) and `ppa-vmm ctl --text guest`
-//! (with the host records the page holds now) both call [`guest_view_text`] on a
-//! [`GuestView`] from [`super::decode::decode`]; the caller chooses which three host figures
-//! stand beside the guest's busy, idle and steal columns. What a guest agent adds (its own
-//! record, threads grouped by process) is shown when it published one.
+//! Data flow: the VMM's final report (with each vCPU's final times) and `ppa-vmm ctl --text
+//! guest` (with the host records the page holds now) both call [`guest_view_text`] on a
+//! [`GuestView`], which the VMM's page decoder (`ppa_vmm::ppa_page::decode`) made; the caller
+//! chooses which three host figures stand beside the guest's busy, idle and steal columns.
+//! What a guest agent adds (its own record, threads grouped by process) is shown when it
+//! published one. It lives here, beside `ctl`, because it needs only `ppa-vmm-api`'s types.
 
 use std::fmt::Write as _;
 

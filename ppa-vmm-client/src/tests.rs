@@ -11,12 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, Stats, Thresholds,
-    VcpuTimes, VmStats,
+    parse_request, Command, ErrorBody, ErrorKind, Level, Request, Response, SplitKind, SplitSource,
+    Stats, Thresholds, VcpuMicroState, VcpuTimes, VmState, VmStats,
 };
 use serde_json::{json, Value};
 
-use super::{Client, ClientError};
+use crate::{Client, ClientError};
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
@@ -121,9 +121,12 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         idle_ns: wall_ns - used_ns,
         limited_ns: 0,
         paused_ns: 0,
-        split: "exact".into(),
+        blocked_ns: 0,
+        split: SplitKind::Exact,
+        split_source: SplitSource::Records,
+        records_lost: 0,
         identity_error_ns: 0,
-        state: "guest".into(),
+        state: VcpuMicroState::Guest,
         exits: exits.iter().map(|(r, c)| (r.to_string(), *c)).collect(),
         exit_ns: BTreeMap::new(),
         kvm_stats: BTreeMap::new(),
@@ -143,7 +146,7 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
         vm: VmStats {
             name: "test".into(),
             pid: 4242,
-            state: "running".into(),
+            state: VmState::Running,
             vcpus: vcpus.len(),
             uptime_ns: uptime_s * 1_000_000_000,
             level: Level::Full,
@@ -260,4 +263,36 @@ fn connect_errors_name_the_path() {
     let e = Client::connect(&file).unwrap_err();
     assert!(matches!(e, ClientError::Refused(_)), "{e:?}");
     assert!(e.to_string().contains("nothing accepts connections"));
+}
+
+/// The names in the `[dependencies]` table of a Cargo.toml.
+fn dependencies(manifest: &str) -> Vec<&str> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
+        .collect()
+}
+
+#[test]
+fn links_no_kvm_code() {
+    // The crate and the one workspace crate it depends on take only these; none of them links
+    // KVM code (`cargo tree -p ppa-vmm-client` lists the whole tree). kvm-ioctls,
+    // kvm-bindings, vm-memory or the ppa-vmm library would fail here.
+    let allowed = [
+        "ppa-vmm-api",
+        "serde",
+        "serde_json",
+        "thiserror",
+        "clap",
+        "libc",
+    ];
+    let own = dependencies(include_str!("../Cargo.toml"));
+    let api = dependencies(include_str!("../../ppa-vmm-api/Cargo.toml"));
+    assert!(own.contains(&"ppa-vmm-api"), "{own:?}");
+    for dep in own.iter().chain(&api) {
+        assert!(allowed.contains(dep), "`{dep}` is not among {allowed:?}");
+    }
 }

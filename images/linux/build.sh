@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds the Linux guest image: images/linux/out/vmlinuz (Debian 12's 6.1 cloud kernel, a
+# bzImage), out/vmlinux (the same kernel as an ELF with its PVH entry note) and out/initrd.img (an
+# uncompressed busybox initramfs whose /init runs the workload named by `ppa.workload=` on the
+# kernel command line; see images/linux/init and docs/linux.md).
+#
+# Usage: images/linux/build.sh [--agent PATH]
+#   --agent PATH   install this ppa-agent binary as /usr/bin/ppa-agent (also PPA_AGENT=PATH);
+#                  without it the image has no agent and init says agent=absent.
+# Environment: PPA_CACHE (default target/linux-image) holds the downloaded .debs and what they
+# unpack to; nothing is downloaded twice. PPA_KERNEL_PKG names a kernel package explicitly.
+# Needs: apt-get/dpkg-deb (Debian), gcc with static glibc (libc6-dev), cpio, ldd, lz4.
+set -eEuo pipefail
+shopt -s inherit_errexit
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+agent=${PPA_AGENT:-}
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--agent)
+		[ $# -ge 2 ] || { echo "build.sh: --agent needs a path" >&2; exit 2; }
+		agent=$2
+		shift 2
+		;;
+	--agent=*) agent=${1#--agent=}; shift ;;
+	-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+	*) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+	esac
+done
+
+export PPA_CACHE=${PPA_CACHE:-$root/target/linux-image}
+PPA_DIE_CODE=1
+# shellcheck source=images/linux/lib.sh
+. "$here/lib.sh"
+trap 'ppa_on_err $? $LINENO "$BASH_COMMAND"' ERR
+
+for tool in dpkg-deb cpio gcc ldd lz4; do
+	command -v "$tool" >/dev/null || ppa_die "$tool is missing (scripts/setup.sh installs what this needs)"
+done
+if [ -n "$agent" ]; then
+	if [ ! -f "$agent" ] || [ ! -x "$agent" ]; then
+		ppa_die "the agent binary '$agent' is not an executable file"
+	fi
+fi
+mkdir -p "$PPA_CACHE" "$here/out"
+
+kernel_pkg=$(ppa_kernel_pkg)
+kernel_dir=$(ppa_kernel_dir)
+vmlinuz=$(find "$kernel_dir/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n 1)
+[ -n "$vmlinuz" ] || ppa_die "$kernel_pkg has no boot/vmlinuz-*"
+
+# The workload runner: a static C program, so the initramfs needs no libc of its own.
+workload_bin="$PPA_CACHE/ppa-workload"
+if [ ! -x "$workload_bin" ] || [ "$here/src/ppa-workload.c" -nt "$workload_bin" ]; then
+	gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$workload_bin.tmp" "$here/src/ppa-workload.c" ||
+		ppa_die "cannot build ppa-workload statically (is libc6-dev installed?)"
+	mv "$workload_bin.tmp" "$workload_bin"
+fi
+
+staging=$(mktemp -d "$PPA_CACHE/initrd.XXXXXX")
+trap 'rm -rf "$staging"' EXIT
+ppa_busybox_root "$staging"
+install -m 755 "$here/init" "$staging/init"
+install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
+if [ -n "$agent" ]; then
+	ppa_install_with_libs "$agent" "$staging" /usr/bin/ppa-agent
+fi
+ppa_cpio "$staging" "$here/out/initrd.img"
+cp "$vmlinuz" "$here/out/vmlinuz.tmp"
+mv "$here/out/vmlinuz.tmp" "$here/out/vmlinuz"
+# The ELF is unpacked once per kernel into the cache, then copied.
+elf="$kernel_dir.vmlinux"
+[ -f "$elf" ] || ppa_extract_vmlinux "$vmlinuz" "$elf"
+cp "$elf" "$here/out/vmlinux.tmp"
+mv "$here/out/vmlinux.tmp" "$here/out/vmlinux"
+{
+	echo "kernel_package=$kernel_pkg"
+	echo "kernel_release=$(basename "$vmlinuz" | sed 's/^vmlinuz-//')"
+	echo "agent=${agent:-none}"
+} >"$here/out/build-info.txt"
+ppa_log "wrote $here/out/vmlinuz and vmlinux ($kernel_pkg) and $here/out/initrd.img ($(du -k "$here/out/initrd.img" | cut -f1) KiB, agent: ${agent:-none})"

@@ -1,0 +1,270 @@
+//! The closed sets of words the protocol uses as values: vCPU micro-states, VM states, end
+//! reasons, the split kind, thread states, limit backends, threshold names and the kinds of
+//! some events.
+//!
+//! Each is an enum whose wire name is given once, in its declaration below (the `names!`
+//! macro): serde serialises it under that name (JSON of the socket and of the final report),
+//! and `as_str`, `Display` and `FromStr` use the same literal, so text output and metrics
+//! labels cannot drift from the JSON. Producers (the VMM) build the enum; consumers
+//! compare with it rather than with strings.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A word that names no value of the set it was parsed as.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("`{name}` is not {what} (one of: {})", .known.join(", "))]
+pub struct UnknownName {
+    /// What was expected (`a threshold`, `a VM state`, ...).
+    pub what: &'static str,
+    /// The word given.
+    pub name: String,
+    /// Every valid word.
+    pub known: &'static [&'static str],
+}
+
+/// Declares an enum whose variants are named on the wire by the given literals, with `ALL`,
+/// `NAMES`, `as_str`, `Display` and `FromStr`.
+macro_rules! names {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident ($what:literal) {
+            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )+
+        }
+
+        impl $name {
+            /// Number of values.
+            pub const COUNT: usize = <[&str]>::len(&[$($text),+]);
+            /// Every value, in declaration order.
+            pub const ALL: [$name; Self::COUNT] = [$($name::$variant),+];
+            /// Every wire name, in declaration order.
+            pub const NAMES: [&'static str; Self::COUNT] = [$($text),+];
+
+            /// The name on the wire (JSON, metrics labels, text output).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The position in declaration order (0 to `COUNT - 1`).
+            pub const fn index(self) -> usize {
+                self as usize
+            }
+        }
+
+        impl fmt::Display for $name {
+            /// The wire name, padded and aligned as the format asks (`{:>8}`).
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
+                Self::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| UnknownName {
+                        what: $what,
+                        name: s.to_string(),
+                        known: &Self::NAMES,
+                    })
+            }
+        }
+    };
+}
+
+names! {
+    /// What a vCPU thread was doing when its figures were read (`state` of [`crate::VcpuTimes`]
+    /// and [`crate::VcpuSummary`]).
+    pub enum VcpuMicroState ("a vCPU micro-state") {
+        /// Inside KVM_RUN.
+        Guest = "guest",
+        /// Outside KVM_RUN, handling an exit or doing bookkeeping.
+        Vmm = "vmm",
+        /// Parked because the guest asked to idle.
+        Idle = "idle",
+        /// Parked because a CPU limit was exhausted.
+        Limited = "limited",
+        /// Parked because an operator paused the VM.
+        Paused = "paused",
+        /// The thread's loop has ended.
+        Finished = "finished",
+    }
+}
+
+names! {
+    /// How guest and VMM time were split over the exits counted (`split` of
+    /// [`crate::VcpuTimes`]).
+    pub enum SplitKind ("a split kind") {
+        /// Every exit at level full: measured with the thread CPU clock.
+        Exact = "exact",
+        /// Every timed exit at level basic: estimated from wall time.
+        Estimated = "estimated",
+        /// Some exits at each level.
+        Mixed = "mixed",
+        /// No timed exit (level off throughout).
+        None = "none",
+    }
+}
+
+names! {
+    /// What measured the on-CPU part of each interval at level full (`split_source` of
+    /// [`crate::VcpuTimes`] and [`crate::VcpuSummary`]).
+    pub enum SplitSource ("a split source") {
+        /// The thread's context-switch records (perf): no system call on the exit path.
+        Records = "records",
+        /// The thread CPU clock, read at every KVM_RUN boundary.
+        CpuClock = "cpu_clock",
+        /// Some intervals each way.
+        Mixed = "mixed",
+        /// No interval at level full.
+        None = "none",
+    }
+}
+
+names! {
+    /// The state of a VM (`state` of [`crate::VmStats`]).
+    pub enum VmState ("a VM state") {
+        /// Built; its vCPUs have not been released.
+        Created = "created",
+        /// Its vCPUs run.
+        Running = "running",
+        /// An operator paused it.
+        Paused = "paused",
+        /// A shutdown was asked for; the vCPUs are stopping.
+        Stopping = "stopping",
+        /// Every vCPU thread has ended.
+        Finished = "finished",
+    }
+}
+
+names! {
+    /// How a run ended (`vm.end` of the final report, `end` of the vm-exit event).
+    pub enum VmEnd ("a VM end") {
+        /// Every vCPU exited with code 0.
+        Completed = "completed",
+        /// A vCPU failed or exited with another code.
+        Failed = "failed",
+        /// `--max-runtime` stopped it.
+        Timeout = "timeout",
+        /// An operator asked for a shutdown and no vCPU failed.
+        Shutdown = "shutdown",
+    }
+}
+
+impl VmEnd {
+    /// Whether the run ended cleanly (the process exits with 0): completed or shut down.
+    pub fn is_clean(self) -> bool {
+        matches!(self, VmEnd::Completed | VmEnd::Shutdown)
+    }
+}
+
+names! {
+    /// How a vCPU thread ended (`end` of a report's vCPU and of the vcpu-exit event).
+    pub enum VcpuEndKind ("a vCPU end") {
+        /// The guest exited with a code.
+        Exited = "exited",
+        /// The guest did something the VMM cannot handle (a failure with registers).
+        Failed = "failed",
+        /// The VMM failed to run the vCPU.
+        Error = "error",
+        /// Stopped from outside (shutdown, timeout, another vCPU's end).
+        Stopped = "stopped",
+    }
+}
+
+names! {
+    /// The life-cycle state of a vCPU thread (`state` of [`crate::ThreadInfo`]).
+    pub enum ThreadState ("a thread state") {
+        /// Created, not yet in its loop.
+        Created = "created",
+        /// In or around KVM_RUN.
+        Running = "running",
+        /// Parked by the VMM.
+        Parked = "parked",
+        /// Its loop has ended.
+        Finished = "finished",
+    }
+}
+
+names! {
+    /// Who enforces a CPU limit (`backend` of [`crate::GroupStats`], `--limit-backend`).
+    #[derive(Default)]
+    pub enum LimitBackend ("a limit backend") {
+        /// The VMM itself, with the thread CPU clocks.
+        #[default]
+        Vmm = "vmm",
+        /// The kernel's CFS bandwidth control, through cgroups.
+        Cgroup = "cgroup",
+    }
+}
+
+names! {
+    /// A PPA-style threshold: its name in [`crate::Thresholds`], the `threshold` event, the
+    /// per-vCPU `thresholds` counts and the metrics labels.
+    pub enum Threshold ("a threshold") {
+        /// Userspace handling time of one exit.
+        ExitHandling = "exit_handling_ns",
+        /// Duration of one KVM_RUN.
+        GuestRun = "guest_run_ns",
+        /// From the release of a parked vCPU until it is back in KVM_RUN.
+        WakeupLatency = "wakeup_latency_ns",
+        /// Steal time within one sampler window.
+        StealWindow = "steal_window_ns",
+    }
+}
+
+impl Threshold {
+    /// This threshold's value in `t`.
+    pub fn of(self, t: &crate::Thresholds) -> u64 {
+        match self {
+            Threshold::ExitHandling => t.exit_handling_ns,
+            Threshold::GuestRun => t.guest_run_ns,
+            Threshold::WakeupLatency => t.wakeup_latency_ns,
+            Threshold::StealWindow => t.steal_window_ns,
+        }
+    }
+
+    /// Sets this threshold's value in `t`.
+    pub fn set(self, t: &mut crate::Thresholds, ns: u64) {
+        match self {
+            Threshold::ExitHandling => t.exit_handling_ns = ns,
+            Threshold::GuestRun => t.guest_run_ns = ns,
+            Threshold::WakeupLatency => t.wakeup_latency_ns = ns,
+            Threshold::StealWindow => t.steal_window_ns = ns,
+        }
+    }
+}
+
+names! {
+    /// What the runaway and overload detection saw (`kind` of the overload event).
+    pub enum OverloadKind ("an overload kind") {
+        /// In the guest too long without an exit or an idle.
+        Runaway = "runaway",
+        /// Above its share for too many windows.
+        Overload = "overload",
+    }
+}
+
+names! {
+    /// Why a CPU limit released its members (`why` of the throttle-end event).
+    pub enum ThrottleEndWhy ("a throttle end") {
+        /// A new period began.
+        Period = "period",
+        /// The members that could still run went idle, so the budget was shared again.
+        Redistributed = "redistributed",
+    }
+}

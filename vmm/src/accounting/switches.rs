@@ -1,0 +1,498 @@
+//! Context-switch records of a vCPU thread, read without system calls: where each KVM_RUN
+//! interval's off-CPU time went (preempted or blocked), for the exact split of level `full`.
+//!
+//! Data flow: the vCPU thread opens a perf software event on itself ([`SwitchRing::open`]:
+//! `PERF_COUNT_SW_DUMMY` with `context_switch`, `sample_id_all`, `PERF_SAMPLE_TIME` and
+//! `use_clockid = CLOCK_MONOTONIC`, so record times are on the vDSO clock the recorder
+//! stamps with) and maps its ring. The kernel appends a record at every switch of the thread:
+//! a switch-out, flagged when the thread was preempted (still runnable), and a switch-in. At
+//! each KVM_RUN boundary the recorder calls [`SwitchRing::drain`]: one load of the ring's
+//! head; when it moved, the records since the last drain are paired ([`Pairing`]) into
+//! off-CPU episodes and summed ([`Tally`]) on either side of a boundary time (the KVM_RUN
+//! entry), then the tail is given back. Readers (the sampler, `stats`) may look at the records
+//! not yet drained ([`RingView::peek`]) to see an episode still in progress, and check that
+//! the vCPU thread did not drain them meanwhile.
+//!
+//! The kernel writes a record only when it fits; a lost one is reported late
+//! (`PERF_RECORD_LOST` once space frees), so a drain that finds the ring nearly full, a
+//! `PERF_RECORD_LOST`, or records that do not pair flags its tally `lost`, and the accounting
+//! falls back to what the thread CPU clock says for that window (docs/accounting.md).
+//!
+//! Measured on the development host (platform.md): ~2.5 ns per record to drain, ~2 µs of
+//! kernel time per off-CPU episode of the traced thread, 30-130 ns on every other context
+//! switch of the host while such an event exists.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// `perf_event_attr` as of `PERF_ATTR_SIZE_VER8` (include/uapi/linux/perf_event.h). Only
+/// the fields this module sets are named; the bit fields are one `u64`.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved_2: u16,
+    aux_sample_size: u32,
+    reserved_3: u32,
+    sig_data: u64,
+    config3: u64,
+}
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_DUMMY: u64 = 9;
+const PERF_SAMPLE_TIME: u64 = 1 << 2;
+const FLAG_DISABLED: u64 = 1 << 0;
+const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
+const FLAG_USE_CLOCKID: u64 = 1 << 25;
+const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+
+/// Record types and flags read here.
+const PERF_RECORD_LOST: u32 = 2;
+const PERF_RECORD_SWITCH: u32 = 14;
+const MISC_SWITCH_OUT: u16 = 1 << 13;
+const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
+
+/// Offsets in the first (control) page of the mapping: `data_head`, `data_tail`,
+/// `data_offset`, `data_size` of `struct perf_event_mmap_page`.
+const DATA_HEAD: usize = 1024;
+const DATA_TAIL: usize = 1032;
+const DATA_OFFSET: usize = 1040;
+const DATA_SIZE: usize = 1048;
+
+/// Free bytes below which a drain assumes the kernel may have dropped a record (a switch
+/// record is 16 bytes, a lost record 32).
+const FULL_SLACK: u64 = 64;
+
+/// Data pages tried, largest first (a power of two each): 16 pages hold ~2,000 off-CPU
+/// episodes of one KVM_RUN; an unprivileged user's perf mlock budget (516 KiB by default)
+/// may allow only smaller rings for many vCPUs.
+const DATA_PAGES: [usize; 3] = [16, 4, 1];
+
+/// One decoded record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// The thread left its CPU at `time`; `preempted`: it was still runnable.
+    Out {
+        /// CLOCK_MONOTONIC ns.
+        time: u64,
+        /// Preempted (runnable) rather than blocked.
+        preempted: bool,
+    },
+    /// The thread got a CPU back at `time`.
+    In {
+        /// CLOCK_MONOTONIC ns.
+        time: u64,
+    },
+    /// The kernel dropped records.
+    Lost,
+    /// Anything else (skipped).
+    Other,
+}
+
+/// Off-CPU time found by a drain, on each side of its boundary time: `[before, at or after]`
+/// (side 0: the VMM's handling before a KVM_RUN entry, side 1: inside KVM_RUN).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Off-CPU ns of episodes that began on each side.
+    pub off: [u64; 2],
+    /// The part of `off` in which the thread was preempted (runnable).
+    pub preempted: [u64; 2],
+    /// Completed off-CPU episodes.
+    pub episodes: u64,
+    /// Records may be missing: the ring was nearly full, the kernel reported a loss, or the
+    /// records did not pair.
+    pub lost: bool,
+}
+
+impl Tally {
+    /// Adds `other` to this tally.
+    pub fn add(&mut self, other: &Tally) {
+        for side in 0..2 {
+            self.off[side] += other.off[side];
+            self.preempted[side] += other.preempted[side];
+        }
+        self.episodes += other.episodes;
+        self.lost |= other.lost;
+    }
+}
+
+/// Pairs switch-outs with the next switch-in (pure; the state survives across drains).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pairing {
+    out: Option<(u64, bool)>,
+}
+
+impl Pairing {
+    /// Feeds one record; completed episodes go to `tally` on the side of `boundary` their
+    /// switch-out fell on.
+    pub fn feed(&mut self, r: Record, boundary: u64, tally: &mut Tally) {
+        match r {
+            Record::Out { time, preempted } => {
+                if self.out.is_some() {
+                    tally.lost = true;
+                }
+                self.out = Some((time, preempted));
+            }
+            Record::In { time } => match self.out.take() {
+                Some((out, preempted)) => {
+                    let d = time.saturating_sub(out);
+                    let side = usize::from(out >= boundary);
+                    tally.off[side] += d;
+                    if preempted {
+                        tally.preempted[side] += d;
+                    }
+                    tally.episodes += 1;
+                }
+                None => tally.lost = true,
+            },
+            Record::Lost => tally.lost = true,
+            Record::Other => {}
+        }
+    }
+
+    /// A pairing state with `out` as its open switch-out.
+    pub fn with_pending(out: Option<(u64, bool)>) -> Pairing {
+        Pairing { out }
+    }
+
+    /// The switch-out not yet matched: (time, preempted).
+    pub fn pending(&self) -> Option<(u64, bool)> {
+        self.out
+    }
+
+    /// Forgets a pending switch-out (after the event was disabled and enabled again).
+    pub fn clear(&mut self) {
+        self.out = None;
+    }
+}
+
+/// Decodes a record from its first words (`word(i)` is the record's i-th u64).
+fn decode(word: impl Fn(u64) -> u64) -> (Record, u64) {
+    let header = word(0);
+    let kind = header as u32;
+    let misc = (header >> 32) as u16;
+    let size = header >> 48;
+    let r = match kind {
+        PERF_RECORD_SWITCH if size >= 16 => {
+            let time = word(1);
+            if misc & MISC_SWITCH_OUT != 0 {
+                Record::Out {
+                    time,
+                    preempted: misc & MISC_SWITCH_OUT_PREEMPT != 0,
+                }
+            } else {
+                Record::In { time }
+            }
+        }
+        PERF_RECORD_LOST => Record::Lost,
+        _ => Record::Other,
+    };
+    (r, size)
+}
+
+/// The mapped ring, shared by its consumer (the vCPU thread) and readers that peek.
+#[derive(Debug)]
+pub struct RingView {
+    base: NonNull<u8>,
+    len: usize,
+    data_offset: usize,
+    data_size: u64,
+}
+
+// SAFETY: the mapping is process memory valid until drop; every access goes through atomic
+// loads and stores (the control words) or volatile reads of 8-byte words (the records), so
+// sharing the pointer between threads is sound.
+unsafe impl Send for RingView {}
+// SAFETY: as above: no access through `&RingView` writes except the atomic tail store, whose
+// single writer is the consumer by contract (`SwitchRing` owns the only `&mut` path to it).
+unsafe impl Sync for RingView {}
+
+impl RingView {
+    fn control(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the 8-byte aligned control-word offsets inside the first
+        // page of the live mapping (len > 4096), which the kernel and this process access
+        // atomically; AtomicU64 has the layout of u64.
+        unsafe { &*(self.base.as_ptr().add(off) as *const AtomicU64) }
+    }
+
+    /// The kernel's write position (acquire: records before it are complete).
+    fn head(&self) -> u64 {
+        self.control(DATA_HEAD).load(Ordering::Acquire)
+    }
+
+    /// The consumer's read position.
+    fn tail(&self) -> u64 {
+        self.control(DATA_TAIL).load(Ordering::Acquire)
+    }
+
+    /// The u64 at ring position `pos` (8-byte aligned; positions wrap at the data size).
+    fn word(&self, pos: u64) -> u64 {
+        let off = self.data_offset + (pos % self.data_size) as usize;
+        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: `off` is inside the data area of the live mapping (data_offset + data_size
+        // <= len, checked at open) and 8-byte aligned (records are multiples of 8 bytes and
+        // the data area is page aligned); a volatile read of memory the kernel may write
+        // concurrently (only in the free area; see `peek`) cannot be torn within a word.
+        unsafe { std::ptr::read_volatile(self.base.as_ptr().add(off) as *const u64) }
+    }
+
+    /// Walks the records in `[from, to)`, calling `f` with each.
+    fn walk(&self, from: u64, to: u64, mut f: impl FnMut(Record)) {
+        let mut pos = from;
+        while pos < to {
+            let (r, size) = decode(|i| self.word(pos + 8 * i));
+            if size < 8 || size % 8 != 0 || pos + size > to {
+                f(Record::Lost);
+                return;
+            }
+            f(r);
+            pos += size;
+        }
+    }
+
+    /// What the records not yet drained say, for a reader, if the consumer's tail is still
+    /// `tail` before and after the look (otherwise the consumer drained them meanwhile:
+    /// `None`). `pairing` is the consumer's pairing state as of that tail.
+    pub fn peek(&self, tail: u64, pairing: Pairing) -> Option<(Tally, Pairing)> {
+        if self.tail() != tail {
+            return None;
+        }
+        let head = self.head();
+        if head.wrapping_sub(tail) > self.data_size {
+            return None;
+        }
+        let mut p = pairing;
+        let mut t = Tally::default();
+        self.walk(tail, head, |r| p.feed(r, 0, &mut t));
+        (self.tail() == tail).then_some((t, p))
+    }
+}
+
+impl Drop for RingView {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are the mapping made in `SwitchRing::open`, unmapped once here.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The calling thread's switch records: the consumer side.
+#[derive(Debug)]
+pub struct SwitchRing {
+    view: Arc<RingView>,
+    fd: OwnedFd,
+    tail: u64,
+    pairing: Pairing,
+    enabled: bool,
+}
+
+impl SwitchRing {
+    /// Opens the event for the calling thread, disabled, with the largest ring the perf
+    /// memory budget allows. Fails where perf events are unavailable or forbidden
+    /// (`perf_event_paranoid` > 2, seccomp, no CONFIG_PERF_EVENTS).
+    pub fn open() -> io::Result<SwitchRing> {
+        let attr = PerfEventAttr {
+            type_: PERF_TYPE_SOFTWARE,
+            size: std::mem::size_of::<PerfEventAttr>() as u32,
+            config: PERF_COUNT_SW_DUMMY,
+            sample_type: PERF_SAMPLE_TIME,
+            flags: FLAG_DISABLED
+                | FLAG_EXCLUDE_KERNEL
+                | FLAG_EXCLUDE_HV
+                | FLAG_SAMPLE_ID_ALL
+                | FLAG_USE_CLOCKID
+                | FLAG_CONTEXT_SWITCH,
+            clockid: libc::CLOCK_MONOTONIC,
+            ..Default::default()
+        };
+        // SAFETY: `attr` is a valid perf_event_attr whose `size` field says how much the
+        // kernel may read; pid 0 / cpu -1 is the calling thread on any CPU; no group fd.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const PerfEventAttr,
+                0,
+                -1,
+                -1,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the syscall returned a new file descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut last = io::Error::from(io::ErrorKind::OutOfMemory);
+        for pages in DATA_PAGES {
+            match map(&fd, pages) {
+                Ok(view) => {
+                    return Ok(SwitchRing {
+                        view: Arc::new(view),
+                        fd,
+                        tail: 0,
+                        pairing: Pairing::default(),
+                        enabled: false,
+                    })
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The ring for readers.
+    pub fn view(&self) -> Arc<RingView> {
+        Arc::clone(&self.view)
+    }
+
+    /// Bytes of record space.
+    pub fn capacity(&self) -> u64 {
+        self.view.data_size
+    }
+
+    /// Whether the event is counting.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Starts or stops the records (a system call, made only when the level changes). When
+    /// started again, what the ring holds from before is dropped.
+    pub fn set_enabled(&mut self, on: bool) -> io::Result<()> {
+        if on == self.enabled {
+            return Ok(());
+        }
+        let req = if on {
+            PERF_EVENT_IOC_ENABLE
+        } else {
+            PERF_EVENT_IOC_DISABLE
+        };
+        // SAFETY: ENABLE/DISABLE take no argument and act on this event's own fd.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.enabled = on;
+        if on {
+            self.skip();
+        }
+        Ok(())
+    }
+
+    /// Drops what the ring holds.
+    fn skip(&mut self) {
+        self.tail = self.view.head();
+        self.view
+            .control(DATA_TAIL)
+            .store(self.tail, Ordering::Release);
+        self.pairing.clear();
+    }
+
+    /// The consumer position and pairing state as of the last drain, for readers' peeks.
+    pub fn position(&self) -> (u64, Pairing) {
+        (self.tail, self.pairing)
+    }
+
+    /// Reads the records the kernel added since the last drain into a tally, with episodes
+    /// split at `boundary`, and frees their space. Without new records it costs one load.
+    #[inline]
+    pub fn drain(&mut self, boundary: u64) -> Tally {
+        let head = self.view.head();
+        let mut t = Tally::default();
+        if head == self.tail {
+            return t;
+        }
+        self.drain_slow(head, boundary, &mut t);
+        t
+    }
+
+    #[cold]
+    fn drain_slow(&mut self, head: u64, boundary: u64, t: &mut Tally) {
+        let used = head.wrapping_sub(self.tail);
+        if used > self.view.data_size {
+            // Not a position this consumer can have left: start again from the head.
+            t.lost = true;
+            self.skip();
+            return;
+        }
+        if self.view.data_size - used < FULL_SLACK {
+            t.lost = true;
+        }
+        let mut p = self.pairing;
+        self.view.walk(self.tail, head, |r| p.feed(r, boundary, t));
+        self.pairing = p;
+        self.tail = head;
+        // Release: our reads of the records happen before the kernel may reuse their space.
+        self.view.control(DATA_TAIL).store(head, Ordering::Release);
+    }
+}
+
+/// Maps the event's control page and `pages` data pages.
+fn map(fd: &OwnedFd, pages: usize) -> io::Result<RingView> {
+    let page = 4096usize;
+    let len = page * (1 + pages);
+    // SAFETY: a fresh shared mapping of the perf fd (the kernel chooses the address); the
+    // result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
+    let mut view = RingView {
+        base,
+        len,
+        data_offset: page,
+        data_size: (page * pages) as u64,
+    };
+    // Kernels since 4.1 say where the data area is; older ones leave zeros (one page in).
+    let (off, size) = (
+        view.control(DATA_OFFSET).load(Ordering::Relaxed),
+        view.control(DATA_SIZE).load(Ordering::Relaxed),
+    );
+    if off != 0 && size != 0 {
+        if off as usize % page != 0 || off as usize + size as usize > len || size % 8 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the perf ring's data area is not inside its mapping",
+            ));
+        }
+        view.data_offset = off as usize;
+        view.data_size = size;
+    }
+    Ok(view)
+}
+
+#[cfg(test)]
+#[path = "switches_tests.rs"]
+mod tests;

@@ -1,0 +1,205 @@
+use super::*;
+
+fn out(time: u64, preempted: bool) -> Record {
+    Record::Out { time, preempted }
+}
+
+fn inn(time: u64) -> Record {
+    Record::In { time }
+}
+
+fn header(kind: u32, misc: u16, size: u16) -> u64 {
+    u64::from(kind) | (u64::from(misc) << 32) | (u64::from(size) << 48)
+}
+
+#[test]
+fn episodes_are_summed_on_their_side_of_the_boundary() {
+    let mut p = Pairing::default();
+    let mut t = Tally::default();
+    for r in [
+        out(10, true),
+        inn(15),
+        out(100, false),
+        inn(130),
+        out(140, true),
+        inn(150),
+    ] {
+        p.feed(r, 100, &mut t);
+    }
+    assert_eq!(t.off, [5, 40]);
+    assert_eq!(t.preempted, [5, 10]);
+    assert_eq!(t.episodes, 3);
+    assert!(!t.lost);
+    assert_eq!(p.pending(), None);
+}
+
+#[test]
+fn an_episode_open_at_a_drain_completes_at_the_next() {
+    let mut p = Pairing::default();
+    let mut first = Tally::default();
+    p.feed(out(50, false), 0, &mut first);
+    assert_eq!(first, Tally::default());
+    assert_eq!(p.pending(), Some((50, false)));
+    let mut second = Tally::default();
+    p.feed(inn(80), 0, &mut second);
+    assert_eq!((second.off, second.preempted), ([0, 30], [0, 0]));
+}
+
+#[test]
+fn records_that_do_not_pair_or_a_loss_flag_the_tally() {
+    for seq in [
+        vec![inn(5)],
+        vec![out(1, false), out(2, false)],
+        vec![Record::Lost],
+    ] {
+        let mut p = Pairing::default();
+        let mut t = Tally::default();
+        for r in seq.clone() {
+            p.feed(r, 0, &mut t);
+        }
+        assert!(t.lost, "{seq:?}");
+    }
+}
+
+#[test]
+fn records_decode_by_type_and_flags() {
+    let words = |w: Vec<u64>| move |i: u64| w[i as usize];
+    let (r, size) = decode(words(vec![header(14, MISC_SWITCH_OUT, 16), 77]));
+    assert_eq!((r, size), (out(77, false), 16));
+    let (r, _) = decode(words(vec![
+        header(14, MISC_SWITCH_OUT | MISC_SWITCH_OUT_PREEMPT, 16),
+        78,
+    ]));
+    assert_eq!(r, out(78, true));
+    let (r, _) = decode(words(vec![header(14, 0, 16), 79]));
+    assert_eq!(r, inn(79));
+    let (r, size) = decode(words(vec![header(2, 0, 32), 1, 9, 80]));
+    assert_eq!((r, size), (Record::Lost, 32));
+    let (r, size) = decode(words(vec![header(3, 0, 40)]));
+    assert_eq!((r, size), (Record::Other, 40));
+    // A switch record too short to hold its time is not read as one.
+    let (r, _) = decode(words(vec![header(14, 0, 8)]));
+    assert_eq!(r, Record::Other);
+}
+
+#[test]
+fn tallies_add_up() {
+    let mut a = Tally {
+        off: [1, 2],
+        preempted: [1, 0],
+        episodes: 2,
+        lost: false,
+    };
+    a.add(&Tally {
+        off: [3, 4],
+        preempted: [0, 4],
+        episodes: 1,
+        lost: true,
+    });
+    assert_eq!(
+        a,
+        Tally {
+            off: [4, 6],
+            preempted: [1, 4],
+            episodes: 3,
+            lost: true
+        }
+    );
+}
+
+fn open() -> SwitchRing {
+    SwitchRing::open().unwrap_or_else(|e| {
+        panic!("perf_event_open for context-switch records failed ({e}); the exact split needs perf software events (CONFIG_PERF_EVENTS, perf_event_paranoid <= 2)")
+    })
+}
+
+#[test]
+fn a_sleep_is_one_blocked_episode_and_a_drain_without_switches_finds_nothing() {
+    let mut ring = open();
+    ring.set_enabled(true).unwrap();
+    assert_eq!(ring.drain(0), Tally::default());
+    let before = crate::sync::now_ns();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    let after = crate::sync::now_ns();
+    let t = ring.drain(0);
+    assert!(!t.lost, "{t:?}");
+    assert!(t.episodes >= 1, "{t:?}");
+    // The sleep's episode lies inside the two vDSO stamps (records use the same clock).
+    assert!(t.off[1] >= 3_000_000 && t.off[1] <= after - before, "{t:?}");
+    assert!(
+        t.preempted[1] < t.off[1],
+        "a sleep is not a preemption: {t:?}"
+    );
+    assert_eq!(ring.drain(0), Tally::default(), "drained once");
+}
+
+#[test]
+fn a_thread_that_spins_beside_others_is_preempted() {
+    let mut ring = open();
+    ring.set_enabled(true).unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Pin this thread and the hogs to one CPU so they must take turns.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the calls only read it.
+    let pin = || unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    };
+    pin();
+    let hogs: Vec<_> = (0..cpus.max(2))
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                pin();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let mut t = Tally::default();
+    let end = crate::sync::now_ns() + 200_000_000;
+    while crate::sync::now_ns() < end && t.preempted[1] == 0 {
+        t.add(&ring.drain(0));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    assert!(t.preempted[1] > 0, "no preemption seen in 200 ms: {t:?}");
+}
+
+#[test]
+fn a_reader_peeks_at_an_episode_in_progress_and_sees_a_drain() {
+    let mut ring = open();
+    ring.set_enabled(true).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    let view = ring.view();
+    let (tail, pairing) = ring.position();
+    let (t, p) = view.peek(tail, pairing).expect("nothing drained meanwhile");
+    assert!(t.episodes >= 1 && p.pending().is_none(), "{t:?} {p:?}");
+    ring.drain(0);
+    assert!(
+        view.peek(tail, pairing).is_none(),
+        "the drain moved the tail"
+    );
+    let (tail, pairing) = ring.position();
+    assert_eq!(
+        view.peek(tail, pairing).map(|x| x.0),
+        Some(Tally::default())
+    );
+}
+
+#[test]
+fn disabled_records_are_not_kept() {
+    let mut ring = open();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    assert_eq!(ring.drain(0), Tally::default(), "opened disabled");
+    ring.set_enabled(true).unwrap();
+    ring.set_enabled(false).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    ring.set_enabled(true).unwrap();
+    assert_eq!(ring.drain(0).episodes, 0);
+    assert!(ring.capacity() >= 4096);
+}
