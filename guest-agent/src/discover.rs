@@ -118,11 +118,15 @@ pub struct Discovery {
 impl Discovery {
     /// Asks every source.
     pub fn run(file: Option<&Path>) -> Discovery {
+        let cmdline = std::fs::read_to_string("/proc/cmdline").ok();
+        Discovery::with_cmdline(file, cmdline.as_deref())
+    }
+
+    /// Asks every source, with `cmdline` as the text of /proc/cmdline (`None`: unreadable).
+    pub fn with_cmdline(file: Option<&Path>, cmdline: Option<&str>) -> Discovery {
         Discovery {
             cpuid: read_cpuid(),
-            cmdline: std::fs::read_to_string("/proc/cmdline")
-                .ok()
-                .map(|c| cmdline_page(&c)),
+            cmdline: cmdline.map(cmdline_page),
             file: file.map(Path::to_path_buf),
         }
     }
@@ -271,6 +275,41 @@ mod tests {
             "CPUID: the CPU reports no hypervisor (CPUID.1:ECX bit 31 is clear)"
         );
         assert_eq!(r[1], "kernel command line: no ppa.page= parameter");
+    }
+
+    #[test]
+    fn a_proc_cmdline_with_the_vmms_parameter_names_the_page() {
+        // What PPA-VMM writes (`ppa.page={gpa:#x},{size}`), as /proc/cmdline shows it (with
+        // its newline), and the same page written all in hex or all in decimal.
+        for text in [
+            "console=ttyS0 reboot=k panic=1 pci=off ppa.page=0xfd000000,65536 quiet\n",
+            "console=ttyS0 ppa.page=0xFD000000,0x10000\n",
+            "ppa.page=4244635648,65536\n",
+        ] {
+            let mut d = Discovery::with_cmdline(None, Some(text));
+            // Whatever this machine's CPUID says, the command line is what is tested here.
+            d.cpuid = Err(CpuidMiss::NoHypervisor);
+            assert_eq!(
+                d.choice(),
+                Some((
+                    "kernel command line",
+                    Place::Phys {
+                        gpa: 0xFD00_0000,
+                        size: 65536
+                    }
+                )),
+                "{text:?}"
+            );
+            assert_eq!(
+                d.report()[1],
+                "kernel command line: ppa.page= names 0xfd000000, 65536 bytes"
+            );
+        }
+        let d = Discovery::with_cmdline(None, None);
+        assert_eq!(
+            d.report()[1],
+            "kernel command line: /proc/cmdline cannot be read"
+        );
     }
 
     #[test]
