@@ -9,8 +9,9 @@
 #   --tries N     tries when the nested host hangs or dies (default 3; NESTED_TRIES); a run that
 #                 reaches its end is never retried, whatever ppa-vmm's exit code
 #   --prepare     only build the outer machine's image (cached in target/nested/)
-# Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (an agent for the guest image
-# when images/linux/build.sh has to run), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
+# Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (the guest image's agent;
+# default target/release/ppa-agent when it was built: the image is rebuilt when the agent is
+# newer than it; PPA_AGENT= (empty) builds an image without one), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
 # NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
 # NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot),
 # NESTED_LOCK (/tmp/ppa-vmm-nested.lock: one nested host at a time on the machine).
@@ -67,17 +68,21 @@ vmm=${PPA_VMM:-$root/target/release/ppa-vmm}
 [ -x "$vmm" ] || ppa_die "no ppa-vmm binary at $vmm: run 'cargo build --release' (or set PPA_VMM)"
 
 guest_dir="$root/images/linux"
+agent=${PPA_AGENT-$root/target/release/ppa-agent}
+[ -x "$agent" ] || agent=
 guest_stale=
 for f in "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img"; do
 	[ -f "$f" ] || guest_stale=1
 done
 if [ -z "$guest_stale" ]; then
-	for src in "$guest_dir"/init "$guest_dir"/lib.sh "$guest_dir"/build.sh "$guest_dir"/src/*; do
+	# An image built without the agent (or with another) is stale once an agent is there.
+	grep -qx "agent=${agent:-none}" "$guest_dir/out/build-info.txt" 2>/dev/null || guest_stale=1
+	for src in "$guest_dir"/init "$guest_dir"/lib.sh "$guest_dir"/build.sh "$guest_dir"/src/* $agent; do
 		if [ "$src" -nt "$guest_dir/out/initrd.img" ]; then guest_stale=1; fi
 	done
 fi
 if [ -n "$guest_stale" ]; then
-	"$guest_dir/build.sh" >&2 || ppa_die "images/linux/build.sh failed"
+	PPA_AGENT=$agent "$guest_dir/build.sh" >&2 || ppa_die "images/linux/build.sh failed"
 fi
 
 kernel_dir=$(ppa_kernel_dir)

@@ -284,3 +284,28 @@ fn bad_input_is_refused_clearly() {
     refused(&["run", "--cpus", "2"], "--cpus");
     refused(&["run", "--vcpus", "two"], "two");
 }
+
+/// On this machine's KVM (the PVM backend) a Linux kernel cannot boot: `--kernel` is refused
+/// before any vCPU runs, with a sentence saying why and where to go instead. On VMX/SVM hosts
+/// the Linux boot itself is tested (tests/nested.rs runs it inside an emulated SVM host).
+#[test]
+fn a_linux_kernel_on_a_pvm_host_is_refused_with_the_reason() {
+    let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
+    let loaded = |m: &str| modules.lines().any(|l| l.split(' ').next() == Some(m));
+    if !loaded("kvm_pvm") || loaded("kvm_intel") || loaded("kvm_amd") {
+        eprintln!("not a PVM host: the refusal does not apply here");
+        return;
+    }
+    let dir = temp_dir("cli-pvm");
+    let mut bz = vec![0u8; 0x400];
+    bz[0x202..0x206].copy_from_slice(b"HdrS");
+    let bzimage = temp_file(&dir, "bzImage", &bz);
+    refused(
+        &["run", "--kernel", bzimage.to_str().unwrap()],
+        "cannot boot a Linux kernel",
+    );
+    refused(
+        &["run", "--kernel", bzimage.to_str().unwrap()],
+        "docs/linux.md",
+    );
+}

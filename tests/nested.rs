@@ -229,3 +229,113 @@ fn the_linux_guest_image_runs_its_workload_and_reboots_under_qemu() {
         "{console}"
     );
 }
+
+/// The steal the guest's kernel saw on `cpu` (its /proc/stat line at the workload's end), ns.
+fn guest_steal_ns(console: &str, cpu: usize) -> u64 {
+    let tag = format!("PPA-PROC-STAT cpu{cpu} ");
+    let line = console
+        .lines()
+        .find_map(|l| l.split_once(&tag).map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no {tag:?} line on the console"));
+    // user nice system idle iowait irq softirq steal …, in USER_HZ (100) ticks.
+    let steal: u64 = line
+        .split_whitespace()
+        .nth(7)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no steal field in {line:?}"));
+    steal * 10_000_000
+}
+
+#[test]
+fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_on_svm() {
+    let ms = 500u64;
+    let out = nested(&[
+        "run",
+        "--kernel",
+        "/images/linux/vmlinuz",
+        "--initrd",
+        "/images/linux/initrd.img",
+        "--vcpus",
+        "2",
+        "--memory-mib",
+        "512",
+        "--accounting",
+        "full",
+        "--cmdline",
+        &format!("ppa.workload=spin:threads=2,ms={ms}"),
+        "--report",
+        "json",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    // The guest's console lines reach stderr tagged with their device.
+    let console: String = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("[ttyS0] "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let r = report(&out);
+    // The guest rebooted through the keyboard controller when its workload was done.
+    assert_eq!(r["vm"]["end"], "completed", "stderr: {err}");
+    assert!(
+        console.contains("PPA-WORKLOAD-DONE workload=spin:threads=2,ms=500 rc=0 "),
+        "{err}"
+    );
+    let cmdline = r["vm"]["cmdline"].as_str().expect("the command line");
+    assert!(cmdline.contains("ppa.page=0x"), "{cmdline}");
+    let mut guest_cpu = 0;
+    for name in ["spin-0", "spin-1"] {
+        let fields = console_fields(&console, "PPA-THREAD ", name);
+        let cpu_ns: u64 = fields
+            .iter()
+            .find(|(k, _)| k == "cpu_ns")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} has no cpu_ns: {fields:?}"));
+        assert!(cpu_ns >= ms * 1_000_000, "{name} spun {cpu_ns} ns");
+        guest_cpu += cpu_ns;
+    }
+    let vcpus = r["vcpus"].as_array().expect("a vcpus array");
+    assert_eq!(vcpus.len(), 2);
+    let mut guest_ns = 0;
+    for (i, v) in vcpus.iter().enumerate() {
+        let n = |k: &str| {
+            v[k].as_u64()
+                .unwrap_or_else(|| panic!("vCPU {i} has no {k}: {v}"))
+        };
+        assert_eq!(v["split_source"], "records", "vCPU {i}");
+        assert!(
+            n("guest_ns") > 0 && n("used_ns") >= n("guest_ns"),
+            "vCPU {i}"
+        );
+        // A Linux guest halts in the kernel (in-kernel irqchip) and its exits are mostly
+        // handled there: both show in KVM's statistics.
+        assert!(n("halted_ns") > 0, "vCPU {i} never halted: {v}");
+        assert!(count(v, &["kvm_stats", "halt_exits"]) > 0, "vCPU {i}");
+        assert!(
+            count(v, &["kvm_stats", "exits"]) > count(v, &["exits", "io_out"]),
+            "vCPU {i}: KVM handled no exit in the kernel"
+        );
+        let (wall, e) = (n("wall_ns"), v["identity_error_ns"].as_i64().unwrap());
+        assert!(
+            ppa_vmm_api::identity_within(wall, e, true),
+            "vCPU {i}: identity error {e} ns of wall {wall}: {v}"
+        );
+        // The guest's steal clock is KVM's view of the same run-queue wait, counted until
+        // the guest read /proc/stat, in 10 ms ticks.
+        let seen = guest_steal_ns(&console, i);
+        eprintln!(
+            "vCPU {i}: guest /proc/stat steal {seen} ns, steal_ns {} ns",
+            n("steal_ns")
+        );
+        assert!(
+            seen <= n("steal_ns") + 20_000_000,
+            "vCPU {i}: the guest saw {seen} ns of steal, the VMM {} ns",
+            n("steal_ns")
+        );
+        guest_ns += n("guest_ns");
+    }
+    assert!(
+        guest_ns >= guest_cpu,
+        "the vCPUs' guest time {guest_ns} ns is below what the guest's threads ran {guest_cpu} ns"
+    );
+}

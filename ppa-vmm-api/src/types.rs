@@ -222,6 +222,10 @@ pub struct VcpuTimes {
     /// Boundaries at which the records may have missed a switch (the window's blocked and
     /// halted time then come from the thread CPU clock: docs/accounting.md).
     pub records_lost: u64,
+    /// Run-queue wait outside parks as the context-switch records saw it (the preempted
+    /// off-CPU episodes): a cross-check of steal_ns from an independent source (steal_ns also
+    /// holds the wake-up wait after a sleep and the run-queue wait around parks).
+    pub records_preempted_ns: u64,
     /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Micro-state at the time of reading: guest, vmm, idle, limited, paused, or finished.

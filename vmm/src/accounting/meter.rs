@@ -190,6 +190,8 @@ pub struct VcpuMeter {
     pub records_runs: Counter,
     /// Boundaries at which the records may have been incomplete (see `switches`).
     pub records_lost: Counter,
+    /// Preempted (runnable) off-CPU time the records showed outside parks, ns.
+    pub records_preempted: Counter,
     /// Off-CPU episodes the records showed outside parks.
     pub records_episodes: Counter,
     /// The records' consumer position, its open switch-out (time, 0: none) and whether that
@@ -258,6 +260,8 @@ pub struct MeterReading {
     pub records_runs: u64,
     /// See [`VcpuMeter::records_lost`].
     pub records_lost: u64,
+    /// See [`VcpuMeter::records_preempted`].
+    pub records_preempted: u64,
     /// See [`VcpuMeter::records_episodes`].
     pub records_episodes: u64,
     /// See [`VcpuMeter::ring_tail`].
@@ -321,6 +325,7 @@ impl VcpuMeter {
             parks: Counter::default(),
             records_runs: Counter::default(),
             records_lost: Counter::default(),
+            records_preempted: Counter::default(),
             records_episodes: Counter::default(),
             ring_tail: Counter::default(),
             ring_out: Counter::default(),
@@ -399,6 +404,7 @@ impl VcpuMeter {
             parks: self.parks.get(),
             records_runs: self.records_runs.get(),
             records_lost: self.records_lost.get(),
+            records_preempted: self.records_preempted.get(),
             records_episodes: self.records_episodes.get(),
             ring_tail: self.ring_tail.get(),
             ring_pairing: Pairing::with_pending(match self.ring_out.get() {
@@ -601,10 +607,14 @@ impl Recorder {
     /// Counts what a drain found and publishes the ring position for readers' peeks (only
     /// when it moved). Called inside a write section.
     #[inline]
-    fn note_records(&mut self, t: &Tally) {
+    fn note_records(&mut self, t: &Tally, sides: std::ops::Range<usize>) {
         let m = &*self.meter;
         if t.episodes != 0 {
             m.records_episodes.add(t.episodes);
+            let preempted: u64 = t.preempted[sides].iter().sum();
+            if preempted != 0 {
+                m.records_preempted.add(preempted);
+            }
         }
         if t.lost {
             m.records_lost.add(1);
@@ -697,7 +707,7 @@ impl Recorder {
             None
         };
         if let Some(t) = &records {
-            self.note_records(t);
+            self.note_records(t, 0..2);
             self.run_off += t.off[1];
         }
         let m = &*self.meter;
@@ -786,7 +796,7 @@ impl Recorder {
         };
         self.meter.begin();
         if let Some(t) = &records {
-            self.note_records(t);
+            self.note_records(t, 1..2);
         }
         let m = &*self.meter;
         m.exits[r].add(1);

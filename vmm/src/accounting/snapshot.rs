@@ -630,6 +630,7 @@ pub fn derive(
         split,
         split_source,
         records_lost,
+        records_preempted_ns: m.records_preempted.saturating_sub(bm.records_preempted),
         identity_error_ns: time.identity_error_ns(),
         state: m.micro_state().into(),
         exits: ExitReason::ALL

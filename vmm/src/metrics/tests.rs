@@ -38,6 +38,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuTimes 
         split: SplitKind::Estimated,
         split_source: SplitSource::None,
         records_lost: 0,
+        records_preempted_ns: 0,
         identity_error_ns: if id == 0 { -150_000 } else { 1 },
         state: VcpuMicroState::Guest,
         exits: map(&[("hlt", 3), ("io_out", 42)]),
