@@ -9,7 +9,8 @@
 //!   is an MMIO exit the VMM handles ([`doorbell`]);
 //! - the port of the port-I/O workload doorbell ([`WORKLOAD_PIO_PORT`]);
 //! - the workload encoding ([`WorkloadDesc`], [`workload`]) and the report keys ([`report`]);
-//! - the PPA page shared by the VMM and the guest, and its sequence protocol ([`ppa_page`]).
+//! - the PPA page shared by the VMM and the guest, and its sequence protocol ([`ppa_page`]);
+//! - the hypervisor CPUID leaves that tell a Linux guest where the page is ([`cpuid`]).
 //!
 //! Data flow: the VMM parses a workload spec, encodes it into a [`WorkloadDesc`] inside the
 //! vCPU's [`BootInfo`] in guest memory; the guest reads it, runs it, measures itself with rdtsc and
@@ -19,6 +20,7 @@
 //! [`BOOT_INFO_VERSION`]'s minor half.
 #![no_std]
 
+pub mod cpuid;
 pub mod ppa_page;
 
 /// Magic value of [`BootInfo::magic`]: "PPAB" in little-endian.

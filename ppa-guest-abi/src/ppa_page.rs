@@ -1,5 +1,5 @@
 //! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
-//! share, layout version 1.0. The VMM writes the host section (each vCPU's section 4 figures,
+//! share, layout version 1.1. The VMM writes the host section (each vCPU's section 4 figures,
 //! so a guest sees its own steal and limited time); the guest writes the guest section
 //! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
 //! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
@@ -15,9 +15,16 @@
 //! 0                      RegionHeader (64)            written once by the VMM
 //! host_offset            host_count × HostVcpu (128)  VMM writes, guest reads
 //! guest_offset           GuestHeader (64)             guest writes, VMM reads
+//!   + 64                 GuestAgent (192), optional   1.1: a guest agent's own record
 //!   + threads_offset     threads_count × GuestThread (192)
 //!   + cpus_offset        cpus_count × GuestCpu (192)
 //! ```
+//!
+//! Minor 1 (1.1) added, all zero or absent in what a 1.0 writer produces: the [`GuestAgent`]
+//! record (found at [`AGENT_OFFSET`] when both tables start past it, see
+//! [`agent_record_fits`], and recognised by its magic), and meanings for the first two
+//! reserved words of [`GuestThread`] (flags, state, on-CPU time in the last interval: see
+//! [`GuestThread::flags`]). A reader takes them from a guest header of minor 1 or more only.
 //!
 //! Extending the ABI: records only grow at their end, into their reserved words or by a larger
 //! `*_record_size` (readers use the size given in the header, never their own); a new field
@@ -33,7 +40,16 @@ pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
 /// Minor version of this layout.
-pub const MINOR: u16 = 0;
+pub const MINOR: u16 = 1;
+/// [`MAJOR`] and [`MINOR`] as one word, major << 16 | minor (as the CPUID leaf gives it).
+pub const VERSION: u32 = ((MAJOR as u32) << 16) | MINOR as u32;
+/// "PPAA": magic of [`GuestAgent`].
+pub const AGENT_MAGIC: u32 = u32::from_le_bytes(*b"PPAA");
+/// Offset of the optional [`GuestAgent`] record in the guest section: right after the header.
+pub const AGENT_OFFSET: u32 = 64;
+/// Most records a reader takes from one table (the VMM refuses a table that declares more);
+/// writers publish at most this many.
+pub const READER_MAX_RECORDS: u32 = 1024;
 /// Default size of the region.
 pub const DEFAULT_SIZE: u64 = 64 * 1024;
 /// Length of a thread name, NUL-padded (a name of 16 bytes has no NUL).
@@ -223,6 +239,117 @@ pub struct GuestCpu {
     pub reserved: [u64; 3],
 }
 
+/// [`GuestThread::flags`] bit: a kernel thread (PF_KTHREAD).
+pub const THREAD_KERNEL: u32 = 1;
+
+/// The 1.1 meanings of [`GuestThread`]'s first two reserved words (zero from a 1.0 writer):
+/// `reserved[0]` holds `flags` (bits 0–31) and `state` (bits 32–39), `reserved[1]` holds
+/// `interval_on_cpu_ns`. In C: `uint32_t flags; uint8_t state; uint8_t pad[3]; uint64_t
+/// interval_on_cpu_ns;` at offsets 136, 140 and 144.
+impl GuestThread {
+    /// Flags ([`THREAD_KERNEL`]).
+    pub const fn flags(&self) -> u32 {
+        self.reserved[0] as u32
+    }
+
+    /// Scheduler state as Linux shows it (`R`, `S`, `D`, `T`, `Z`, `I`, ...), 0 when unknown.
+    pub const fn state(&self) -> u8 {
+        (self.reserved[0] >> 32) as u8
+    }
+
+    /// On-CPU time in the writer's last sample interval, ns: how a writer that publishes
+    /// only its busiest threads ranked this one.
+    pub const fn interval_on_cpu_ns(&self) -> u64 {
+        self.reserved[1]
+    }
+
+    /// Sets the 1.1 words.
+    pub fn set_ext(&mut self, flags: u32, state: u8, interval_on_cpu_ns: u64) {
+        self.reserved[0] = u64::from(flags) | (u64::from(state) << 32);
+        self.reserved[1] = interval_on_cpu_ns;
+    }
+}
+
+/// [`GuestAgent::flags`] bit: exits come from the kernel's taskstats exit notifications, so
+/// every task that exited is counted with its CPU time.
+pub const AGENT_TASKSTATS: u32 = 1;
+/// [`GuestAgent::flags`] bit: the kernel's `task_delayacct` is on, so the thread records'
+/// delay totals (block I/O, swap-in, reclaim, IRQ) are filled.
+pub const AGENT_DELAYACCT: u32 = 2;
+/// [`GuestAgent::flags`] bit: the kernel dropped exit notifications at least once (its
+/// socket buffer overflowed); [`GuestAgent::exits_missed`] counts the exits recovered from
+/// /proc.
+pub const AGENT_EXITS_LOST: u32 = 4;
+/// [`GuestAgent::flags`] bit: the CPU records' `context_switches` are filled (from
+/// /proc/schedstat); without it they are 0.
+pub const AGENT_CPU_SWITCHES: u32 = 8;
+/// [`GuestAgent::flags`] bit: the agent stopped; the records are its last.
+pub const AGENT_STOPPED: u32 = 16;
+
+/// A guest agent's own record (1.1), at [`AGENT_OFFSET`] in the guest section: how it
+/// samples, what it costs, what it could not publish, and the transient tasks it counted.
+/// Cumulative figures count from the agent's start.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestAgent {
+    /// Sequence counter, odd while the agent writes.
+    pub seq: u32,
+    /// [`AGENT_MAGIC`].
+    pub magic: u32,
+    /// Size of this record (192 in 1.1); a reader uses the fields it knows.
+    pub size: u32,
+    /// `AGENT_*` bits.
+    pub flags: u32,
+    /// The agent's process id.
+    pub pid: u32,
+    /// Threads alive at the last sample.
+    pub threads_seen: u32,
+    /// Thread records published at the last sample.
+    pub threads_published: u32,
+    /// Reserved, zero.
+    pub reserved0: u32,
+    /// Sample interval, ns.
+    pub interval_ns: u64,
+    /// Samples taken.
+    pub samples: u64,
+    /// CPU time of the last sample (collection and publication), ns.
+    pub sample_cpu_ns: u64,
+    /// The most CPU time one sample took, ns.
+    pub sample_max_cpu_ns: u64,
+    /// All the agent's CPU time since it started (samples, exit notifications), ns.
+    pub agent_cpu_ns: u64,
+    /// The aggregate record: threads alive but not published (over the table's capacity).
+    pub rest_count: u64,
+    /// Their on-CPU time, ns.
+    pub rest_on_cpu_ns: u64,
+    /// Their on-CPU time in the last interval, ns.
+    pub rest_interval_on_cpu_ns: u64,
+    /// Tasks that started and ended between two samples (PPA requirement 22): never in a
+    /// sample. A subset of the guest header's `transient_count`.
+    pub unseen_count: u64,
+    /// Their CPU time, ns.
+    pub unseen_cpu_ns: u64,
+    /// Thread groups (processes) that ended.
+    pub exited_processes: u64,
+    /// Exits the agent found in /proc without a notification (see [`AGENT_EXITS_LOST`]),
+    /// counted with their CPU time as last sampled.
+    pub exits_missed: u64,
+    /// Guest time of this record's last update, ns (the guest header's clock).
+    pub updated_ns: u64,
+    /// Reserved, zero.
+    pub reserved: [u64; 7],
+}
+
+/// Whether a guest header leaves room for a [`GuestAgent`] record at [`AGENT_OFFSET`]: a 1.1
+/// or later header whose tables (those with records) both start at or past its end. Only
+/// then may a reader look for one (and then it checks the magic).
+pub fn agent_record_fits(h: &GuestHeader) -> bool {
+    let end = AGENT_OFFSET + core::mem::size_of::<GuestAgent>() as u32;
+    h.minor >= 1
+        && (h.threads_count == 0 || h.threads_offset >= end)
+        && (h.cpus_count == 0 || h.cpus_offset >= end)
+}
+
 const _: () = {
     use core::mem::{offset_of, size_of};
     assert!(size_of::<RegionHeader>() == 64);
@@ -249,6 +376,13 @@ const _: () = {
     assert!(offset_of!(GuestCpu, steal_ns) == 56);
     assert!(offset_of!(GuestCpu, softirqs) == 80);
     assert!(offset_of!(GuestCpu, updated_ns) == 160);
+    assert!(size_of::<GuestAgent>() == 192);
+    assert!(offset_of!(GuestAgent, interval_ns) == 32);
+    assert!(offset_of!(GuestAgent, rest_count) == 72);
+    assert!(offset_of!(GuestAgent, unseen_count) == 96);
+    assert!(offset_of!(GuestAgent, updated_ns) == 128);
+    assert!(offset_of!(GuestAgent, reserved) == 136);
+    assert!(AGENT_OFFSET as usize == size_of::<GuestHeader>());
 };
 
 /// Plain-old-data records: every bit pattern is a valid value, and the first field is the
@@ -268,6 +402,8 @@ unsafe impl Record for GuestHeader {}
 unsafe impl Record for GuestThread {}
 // SAFETY: as above.
 unsafe impl Record for GuestCpu {}
+// SAFETY: as above.
+unsafe impl Record for GuestAgent {}
 
 /// Writes `value` (its `seq` field ignored) into the shared record at `dst` under the
 /// sequence protocol: `seq` becomes odd (Relaxed store, then a Release fence so that no

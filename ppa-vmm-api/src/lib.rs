@@ -28,9 +28,9 @@ pub use names::{
 };
 pub use time_split::TimeSplit;
 pub use types::{
-    identity_within, GroupStats, GuestCpuView, GuestThreadView, GuestView, HistogramJson, HostCpu,
-    Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes,
-    VcpuSummary, VcpuTimes, VersionInfo, VmStats,
+    identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
+    HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
+    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

@@ -513,6 +513,67 @@ pub struct GuestThreadView {
     pub lag_ns: u64,
     /// Lags the header by more than a second.
     pub stale: bool,
+    /// Scheduler state as Linux shows it (`R`, `S`, `D`, ...); empty when the guest does not
+    /// say (layout 1.0, the tiny guest).
+    #[serde(default)]
+    pub state: String,
+    /// A kernel thread (layout 1.1).
+    #[serde(default)]
+    pub kernel: bool,
+    /// On-CPU time in the guest agent's last sample interval, ns (layout 1.1).
+    #[serde(default)]
+    pub interval_on_cpu_ns: u64,
+}
+
+/// A guest agent's own record (layout 1.1, docs/agent.md): how it samples, what it costs,
+/// the threads it could not publish and the transient tasks it counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestAgentView {
+    /// The agent's process id in the guest.
+    pub pid: u32,
+    /// Sample interval, ns.
+    pub interval_ns: u64,
+    /// Samples taken.
+    pub samples: u64,
+    /// CPU time of its last sample, ns.
+    pub sample_cpu_ns: u64,
+    /// The most CPU time one sample took, ns.
+    pub sample_max_cpu_ns: u64,
+    /// All its CPU time since it started, ns.
+    pub agent_cpu_ns: u64,
+    /// Threads alive at the last sample.
+    pub threads_seen: u32,
+    /// Thread records published at the last sample.
+    pub threads_published: u32,
+    /// The aggregate record: threads alive but not published, their on-CPU time and their
+    /// on-CPU time in the last interval (ns).
+    pub rest_count: u64,
+    /// See `rest_count`.
+    pub rest_on_cpu_ns: u64,
+    /// See `rest_count`.
+    pub rest_interval_on_cpu_ns: u64,
+    /// Tasks that started and ended between two samples, and their CPU time (ns): part of
+    /// the view's `transient_count` and `transient_cpu_ns`.
+    pub unseen_count: u64,
+    /// See `unseen_count`.
+    pub unseen_cpu_ns: u64,
+    /// Processes (thread groups) that ended.
+    pub exited_processes: u64,
+    /// Exits found in /proc without an exit notification.
+    pub exits_missed: u64,
+    /// Exits come from taskstats notifications (none missed); else from what /proc shows.
+    pub taskstats: bool,
+    /// The guest kernel's delay accounting is on (thread delay totals are filled).
+    pub delayacct: bool,
+    /// The kernel dropped exit notifications at least once.
+    pub exits_lost: bool,
+    /// The CPU records' context switches are filled.
+    pub cpu_switches: bool,
+    /// The agent stopped; what it published is its last.
+    pub stopped: bool,
+    /// Guest time of the record's last update, ns.
+    pub updated_ns: u64,
 }
 
 /// One guest CPU as decoded from the PPA page.
@@ -560,4 +621,7 @@ pub struct GuestView {
     /// The host section as the guest sees it: each vCPU's steal, limited and used ns and
     /// the VM uptime of its last refresh.
     pub host: Vec<[u64; 4]>,
+    /// The guest agent's own record, when a guest agent publishes (layout 1.1).
+    #[serde(default)]
+    pub agent: Option<GuestAgentView>,
 }

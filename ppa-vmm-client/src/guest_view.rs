@@ -4,7 +4,8 @@
 //! guest` (with the host records the page holds now) both call [`guest_view_text`] on a
 //! [`GuestView`], which the VMM's page decoder (`ppa_vmm::ppa_page::decode`) made; the caller
 //! chooses which three host figures stand beside the guest's busy, idle and steal columns.
-//! It lives here, beside `ctl`, because it needs only `ppa-vmm-api`'s types.
+//! What a guest agent adds (its own record, threads grouped by process) is shown when it
+//! published one. It lives here, beside `ctl`, because it needs only `ppa-vmm-api`'s types.
 
 use std::fmt::Write as _;
 
@@ -12,6 +13,8 @@ use ppa_vmm_api::GuestView;
 
 /// Threads shown; the rest are counted.
 const MAX_THREADS: usize = 20;
+/// Processes shown in a guest agent's view.
+const MAX_PROCESSES: usize = 10;
 
 /// Three host figures per guest CPU, in ns, shown after the guest's busy, idle and steal.
 pub struct HostColumns<'a> {
@@ -101,10 +104,83 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             ms(g.transient_cpu_ns)
         );
     }
+    if let Some(a) = &g.agent {
+        agent_text(&mut out, g, a);
+    }
     for e in &g.errors {
         let _ = writeln!(out, "  guest page problem: {e}");
     }
     out
+}
+
+/// A guest agent's record, and the published threads grouped by process.
+fn agent_text(out: &mut String, g: &GuestView, a: &ppa_vmm_api::GuestAgentView) {
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let _ = writeln!(
+        out,
+        "  of which started and ended between samples: {} ({:.2} ms CPU); processes ended: {}{}",
+        a.unseen_count,
+        ms(a.unseen_cpu_ns),
+        a.exited_processes,
+        if a.taskstats {
+            ""
+        } else {
+            " (no taskstats: counted from /proc, CPU estimated)"
+        }
+    );
+    if a.rest_count > 0 {
+        let _ = writeln!(
+            out,
+            "  not published (over the page's capacity): {} threads, {:.2} ms CPU, {:.2} ms in the last interval",
+            a.rest_count,
+            ms(a.rest_on_cpu_ns),
+            ms(a.rest_interval_on_cpu_ns)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  agent: pid {}, every {:.0} ms, {} samples, {} of {} threads published; last sample {:.0} us CPU (max {:.0} us), {:.3} % of a CPU in all{}",
+        a.pid,
+        ms(a.interval_ns),
+        a.samples,
+        a.threads_published,
+        a.threads_seen,
+        a.sample_cpu_ns as f64 / 1e3,
+        a.sample_max_cpu_ns as f64 / 1e3,
+        100.0 * a.agent_cpu_ns as f64 / (a.samples.max(1) as f64 * a.interval_ns.max(1) as f64),
+        if a.stopped { "; stopped" } else { "" }
+    );
+    // Processes: published threads grouped by tgid, named after the thread whose tid is
+    // the tgid (the process's first thread) when it is published.
+    let mut procs: Vec<(u32, String, usize, u64)> = Vec::new();
+    for t in &g.threads {
+        match procs.iter_mut().find(|p| p.0 == t.tgid) {
+            Some(p) => {
+                p.2 += 1;
+                p.3 += t.on_cpu_ns;
+                if t.tid == t.tgid {
+                    p.1.clone_from(&t.comm);
+                }
+            }
+            None => procs.push((t.tgid, t.comm.clone(), 1, t.on_cpu_ns)),
+        }
+    }
+    procs.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+    let _ = writeln!(
+        out,
+        "{:>6} {:<16} {:>7} {:>11}  (processes by on-CPU time of their published threads)",
+        "TGID", "NAME", "THREADS", "ON-CPU ms"
+    );
+    for (tgid, name, n, on_cpu) in procs.iter().take(MAX_PROCESSES) {
+        let _ = writeln!(out, "{tgid:>6} {name:<16} {n:>7} {:>11.2}", ms(*on_cpu));
+    }
+    if procs.len() > MAX_PROCESSES {
+        let _ = writeln!(
+            out,
+            "  ... and {} more processes",
+            procs.len() - MAX_PROCESSES
+        );
+    }
 }
 
 /// The host columns `ctl --text guest` can show from the view alone: each vCPU's used,
@@ -147,6 +223,9 @@ mod tests {
                 updated_ns: 9,
                 lag_ns: 0,
                 stale: true,
+                state: String::new(),
+                kernel: false,
+                interval_on_cpu_ns: 0,
             }],
             cpus: vec![GuestCpuView {
                 cpu: 0,
@@ -160,6 +239,7 @@ mod tests {
             transient_cpu_ns: 1_500_000,
             errors: vec!["thread record 3 stayed mid-update for 8 tries".into()],
             host: vec![[4_500_000, 6_000_000, 7_000_000, 1]],
+            agent: None,
         }
     }
 
@@ -186,6 +266,81 @@ mod tests {
         assert!(lines[4].contains("busy-0") && lines[4].ends_with("42  stale"));
         assert!(text.contains("2 exited, 1.50 ms CPU"));
         assert!(text.contains("guest page problem: thread record 3"));
+    }
+
+    #[test]
+    fn an_agents_record_and_processes_are_shown_when_it_published() {
+        let mut g = GuestView {
+            errors: vec![],
+            ..view()
+        };
+        let none = |_: u32| None;
+        let cols = HostColumns {
+            names: ["a", "b", "c"],
+            values: &none,
+        };
+        assert!(!guest_view_text(&g, &cols).contains("agent:"));
+        let t = g.threads[0].clone();
+        g.threads.push(GuestThreadView {
+            tid: 1,
+            comm: "main".into(),
+            on_cpu_ns: 500_000,
+            ..t.clone()
+        });
+        g.threads.push(GuestThreadView {
+            tid: 9,
+            tgid: 9,
+            comm: "other".into(),
+            on_cpu_ns: 1_000_000,
+            ..t
+        });
+        g.agent = Some(ppa_vmm_api::GuestAgentView {
+            pid: 77,
+            interval_ns: 1_000_000_000,
+            samples: 10,
+            sample_cpu_ns: 120_000,
+            sample_max_cpu_ns: 300_000,
+            agent_cpu_ns: 1_500_000,
+            threads_seen: 40,
+            threads_published: 3,
+            rest_count: 37,
+            rest_on_cpu_ns: 9_000_000,
+            rest_interval_on_cpu_ns: 1_000_000,
+            unseen_count: 2,
+            unseen_cpu_ns: 250_000,
+            exited_processes: 1,
+            exits_missed: 0,
+            taskstats: false,
+            delayacct: false,
+            exits_lost: false,
+            cpu_switches: false,
+            stopped: false,
+            updated_ns: 9,
+        });
+        let text = guest_view_text(&g, &cols);
+        assert!(
+            text.contains("between samples: 2 (0.25 ms CPU); processes ended: 1 (no taskstats"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not published (over the page's capacity): 37 threads, 9.00 ms CPU"),
+            "{text}"
+        );
+        assert!(text.contains("agent: pid 77, every 1000 ms, 10 samples, 3 of 40 threads published; last sample 120 us CPU (max 300 us), 0.015 % of a CPU"), "{text}");
+        // Process 1 (busy-0 and main, named after main: tid = tgid) leads with 3.00 ms.
+        let procs: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.contains("TGID"))
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            procs,
+            [
+                vec!["1", "main", "2", "3.00"],
+                vec!["9", "other", "1", "1.00"]
+            ]
+        );
     }
 
     #[test]

@@ -115,8 +115,106 @@ fn golden_layout() {
         ],
         [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 160, 168]
     );
+    assert_eq!(size_of::<GuestAgent>(), 192);
+    assert_eq!(
+        [
+            offset_of!(GuestAgent, seq),
+            offset_of!(GuestAgent, magic),
+            offset_of!(GuestAgent, size),
+            offset_of!(GuestAgent, flags),
+            offset_of!(GuestAgent, pid),
+            offset_of!(GuestAgent, threads_seen),
+            offset_of!(GuestAgent, threads_published),
+            offset_of!(GuestAgent, reserved0),
+            offset_of!(GuestAgent, interval_ns),
+            offset_of!(GuestAgent, samples),
+            offset_of!(GuestAgent, sample_cpu_ns),
+            offset_of!(GuestAgent, sample_max_cpu_ns),
+            offset_of!(GuestAgent, agent_cpu_ns),
+            offset_of!(GuestAgent, rest_count),
+            offset_of!(GuestAgent, rest_on_cpu_ns),
+            offset_of!(GuestAgent, rest_interval_on_cpu_ns),
+            offset_of!(GuestAgent, unseen_count),
+            offset_of!(GuestAgent, unseen_cpu_ns),
+            offset_of!(GuestAgent, exited_processes),
+            offset_of!(GuestAgent, exits_missed),
+            offset_of!(GuestAgent, updated_ns),
+            offset_of!(GuestAgent, reserved),
+        ],
+        [
+            0, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
+            136
+        ]
+    );
     assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
     assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
+    assert_eq!(AGENT_MAGIC.to_le_bytes(), *b"PPAA");
+    assert_eq!(VERSION, 0x0001_0001);
+}
+
+#[test]
+fn thread_words_of_1_1_sit_where_the_c_layout_puts_them() {
+    let mut t = GuestThread::default();
+    t.set_ext(THREAD_KERNEL, b'S', 123_456);
+    assert_eq!(
+        (t.flags(), t.state(), t.interval_on_cpu_ns()),
+        (1, b'S', 123_456)
+    );
+    // SAFETY: GuestThread is repr(C) integers (192 bytes, asserted); viewing it as bytes is
+    // sound for as long as `t` lives.
+    let bytes = unsafe {
+        core::slice::from_raw_parts(
+            (&t as *const GuestThread).cast::<u8>(),
+            size_of::<GuestThread>(),
+        )
+    };
+    assert_eq!(
+        u32::from_le_bytes(bytes[136..140].try_into().unwrap()),
+        1,
+        "flags @136"
+    );
+    assert_eq!(bytes[140], b'S', "state @140");
+    assert_eq!(&bytes[141..144], &[0, 0, 0], "pad");
+    assert_eq!(
+        u64::from_le_bytes(bytes[144..152].try_into().unwrap()),
+        123_456,
+        "@144"
+    );
+    // A 1.0 writer's zeroes read as no flags, unknown state, nothing in the interval.
+    let z = GuestThread::default();
+    assert_eq!((z.flags(), z.state(), z.interval_on_cpu_ns()), (0, 0, 0));
+}
+
+#[test]
+fn an_agent_record_is_looked_for_only_where_a_1_1_writer_left_room() {
+    let h = GuestHeader {
+        magic: GUEST_MAGIC,
+        major: 1,
+        minor: 1,
+        threads_offset: 256,
+        threads_count: 3,
+        cpus_offset: 256 + 3 * 192,
+        cpus_count: 2,
+        ..Default::default()
+    };
+    assert!(agent_record_fits(&h));
+    // The tiny guest's layout: tables right after the header.
+    assert!(!agent_record_fits(&GuestHeader {
+        threads_offset: 64,
+        ..h
+    }));
+    assert!(!agent_record_fits(&GuestHeader {
+        cpus_offset: 200,
+        ..h
+    }));
+    // An empty table's offset does not matter.
+    assert!(agent_record_fits(&GuestHeader {
+        cpus_offset: 0,
+        cpus_count: 0,
+        ..h
+    }));
+    // A 1.0 header never has one.
+    assert!(!agent_record_fits(&GuestHeader { minor: 0, ..h }));
 }
 
 #[test]

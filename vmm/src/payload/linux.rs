@@ -334,8 +334,30 @@ impl LinuxBoot {
     }
 }
 
-/// The VMM's own CPUID leaves: where the PPA page is (none without a page).
+// The CPUID page leaf carries the page's size in 32 bits; the layout caps the page below that.
+const _: () = assert!(crate::arch::x86_64::layout::PPA_PAGE_MAX <= u32::MAX as u64);
+
+/// The VMM's own CPUID leaves (`ppa_guest_abi::cpuid`, beside KVM's range): the signature and
+/// where the PPA page is, its size and layout version, so a guest's agent finds the page
+/// without the command line. None without a page.
 fn ppa_cpuid(page: Option<Region>) -> Vec<CpuidEntry> {
-    let _ = page;
-    Vec::new()
+    let Some(p) = page else {
+        return Vec::new();
+    };
+    // Cannot fail: `layout::ppa_page_region` keeps the page within PPA_PAGE_MAX (above).
+    let Ok(size) = u32::try_from(p.size) else {
+        return Vec::new();
+    };
+    ppa_guest_abi::cpuid::encode(p.gpa, size, ppa_guest_abi::ppa_page::VERSION)
+        .iter()
+        .map(|l| CpuidEntry {
+            function: l.function,
+            index: 0,
+            flags: 0,
+            eax: l.eax,
+            ebx: l.ebx,
+            ecx: l.ecx,
+            edx: l.edx,
+        })
+        .collect()
 }

@@ -5,19 +5,21 @@
 //! copy. The decoder reads the header with the sequence protocol, checks every field it will
 //! use (magic, major version, record sizes, offsets, counts, alignment, bounds, with checked
 //! arithmetic), reads each record with a bounded number of tries, checks names (NUL, UTF-8),
-//! flags stale records, and returns what is valid plus one sentence per problem. Its work is
+//! flags stale records, reads a guest agent's record where a 1.1 header leaves room for one,
+//! and returns what is valid plus one sentence per problem. Its work is
 //! bounded by [`MAX_RECORDS`] records of [`MAX_TRIES`] tries each, whatever the guest wrote:
 //! it never panics, never loops past its bounds and never blocks.
 
 use std::marker::PhantomData;
 
 use ppa_guest_abi::ppa_page::{
-    read_record, GuestCpu, GuestHeader, GuestThread, Record, COMM_LEN, GUEST_MAGIC, MAJOR,
+    self as abi, read_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, Record, COMM_LEN,
+    GUEST_MAGIC, MAJOR,
 };
-use ppa_vmm_api::{GuestCpuView, GuestThreadView, GuestView};
+use ppa_vmm_api::{GuestAgentView, GuestCpuView, GuestThreadView, GuestView};
 
 /// Most records of each kind decoded.
-pub const MAX_RECORDS: u32 = 1024;
+pub const MAX_RECORDS: u32 = abi::READER_MAX_RECORDS;
 /// Tries per record before it is reported as torn.
 pub const MAX_TRIES: u32 = 8;
 /// A record whose update lags the header's by more than this is flagged stale.
@@ -132,6 +134,68 @@ fn table(
     Ok((u64::from(off), u64::from(size), count))
 }
 
+/// A thread's state letter: an ASCII letter, else `?` (0: not given).
+fn state(b: u8) -> String {
+    match b {
+        0 => String::new(),
+        b if b.is_ascii_alphabetic() => (b as char).to_string(),
+        _ => "?".to_string(),
+    }
+}
+
+/// The guest agent's record at [`abi::AGENT_OFFSET`], if one is there: the magic decides
+/// (the room may be unused); a record with the magic but a wrong size is a problem.
+fn agent(section: &Section, errors: &mut Vec<String>) -> Option<GuestAgentView> {
+    let a: GuestAgent = match section.read::<GuestAgent>(u64::from(abi::AGENT_OFFSET)) {
+        Err(e) => {
+            errors.push(e);
+            return None;
+        }
+        Ok(Err(())) => {
+            errors.push(format!(
+                "the guest agent's record stayed mid-update for {MAX_TRIES} tries"
+            ));
+            return None;
+        }
+        Ok(Ok(a)) => a,
+    };
+    if a.magic != abi::AGENT_MAGIC {
+        return None;
+    }
+    if (a.size as usize) < std::mem::size_of::<GuestAgent>() {
+        errors.push(format!(
+            "the guest agent's record says it is {} bytes, less than the {} of layout 1.1",
+            a.size,
+            std::mem::size_of::<GuestAgent>()
+        ));
+        return None;
+    }
+    let flag = |bit: u32| a.flags & bit != 0;
+    Some(GuestAgentView {
+        pid: a.pid,
+        interval_ns: a.interval_ns,
+        samples: a.samples,
+        sample_cpu_ns: a.sample_cpu_ns,
+        sample_max_cpu_ns: a.sample_max_cpu_ns,
+        agent_cpu_ns: a.agent_cpu_ns,
+        threads_seen: a.threads_seen,
+        threads_published: a.threads_published,
+        rest_count: a.rest_count,
+        rest_on_cpu_ns: a.rest_on_cpu_ns,
+        rest_interval_on_cpu_ns: a.rest_interval_on_cpu_ns,
+        unseen_count: a.unseen_count,
+        unseen_cpu_ns: a.unseen_cpu_ns,
+        exited_processes: a.exited_processes,
+        exits_missed: a.exits_missed,
+        taskstats: flag(abi::AGENT_TASKSTATS),
+        delayacct: flag(abi::AGENT_DELAYACCT),
+        exits_lost: flag(abi::AGENT_EXITS_LOST),
+        cpu_switches: flag(abi::AGENT_CPU_SWITCHES),
+        stopped: flag(abi::AGENT_STOPPED),
+        updated_ns: a.updated_ns,
+    })
+}
+
 /// Decodes the guest section.
 pub fn decode(section: Section<'_>) -> GuestView {
     let mut v = GuestView {
@@ -146,6 +210,7 @@ pub fn decode(section: Section<'_>) -> GuestView {
         transient_cpu_ns: 0,
         errors: Vec::new(),
         host: Vec::new(),
+        agent: None,
     };
     let h: GuestHeader = match section.read::<GuestHeader>(0) {
         Err(e) => {
@@ -184,6 +249,10 @@ pub fn decode(section: Section<'_>) -> GuestView {
     v.updated_ns = h.updated_ns;
     v.transient_count = h.transient_count;
     v.transient_cpu_ns = h.transient_cpu_ns;
+    let ext = h.minor >= 1;
+    if abi::agent_record_fits(&h) {
+        v.agent = agent(&section, &mut v.errors);
+    }
 
     match table(
         "thread",
@@ -229,6 +298,9 @@ pub fn decode(section: Section<'_>) -> GuestView {
                             updated_ns: t.updated_ns,
                             lag_ns,
                             stale: lag_ns > STALE_NS,
+                            state: if ext { state(t.state()) } else { String::new() },
+                            kernel: ext && t.flags() & abi::THREAD_KERNEL != 0,
+                            interval_on_cpu_ns: if ext { t.interval_on_cpu_ns() } else { 0 },
                         });
                     }
                 }

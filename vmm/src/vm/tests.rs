@@ -312,3 +312,78 @@ fn bad_linux_input_is_refused_before_any_vcpu_runs() {
     );
     assert!(e.to_string().contains("too small"));
 }
+
+/// The command line a Linux VM's kernel finds in guest memory.
+fn guest_cmdline<H: Hypervisor>(vm: &Vm<H>) -> String {
+    use vm_memory::{Bytes, GuestAddress};
+
+    use crate::arch::x86_64::linux as boot;
+
+    let mem = vm._ram.memory();
+    let params: linux_loader::loader::bootparam::boot_params =
+        mem.read_obj(GuestAddress(boot::ZERO_PAGE_GPA)).unwrap();
+    let mut cmdline = vec![0u8; params.hdr.cmdline_size as usize];
+    mem.read_slice(&mut cmdline, GuestAddress(boot::CMDLINE_GPA))
+        .unwrap();
+    String::from_utf8(cmdline).unwrap()
+}
+
+#[test]
+fn a_linux_vcpu_finds_the_ppa_page_by_cpuid_as_by_its_command_line() {
+    use ppa_guest_abi::cpuid::{self, CpuidLeaf, PageLocation};
+    use ppa_guest_abi::ppa_page::{MAJOR, MINOR};
+
+    let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+    for size in [64 << 10, crate::arch::x86_64::layout::PPA_PAGE_MAX] {
+        let mut c = linux_config(dir.as_path(), false, "quiet");
+        c.ppa_page_size = size;
+        let vm = Vm::build(c, FakeHypervisor::new(Vec::new())).unwrap();
+        // The command line, read by the agent's own parser (as from /proc/cmdline).
+        let cmdline = guest_cmdline(&vm);
+        assert_eq!(
+            ppa_agent::discover::cmdline_page(&cmdline),
+            Ok(Some((PPA_PAGE_GPA, size))),
+            "{cmdline}"
+        );
+        for (i, v) in vm.vcpus.iter().enumerate() {
+            let entries = v.cpuid.lock().unwrap().clone();
+            let leaf = |function: u32| {
+                let found: Vec<_> = entries.iter().filter(|e| e.function == function).collect();
+                assert_eq!(found.len(), 1, "vCPU {i}: leaf {function:#x} once");
+                let e = found[0];
+                CpuidLeaf {
+                    function,
+                    eax: e.eax,
+                    ebx: e.ebx,
+                    ecx: e.ecx,
+                    edx: e.edx,
+                }
+            };
+            assert_eq!(
+                cpuid::decode(leaf(cpuid::BASE), leaf(cpuid::LEAF_PAGE)),
+                Ok(PageLocation {
+                    gpa: PPA_PAGE_GPA,
+                    size: size as u32,
+                    major: MAJOR,
+                    minor: MINOR,
+                }),
+                "vCPU {i}"
+            );
+            // KVM's leaves stay where Linux looks first; ours is a separate range.
+            assert_eq!(leaf(0x4000_0000).ebx, 0x4b4d_564b, "vCPU {i}: KVMK");
+        }
+    }
+    // Without a page, neither the leaves nor the parameter.
+    let mut c = linux_config(dir.as_path(), false, "");
+    c.ppa_page_size = 0;
+    let vm = Vm::build(c, FakeHypervisor::new(Vec::new())).unwrap();
+    assert_eq!(
+        ppa_agent::discover::cmdline_page(&guest_cmdline(&vm)),
+        Ok(None)
+    );
+    for v in &vm.vcpus {
+        let entries = v.cpuid.lock().unwrap();
+        assert!(!entries.iter().any(|e| e.function == cpuid::BASE));
+        assert!(!entries.is_empty(), "the rest of the CPUID is there");
+    }
+}

@@ -72,7 +72,7 @@ fn errors_of(w: &[u64]) -> (GuestView, String) {
 fn a_valid_section_decodes_sorted() {
     let (v, e) = errors_of(&valid());
     assert!(v.published && e.is_empty(), "{e}");
-    assert_eq!(v.version, "1.0");
+    assert_eq!(v.version, format!("{MAJOR}.{MINOR}"));
     assert_eq!(v.threads.len(), 3);
     assert_eq!(
         v.threads.iter().map(|t| t.on_cpu_ns).collect::<Vec<_>>(),
@@ -180,6 +180,134 @@ fn each_malformation_is_reported_and_the_rest_shown() {
     w[(64 + 120) / 8] = 1;
     let (v, _) = errors_of(&w);
     assert!(v.threads.iter().any(|t| t.stale && t.lag_ns > STALE_NS));
+}
+
+/// A section as the guest agent lays it out (1.1): its record at 64, then 2 CPUs at 256, then
+/// 3 threads, one a kernel thread in state `S`.
+fn agent_layout(minor: u16) -> Vec<u64> {
+    let mut w = vec![0u64; WORDS];
+    let base = w.as_mut_ptr().cast::<u8>();
+    let (cpus, threads) = (256u32, 256 + 2 * 192);
+    let h = GuestHeader {
+        magic: GUEST_MAGIC,
+        major: MAJOR,
+        minor,
+        nr_cpus: 2,
+        updated_ns: 7_000,
+        threads_offset: threads,
+        threads_count: 3,
+        thread_record_size: 192,
+        cpus_offset: cpus,
+        cpus_count: 2,
+        cpu_record_size: 192,
+        transient_count: 51,
+        transient_cpu_ns: 900,
+        ..Default::default()
+    };
+    let a = GuestAgent {
+        magic: abi::AGENT_MAGIC,
+        size: 192,
+        flags: abi::AGENT_TASKSTATS | abi::AGENT_STOPPED,
+        pid: 4242,
+        threads_seen: 10,
+        threads_published: 3,
+        interval_ns: 100_000_000,
+        samples: 12,
+        sample_cpu_ns: 50_000,
+        rest_count: 7,
+        rest_on_cpu_ns: 123,
+        unseen_count: 50,
+        unseen_cpu_ns: 800,
+        exited_processes: 50,
+        updated_ns: 7_000,
+        ..Default::default()
+    };
+    // SAFETY: every record lies inside `w`, which is 8-aligned and owned here.
+    unsafe {
+        write_record(base.cast::<GuestHeader>(), &h);
+        write_record(base.add(64).cast::<GuestAgent>(), &a);
+        for i in 0..3u32 {
+            let mut t = GuestThread {
+                tid: 10 + i,
+                comm: *b"kworker/0:1\0\0\0\0\0",
+                on_cpu_ns: u64::from(i) * 10,
+                updated_ns: 7_000,
+                ..Default::default()
+            };
+            t.set_ext(
+                if i == 0 { abi::THREAD_KERNEL } else { 0 },
+                [b'S', b'R', b'X'][i as usize],
+                u64::from(i),
+            );
+            write_record(
+                base.add((threads + 192 * i) as usize).cast::<GuestThread>(),
+                &t,
+            );
+        }
+        for c in 0..2u32 {
+            let r = GuestCpu {
+                cpu: c,
+                ..Default::default()
+            };
+            write_record(base.add((cpus + 192 * c) as usize).cast::<GuestCpu>(), &r);
+        }
+    }
+    w
+}
+
+#[test]
+fn a_guest_agents_record_and_thread_words_are_shown_from_a_1_1_header() {
+    let (v, e) = errors_of(&agent_layout(1));
+    assert!(v.published && e.is_empty(), "{e}");
+    let a = v.agent.expect("the agent's record");
+    assert_eq!(
+        (a.pid, a.samples, a.rest_count, a.unseen_count),
+        (4242, 12, 7, 50)
+    );
+    assert!(a.taskstats && a.stopped && !a.delayacct && !a.exits_lost);
+    assert_eq!(v.threads.len(), 3);
+    let k = v.threads.iter().find(|t| t.tid == 10).unwrap();
+    assert!(k.kernel && k.state == "S", "{k:?}");
+    let r = v.threads.iter().find(|t| t.tid == 11).unwrap();
+    assert!(
+        !r.kernel && r.state == "R" && r.interval_on_cpu_ns == 1,
+        "{r:?}"
+    );
+    // 'X' is a letter; anything else would be shown as '?'.
+    assert_eq!(v.threads.iter().find(|t| t.tid == 12).unwrap().state, "X");
+
+    // The same bytes under a 1.0 header: no agent record, reserved words ignored.
+    let (v, e) = errors_of(&agent_layout(0));
+    assert!(e.is_empty() && v.agent.is_none(), "{e}");
+    assert!(v.threads.iter().all(|t| t.state.is_empty() && !t.kernel));
+
+    // Tables that start right after the header (the tiny guest's layout) leave no room, so
+    // bytes there that look like an agent record are the tables' and are not read as one.
+    let mut w = agent_layout(1);
+    header(&mut w).cpus_offset = 64;
+    let (v, _) = errors_of(&w);
+    assert!(v.agent.is_none());
+
+    // Room left but unused (no magic): nothing, and no error.
+    let mut w = agent_layout(1);
+    w[(64 + 4) / 8] = 0;
+    let (v, e) = errors_of(&w);
+    assert!(v.agent.is_none() && e.is_empty(), "{e}");
+
+    // The magic with a size smaller than 1.1's: a problem, the rest still shown.
+    let mut w = agent_layout(1);
+    w[(64 + 8) / 8] = u64::from(abi::AGENT_TASKSTATS) << 32 | 64;
+    let (v, e) = errors_of(&w);
+    assert!(
+        e.contains("the guest agent's record says it is 64 bytes"),
+        "{e}"
+    );
+    assert!(v.agent.is_none() && v.threads.len() == 3);
+
+    // A counter stuck odd.
+    let mut w = agent_layout(1);
+    w[64 / 8] |= 1;
+    assert!(errors_of(&w).1.contains("agent's record stayed mid-update"));
 }
 
 /// xorshift64*: deterministic random bytes without a dependency.

@@ -1,0 +1,377 @@
+//! Writing a sample into the guest section with the sequence protocol of
+//! `ppa_guest_abi::ppa_page` (layout 1.1).
+//!
+//! The agent's layout of the guest section (offsets from its start):
+//!
+//! ```text
+//! 0      GuestHeader (64)
+//! 64     GuestAgent (192): cost, interval, the aggregate of unpublished threads, transient tasks
+//! 256    nr_cpus × GuestCpu (192)
+//! 256 + 192·nr_cpus   capacity × GuestThread (192)
+//! ```
+//!
+//! Data flow: [`Publisher::new`] computes the layout and the thread capacity (what fits,
+//! capped by `max_threads` and by the 1024 records a reader takes). Each
+//! [`Publisher::publish`] first checks that the region header is still the one the agent
+//! checked and that nobody else wrote the guest header since its last write (it stops
+//! rather than interleave with another writer), takes the threads the collector chose
+//! ([`select`]: most on-CPU time in the last interval first, up to the capacity), keeps each
+//! in the slot it had ([`assign`]), sums the rest into the aggregate, and writes the CPU
+//! records, the thread records, its own record and the header, each under the protocol. When the header's thread count shrinks it is written
+//! first, so a reader never counts a slot that is being rewritten for another thread.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ppa_guest_abi::ppa_page::{
+    self as abi, write_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR,
+    MINOR,
+};
+use thiserror::Error;
+
+use crate::collect::{Collector, ThreadInfo};
+use crate::page::Page;
+
+const HEADER: u32 = 64;
+const AGENT: u32 = 192;
+const RECORD: u32 = 192;
+
+/// Why the agent cannot (or no longer may) publish.
+#[derive(Debug, Error)]
+pub enum PublishError {
+    /// The guest section cannot hold the layout with one thread record.
+    #[error("the guest section has {size} bytes; the agent needs {need} for its header, its record, {cpus} CPU records and one thread record")]
+    TooSmall {
+        /// Guest section size.
+        size: usize,
+        /// Bytes needed.
+        need: u64,
+        /// CPU records.
+        cpus: u32,
+    },
+    /// The VMM rewrote the region header under the agent.
+    #[error("the region header changed under the agent (magic {magic:#010x}, layout {major}.{minor}, {total} bytes): stopping without writing")]
+    RegionChanged {
+        /// Magic now.
+        magic: u32,
+        /// Major now.
+        major: u16,
+        /// Minor now.
+        minor: u16,
+        /// Size now.
+        total: u32,
+    },
+    /// Someone else wrote the guest header.
+    #[error("another writer changed the guest header (sequence {found}, the agent last wrote {wrote}): stopping so as not to interleave with it")]
+    Foreign {
+        /// Sequence counter found.
+        found: u32,
+        /// The one the agent left.
+        wrote: u32,
+    },
+}
+
+/// Where the tables go, and how many thread records fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Offset of the CPU table.
+    pub cpus_offset: u32,
+    /// Offset of the thread table.
+    pub threads_offset: u32,
+    /// Thread records.
+    pub capacity: u32,
+}
+
+/// The layout for a guest section of `size` bytes and `nr_cpus` CPUs.
+pub fn layout(size: usize, nr_cpus: u32, max_threads: u32) -> Result<Layout, PublishError> {
+    let cpus_offset = HEADER + AGENT;
+    let threads_offset = u64::from(cpus_offset) + u64::from(nr_cpus) * u64::from(RECORD);
+    let need = threads_offset + u64::from(RECORD);
+    if (size as u64) < need {
+        return Err(PublishError::TooSmall {
+            size,
+            need,
+            cpus: nr_cpus,
+        });
+    }
+    let fit = (size as u64 - threads_offset) / u64::from(RECORD);
+    Ok(Layout {
+        cpus_offset,
+        threads_offset: threads_offset as u32,
+        capacity: fit.min(u64::from(max_threads.min(abi::READER_MAX_RECORDS))) as u32,
+    })
+}
+
+/// The indices of the threads to publish, best first: most on-CPU time in the last interval,
+/// then most on-CPU time, then lowest tid. `cands` holds (interval ns, total ns, tid).
+pub fn select(cands: &[(u64, u64, u32)], capacity: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..cands.len()).collect();
+    let key = |i: &usize| {
+        let (iv, total, tid) = cands[*i];
+        (std::cmp::Reverse(iv), std::cmp::Reverse(total), tid)
+    };
+    if capacity < idx.len() {
+        idx.select_nth_unstable_by_key(capacity, key);
+        idx.truncate(capacity);
+    }
+    idx.sort_unstable_by_key(key);
+    idx
+}
+
+/// Puts the `chosen` tids in `slots` (slot i holds `slots[i]`): a tid keeps the slot it had,
+/// a new one takes the lowest free slot, and the last slots move into the holes left, so the
+/// used slots are `0..chosen.len()`. Tids are never 0 (the idle task has no /proc entry).
+pub fn assign(slots: &mut Vec<u32>, chosen: &[u32]) {
+    const HOLE: u32 = 0;
+    let keep: HashSet<u32> = chosen.iter().copied().collect();
+    let mut present = HashSet::new();
+    for t in slots.iter_mut() {
+        if keep.contains(t) {
+            present.insert(*t);
+        } else {
+            *t = HOLE;
+        }
+    }
+    let mut free = 0;
+    for &t in chosen.iter().filter(|t| !present.contains(t)) {
+        while free < slots.len() && slots[free] != HOLE {
+            free += 1;
+        }
+        if free < slots.len() {
+            slots[free] = t;
+        } else {
+            slots.push(t);
+        }
+    }
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i] == HOLE {
+            while slots.last() == Some(&HOLE) {
+                slots.pop();
+            }
+            if i < slots.len() {
+                slots[i] = slots.pop().unwrap_or(HOLE);
+            }
+        }
+        i += 1;
+    }
+}
+
+/// The agent's own figures for its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AgentFigures {
+    /// Sample interval, ns.
+    pub interval_ns: u64,
+    /// Samples taken.
+    pub samples: u64,
+    /// CPU of the last sample, ns.
+    pub sample_cpu_ns: u64,
+    /// The most CPU one sample took, ns.
+    pub sample_max_cpu_ns: u64,
+    /// All its CPU, ns.
+    pub agent_cpu_ns: u64,
+    /// It is stopping.
+    pub stopped: bool,
+}
+
+/// The agent's writer into the guest section.
+#[derive(Debug)]
+pub struct Publisher {
+    base: *mut u8,
+    layout: Layout,
+    nr_cpus: u32,
+    slots: Vec<u32>,
+    published: u32,
+    header: GuestHeader,
+    wrote: Option<u32>,
+}
+
+fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
+    let mut r = GuestThread {
+        seq: 0,
+        tid: t.tid,
+        tgid: t.tgid,
+        last_cpu: t.last_cpu,
+        comm: t.comm,
+        on_cpu_ns: t.sched.on_cpu_ns,
+        utime_ns: t.utime_ns,
+        stime_ns: t.stime_ns,
+        run_delay_ns: t.sched.run_delay_ns,
+        timeslices: t.sched.timeslices,
+        nvcsw: t.nvcsw,
+        nivcsw: t.nivcsw,
+        blkio_delay_ns: t.delays[0],
+        swapin_delay_ns: t.delays[1],
+        freepages_delay_ns: t.delays[2],
+        irq_delay_ns: t.delays[3],
+        updated_ns: now_ns,
+        work: 0,
+        reserved: [0; 7],
+    };
+    let flags = if t.kernel { abi::THREAD_KERNEL } else { 0 };
+    r.set_ext(flags, t.state, t.interval_on_cpu_ns);
+    r
+}
+
+impl Publisher {
+    /// Lays out the guest section of `page` for `nr_cpus` CPUs. Nothing is written yet.
+    pub fn new(page: &Page, nr_cpus: u32, max_threads: u32) -> Result<Publisher, PublishError> {
+        let (base, len) = page.guest();
+        let layout = layout(len, nr_cpus, max_threads)?;
+        Ok(Publisher {
+            base,
+            layout,
+            nr_cpus,
+            slots: Vec::new(),
+            published: 0,
+            header: GuestHeader {
+                seq: 0,
+                magic: GUEST_MAGIC,
+                major: MAJOR,
+                minor: MINOR,
+                nr_cpus,
+                updated_ns: 0,
+                threads_offset: layout.threads_offset,
+                threads_count: 0,
+                thread_record_size: RECORD,
+                cpus_offset: layout.cpus_offset,
+                cpus_count: nr_cpus,
+                cpu_record_size: RECORD,
+                transient_count: 0,
+                transient_cpu_ns: 0,
+            },
+            wrote: None,
+        })
+    }
+
+    /// The layout in use.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    fn at<T>(&self, off: u64) -> *mut T {
+        // SAFETY: every offset used is inside the guest section (the layout checked it
+        // against the section's size) and a multiple of 8, in a mapping that outlives `self`
+        // (the agent drops the publisher before the page).
+        unsafe { self.base.add(off as usize).cast::<T>() }
+    }
+
+    fn write_header(&mut self) {
+        // SAFETY: the header is at the section's start; the agent is its only writer (checked
+        // by `publish`).
+        unsafe { write_record(self.at::<GuestHeader>(0), &self.header) };
+        // SAFETY: as above; a read of the counter this thread just wrote.
+        let seq = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Relaxed);
+        self.wrote = Some(seq);
+    }
+
+    /// Publishes what `c` sampled, and `me`.
+    pub fn publish(
+        &mut self,
+        page: &Page,
+        c: &Collector,
+        me: &AgentFigures,
+    ) -> Result<(), PublishError> {
+        if let Err(h) = page.unchanged() {
+            return Err(PublishError::RegionChanged {
+                magic: h.magic,
+                major: h.major,
+                minor: h.minor,
+                total: h.total_size,
+            });
+        }
+        if let Some(wrote) = self.wrote {
+            // SAFETY: the header's counter is the section's first u32, aligned.
+            let found = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Acquire);
+            if found != wrote {
+                return Err(PublishError::Foreign { found, wrote });
+            }
+        }
+        let now = c.now_ns();
+        let threads: Vec<&ThreadInfo> = c.threads().collect();
+        // The collector chose (and refreshed) the threads to publish; at most capacity.
+        let chosen: Vec<u32> = c
+            .selected()
+            .map(|t| t.tid)
+            .take(self.layout.capacity as usize)
+            .collect();
+        assign(&mut self.slots, &chosen);
+        let by_tid: HashMap<u32, &ThreadInfo> = threads.iter().map(|t| (t.tid, *t)).collect();
+        let mut rest = (0u64, 0u64, 0u64);
+        let picked: HashSet<u32> = chosen.iter().copied().collect();
+        for t in &threads {
+            if !picked.contains(&t.tid) {
+                rest.0 += 1;
+                rest.1 += t.sched.on_cpu_ns;
+                rest.2 += t.interval_on_cpu_ns;
+            }
+        }
+        let totals = c.totals();
+        self.header.updated_ns = now;
+        self.header.threads_count = self.slots.len() as u32;
+        self.header.transient_count = totals.exited_count;
+        self.header.transient_cpu_ns = totals.exited_cpu_ns;
+        if self.header.threads_count < self.published {
+            self.write_header();
+        }
+        for r in c.cpus() {
+            if r.cpu < self.nr_cpus {
+                let off = u64::from(self.layout.cpus_offset) + u64::from(r.cpu) * 192;
+                // SAFETY: CPU record `cpu` < nr_cpus lies inside the CPU table; one writer.
+                unsafe { write_record(self.at::<GuestCpu>(off), r) };
+            }
+        }
+        for (i, tid) in self.slots.iter().enumerate() {
+            if let Some(t) = by_tid.get(tid) {
+                let off = u64::from(self.layout.threads_offset) + i as u64 * 192;
+                // SAFETY: slot i < capacity lies inside the thread table; one writer.
+                unsafe { write_record(self.at::<GuestThread>(off), &thread_record(t, now)) };
+            }
+        }
+        let mut flags = 0;
+        for (on, bit) in [
+            (c.taskstats(), abi::AGENT_TASKSTATS),
+            (c.delayacct(), abi::AGENT_DELAYACCT),
+            (totals.exits_lost, abi::AGENT_EXITS_LOST),
+            (c.cpu_switches(), abi::AGENT_CPU_SWITCHES),
+            (me.stopped, abi::AGENT_STOPPED),
+        ] {
+            if on {
+                flags |= bit;
+            }
+        }
+        let a = GuestAgent {
+            seq: 0,
+            magic: abi::AGENT_MAGIC,
+            size: AGENT,
+            flags,
+            pid: std::process::id(),
+            threads_seen: threads.len() as u32,
+            threads_published: self.slots.len() as u32,
+            reserved0: 0,
+            interval_ns: me.interval_ns,
+            samples: me.samples,
+            sample_cpu_ns: me.sample_cpu_ns,
+            sample_max_cpu_ns: me.sample_max_cpu_ns,
+            agent_cpu_ns: me.agent_cpu_ns,
+            rest_count: rest.0,
+            rest_on_cpu_ns: rest.1,
+            rest_interval_on_cpu_ns: rest.2,
+            unseen_count: totals.unseen_count,
+            unseen_cpu_ns: totals.unseen_cpu_ns,
+            exited_processes: totals.exited_processes,
+            exits_missed: totals.exits_missed,
+            updated_ns: now,
+            reserved: [0; 7],
+        };
+        // SAFETY: the agent record is at 64, inside the section (the layout needs 256 bytes
+        // before the tables); one writer.
+        unsafe { write_record(self.at::<GuestAgent>(u64::from(HEADER)), &a) };
+        self.write_header();
+        self.published = self.header.threads_count;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

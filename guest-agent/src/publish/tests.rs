@@ -1,0 +1,193 @@
+//! Layout, ranking and slot assignment, and a publication of this machine's threads into a
+//! page file read back with the sequence protocol.
+
+use super::*;
+use crate::collect::Options;
+use crate::discover::Place;
+use crate::page::{write_region_file, Access};
+use ppa_guest_abi::ppa_page::read_record;
+
+#[test]
+fn the_layout_and_its_capacity() {
+    // A 64 KiB page of a 3-vCPU VM: 64 + 3·128 bytes of host side, the rest the guest's.
+    let l = layout(65536 - 448, 2, 1024).unwrap();
+    assert_eq!((l.cpus_offset, l.threads_offset), (256, 256 + 2 * 192));
+    assert_eq!(l.capacity, (65536 - 448 - 640) / 192);
+    assert_eq!(layout(65536 - 448, 2, 8).unwrap().capacity, 8);
+    // 16 MiB fits more than a reader takes.
+    assert_eq!(layout(16 << 20, 2, 5000).unwrap().capacity, 1024);
+    let e = layout(800, 4, 1024).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the guest section has 800 bytes; the agent needs 1216 for its header, its record, \
+         4 CPU records and one thread record"
+    );
+}
+
+#[test]
+fn threads_are_ranked_by_last_interval_then_total_then_tid() {
+    let c = [
+        (0, 900, 10), // idle now, busy once
+        (50, 10, 11), // busy now
+        (0, 900, 3),  // same as the first, lower tid
+        (50, 20, 12), // busy now, more in total
+        (0, 0, 13),
+    ];
+    assert_eq!(select(&c, 10), vec![3, 1, 2, 0, 4]);
+    assert_eq!(select(&c, 2), vec![3, 1]);
+    assert_eq!(select(&c, 0), Vec::<usize>::new());
+    assert_eq!(select(&[], 3), Vec::<usize>::new());
+}
+
+#[test]
+fn slots_stay_put_new_threads_fill_holes_and_the_tail_closes_them() {
+    let mut s = vec![];
+    assign(&mut s, &[5, 6, 7]);
+    assert_eq!(s, [5, 6, 7]);
+    // 6 leaves, 9 arrives: 9 takes 6's slot.
+    assign(&mut s, &[7, 5, 9]);
+    assert_eq!(s, [5, 9, 7]);
+    // Two leave, none arrive: the tail moves into the hole.
+    assign(&mut s, &[7]);
+    assert_eq!(s, [7]);
+    assign(&mut s, &[1, 2, 3, 7]);
+    assert_eq!(s, [7, 1, 2, 3]);
+    assign(&mut s, &[3, 2]);
+    assert_eq!(s, [3, 2]);
+    assign(&mut s, &[]);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn slot_assignment_keeps_every_chosen_thread_exactly_once() {
+    // Random rounds: the slots are the chosen set, and a thread that stays chosen keeps its
+    // slot unless its slot is past the new end (then it moved into a hole).
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut slots: Vec<u32> = Vec::new();
+    for _ in 0..2000 {
+        let n = (next() % 12) as usize;
+        let mut chosen: Vec<u32> = Vec::new();
+        while chosen.len() < n {
+            let t = (next() % 20 + 1) as u32;
+            if !chosen.contains(&t) {
+                chosen.push(t);
+            }
+        }
+        let before = slots.clone();
+        assign(&mut slots, &chosen);
+        let mut a = slots.clone();
+        a.sort_unstable();
+        let mut b = chosen.clone();
+        b.sort_unstable();
+        assert_eq!(a, b, "{before:?} + {chosen:?} -> {slots:?}");
+        for (i, t) in before.iter().enumerate() {
+            if chosen.contains(t) && i < chosen.len() {
+                assert_eq!(slots[i], *t, "{before:?} + {chosen:?} -> {slots:?}");
+            }
+        }
+    }
+}
+
+fn temp(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ppa-agent-{tag}-{}", std::process::id()))
+}
+
+fn read_header(base: *const u8) -> GuestHeader {
+    // SAFETY: the caller passes the guest section's start inside a live mapping.
+    unsafe { read_record(base.cast::<GuestHeader>(), 8) }.unwrap()
+}
+
+#[test]
+fn this_machines_threads_published_and_read_back() {
+    let path = temp("publish");
+    write_region_file(&path, 16384, 2).unwrap();
+    let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+    let mut c = Collector::new(None, Options::default()).unwrap();
+    c.sample().unwrap();
+    let mut p = Publisher::new(&page, c.nr_cpus(), 8).unwrap();
+    let me = AgentFigures {
+        interval_ns: 1_000_000_000,
+        samples: 1,
+        ..Default::default()
+    };
+    p.publish(&page, &c, &me).unwrap();
+    let (base, _) = page.guest();
+    let h = read_header(base);
+    assert_eq!((h.magic, h.major, h.minor), (GUEST_MAGIC, MAJOR, MINOR));
+    let seen = c.thread_count();
+    assert!(seen > 8, "this machine has more threads than 8: {seen}");
+    assert_eq!(h.threads_count, 8, "capped at max_threads");
+    assert_eq!(h.cpus_count, c.nr_cpus());
+    // SAFETY: the agent record is at 64 inside the mapping.
+    let a: GuestAgent = unsafe { read_record(base.add(64).cast::<GuestAgent>(), 8) }.unwrap();
+    assert_eq!(a.magic, abi::AGENT_MAGIC);
+    assert_eq!((a.threads_seen as usize, a.threads_published), (seen, 8));
+    assert_eq!(
+        a.rest_count as usize,
+        seen - 8,
+        "the aggregate counts the rest"
+    );
+    let published: u64 = (0..8)
+        .map(|i| {
+            let off = h.threads_offset as usize + 192 * i;
+            // SAFETY: slot i is inside the thread table in the mapping.
+            unsafe { read_record(base.add(off).cast::<GuestThread>(), 8) }
+                .unwrap()
+                .on_cpu_ns
+        })
+        .sum();
+    let all: u64 = c.threads().map(|t| t.sched.on_cpu_ns).sum();
+    assert_eq!(
+        published + a.rest_on_cpu_ns,
+        all,
+        "nothing dropped silently"
+    );
+    assert!(abi::agent_record_fits(&h));
+
+    // Someone else writes the guest header: the agent stops, and writes nothing more.
+    // SAFETY: the header's counter, in the mapping; a plain store as another writer would.
+    unsafe { base.cast::<u32>().write_volatile(h.seq + 2) };
+    let before = std::fs::read(&path).unwrap();
+    let e = p.publish(&page, &c, &me).unwrap_err();
+    assert!(matches!(e, PublishError::Foreign { .. }), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), before, "nothing written");
+    drop(p);
+    drop(page);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_region_header_rewritten_under_the_agent_stops_it() {
+    let path = temp("rewritten");
+    write_region_file(&path, 8192, 1).unwrap();
+    let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+    let mut c = Collector::new(None, Options::default()).unwrap();
+    c.sample().unwrap();
+    let mut p = Publisher::new(&page, c.nr_cpus(), 4).unwrap();
+    p.publish(&page, &c, &AgentFigures::default()).unwrap();
+    // The VMM (or anyone) writes another magic over the region header.
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(b"XXXX", 0).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let e = p.publish(&page, &c, &AgentFigures::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("the region header changed under the agent (magic 0x58585858"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "nothing written after"
+    );
+    drop(p);
+    drop(page);
+    std::fs::remove_file(&path).unwrap();
+}

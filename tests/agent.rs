@@ -1,0 +1,365 @@
+//! The guest agent end to end, on the host: a VM whose tiny guest does not publish exposes its
+//! PPA page as a file, `ppa-agent --page-file` publishes this machine's threads into it, and
+//! the VMM's `guest` command and final report are checked against threads of this test
+//! whose CPU time is known (issue 15, "Tests"): a thread spinning 300 ms of its own CPU time,
+//! a sleeping one, one that starts and ends between samples, and 50 short-lived processes;
+//! then a second agent limited to 8 records, whose aggregate must account for the rest.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::vmm::{Conn, Vmm};
+use ppa_vmm_api::{GuestAgentView, GuestView};
+use serde_json::json;
+
+/// The agent binary, built beside the VMM's (`cargo test --workspace` builds both).
+fn agent_bin() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_ppa-vmm")).with_file_name("ppa-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build --release -p ppa-agent` (cargo test --workspace builds it)",
+        p.display()
+    );
+    p
+}
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to fill.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn guest(c: &mut Conn) -> GuestView {
+    serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap()
+}
+
+/// Polls `guest` until agent `pid` has taken `more` samples after sample `since` (bounded).
+fn after_samples(c: &mut Conn, pid: u32, since: u64, more: u64) -> (GuestView, GuestAgentView) {
+    for _ in 0..1500 {
+        let g = guest(c);
+        if let Some(a) = g.agent.clone() {
+            if a.pid == pid && a.samples >= since + more {
+                return (g, a);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the agent did not publish {more} more samples after sample {since}");
+}
+
+/// A thread named `name` that spins `spin_ns` of its own CPU time, sends its tid and CPU
+/// time (read as the spin ends), then waits until told to end.
+fn thread(name: &str, spin_ns: u64) -> (u32, u64, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let h = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
+            let mut t = t0;
+            while t - t0 < spin_ns {
+                t = clock(libc::CLOCK_THREAD_CPUTIME_ID);
+            }
+            tx.send((gettid(), t)).unwrap();
+            let _ = stop_rx.recv();
+        })
+        .unwrap();
+    let (tid, cpu) = rx.recv().unwrap();
+    (tid, cpu, stop_tx, h)
+}
+
+/// A short-lived process: forks, spins `spin_ns` of CPU reading its clock (so the
+/// scheduler's figure is current when it exits), leaves that figure in shared memory and
+/// exits. Returns (pid, its CPU at its last clock read, its CPU as wait4's rusage gives it).
+fn short_process(shared: *mut u64, spin_ns: u64) -> (u32, u64, u64) {
+    // SAFETY: the child only reads a clock, stores one word and calls _exit, all
+    // async-signal-safe, so forking this multi-threaded test process is sound.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let t0 = clock(libc::CLOCK_PROCESS_CPUTIME_ID);
+        let mut t = t0;
+        while t - t0 < spin_ns {
+            t = clock(libc::CLOCK_PROCESS_CPUTIME_ID);
+        }
+        // SAFETY: the shared page is mapped in the child too; _exit never returns.
+        unsafe {
+            shared.write_volatile(t);
+            libc::_exit(0)
+        }
+    }
+    // SAFETY: zeroed rusage is valid; waiting for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut status = 0;
+    // SAFETY: as above.
+    unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    // SAFETY: the child wrote the word before it exited.
+    let seen = unsafe { shared.read_volatile() };
+    (pid as u32, seen, tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
+/// Starts the agent on `page`; its stderr goes to `log`. The kernel kills it when the thread
+/// that started it ends, so a failed assertion (which aborts: `panic = "abort"`) leaves no
+/// agent behind.
+fn start_agent(page: &Path, log: &Path, extra: &[&str]) -> Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--config",
+        "/dev/null",
+        "--interval",
+        "100ms",
+        "--log-exits",
+    ])
+    .arg("--page-file")
+    .arg(page)
+    .args(extra)
+    .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    };
+    cmd.spawn().expect("ppa-agent starts")
+}
+
+fn stop_agent(mut child: Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the agent ends cleanly on SIGTERM");
+}
+
+/// The exit lines of the agent's log, by tid: (cpu_ns, process_end).
+fn exits(log: &Path) -> std::collections::HashMap<u32, (u64, bool)> {
+    let mut text = String::new();
+    std::fs::File::open(log)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    let field = |l: &str, k: &str| -> Option<String> {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k).map(str::to_string))
+    };
+    text.lines()
+        .filter(|l| l.starts_with("ppa-agent: exit "))
+        .filter_map(|l| {
+            Some((
+                field(l, "tid=")?.parse().ok()?,
+                (
+                    field(l, "cpu_ns=")?.parse().ok()?,
+                    field(l, "process_end=")? == "yes",
+                ),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
+    let _g = common::serial();
+    // 256 KiB: room for 1024 thread records, more than this host runs, so the threads of
+    // this test are published whatever else runs beside it.
+    let vmm = Vmm::with_page(
+        "agent",
+        &[
+            "--vcpus",
+            "1",
+            "--ppa-page-size",
+            "262144",
+            "--workload",
+            "busy:ms=60000,publish=off",
+        ],
+    );
+    let page = vmm.page();
+    let log = std::env::temp_dir().join(format!("ppa-agent-e2e-{}.log", std::process::id()));
+    let mut c = vmm.connect();
+    let g = guest(&mut c);
+    assert!(!g.published, "the tiny guest publishes nothing: {g:?}");
+
+    let agent = start_agent(&page, &log, &[]);
+    let pid = agent.id();
+    let (_, a0) = after_samples(&mut c, pid, 0, 2);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(
+            a0.taskstats,
+            "as root the agent registers for exit notifications: {a0:?}"
+        );
+    }
+
+    let (sleep_tid, _, stop_sleep, h_sleep) = thread("agent-sleep", 0);
+    let (spin_tid, spun, stop_spin, h_spin) = thread("agent-spin", 300_000_000);
+    // One thread that starts and ends between two samples (most likely: it lives ~2 ms
+    // of a 100 ms interval; if a sample catches it, it is counted as an exit all the same).
+    after_samples(&mut c, pid, a0.samples, 1);
+    let before = guest(&mut c);
+    let (blip_tid, blip_cpu, stop_blip, h_blip) = thread("agent-blip", 2_000_000);
+    stop_blip.send(()).unwrap();
+    h_blip.join().unwrap();
+    // 50 short-lived processes, each 3 ms of CPU.
+    // SAFETY: an anonymous shared page for the children's figures, checked below.
+    let shared = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(shared, libc::MAP_FAILED);
+    let children: Vec<(u32, u64, u64)> = (0..50)
+        .map(|_| short_process(shared.cast(), 3_000_000))
+        .collect();
+    // Two samples after the last child ended (the sample under way may predate it).
+    let now = guest(&mut c).agent.map_or(0, |a| a.samples);
+    let (g, a) = after_samples(&mut c, pid, now, 2);
+
+    // The spinner: its published on-CPU time is its own measurement within 1 %.
+    let spin = g
+        .threads
+        .iter()
+        .find(|t| t.tid == spin_tid)
+        .unwrap_or_else(|| panic!("no record of the spinning thread {spin_tid}: {g:?}"));
+    assert_eq!(spin.comm, "agent-spin");
+    assert_eq!(spin.tgid, std::process::id());
+    let off = spin.on_cpu_ns.abs_diff(spun) as f64 / spun as f64;
+    eprintln!(
+        "spinner: published {} ns, its own clock {spun} ns: {:.3} % apart",
+        spin.on_cpu_ns,
+        100.0 * off
+    );
+    assert!(off <= 0.01, "{spin:?} vs {spun}");
+    assert_eq!(spin.state, "S", "it waits on its channel");
+    // The sleeper: nothing but its start.
+    let sleep = g
+        .threads
+        .iter()
+        .find(|t| t.tid == sleep_tid)
+        .expect("the sleeper");
+    assert!(sleep.on_cpu_ns < 2_000_000, "{sleep:?}");
+    assert_eq!(sleep.state, "S");
+
+    // Transient tasks: the 50 processes and the thread, each with its CPU time.
+    let exited = g.transient_count - before.transient_count;
+    let exited_cpu = g.transient_cpu_ns - before.transient_cpu_ns;
+    let children_cpu: u64 = children.iter().map(|c| c.1).sum();
+    eprintln!(
+        "transient: {exited} exits with {exited_cpu} ns CPU in the window; the 50 children measured {children_cpu} ns, the thread {blip_cpu} ns; unseen so far {} ({} ns)",
+        a.unseen_count, a.unseen_cpu_ns
+    );
+    assert!(exited >= 51, "{exited} exits counted");
+    if a.taskstats {
+        // Every exit is notified with the scheduler's figure, which each task's last clock
+        // read made current; the exit path (counted by rusage) comes after.
+        assert!(
+            exited_cpu >= children_cpu + blip_cpu,
+            "{exited_cpu} < {children_cpu}"
+        );
+        let ex = exits(&log);
+        for &(pid, seen, rusage) in &children {
+            let &(cpu, end) = ex
+                .get(&pid)
+                .unwrap_or_else(|| panic!("no exit notification for child {pid}"));
+            assert!(end, "child {pid} ended its process");
+            assert!(
+                cpu >= seen && cpu <= rusage + 100_000,
+                "child {pid}: notified {cpu} ns, measured {seen} ns, rusage {rusage} ns"
+            );
+        }
+        let &(cpu, end) = ex.get(&blip_tid).expect("the short thread's exit");
+        assert!(!end && cpu >= blip_cpu, "{cpu} vs {blip_cpu}");
+        assert!(a.exited_processes >= 50, "{a:?}");
+    }
+    assert!(a.unseen_count <= g.transient_count && a.unseen_cpu_ns <= g.transient_cpu_ns);
+    assert_eq!(a.threads_published as usize, g.threads.len(), "{a:?}");
+    assert_eq!(
+        a.rest_count,
+        u64::from(a.threads_seen - a.threads_published),
+        "{a:?}"
+    );
+
+    // The text view names the agent's figures.
+    let text = String::from_utf8(
+        Command::new(common::vmm::bin())
+            .args(["ctl", "--api-sock"])
+            .arg(&vmm.sock)
+            .args(["--text", "guest"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    // (It lists the 20 threads with the most on-CPU time, which need not include ours.)
+    assert!(
+        text.contains(&format!("agent: pid {pid}, every 100 ms")),
+        "{text}"
+    );
+    assert!(
+        text.contains("of which started and ended between samples"),
+        "{text}"
+    );
+    assert!(text.contains("TGID NAME"), "{text}");
+
+    // A stopped agent leaves its last publication, marked.
+    stop_agent(agent);
+    let g = guest(&mut c);
+    assert!(g.agent.as_ref().is_some_and(|a| a.stopped), "{:?}", g.agent);
+
+    // A second agent with room for 8 records: the top 8 and one aggregate for the rest.
+    let log2 = log.with_extension("2.log");
+    let agent = start_agent(&page, &log2, &["--max-threads", "8"]);
+    let (g, a) = after_samples(&mut c, agent.id(), 0, 2);
+    assert!(!a.stopped);
+    assert_eq!((g.threads.len(), a.threads_published), (8, 8), "{a:?}");
+    assert_eq!(a.rest_count, u64::from(a.threads_seen) - 8, "{a:?}");
+    assert!(a.rest_count > 0 && a.rest_on_cpu_ns > 0, "{a:?}");
+    // The 8 are the busiest of the last interval.
+    let least = g
+        .threads
+        .iter()
+        .map(|t| t.interval_on_cpu_ns)
+        .min()
+        .unwrap();
+    assert!(
+        a.rest_interval_on_cpu_ns <= least * a.rest_count,
+        "{a:?} {least}"
+    );
+
+    stop_spin.send(()).unwrap();
+    stop_sleep.send(()).unwrap();
+    h_spin.join().unwrap();
+    h_sleep.join().unwrap();
+    let (code, report) = vmm.shutdown();
+    assert_eq!(code, 0, "{report}");
+    stop_agent(agent);
+    let g: GuestView = serde_json::from_value(report["guest"].clone()).expect("a guest view");
+    let a = g
+        .agent
+        .clone()
+        .expect("the agent's record in the final report");
+    assert_eq!(g.threads.len(), 8, "{g:?}");
+    assert_eq!(a.rest_count, u64::from(a.threads_seen) - 8, "{a:?}");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&log2);
+}
