@@ -174,6 +174,18 @@ fn each_malformation_is_reported_and_the_rest_shown() {
     assert!(errors_of(&w).1.contains("not valid UTF-8"));
     w[name] = u64::from_le_bytes([b'a', 0x07, 0, 0, 0, 0, 0, 0]);
     assert!(errors_of(&w).1.contains("control characters"));
+    // Invalid UTF-8 does not smuggle a terminal escape through (found by the fuzzer).
+    w[name] = u64::from_le_bytes([0xff, 0x1b, b'[', b'2', b'J', 0, 0, 0]);
+    let (v, e) = errors_of(&w);
+    assert!(
+        e.contains("not valid UTF-8") && e.contains("control characters"),
+        "{e}"
+    );
+    assert!(
+        v.threads.iter().all(|t| !t.comm.contains('\x1b')),
+        "{:?}",
+        v.threads
+    );
 
     // A stale record.
     let mut w = valid();
