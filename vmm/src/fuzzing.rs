@@ -414,7 +414,12 @@ pub fn http_head(data: &[u8]) {
                 let line = so_far.split(|&b| b == b'\n').next().unwrap_or_default();
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
                 assert_eq!(target, String::from_utf8_lossy(line), "not the first line");
-                check_http_reply(&target, &http_reply(&target, &mut synthetic_handler()));
+                // The reply only reads the VM: one handler serves every input.
+                thread_local! {
+                    static SERVER: RefCell<Handler> = RefCell::new(synthetic_handler());
+                }
+                let reply = SERVER.with(|h| http_reply(&target, &mut h.borrow_mut()));
+                check_http_reply(&target, &reply);
                 return;
             }
             None if held > MAX_HTTP_HEAD => return,
