@@ -30,9 +30,12 @@ mod ppa_page;
 
 pub use ppa_page::{ppa_page, ppa_page_words};
 
+/// A check function: the input, as libFuzzer or a file gives it.
+pub type Check = fn(&[u8]);
+
 /// Every fuzz target: its name (the file `fuzz/fuzz_targets/NAME.rs` and the folders of its
 /// seeds and regressions) and its check function.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [
+pub const TARGETS: [(&str, Check); 6] = [
     ("request", request),
     ("config", config),
     ("workload", workload),
