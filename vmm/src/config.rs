@@ -352,10 +352,16 @@ impl RunOptions {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::ParseFile {
+        Self::from_json(&text).map_err(|source| ConfigError::ParseFile {
             path: path.to_path_buf(),
             source,
         })
+    }
+
+    /// Parses the text of a JSON config file (what [`RunOptions::from_file`] read; the
+    /// config fuzz target feeds it directly).
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
     }
 
     /// `over` laid over `self`: set fields of `over` win; workloads of both apply, `self`'s

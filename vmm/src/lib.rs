@@ -46,6 +46,9 @@ pub mod bench;
 pub mod config;
 pub(crate) mod devices;
 pub mod exit;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handle;
 pub(crate) mod hypervisor;
 pub(crate) mod limits;
