@@ -28,6 +28,8 @@ enum Call {
     MmapData,
     /// tgkill of a thread of this process with SIGKILL (not the kick signal).
     TgkillOther,
+    /// tgkill of a thread of this process with SIGABRT (a panic's abort).
+    TgkillAbort,
     /// openat for writing.
     OpenWrite,
     /// openat of /proc/self/stat read-only.
@@ -40,12 +42,13 @@ enum Call {
     Ptrace,
 }
 
-const CALLS: [Call; 10] = [
+const CALLS: [Call; 11] = [
     Call::Socket,
     Call::Execve,
     Call::MmapExec,
     Call::MmapData,
     Call::TgkillOther,
+    Call::TgkillAbort,
     Call::OpenWrite,
     Call::OpenRead,
     Call::IoctlCreateVm,
@@ -86,8 +89,13 @@ fn make(call: Call) {
                 let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
                 libc::syscall(libc::SYS_mmap, 0, 4096, prot, flags, -1, 0);
             }
-            Call::TgkillOther => {
-                libc::syscall(libc::SYS_tgkill, libc::getpid(), i32::MAX, libc::SIGKILL);
+            Call::TgkillOther | Call::TgkillAbort => {
+                let sig = if call == Call::TgkillOther {
+                    libc::SIGKILL
+                } else {
+                    libc::SIGABRT
+                };
+                libc::syscall(libc::SYS_tgkill, libc::getpid(), i32::MAX, sig);
             }
             Call::OpenWrite => {
                 libc::syscall(
@@ -200,7 +208,8 @@ fn a_forbidden_call_from_each_kind_stops_the_process() {
 #[test]
 fn listed_calls_pass_and_log_mode_lets_forbidden_ones_through() {
     for kind in Kind::ALL {
-        let (code, stderr) = in_child(kind, Mode::Kill, &[Call::MmapData, Call::OpenRead]);
+        let listed = [Call::MmapData, Call::OpenRead, Call::TgkillAbort];
+        let (code, stderr) = in_child(kind, Mode::Kill, &listed);
         assert_eq!(code, 0, "{}: {stderr}", kind.name());
         let (code, stderr) = in_child(kind, Mode::Log, &[Call::Socket, Call::IoctlCreateVm]);
         assert_eq!(code, 0, "{} in log mode: {stderr}", kind.name());

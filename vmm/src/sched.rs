@@ -161,7 +161,9 @@ mod tests {
         assert_eq!(attr.policy, libc::SCHED_OTHER as u32);
         // A 6.12+ kernel (this project's hosts run 6.18) keeps the slice asked for.
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut v = release.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let mut v = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
         let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
         if (major, minor) >= (6, 12) {
             assert_eq!(got.slice_ns, Some(SERVICE_SLICE_NS), "{attr:?}");

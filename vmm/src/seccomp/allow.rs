@@ -1,13 +1,13 @@
 //! The allow-list of each thread kind, with the reason for every entry, and its BPF program.
 //!
-//! A list is groups of [`Allow`] entries: what every thread needs to live and end
+//! A list is groups of [`Allow`] entries: what every thread needs to live, kick a vCPU and end
 //! ([`THREAD`]), to allocate ([`MEMORY`]), to read clocks and wait ([`TIME`]), to log and
-//! signal an eventfd ([`WRITE`]), to kick a vCPU ([`KICK`]), plus the kind's own. Arguments
-//! are checked where a call has a dangerous use: `mmap`/`mprotect` never with PROT_EXEC,
-//! `ioctl` only with the requests listed, `tgkill` only this process's kick signal, `openat`
-//! only read-only outside the main thread. The
-//! program is built when a thread enters its kind ([`program`]). docs/security.md is these
-//! tables in prose; a test checks that it names every entry.
+//! signal an eventfd ([`WRITE`]), to read files ([`READ_FILES`]), plus the kind's own.
+//! Arguments are checked where a call has a dangerous use: `mmap`/`mprotect` never with
+//! PROT_EXEC, `ioctl` only with the requests listed, `tgkill` only this process's threads and
+//! only the kick signal or SIGABRT (a panic's abort), `openat` only read-only outside the main
+//! thread. The program is built when a thread enters its kind ([`program`]).
+//! docs/security.md is these tables in prose; a test checks that it names every entry.
 
 use std::collections::BTreeMap;
 
@@ -27,7 +27,7 @@ pub enum Args {
     NoExec(u8),
     /// `ioctl` with one of these requests (name, number).
     Ioctl(&'static [(&'static str, u64)]),
-    /// `tgkill` of a thread of this process with the vCPU kick signal.
+    /// `tgkill` of a thread of this process with the vCPU kick signal or SIGABRT.
     Kick,
     /// `openat` without write access, creation, truncation or appending.
     ReadOnly,
@@ -190,6 +190,11 @@ pub const THREAD: &[Allow] = &[
         Args::Any,
         "the process id (tgkill's first argument)"
     ),
+    allow!(
+        tgkill,
+        Args::Kick,
+        "a vCPU kicked out of KVM_RUN; a panic's abort (only those two signals, only this process)"
+    ),
 ];
 
 /// What the allocator needs.
@@ -246,13 +251,6 @@ pub const WRITE: &[Allow] = &[
     ),
     allow!(writev, Args::Any, "log lines on stderr"),
 ];
-
-/// Kicking a vCPU out of the guest.
-pub const KICK: &[Allow] = &[allow!(
-    tgkill,
-    Args::Kick,
-    "a vCPU kicked out of KVM_RUN (only the kick signal, only this process's threads)"
-)];
 
 /// Reading a file opened read-only.
 pub const READ_FILES: &[Allow] = &[
@@ -357,16 +355,14 @@ pub const MAIN: &[Allow] = &[
 
 /// The groups of `kind`'s list, in order (the first entry for a call wins).
 pub fn groups(kind: Kind) -> Vec<&'static [Allow]> {
-    let common: [&'static [Allow]; 4] = [THREAD, MEMORY, TIME, WRITE];
+    let common: [&'static [Allow]; 5] = [THREAD, MEMORY, TIME, WRITE, READ_FILES];
     let own: Vec<&'static [Allow]> = match kind {
-        Kind::Main => vec![MAIN, READ_FILES, KICK],
-        Kind::Vcpu => vec![VCPU, READ_FILES, KICK],
-        Kind::Api => vec![API, READ_FILES, KICK],
-        Kind::ApiStats => vec![READ_FILES],
-        Kind::Sampler => vec![READ_FILES, KICK],
-        Kind::Limiter => vec![READ_FILES, KICK],
+        Kind::Main => vec![MAIN],
+        Kind::Vcpu => vec![VCPU],
+        Kind::Api => vec![API],
+        Kind::ApiStats | Kind::Sampler | Kind::Limiter => vec![],
     };
-    common.into_iter().chain(own).collect()
+    own.into_iter().chain(common).collect()
 }
 
 /// `kind`'s list: one entry per call, the first of [`groups`] that names it.
@@ -429,10 +425,15 @@ fn rules(a: &Allow, ctx: &Context) -> Result<Vec<SeccompRule>, seccompiler::Back
             .iter()
             .map(|&(_, r)| SeccompRule::new(vec![cond(1, Op::Eq, r)?]))
             .collect(),
-        Args::Kick => one(vec![
-            cond(0, Op::Eq, ctx.pid as u64)?,
-            cond(2, Op::Eq, ctx.kick_signal as u64)?,
-        ]),
+        Args::Kick => [ctx.kick_signal, libc::SIGABRT]
+            .iter()
+            .map(|&sig| {
+                SeccompRule::new(vec![
+                    cond(0, Op::Eq, ctx.pid as u64)?,
+                    cond(2, Op::Eq, sig as u64)?,
+                ])
+            })
+            .collect(),
         Args::ReadOnly => one(vec![cond(2, Op::MaskedEq(WRITE_FLAGS), 0)?]),
     }
 }
