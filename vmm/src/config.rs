@@ -135,6 +135,8 @@ pub struct VmConfig {
     pub ppa_page_size: u64,
     /// Back the PPA page with this file (host tools can map it).
     pub ppa_page_file: Option<PathBuf>,
+    /// Seccomp filters and capability drop after set-up (`none` here; `ppa-vmm run`: `kill`).
+    pub seccomp: crate::seccomp::Mode,
 }
 
 impl Default for VmConfig {
@@ -156,6 +158,7 @@ impl Default for VmConfig {
             overload: Default::default(),
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
             ppa_page_file: None,
+            seccomp: crate::seccomp::Mode::None,
         }
     }
 }
@@ -304,6 +307,12 @@ pub struct RunOptions {
     /// Back the PPA page with this file, so host tools can map it (removed at the end).
     #[arg(long, value_name = "PATH")]
     pub ppa_page_file: Option<PathBuf>,
+    /// After set-up, each thread drops its capabilities and confines itself to its system
+    /// calls: kill (the binary's default: a forbidden call stops the VMM, exit status 159),
+    /// log (the kernel logs it) or none (docs/security.md). Unset in code: none, since a
+    /// filter stays on the thread that built the VM.
+    #[arg(long, value_enum)]
+    pub seccomp: Option<crate::seccomp::Mode>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -400,6 +409,7 @@ impl RunOptions {
             overload_action: over.overload_action.or(self.overload_action),
             ppa_page_size: over.ppa_page_size.or(self.ppa_page_size),
             ppa_page_file: over.ppa_page_file.or(self.ppa_page_file),
+            seccomp: over.seccomp.or(self.seccomp),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
             } else {
@@ -499,6 +509,7 @@ impl RunOptions {
             )?,
             ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
             ppa_page_file: self.ppa_page_file,
+            seccomp: self.seccomp.unwrap_or_default(),
         };
         config.validate()?;
         let report = ReportOptions {

@@ -59,6 +59,7 @@ pub(crate) mod ppa_page;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;
+pub mod seccomp;
 pub mod sync;
 pub(crate) mod vcpu;
 pub mod vm;

@@ -121,7 +121,8 @@ fn emit(
     Ok(())
 }
 
-fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+fn run(mut opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+    opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
     let (config, report_opts) = opts.into_config()?;
     let vm = Vm::try_from(config)?;
     let outcome = vm.run()?;

@@ -553,6 +553,7 @@ impl Limiter {
     /// The thread's loop; returns after [`Limiter::stop`], with every member released.
     pub fn run(&self) {
         crate::sched::raise_realtime("limiter");
+        crate::seccomp::enter(crate::seccomp::Kind::Limiter);
         loop {
             let seen = self.wake.load(Ordering::Acquire);
             if self.stop.load(Ordering::Acquire) {

@@ -70,6 +70,7 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
     // Precise halts: the default 50 µs timer slack would lengthen every park.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    crate::seccomp::enter(crate::seccomp::Kind::Vcpu);
     let mut rec = Recorder::new(
         Arc::clone(&shared.acct.meter),
         Arc::clone(&v.control),
