@@ -335,6 +335,12 @@ fn promtool_accepts_the_output() {
         limited_ns: 1_100_000_000,
         overshoot_max_ns: 40_000,
         overshoot: crate::accounting::histogram::HistogramSnapshot::empty(3).to_json(),
+        kicks: ppa_vmm_api::LimitKicks {
+            path: ppa_vmm_api::LimitKick::Timer,
+            timer: 11,
+            rearms: 2,
+            limiter: 0,
+        },
     });
     let text = render(&s);
     assert!(
