@@ -180,6 +180,7 @@ pub struct KickDeadlines {
     migrations: AtomicU64,
     nudges: AtomicU64,
     lateness: Histogram,
+    overrun: Histogram,
 }
 
 impl std::fmt::Debug for KickDeadlines {
@@ -204,6 +205,7 @@ impl Default for KickDeadlines {
             migrations: AtomicU64::new(0),
             nudges: AtomicU64::new(0),
             lateness: Histogram::new(3).expect("3 fractional bits are valid"),
+            overrun: Histogram::new(3).expect("3 fractional bits are valid"),
         }
     }
 }
@@ -375,6 +377,13 @@ impl KickDeadlines {
     /// for until the thread, out of the guest, read the clock.
     pub fn lateness(&self) -> HistogramSnapshot {
         self.lateness.snapshot()
+    }
+
+    /// At each stop, the CPU the vCPU had used past its target (0 when it stopped short of it,
+    /// within [`REARM_MIN_NS`]): what the timer's lateness cost while the vCPU ran. Unlike
+    /// [`Self::lateness`] it leaves out the time the thread was preempted.
+    pub fn overrun(&self) -> HistogramSnapshot {
+        self.overrun.snapshot()
     }
 }
 
@@ -554,8 +563,11 @@ impl KickTimer {
         let want = earliest(&deadlines);
         due |= want.is_some_and(|at| at <= now);
         if due {
-            match on_fire(thread_cpu_ns(), &deadlines) {
+            let cpu = thread_cpu_ns();
+            match on_fire(cpu, &deadlines) {
                 OnFire::Stop(slot) => {
+                    let target = deadlines[slot].map_or(cpu, |d| d.cpu_target);
+                    t.overrun.record(cpu.saturating_sub(target));
                     self.arm(t, 0);
                     if t.take_hold(slot, self.seen[slot].0) {
                         t.slots[slot].stops.fetch_add(1, Ordering::Relaxed);
