@@ -23,14 +23,14 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use names::{
-    LimitBackend, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
-    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,
+    ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestCpuView, GuestThreadView, GuestView, HistogramJson, HostCpu,
-    Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes,
-    VcpuSummary, VcpuTimes, VersionInfo, VmStats,
+    Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate,
+    TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

@@ -20,6 +20,8 @@ use crate::payload::tiny::workload::{Assignment, WorkloadError};
 use crate::payload::tiny::TinyImage;
 use crate::payload::Payload;
 
+pub use crate::limits::KickMode;
+
 /// The most vCPUs a VM may have.
 pub const MAX_VCPUS: usize = 256;
 /// Guest memory of a Linux guest when `--memory-mib` is not given.
@@ -290,6 +292,10 @@ pub struct RunOptions {
     /// comparison).
     #[arg(long, value_enum)]
     pub limit_backend: Option<Backend>,
+    /// How the vmm backend stops a vCPU: timer (its own kick timer, fired by the kernel; the
+    /// limiter thread as fallback; default) or limiter (the limiter thread's kicks alone).
+    #[arg(long, value_enum)]
+    pub limit_kick: Option<KickMode>,
     /// Raise an overload event when a vCPU stays in the guest this long (ms) without an exit
     /// or an idle (PPA's runaway process).
     #[arg(long, value_name = "MS")]
@@ -351,6 +357,7 @@ pub fn parse_limits(
         vm,
         groups,
         backend: Default::default(),
+        kick: Default::default(),
     })
 }
 
@@ -404,6 +411,7 @@ impl RunOptions {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             cpu_limit: over.cpu_limit.or(self.cpu_limit),
             limit_backend: over.limit_backend.or(self.limit_backend),
+            limit_kick: over.limit_kick.or(self.limit_kick),
             runaway: over.runaway.or(self.runaway),
             overload: over.overload.or(self.overload),
             overload_action: over.overload_action.or(self.overload_action),
@@ -472,6 +480,7 @@ impl RunOptions {
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
         limits.backend = self.limit_backend.unwrap_or_default();
+        limits.kick = self.limit_kick.unwrap_or_default();
         let config = VmConfig {
             vcpus,
             // A Linux guest needs more than the tiny guest's default.
@@ -657,6 +666,12 @@ mod tests {
             }
         ));
         assert!(opts(r#"{"limit_backend": "kernel"}"#).is_err());
+        let (vm, _) = opts(r#"{"tiny_image": "/x.elf", "limit_kick": "limiter"}"#)
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(vm.limits.kick, KickMode::Limiter);
+        assert!(opts(r#"{"limit_kick": "signal"}"#).is_err());
         assert!(matches!(
             bad(RunOptions {
                 max_runtime: Some(-1.0),

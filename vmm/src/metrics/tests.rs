@@ -119,6 +119,12 @@ fn group() -> GroupStats {
         limited_ns: 1_100_000_000,
         overshoot_max_ns: 40_000,
         overshoot: hist(&[900, 20_000, 40_000]).to_json(),
+        kicks: ppa_vmm_api::LimitKicks {
+            path: ppa_vmm_api::LimitKick::Timer,
+            timer: 11,
+            rearms: 2,
+            limiter: 0,
+        },
     }
 }
 

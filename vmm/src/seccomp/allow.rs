@@ -37,6 +37,9 @@ pub enum Args {
     /// `prlimit64` that reads this process's limit and sets none (pid 0, no new limit): what
     /// `getrlimit` makes.
     GetLimit,
+    /// `timer_create` on CLOCK_MONOTONIC (the kick timer; its sigevent, behind a pointer,
+    /// cannot be checked).
+    Monotonic,
 }
 
 /// One allowed system call.
@@ -119,6 +122,9 @@ mod sys {
     pub const fdatasync: i64 = libc::SYS_fdatasync;
     pub const perf_event_open: i64 = libc::SYS_perf_event_open;
     pub const prlimit64: i64 = libc::SYS_prlimit64;
+    pub const timer_create: i64 = libc::SYS_timer_create;
+    pub const timer_settime: i64 = libc::SYS_timer_settime;
+    pub const timer_delete: i64 = libc::SYS_timer_delete;
 }
 
 /// The ioctl numbers of KVM that a vCPU thread uses after its set-up.
@@ -295,6 +301,9 @@ pub const READ_FILES: &[Allow] = &[
 pub const VCPU: &[Allow] = &[
     allow!(ioctl, Args::Ioctl(VCPU_IOCTLS), "KVM_RUN; the guest's clock told of a pause or limit park; an unstarted AP's state; registers for a failure's report"),
     allow!(getcpu, Args::Any, "the host CPU of an exit (when the C library cannot read it from rseq)"),
+    allow!(timer_create, Args::Monotonic, "the kick timer of CPU limits, created as the loop starts (docs/limits.md)"),
+    allow!(timer_settime, Args::Any, "the kick timer armed for the next limit deadline, or disarmed"),
+    allow!(timer_delete, Args::Any, "the kick timer deleted as the loop ends"),
     allow!(perf_event_open, Args::PerfSelf, "level full's context-switch records of this thread, opened the first time level full is in force (possibly after a set-level at run time)"),
 ];
 
@@ -453,6 +462,7 @@ fn rules(a: &Allow, ctx: &Context) -> Result<Vec<SeccompRule>, seccompiler::Back
             .collect(),
         Args::ReadOnly => one(vec![cond(2, Op::MaskedEq(WRITE_FLAGS), 0)?]),
         // Compared as 32-bit words: the kernel reads pid, cpu and group_fd as ints.
+        Args::Monotonic => one(vec![cond(0, Op::Eq, libc::CLOCK_MONOTONIC as u64)?]),
         Args::GetLimit => one(vec![
             cond(0, Op::Eq, 0)?,
             SeccompCondition::new(2, Len::Qword, Op::Eq, 0)?,
