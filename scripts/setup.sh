@@ -26,6 +26,8 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need_debs+=(qemu-system-x86)
 command -v cpio >/dev/null 2>&1 || need_debs+=(cpio)
 command -v lz4 >/dev/null 2>&1 || need_debs+=(lz4)
 command -v gcc >/dev/null 2>&1 || need_debs+=(gcc)
+# The fuzz targets (scripts/fuzz.sh, docs/fuzzing.md): libfuzzer-sys compiles libFuzzer, C++.
+command -v g++ >/dev/null 2>&1 || need_debs+=(g++)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need_debs+=(libc6-dev)
 # busybox-static replaces the dynamic busybox package; where that one is installed, the image
 # scripts fetch busybox-static's .deb into their cache instead.

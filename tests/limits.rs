@@ -2,15 +2,19 @@
 //! who is limited and who is not, run-time changes and events through the socket, refusals.
 //! How close a limited vCPU's share comes to its limit is the accuracy target's
 //! (tests/accuracy/limits.rs). The limits here are low (10 % or 20 % of a CPU) so that a busy
-//! vCPU exceeds them, and is throttled, even on a host loaded by other work.
+//! vCPU exceeds them, and is throttled, even on a host loaded by other work. The kick timers'
+//! decisions and protocol are unit-tested in vmm/src/vcpu/kick_timer/tests.rs (on the fake
+//! hypervisor: a firing while parked or paused enters no guest); here they run on KVM.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::limits::{run_cgroup_limited, run_limited, run_runaway_throttled};
+use common::limits::{run_cgroup_limited, run_limited, run_opts, run_runaway_throttled};
 use common::vmm::Vmm;
+use ppa_vmm::config::{KickMode, RunOptions};
+use ppa_vmm_api::LimitKick;
 use serde_json::json;
 
 #[test]
@@ -28,6 +32,92 @@ fn a_vm_limit_throttles_every_period_and_reports_group_vm() {
         g.limited_ns, t.limited_ns,
         "the group's limited time is its member's"
     );
+}
+
+#[test]
+fn kick_timers_stop_a_limited_vcpu_and_are_counted() {
+    let _g = common::serial();
+    let out = run_limited(1, "busy:ms=2000", Some("10%"), &[]);
+    common::assert_all_exited_ok(&out.report);
+    let g = &out.report.groups[0];
+    assert_eq!(g.kicks.path, LimitKick::Timer, "{g:?}");
+    assert!(g.kicks.timer > 0, "no stop by the kick timer: {g:?}");
+    assert!(
+        g.kicks.timer + g.kicks.limiter >= g.throttled_periods,
+        "every throttled period has a stop: {g:?}"
+    );
+}
+
+#[test]
+fn with_limit_kick_limiter_the_limiter_thread_kicks_alone() {
+    let _g = common::serial();
+    let out = run_opts(RunOptions {
+        vcpus: Some(1),
+        workload: vec!["busy:ms=2000".into()],
+        cpu_limit: Some("10%".into()),
+        limit_kick: Some(KickMode::Limiter),
+        max_runtime: Some(60.0),
+        ..Default::default()
+    });
+    common::assert_all_exited_ok(&out.report);
+    let g = &out.report.groups[0];
+    assert_eq!(g.kicks.path, LimitKick::Limiter, "{g:?}");
+    assert_eq!((g.kicks.timer, g.kicks.rearms), (0, 0), "{g:?}");
+    assert!(g.kicks.limiter > 0 && g.throttled_periods >= 15, "{g:?}");
+    assert!(out.report.vcpus[0].times.limited_ns > 0);
+}
+
+#[test]
+fn with_several_limits_on_a_vcpu_the_earliest_deadline_stops_it() {
+    let _g = common::serial();
+    // The VM's 10 % comes long before the group's 50 %: the group never has to stop it.
+    let out = run_limited(1, "busy:ms=2000", Some("10%"), &["g:0:50%"]);
+    let vm = out.report.groups.iter().find(|g| g.name == "vm").unwrap();
+    let g = out.report.groups.iter().find(|g| g.name == "g").unwrap();
+    assert!(vm.kicks.timer > 0 && vm.throttled_periods >= 15, "{vm:?}");
+    assert_eq!(g.throttled_periods, 0, "{g:?}");
+    assert_eq!((g.kicks.timer, g.kicks.limiter), (0, 0), "{g:?}");
+}
+
+#[test]
+fn a_kick_timer_follows_its_vcpu_from_cpu_to_cpu() {
+    let _g = common::serial();
+    common::require_kvm();
+    // An exit-heavy vCPU held to 50 % in 10 ms periods, moved between the first two CPUs
+    // every 2 ms: its timer still stops it, and it re-arms on the CPU it moved to.
+    let opts = RunOptions {
+        vcpus: Some(1),
+        workload: vec!["exits:n=60000,kind=mmio".into()],
+        cpu_limit: Some("5ms/10ms".into()),
+        max_runtime: Some(60.0),
+        ..Default::default()
+    };
+    let (config, _) = opts.into_config().unwrap();
+    let vm = ppa_vmm::vm::Vm::try_from(config).unwrap();
+    let h = vm.handle();
+    let runner = std::thread::spawn(move || vm.run().expect("VM runs"));
+    let v = std::sync::Arc::clone(&h.vcpus()[0]);
+    let mut flips = 0u32;
+    while !runner.is_finished() {
+        let tid = v.host_tid();
+        if tid != 0 {
+            // SAFETY: cpu_set_t is plain data; CPU_SET and sched_setaffinity get valid
+            // pointers; a thread that has ended gives ESRCH, which is ignored.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET((flips % 2) as usize, &mut set);
+                libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            flips += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let out = runner.join().unwrap();
+    common::assert_all_exited_ok(&out.report);
+    let g = &out.report.groups[0];
+    assert!(flips > 100, "{flips} moves");
+    assert!(g.kicks.timer > 0, "{g:?}");
+    assert!(v.kick_timer.migrations() > 0, "never re-armed after a move");
 }
 
 #[test]

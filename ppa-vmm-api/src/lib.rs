@@ -23,13 +23,13 @@ mod types;
 
 pub use event::{Event, EventKind};
 pub use names::{
-    LimitBackend, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
-    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,
+    ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
-    HistogramJson, HostCpu, Level, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
+    HistogramJson, HostCpu, Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
     ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 

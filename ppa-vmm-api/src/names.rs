@@ -213,6 +213,19 @@ names! {
 }
 
 names! {
+    /// How the members of a CPU limit are stopped (`kicks.path` of [`crate::GroupStats`]).
+    pub enum LimitKick ("a limit kick path") {
+        /// Each member's kick timer (armed by the vCPU thread, fired by the kernel) stops it;
+        /// the limiter thread keeps the books and kicks only when a timer was late.
+        Timer = "timer",
+        /// The limiter thread's kicks alone (timers disabled, or not available on the host).
+        Limiter = "limiter",
+        /// The cgroup backend: the kernel throttles the threads, nothing is kicked.
+        Kernel = "kernel",
+    }
+}
+
+names! {
     /// A PPA-style threshold: its name in [`crate::Thresholds`], the `threshold` event, the
     /// per-vCPU `thresholds` counts and the metrics labels.
     pub enum Threshold ("a threshold") {

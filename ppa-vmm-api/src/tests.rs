@@ -226,6 +226,7 @@ fn names_keep_their_wire_spelling() {
         &["created", "running", "parked", "finished"],
     );
     check_names(&LimitBackend::ALL, &["vmm", "cgroup"]);
+    check_names(&LimitKick::ALL, &["timer", "limiter", "kernel"]);
     check_names(
         &Threshold::ALL,
         &[

@@ -11,7 +11,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    LimitBackend, SplitKind, SplitSource, ThreadState, TimeSplit, VcpuMicroState, VmState,
+    LimitBackend, LimitKick, SplitKind, SplitSource, ThreadState, TimeSplit, VcpuMicroState,
+    VmState,
 };
 
 /// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
@@ -449,6 +450,24 @@ pub struct GroupStats {
     pub overshoot_max_ns: u64,
     /// Overshoot per period, for periods that overshot.
     pub overshoot: HistogramJson,
+    /// How the members were stopped.
+    pub kicks: LimitKicks,
+}
+
+/// How a limit's members were stopped since the limit was set (`kicks` of [`GroupStats`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitKicks {
+    /// The path in use.
+    pub path: LimitKick,
+    /// Stops made by the members' kick timers.
+    pub timer: u64,
+    /// Timer firings after which a member had CPU left (it had been preempted or idle, so it
+    /// used less CPU than the wall time elapsed) and re-armed its timer instead of stopping.
+    pub rearms: u64,
+    /// Stops made by the limiter thread's kick: every stop without timers, else the fallback
+    /// when a timer was late.
+    pub limiter: u64,
 }
 
 /// One vCPU thread in `threads`.

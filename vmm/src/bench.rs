@@ -10,6 +10,7 @@
 
 use serde::Serialize;
 
+mod hogs;
 pub mod limit;
 pub mod socket;
 

@@ -20,6 +20,8 @@ use crate::payload::tiny::workload::{Assignment, WorkloadError};
 use crate::payload::tiny::TinyImage;
 use crate::payload::Payload;
 
+pub use crate::limits::KickMode;
+
 /// The most vCPUs a VM may have.
 pub const MAX_VCPUS: usize = 256;
 /// Guest memory of a Linux guest when `--memory-mib` is not given.
@@ -135,6 +137,8 @@ pub struct VmConfig {
     pub ppa_page_size: u64,
     /// Back the PPA page with this file (host tools can map it).
     pub ppa_page_file: Option<PathBuf>,
+    /// Seccomp filters and capability drop after set-up (`none` here; `ppa-vmm run`: `kill`).
+    pub seccomp: crate::seccomp::Mode,
 }
 
 impl Default for VmConfig {
@@ -156,6 +160,7 @@ impl Default for VmConfig {
             overload: Default::default(),
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
             ppa_page_file: None,
+            seccomp: crate::seccomp::Mode::None,
         }
     }
 }
@@ -287,6 +292,10 @@ pub struct RunOptions {
     /// comparison).
     #[arg(long, value_enum)]
     pub limit_backend: Option<Backend>,
+    /// How the vmm backend stops a vCPU: timer (its own kick timer, fired by the kernel; the
+    /// limiter thread as fallback; default) or limiter (the limiter thread's kicks alone).
+    #[arg(long, value_enum)]
+    pub limit_kick: Option<KickMode>,
     /// Raise an overload event when a vCPU stays in the guest this long (ms) without an exit
     /// or an idle (PPA's runaway process).
     #[arg(long, value_name = "MS")]
@@ -304,6 +313,12 @@ pub struct RunOptions {
     /// Back the PPA page with this file, so host tools can map it (removed at the end).
     #[arg(long, value_name = "PATH")]
     pub ppa_page_file: Option<PathBuf>,
+    /// After set-up, each thread drops its capabilities and confines itself to its system
+    /// calls: kill (the binary's default: a forbidden call stops the VMM, exit status 159),
+    /// log (the kernel logs it) or none (docs/security.md). Unset in code: none, since a
+    /// filter stays on the thread that built the VM.
+    #[arg(long, value_enum)]
+    pub seccomp: Option<crate::seccomp::Mode>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -342,6 +357,7 @@ pub fn parse_limits(
         vm,
         groups,
         backend: Default::default(),
+        kick: Default::default(),
     })
 }
 
@@ -352,10 +368,16 @@ impl RunOptions {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::ParseFile {
+        Self::from_json(&text).map_err(|source| ConfigError::ParseFile {
             path: path.to_path_buf(),
             source,
         })
+    }
+
+    /// Parses the text of a JSON config file (what [`RunOptions::from_file`] read; the
+    /// config fuzz target feeds it directly).
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
     }
 
     /// `over` laid over `self`: set fields of `over` win; workloads of both apply, `self`'s
@@ -389,11 +411,13 @@ impl RunOptions {
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             cpu_limit: over.cpu_limit.or(self.cpu_limit),
             limit_backend: over.limit_backend.or(self.limit_backend),
+            limit_kick: over.limit_kick.or(self.limit_kick),
             runaway: over.runaway.or(self.runaway),
             overload: over.overload.or(self.overload),
             overload_action: over.overload_action.or(self.overload_action),
             ppa_page_size: over.ppa_page_size.or(self.ppa_page_size),
             ppa_page_file: over.ppa_page_file.or(self.ppa_page_file),
+            seccomp: over.seccomp.or(self.seccomp),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
             } else {
@@ -456,6 +480,7 @@ impl RunOptions {
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
         limits.backend = self.limit_backend.unwrap_or_default();
+        limits.kick = self.limit_kick.unwrap_or_default();
         let config = VmConfig {
             vcpus,
             // A Linux guest needs more than the tiny guest's default.
@@ -493,6 +518,7 @@ impl RunOptions {
             )?,
             ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
             ppa_page_file: self.ppa_page_file,
+            seccomp: self.seccomp.unwrap_or_default(),
         };
         config.validate()?;
         let report = ReportOptions {
@@ -640,6 +666,12 @@ mod tests {
             }
         ));
         assert!(opts(r#"{"limit_backend": "kernel"}"#).is_err());
+        let (vm, _) = opts(r#"{"tiny_image": "/x.elf", "limit_kick": "limiter"}"#)
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(vm.limits.kick, KickMode::Limiter);
+        assert!(opts(r#"{"limit_kick": "signal"}"#).is_err());
         assert!(matches!(
             bad(RunOptions {
                 max_runtime: Some(-1.0),

@@ -46,6 +46,9 @@ pub mod bench;
 pub mod config;
 pub(crate) mod devices;
 pub mod exit;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handle;
 pub(crate) mod hypervisor;
 pub(crate) mod limits;
@@ -56,6 +59,7 @@ pub(crate) mod ppa_page;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;
+pub mod seccomp;
 pub mod sync;
 pub(crate) mod vcpu;
 pub mod vm;

@@ -49,9 +49,9 @@ struct BenchArgs {
     /// Exits per run (overhead; default 40000) or per vCPU per run (socket; default 1500).
     #[arg(long)]
     exits: Option<u64>,
-    /// Rounds of alternated runs.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    /// Rounds of alternated runs (default 3; limit: 5).
+    #[arg(long)]
+    rounds: Option<usize>,
     /// vCPUs of the VM (socket).
     #[arg(long, default_value_t = 64)]
     vcpus: usize,
@@ -61,6 +61,9 @@ struct BenchArgs {
     /// Periods per run (limit).
     #[arg(long, default_value_t = 50)]
     periods: u64,
+    /// Run beside one spinning process per CPU (limit).
+    #[arg(long)]
+    hogs: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -69,7 +72,8 @@ enum BenchKind {
     Overhead,
     /// Control socket: stats latency with 64 vCPUs, and guest throughput under 1000 stats/s.
     Socket,
-    /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy vCPU.
+    /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy
+    /// vCPU, in interleaved rounds with the host's steal and the kicks' lateness.
     Limit,
 }
 
@@ -121,7 +125,8 @@ fn emit(
     Ok(())
 }
 
-fn run(opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+fn run(mut opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+    opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
     let (config, report_opts) = opts.into_config()?;
     let vm = Vm::try_from(config)?;
     let outcome = vm.run()?;
@@ -149,7 +154,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Overhead => print_result(
             &ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(40_000),
-                rounds: args.rounds,
+                rounds: args.rounds.unwrap_or(3),
             })?,
             args.json,
             ppa_vmm::bench::OverheadResult::to_text,
@@ -158,6 +163,8 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &limit::limit(limit::LimitOptions {
                 periods: args.periods,
                 percent: 25,
+                rounds: args.rounds.unwrap_or(5),
+                hogs: args.hogs,
             })?,
             args.json,
             limit::LimitResult::to_text,
@@ -166,7 +173,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 exits: args.exits.unwrap_or(1500),
-                rounds: args.rounds,
+                rounds: args.rounds.unwrap_or(3),
                 rate: args.rate,
             })?,
             args.json,

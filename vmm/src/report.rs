@@ -340,7 +340,7 @@ impl Report {
         for g in &self.groups {
             let _ = writeln!(
                 out,
-                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us",
+                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us; kick {}: {} by timer ({} re-arms), {} by the limiter",
                 g.name,
                 g.vcpus,
                 g.limit,
@@ -351,6 +351,10 @@ impl Report {
                 g.used_ns as f64 * 100.0 / (g.periods * g.period_ns).max(1) as f64,
                 ms(g.limited_ns),
                 g.overshoot_max_ns as f64 / 1e3,
+                g.kicks.path,
+                g.kicks.timer,
+                g.kicks.rearms,
+                g.kicks.limiter,
             );
         }
         let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self

@@ -161,6 +161,7 @@ fn run(
     overload: Option<Overload>,
     ppa: Option<(Arc<PpaPage>, VmHandle)>,
 ) {
+    crate::seccomp::enter(crate::seccomp::Kind::Sampler);
     let mut detectors = vec![Detector::default(); vcpus.len()];
     let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];

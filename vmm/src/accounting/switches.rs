@@ -67,9 +67,12 @@ const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
 const FLAG_USE_CLOCKID: u64 = 1 << 25;
 const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
-const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+/// perf_event_open's flag for a close-on-exec descriptor (the vCPU filter checks for it).
+pub const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+/// The ioctl that starts the event (the vCPU filter allows it).
+pub const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+/// The ioctl that stops the event (the vCPU filter allows it).
+pub const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 
 /// Record types and flags read here.
 const PERF_RECORD_LOST: u32 = 2;

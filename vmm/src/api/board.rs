@@ -12,8 +12,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::Stats;
-
 use crate::sync::{futex_wait, futex_wake, now_ns};
 
 /// How long a `stats` request keeps the refresher running.
@@ -24,8 +22,6 @@ pub const DEMAND_NS: u64 = 1_000_000_000;
 pub struct Snapshot {
     /// CLOCK_MONOTONIC when it was taken.
     pub at_ns: u64,
-    /// The snapshot.
-    pub stats: Stats,
     /// Its JSON text.
     pub text: String,
 }
@@ -96,10 +92,8 @@ mod tests {
     use super::*;
 
     fn snap(at_ns: u64) -> Arc<Snapshot> {
-        let h = crate::api::tests_support::handle(1);
         Arc::new(Snapshot {
             at_ns,
-            stats: crate::api::handler::Handler::new(h, 0).fresh_stats(),
             text: String::new(),
         })
     }
@@ -131,8 +125,6 @@ mod tests {
         let t = std::thread::spawn(move || {
             run_refresher(&b2, 1_000_000, || Snapshot {
                 at_ns: now_ns(),
-                stats: crate::api::handler::Handler::new(crate::api::tests_support::handle(1), 0)
-                    .fresh_stats(),
                 text: "x".into(),
             })
         });

@@ -50,6 +50,7 @@ pub struct Handler {
     vm: VmHandle,
     max_age_ns: u64,
     board: Arc<Board>,
+    metrics: crate::metrics::Exporter,
 }
 
 /// Every vCPU's overview and the VM's figures, taken now.
@@ -74,9 +75,8 @@ pub fn fresh_stats(vm: &VmHandle) -> Stats {
 /// A snapshot for the board: [`fresh_stats`] with its JSON text.
 pub fn snapshot(vm: &VmHandle) -> Snapshot {
     let at_ns = now_ns();
-    let stats = fresh_stats(vm);
-    let text = serde_json::to_string(&stats).unwrap_or_default();
-    Snapshot { at_ns, stats, text }
+    let text = serde_json::to_string(&fresh_stats(vm)).unwrap_or_default();
+    Snapshot { at_ns, text }
 }
 
 fn no_such_vcpu(e: HandleError) -> ErrorBody {
@@ -105,6 +105,7 @@ impl Handler {
             vm,
             max_age_ns,
             board,
+            metrics: crate::metrics::Exporter::default(),
         }
     }
 
@@ -139,12 +140,6 @@ impl Handler {
         }
     }
 
-    /// Every vCPU's figures and the VM's, freshly taken.
-    #[cfg(test)]
-    pub fn fresh_stats(&self) -> Stats {
-        fresh_stats(&self.vm)
-    }
-
     /// The `stats` snapshot: the posted one when young enough, else one taken now.
     pub fn stats(&mut self) -> Arc<Snapshot> {
         if let Some(s) = self.board.take(self.max_age_ns) {
@@ -168,12 +163,18 @@ impl Handler {
         line
     }
 
-    /// The metrics text (Prometheus text format), from a detailed snapshot of every vCPU.
+    /// The metrics text (Prometheus text format), rendered at most once per 100 ms.
     pub fn metrics_text(&mut self) -> String {
-        let vm = self.stats().stats.vm.clone();
-        let vcpus = self.vm.vcpus().iter().map(|v| v.times().0).collect();
-        let groups = self.vm.limiter().groups();
-        crate::metrics::render(&crate::metrics::Detailed { vm, vcpus, groups })
+        self.metrics.text(&self.vm).text.clone()
+    }
+
+    /// The metrics exporter (where the server hands over its connection counters).
+    #[allow(
+        dead_code,
+        reason = "the API server attaches its counters here (issue 17)"
+    )]
+    pub fn metrics(&self) -> &crate::metrics::Exporter {
+        &self.metrics
     }
 
     /// Drops the `stats` snapshot (after a command that changes what it shows).

@@ -16,8 +16,9 @@ pub mod unix;
 
 pub use server::{ApiServer, EventHub, ServerOptions, SocketError};
 
-/// Synthetic VMs for unit tests: vCPUs that never ran, with meters a test can drive.
-#[cfg(test)]
+/// Synthetic VMs for unit tests and the fuzz checks: vCPUs that never ran, with meters a test
+/// can drive.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod tests_support {
     use std::sync::Arc;
 

@@ -619,6 +619,7 @@ impl ApiServer {
                 .spawn(move || {
                     // As prompt as the api thread, which waits for its posts.
                     crate::sched::raise_priority(crate::sched::API_NICE, "stats refresher");
+                    crate::seccomp::enter(crate::seccomp::Kind::ApiStats);
                     run_refresher(&board, super::handler::STATS_REFRESH_NS, || {
                         super::handler::snapshot(&vm)
                     })
@@ -686,6 +687,7 @@ impl ApiServer {
 
 fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
     crate::sched::raise_priority(crate::sched::API_NICE, "control socket");
+    crate::seccomp::enter(crate::seccomp::Kind::Api);
     let mut deadline = None;
     loop {
         let timeout = if deadline.is_some() { 10 } else { -1 };

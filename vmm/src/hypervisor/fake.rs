@@ -6,10 +6,14 @@
 //! returns the step's exit. A kick makes the current or next `run` return `Intr`; a script that
 //! ends returns `Other`, which the run loop treats as a guest failure. What the VMM wrote into
 //! the buffers of read exits is logged ([`FakeVcpu::reads`]) and register writes are kept.
+//! Kicks can also be signals, like KVM's: [`FakeKicker::timer_signal`] names a signal whose
+//! handler sets the bound vCPU's kick flag, so a vCPU's kick timer works here too; a run that
+//! returns at once because a kick was already pending is counted ([`FakeVcpu::wasted`]).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -166,6 +170,44 @@ impl Kicker for FakeKicker {
     fn kick(&self) {
         self.0.store(true, Ordering::Release);
     }
+
+    fn timer_signal(&self) -> Option<libc::c_int> {
+        install_fake_handler().then(fake_signal)
+    }
+}
+
+thread_local! {
+    /// The kick flag of the fake vCPU bound to this thread (null: none).
+    static BOUND_FLAG: Cell<*const AtomicBool> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The fake's kick signal (not KVM's, whose handler the same test process installs).
+fn fake_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN() + 1
+}
+
+extern "C" fn on_fake_kick(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo (SA_SIGINFO); the only timers delivering this signal are
+    // kick timers, whose value points at their `fired` flag in the vCPU's shared state.
+    unsafe { super::mark_timer_fired(info) };
+    let p = BOUND_FLAG.with(Cell::get);
+    if !p.is_null() {
+        // SAFETY: set by `bind_thread` on this thread to the flag of the bound vCPU, an Arc
+        // that the vCPU keeps alive until `unbind_thread` (on this thread, as `Vcpu`'s
+        // contract requires) resets the pointer.
+        unsafe { (*p).store(true, Ordering::Release) };
+    }
+}
+
+/// Installs the fake's kick handler once per process; false if it could not be.
+fn install_fake_handler() -> bool {
+    static ONCE: Once = Once::new();
+    static OK: AtomicBool = AtomicBool::new(false);
+    ONCE.call_once(|| {
+        let ok = vmm_sys_util::signal::register_signal_handler(fake_signal(), on_fake_kick);
+        OK.store(ok.is_ok(), Ordering::Release);
+    });
+    OK.load(Ordering::Acquire)
 }
 
 /// A vCPU that replays a script.
@@ -175,6 +217,8 @@ pub struct FakeVcpu {
     buf: Vec<u8>,
     last_read: Option<u64>,
     kicked: Arc<AtomicBool>,
+    wasted: Arc<AtomicU64>,
+    bound: bool,
     regs: Mutex<(Regs, SpecialRegs)>,
     reads: ReadLog,
     /// Runs that returned, kicks included.
@@ -193,6 +237,8 @@ impl FakeVcpu {
             buf: Vec::new(),
             last_read: None,
             kicked: Arc::new(AtomicBool::new(false)),
+            wasted: Arc::new(AtomicU64::new(0)),
+            bound: false,
             regs: Mutex::new(Default::default()),
             reads: Arc::new(Mutex::new(Vec::new())),
             runs: 0,
@@ -204,6 +250,12 @@ impl FakeVcpu {
     /// What the VMM put in each read exit's buffer, by address, in order.
     pub fn reads(&self) -> ReadLog {
         Arc::clone(&self.reads)
+    }
+
+    /// Runs that returned `Intr` at once because a kick was pending when they were entered
+    /// (on KVM: a KVM_RUN with `immediate_exit` set, which enters the guest only to leave).
+    pub fn wasted(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.wasted)
     }
 
     /// Spins until `ns` passed or a kick arrived; true when kicked.
@@ -223,10 +275,17 @@ impl Vcpu for FakeVcpu {
     type Kicker = FakeKicker;
 
     unsafe fn bind_thread(&mut self) -> Result<FakeKicker, RunError> {
+        BOUND_FLAG.with(|c| c.set(Arc::as_ptr(&self.kicked)));
+        self.bound = true;
         Ok(FakeKicker(Arc::clone(&self.kicked)))
     }
 
-    fn unbind_thread(&mut self) {}
+    fn unbind_thread(&mut self) {
+        if self.bound {
+            BOUND_FLAG.with(|c| c.set(std::ptr::null()));
+            self.bound = false;
+        }
+    }
 
     fn clear_kick(&mut self) {
         self.kicked.store(false, Ordering::Release);
@@ -238,6 +297,7 @@ impl Vcpu for FakeVcpu {
             self.reads.lock().unwrap().push((addr, self.buf.clone()));
         }
         if self.kicked.swap(false, Ordering::AcqRel) {
+            self.wasted.fetch_add(1, Ordering::Relaxed);
             return Ok(ExitEvent::Intr);
         }
         let Some(step) = self.script.front().cloned() else {

@@ -14,7 +14,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ppa_vmm_api::{GroupStats, LimitBackend};
+use ppa_vmm_api::{GroupStats, LimitBackend, LimitKick, LimitKicks};
 use thiserror::Error;
 
 use super::{Limit, LimitConfig, VM_GROUP};
@@ -253,6 +253,12 @@ impl CgroupLimits {
                     limited_ns: s.throttled_ns,
                     overshoot_max_ns: 0,
                     overshoot: HistogramSnapshot::empty(3).to_json(),
+                    kicks: LimitKicks {
+                        path: LimitKick::Kernel,
+                        timer: 0,
+                        rearms: 0,
+                        limiter: 0,
+                    },
                 }
             })
             .collect()

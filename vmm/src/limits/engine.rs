@@ -10,7 +10,9 @@
 //! member whose remaining share `f − used_i` is within the stop margin (the time a kick takes
 //! to get a vCPU out of KVM_RUN) is stopped, and released again if the share grows (another
 //! member went idle). Each member runs on at most one CPU, so no member can pass its share
-//! before `f − used_i − margin` from now: that is when the limiter looks again.
+//! before `f − used_i − margin` from now (its *runway*): that is when the limiter looks again,
+//! or, with kick timers, what the member's own timer is armed for (the limiter then looks
+//! only for the pool of several runnable members and as a fallback).
 
 /// What the limiter knows of one member now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +39,13 @@ pub struct Decision {
     pub recheck_ns: Option<u64>,
     /// The fair share of the period's budget per demanding member.
     pub share_ns: u64,
+    /// For each member that may run on (not stopped, not finished): the CPU time it may still
+    /// use before it must stop, its remaining share less the margin (what a kick timer is armed
+    /// for); `None` for the others.
+    pub runway_ns: Vec<Option<u64>>,
+    /// When several members may run: look again after this long, before they could together
+    /// spend what is left of the quota (no member's own runway shows that).
+    pub pool_recheck_ns: Option<u64>,
 }
 
 /// Shortest time between two looks, so a member close to its share is not polled in a loop.
@@ -85,9 +94,11 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
     let share = fair_share(budget, &demanding);
     let mut recheck: Option<u64> = None;
     let mut look_by = |t: u64| recheck = Some(recheck.map_or(t, |r: u64| r.min(t)));
+    let mut runway_ns = vec![None; members.len()];
     let stop: Vec<bool> = members
         .iter()
-        .map(|m| {
+        .zip(runway_ns.iter_mut())
+        .map(|(m, runway)| {
             let left = if m.demanding {
                 share.saturating_sub(m.used_ns)
             } else if m.can_run {
@@ -104,6 +115,7 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
             let keep_stopped = m.stopped && left <= 4 * margin_ns;
             let must_stop = left <= margin_ns || keep_stopped;
             if !must_stop {
+                *runway = Some(left - margin_ns);
                 look_by((left - margin_ns).max(MIN_RECHECK_NS));
             }
             must_stop
@@ -116,18 +128,50 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64) -> Decision {
         .zip(&stop)
         .filter(|(m, s)| m.can_run && !**s)
         .count() as u64;
+    let mut pool_recheck_ns = None;
     if runnable > 0 {
         let used: u64 = members.iter().map(|m| m.used_ns).sum();
         let pool = quota_ns
             .saturating_sub(used)
             .saturating_sub(runnable * margin_ns);
-        look_by((pool / runnable).max(MIN_RECHECK_NS));
+        let t = (pool / runnable).max(MIN_RECHECK_NS);
+        look_by(t);
+        // One runnable member cannot pass the pool before its own runway ends.
+        pool_recheck_ns = (runnable > 1).then_some(t);
     }
     Decision {
         stop,
         recheck_ns: recheck,
         share_ns: share,
+        runway_ns,
+        pool_recheck_ns,
     }
+}
+
+/// When to look again after decision `d`, with kick timers on the members `timed` (true: the
+/// member's own timer stops it at the end of its runway): the pool's bound, each untimed
+/// member's runway, and each timed member's runway plus the fallback delay
+/// ([`super::limiter::FALLBACK_NS`]), whichever comes first, at least [`MIN_RECHECK_NS`] from
+/// now. Without timers this is `d.recheck_ns`. `None`: not before the period ends.
+pub fn next_look_ns(d: &Decision, timed: &[bool]) -> Option<u64> {
+    if !timed.iter().any(|t| *t) {
+        return d.recheck_ns;
+    }
+    d.runway_ns
+        .iter()
+        .zip(timed)
+        .filter_map(|(r, &t)| {
+            r.map(|r| {
+                if t {
+                    r + super::limiter::FALLBACK_NS
+                } else {
+                    r
+                }
+            })
+        })
+        .chain(d.pool_recheck_ns)
+        .map(|r| r.max(MIN_RECHECK_NS))
+        .min()
 }
 
 #[cfg(test)]
@@ -232,6 +276,73 @@ mod tests {
         periodic.expected_ns = 10_000_000;
         let d = decide(60_000_000, &[m(50_000_000, true), periodic], 30_000);
         assert_eq!(d.stop, vec![true, false], "the periodic one runs on");
+    }
+
+    #[test]
+    fn the_runway_is_the_share_left_less_the_margin() {
+        // One member at 10 of 25 ms: 15 ms left, 30 µs margin.
+        let d = decide(25_000_000, &[m(10_000_000, true)], 30_000);
+        assert_eq!(d.runway_ns, vec![Some(15_000_000 - 30_000)]);
+        assert_eq!(
+            d.pool_recheck_ns, None,
+            "one member: its runway is the bound"
+        );
+        // Stopped and finished members have none; an idle one has what it could use if it woke.
+        let mut done = m(0, false);
+        done.can_run = false;
+        let d = decide(
+            50_000_000,
+            &[m(25_000_000, true), done, m(5_000_000, false)],
+            30_000,
+        );
+        assert_eq!(d.stop, vec![false, false, false]);
+        assert_eq!(d.runway_ns[1], None);
+        assert_eq!(
+            d.runway_ns[0],
+            Some(50_000_000 - 25_000_000 - 5_000_000 - 30_000)
+        );
+        // Two runnable members: the pool is the earlier bound, and is reported as such.
+        let d = decide(
+            50_000_000,
+            &[m(10_000_000, true), m(10_000_000, true)],
+            30_000,
+        );
+        assert_eq!(d.runway_ns, vec![Some(15_000_000 - 30_000); 2]);
+        assert_eq!(d.pool_recheck_ns, Some((30_000_000 - 60_000) / 2));
+        let d = decide(25_000_000, &[m(24_990_000, true)], 30_000);
+        assert_eq!(d.runway_ns, vec![None], "stopped: no runway");
+    }
+
+    #[test]
+    fn with_timers_the_limiter_looks_after_the_deadline_or_for_the_pool() {
+        use crate::limits::limiter::FALLBACK_NS;
+        let one = decide(25_000_000, &[m(10_000_000, true)], 30_000);
+        assert_eq!(next_look_ns(&one, &[false]), one.recheck_ns);
+        assert_eq!(
+            next_look_ns(&one, &[true]),
+            Some(15_000_000 - 30_000 + FALLBACK_NS),
+            "the timer stops it; the look is the fallback"
+        );
+        // Two members, one without a timer: its runway; the pool bound is the same here.
+        let two = decide(
+            50_000_000,
+            &[m(10_000_000, true), m(20_000_000, true)],
+            30_000,
+        );
+        let untimed = two.runway_ns[1].unwrap();
+        assert_eq!(next_look_ns(&two, &[true, false]), Some(untimed));
+        assert_eq!(
+            next_look_ns(&two, &[true, true]),
+            Some(untimed + FALLBACK_NS)
+        );
+        // A busy member and an idle one that could wake: together they could spend the pool
+        // before either runway ends, so the pool bound decides.
+        let pool = decide(50_000_000, &[m(10_000_000, true), m(0, false)], 30_000);
+        assert_eq!(pool.pool_recheck_ns, Some((40_000_000 - 60_000) / 2));
+        assert_eq!(next_look_ns(&pool, &[true, true]), pool.pool_recheck_ns);
+        // Stopped members do not bring the look forward.
+        let stopped = decide(25_000_000, &[m(24_990_000, true)], 30_000);
+        assert_eq!(next_look_ns(&stopped, &[true]), None);
     }
 
     #[test]

@@ -12,20 +12,31 @@
 //! SCHED_FIFO priority 1 (its looks are few and short, and a late look is overshoot); without
 //! the privilege it runs at nice -10 and says so. Readers get each limit's figures from
 //! [`Limiter::groups`]; vCPU threads never wait on this thread.
+//!
+//! With kick timers (`--limit-kick timer`, the default) the thread also publishes, at each
+//! look, every running member's deadline: the CPU it may still use (its runway), which the
+//! member's own timer is armed for (`vcpu::kick_timer`). The member then stops itself on
+//! time however late this thread wakes; the thread adopts such a stop at its next look (the
+//! request bit, the figures, the event), and its own look for that member comes
+//! [`FALLBACK_NS`] after the deadline, to kick a member whose timer was late. Members without
+//! a timer are looked at and kicked as before.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::{Event, GroupStats, LimitBackend, ThrottleEndWhy};
+use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, ThrottleEndWhy};
 
 use super::cgroup::{CgroupError, CgroupLimits};
-use super::engine::{decide, Member};
-use super::{check_name, Limit, LimitError, VM_GROUP};
-use crate::accounting::histogram::Histogram;
+use super::engine::{decide, next_look_ns, Member};
+use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
+use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::api::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM};
+use crate::vcpu::{
+    slot_of, Deadline, TimerMode, VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY,
+    REQ_LIMIT_VM,
+};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
@@ -37,6 +48,10 @@ const MAX_MARGIN_NS: i64 = 2_000_000;
 
 /// Per-period CPU use kept for `bench limit` (the most recent periods).
 const PERIOD_LOG: usize = 100_000;
+
+/// With kick timers, how long after a member's deadline the thread looks at it: time for its
+/// timer to fire and stop it, after which the thread kicks it (the fallback).
+pub const FALLBACK_NS: u64 = 100_000;
 
 /// A limit's state, kept by the thread.
 struct Entity {
@@ -73,6 +88,10 @@ struct Entity {
     last_used: Vec<u64>,
     /// Members stopped at some time in the period in progress.
     was_stopped: Vec<bool>,
+    /// Stops by this thread's kick since the limit was set.
+    limiter_kicks: u64,
+    /// Members' kick-timer stops and re-arms for this limit when it was set.
+    timer_base: Vec<(u64, u64)>,
 }
 
 /// What the socket and the report share with the thread.
@@ -85,6 +104,10 @@ pub struct Limiter {
     start_ns: u64,
     margin_ns: u64,
     cgroup: Option<CgroupLimits>,
+    /// Members stop by their kick timers (VMM backend, `--limit-kick timer`).
+    timers: bool,
+    /// Lateness of the looks the thread planned: woken at its deadline, how long after it.
+    look_lateness: Histogram,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -137,10 +160,50 @@ impl Entity {
             stops_this_period: 0,
             last_used: vec![0; n],
             was_stopped: vec![false; n],
+            limiter_kicks: 0,
+            timer_base: vec![(0, 0); n],
         }
     }
 
-    fn figures(&self, vcpus: &[Arc<VcpuShared>], now: u64) -> GroupStats {
+    /// Members' kick-timer (stops, re-arms) for this limit now.
+    fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<(u64, u64)> {
+        let slot = slot_of(self.bit);
+        self.members
+            .iter()
+            .map(|&i| {
+                let t = &vcpus[i].kick_timer;
+                (t.stops(slot), t.rearms(slot))
+            })
+            .collect()
+    }
+
+    fn kicks(&self, vcpus: &[Arc<VcpuShared>], timers: bool) -> LimitKicks {
+        let now = self.timer_counts(vcpus);
+        let since = |f: fn(&(u64, u64)) -> u64| -> u64 {
+            now.iter()
+                .zip(&self.timer_base)
+                .map(|(n, b)| f(n).saturating_sub(f(b)))
+                .sum()
+        };
+        let all_timed = self.members.iter().all(|&i| {
+            !matches!(
+                vcpus[i].kick_timer.mode(),
+                TimerMode::Off | TimerMode::Failed
+            )
+        });
+        LimitKicks {
+            path: if timers && all_timed {
+                LimitKick::Timer
+            } else {
+                LimitKick::Limiter
+            },
+            timer: since(|c| c.0),
+            rearms: since(|c| c.1),
+            limiter: self.limiter_kicks,
+        }
+    }
+
+    fn figures(&self, vcpus: &[Arc<VcpuShared>], now: u64, timers: bool) -> GroupStats {
         let (quota_ns, period_ns) = self
             .limit
             .as_ref()
@@ -167,6 +230,7 @@ impl Entity {
             limited_ns,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
+            kicks: self.kicks(vcpus, timers),
         }
     }
 }
@@ -197,6 +261,10 @@ impl Limiter {
         } else {
             config
         };
+        let timers = cgroup.is_none() && config.kick == KickMode::Timer;
+        for v in &vcpus {
+            v.kick_timer.set_wanted(timers);
+        }
         let all: Vec<usize> = (0..vcpus.len()).collect();
         if let Some(vm) = &config.vm {
             entities.push(Entity::new(
@@ -223,7 +291,14 @@ impl Limiter {
             start_ns: now_ns(),
             margin_ns,
             cgroup,
+            timers,
+            look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
         }
+    }
+
+    /// How late the thread's planned looks were (woken at a deadline: how long after it).
+    pub fn look_lateness(&self) -> HistogramSnapshot {
+        self.look_lateness.snapshot()
     }
 
     /// The cgroups, with the cgroup backend.
@@ -277,7 +352,7 @@ impl Limiter {
         let now = now_ns();
         self.lock()
             .iter()
-            .map(|e| e.figures(&self.vcpus, now))
+            .map(|e| e.figures(&self.vcpus, now, self.timers))
             .collect()
     }
 
@@ -378,12 +453,15 @@ impl Limiter {
     /// Starts a period at `now`: baselines, and every member released.
     fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
         let was_stopped = e.stopped.iter().any(|s| *s);
+        let mut was_stopped = was_stopped;
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             if e.stopped[k] {
                 self.vcpus[i].release(e.bit);
                 e.stopped[k] = false;
             }
+            // A member its timer stopped that no look has adopted yet.
+            was_stopped |= self.vcpus[i].release_kick_hold(e.bit);
         }
         if was_stopped {
             self.event(Event::ThrottleEnd {
@@ -456,53 +534,59 @@ impl Limiter {
     /// One look at one limit.
     fn look(&self, e: &mut Entity, now: u64) {
         if e.limit.is_none() {
-            // No limit: release whoever is still stopped.
+            // No limit: release whoever is still stopped, and no deadline for the timers.
             if e.stopped.iter().any(|s| *s) {
                 self.begin_period(e, now, ThrottleEndWhy::Period);
             }
+            self.clear_deadlines(e);
             e.next_look = None;
             return;
         }
         if e.period_start == 0 {
-            // A new limit: its members' limited time counts from now.
+            // A new limit: its members' limited time and kicks count from now.
             for (k, &i) in e.members.iter().enumerate() {
                 e.limited_base[k] = limited_total(&self.vcpus[i], now);
             }
+            e.timer_base = e.timer_counts(&self.vcpus);
+            e.limiter_kicks = 0;
             self.begin_period(e, now, ThrottleEndWhy::Period);
         }
+        self.adopt_holds(e, now);
         let period = e.limit.as_ref().map_or(0, |(l, _)| l.period_ns);
         let boundary = e.period_start + period;
         if now >= boundary {
             self.end_period(e, boundary, now);
         }
         let Some((l, _)) = e.limit.clone() else {
+            // Removed at this boundary: the old period's deadlines must not fire a hold that
+            // no later look would end (the thread sleeps without a deadline from here).
+            self.clear_deadlines(e);
             e.next_look = None;
             return;
         };
-        let members: Vec<Member> = e
-            .members
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| {
-                let v = &self.vcpus[i];
-                let used_ns = used_since(v, &mut e.base_cpu[k]);
-                let finished = v.state() == VcpuState::Finished || v.state() == VcpuState::Created;
-                let state = v.acct.meter.read().micro_state();
-                let demanding = !finished
-                    && (e.stopped[k]
-                        || matches!(
-                            state,
-                            MicroState::Guest | MicroState::Vmm | MicroState::Limited
-                        ));
-                Member {
-                    used_ns,
-                    demanding,
-                    stopped: e.stopped[k],
-                    can_run: v.state() != VcpuState::Finished,
-                    expected_ns: e.last_used[k],
-                }
-            })
-            .collect();
+        let mut members = Vec::with_capacity(e.members.len());
+        // Each member's CPU clock as read now (for its timer's deadline).
+        let mut cpu = Vec::with_capacity(e.members.len());
+        for (k, &i) in e.members.iter().enumerate() {
+            let v = &self.vcpus[i];
+            let used_ns = used_since(v, &mut e.base_cpu[k]);
+            cpu.push(e.base_cpu[k].map(|b| b + used_ns));
+            let finished = v.state() == VcpuState::Finished || v.state() == VcpuState::Created;
+            let state = v.acct.meter.read().micro_state();
+            let demanding = !finished
+                && (e.stopped[k]
+                    || matches!(
+                        state,
+                        MicroState::Guest | MicroState::Vmm | MicroState::Limited
+                    ));
+            members.push(Member {
+                used_ns,
+                demanding,
+                stopped: e.stopped[k],
+                can_run: v.state() != VcpuState::Finished,
+                expected_ns: e.last_used[k],
+            });
+        }
         if e.margin_ns == 0 {
             e.margin_ns = self.margin_ns;
         }
@@ -512,7 +596,10 @@ impl Limiter {
         for (k, &i) in e.members.iter().enumerate() {
             match (e.stopped[k], d.stop[k]) {
                 (false, true) => {
+                    // This thread's kick: every stop without a timer, else the fallback.
                     self.vcpus[i].kick(e.bit);
+                    self.vcpus[i].set_kick_deadline(e.bit, None);
+                    e.limiter_kicks += 1;
                     e.stopped[k] = true;
                     e.was_stopped[k] = true;
                     e.stops_this_period += 1;
@@ -543,21 +630,81 @@ impl Limiter {
                 why: ThrottleEndWhy::Redistributed,
             });
         }
+        // The timers' deadlines: what each running member may still use.
+        let mut timed = vec![false; e.members.len()];
+        if self.timers {
+            for (k, &i) in e.members.iter().enumerate() {
+                let v = &self.vcpus[i];
+                timed[k] = v.kick_timer.active();
+                if !e.stopped[k] {
+                    let deadline = match (d.runway_ns[k], cpu[k]) {
+                        (Some(r), Some(c)) => Some(Deadline::after(now, c, r)),
+                        _ => None,
+                    };
+                    v.set_kick_deadline(e.bit, deadline);
+                }
+            }
+        }
         let period_end = e.period_start + l.period_ns;
-        e.next_look = Some(match d.recheck_ns {
+        e.next_look = Some(match next_look_ns(&d, &timed) {
             Some(r) => (now + r).min(period_end),
             None => period_end,
         });
     }
 
+    /// Members their kick timer stopped since the last look: stopped by this limit from now
+    /// on, as if this thread had kicked them (request bit, figures, event).
+    fn adopt_holds(&self, e: &mut Entity, now: u64) {
+        if !self.timers {
+            return;
+        }
+        let mut newly = Vec::new();
+        for (k, &i) in e.members.iter().enumerate() {
+            if !e.stopped[k] && self.vcpus[i].kick_held(e.bit) {
+                self.vcpus[i].adopt_kick_hold(e.bit);
+                e.stopped[k] = true;
+                e.was_stopped[k] = true;
+                e.stops_this_period += 1;
+                newly.push(i);
+            }
+        }
+        if newly.is_empty() {
+            return;
+        }
+        e.stopped_this_period = true;
+        let used_ns = e
+            .members
+            .iter()
+            .zip(e.base_cpu.iter_mut())
+            .map(|(&i, b)| used_since(&self.vcpus[i], b))
+            .sum();
+        self.event(Event::ThrottleStart {
+            uptime_ns: self.uptime(now),
+            group: e.name.clone(),
+            vcpus: newly,
+            used_ns,
+            quota_ns: e.limit.as_ref().map_or(0, |(l, _)| l.quota_ns),
+        });
+    }
+
+    /// No deadline for the members' timers (the limit is gone, or the thread ends).
+    fn clear_deadlines(&self, e: &Entity) {
+        for &i in &e.members {
+            self.vcpus[i].set_kick_deadline(e.bit, None);
+        }
+    }
+
     /// The thread's loop; returns after [`Limiter::stop`], with every member released.
     pub fn run(&self) {
         crate::sched::raise_realtime("limiter");
+        crate::seccomp::enter(crate::seccomp::Kind::Limiter);
+        let mut planned: Option<u64> = None;
         loop {
             let seen = self.wake.load(Ordering::Acquire);
             if self.stop.load(Ordering::Acquire) {
                 let mut entities = self.lock();
                 for e in entities.iter_mut() {
+                    self.clear_deadlines(e);
                     for (k, &i) in e.members.iter().enumerate() {
                         if e.stopped[k] {
                             self.vcpus[i].release(e.bit);
@@ -568,6 +715,12 @@ impl Limiter {
                 return;
             }
             let now = now_ns();
+            if let Some(p) = planned.take() {
+                // Woken at (or after) the deadline it slept for, not by a change.
+                if now >= p {
+                    self.look_lateness.record(now - p);
+                }
+            }
             let mut next: Option<u64> = None;
             {
                 let mut entities = self.lock();
@@ -580,6 +733,7 @@ impl Limiter {
                     }
                 }
             }
+            planned = next;
             futex_wait(&self.wake, seen, next);
         }
     }
@@ -598,6 +752,7 @@ mod tests {
             vm: None,
             groups: vec![g],
             backend: Backend::Vmm,
+            kick: KickMode::Timer,
         };
         let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
         assert!(matches!(

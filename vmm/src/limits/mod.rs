@@ -102,6 +102,18 @@ pub enum LimitError {
 /// control through cgroups ([`cgroup`]).
 pub use ppa_vmm_api::LimitBackend as Backend;
 
+/// How the VMM backend stops a member that must stop (`--limit-kick`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KickMode {
+    /// Each vCPU's kick timer, armed by the vCPU thread for the CPU its runway allows and
+    /// fired by the kernel; the limiter thread keeps the books and kicks when a timer is late.
+    #[default]
+    Timer,
+    /// The limiter thread's kicks alone, at its looks.
+    Limiter,
+}
+
 /// The limits of a VM at start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LimitConfig {
@@ -111,6 +123,8 @@ pub struct LimitConfig {
     pub groups: Vec<GroupSpec>,
     /// Who enforces them.
     pub backend: Backend,
+    /// How the VMM backend stops members.
+    pub kick: KickMode,
 }
 
 /// A CPU budget: `quota_ns` of CPU time per `period_ns` of wall time.

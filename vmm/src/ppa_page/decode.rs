@@ -87,21 +87,22 @@ impl<'a> Section<'a> {
 
 fn comm(raw: &[u8; COMM_LEN], errors: &mut Vec<String>, slot: usize) -> String {
     let len = raw.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
-    match std::str::from_utf8(&raw[..len]) {
-        Ok(s) if !s.chars().any(char::is_control) => s.to_string(),
-        Ok(s) => {
-            errors.push(format!(
-                "thread record {slot}: its name has control characters"
-            ));
-            s.chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect()
-        }
-        Err(_) => {
-            errors.push(format!("thread record {slot}: its name is not valid UTF-8"));
-            String::from_utf8_lossy(&raw[..len]).into_owned()
-        }
+    let name = String::from_utf8_lossy(&raw[..len]);
+    if std::str::from_utf8(&raw[..len]).is_err() {
+        errors.push(format!("thread record {slot}: its name is not valid UTF-8"));
     }
+    // Checked after the lossy conversion too: invalid bytes must not let a control character
+    // (a terminal escape) through to `ctl --text guest` and the report.
+    if name.chars().any(char::is_control) {
+        errors.push(format!(
+            "thread record {slot}: its name has control characters"
+        ));
+        return name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+    }
+    name.into_owned()
 }
 
 /// Where a table of `count` records of `size` bytes at `off` lies, checked.

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::accounting::meter::Counter;
+use crate::accounting::meter::{Counter, MicroState};
 use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
 use crate::accounting::AccountingControl;
 use crate::devices::Buses;
@@ -28,10 +28,13 @@ use crate::hypervisor::{self as hv, Kicker, RegsDump, RunError, WarmUpStub};
 use crate::sync::{futex_wake, now_ns};
 use ppa_vmm_api::VcpuSummary;
 
+mod kick_timer;
 mod park;
 mod run;
 #[cfg(test)]
 mod tests;
+
+pub use kick_timer::{slot_of, Deadline, KickDeadlines, TimerMode};
 
 /// Errors of a vCPU thread's life outside the guest's control.
 #[derive(Debug, Error)]
@@ -186,6 +189,8 @@ pub struct VcpuShared {
     pub acct: VcpuAccounting,
     /// Runaway and overload detections (written by the sampler).
     pub overloads: Counter,
+    /// The deadlines of its limits' kick timer (written by the limiter) and its figures.
+    pub kick_timer: KickDeadlines,
     end: OnceLock<VcpuEnd>,
 }
 
@@ -212,6 +217,7 @@ impl VcpuShared {
             kicker: OnceLock::new(),
             acct,
             overloads: Counter::default(),
+            kick_timer: KickDeadlines::default(),
             end: OnceLock::new(),
         }
     }
@@ -286,6 +292,60 @@ impl VcpuShared {
             .store(now_ns(), Ordering::Release);
         self.requests.fetch_and(!bits, Ordering::AcqRel);
         futex_wake(&self.wake);
+    }
+
+    /// Publishes the kick-timer deadline of the limit with request bit `bit` (None: none). A
+    /// vCPU its timer holds for that limit is released by the change, and woken.
+    pub fn set_kick_deadline(&self, bit: u32, deadline: Option<Deadline>) {
+        if !self.kick_timer.publish(slot_of(bit), deadline) {
+            return;
+        }
+        self.wake_holder();
+        // In the guest, it sees the change only at its next exit: if its timer would fire
+        // too late, make it leave now to re-arm (a kick with no request).
+        if let Some(d) = deadline {
+            if self.kick_timer.armed_too_late(d.fire_at)
+                && self.acct.meter.read().micro_state() == MicroState::Guest
+            {
+                if let Some(k) = self.kicker.get() {
+                    k.kick();
+                    self.kick_timer.nudged();
+                }
+            }
+        }
+    }
+
+    /// Ends a hold of the kick timer for the limit with bit `bit` (a new period); true if the
+    /// vCPU was held.
+    pub fn release_kick_hold(&self, bit: u32) -> bool {
+        let held = self.kick_timer.release_hold(slot_of(bit));
+        if held {
+            self.wake_holder();
+        }
+        held
+    }
+
+    /// Whether its kick timer stopped it for the limit with bit `bit` (current deadline).
+    pub fn kick_held(&self, bit: u32) -> bool {
+        self.kick_timer.held(slot_of(bit))
+    }
+
+    /// Turns a kick timer's hold for the limit with bit `bit` into that limit's stop: sets
+    /// the request bit (the vCPU is parked, or about to park: no signal), then clears the
+    /// deadline, which ends the hold while the bit keeps the vCPU parked.
+    pub fn adopt_kick_hold(&self, bit: u32) {
+        self.requests.fetch_or(bit, Ordering::AcqRel);
+        self.set_kick_deadline(bit, None);
+    }
+
+    fn wake_holder(&self) {
+        if self.kick_timer.hold_set() {
+            self.acct
+                .meter
+                .released_at
+                .store(now_ns(), Ordering::Release);
+            futex_wake(&self.wake);
+        }
     }
 
     /// Whether any of request `bits` is set.

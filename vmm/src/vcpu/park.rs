@@ -39,7 +39,7 @@ pub(super) fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
 
 /// Parks as `kind` until `deadline_ns` (or forever with `None`) or until released: a
 /// pause park ends when the pause request is cleared or a stop arrives; a limited park when
-/// both limit bits are cleared or a stop or pause arrives; an idle park at a stop or pause
+/// every limit bit is cleared and the kick timer holds no more, or a stop or pause arrives; an idle park at a stop or pause
 /// (a limit that stops an idle vCPU takes effect when the idle park ends).
 pub(super) fn park<V: Vcpu>(
     vcpu: &V,
@@ -61,7 +61,8 @@ pub(super) fn park<V: Vcpu>(
         let released = match kind {
             MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
             MicroState::Limited => {
-                requests & REQ_LIMIT == 0 || requests & (REQ_STOP | REQ_PAUSE) != 0
+                (requests & REQ_LIMIT == 0 && !shared.kick_timer.holds())
+                    || requests & (REQ_STOP | REQ_PAUSE) != 0
             }
             _ => requests & (REQ_STOP | REQ_PAUSE) != 0,
         };

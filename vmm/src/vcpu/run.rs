@@ -5,11 +5,14 @@
 //! the exit (`exit::handle_exit`), record it, carry out the outcome. It holds no lock, makes no
 //! allocation, and makes no system call beyond KVM_RUN and what the accounting level asks for
 //! (none at `off` and `basic`: vDSO clock reads; at `full`, none either where the thread has
-//! context-switch records, else two thread-CPU-clock reads).
+//! context-switch records, else two thread-CPU-clock reads), and, with CPU limits, what the
+//! kick timer does when its deadlines change or it fires (`kick_timer`: a `timer_settime`, a
+//! CPU clock read).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
 use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
 use crate::accounting::host::{
@@ -70,6 +73,7 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
     // Precise halts: the default 50 µs timer slack would lengthen every park.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    crate::seccomp::enter(crate::seccomp::Kind::Vcpu);
     let mut rec = Recorder::new(
         Arc::clone(&shared.acct.meter),
         Arc::clone(&v.control),
@@ -135,6 +139,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     // An application processor the guest has not started blocks in its runs until it is: the
     // thread measures that wait (only then, at a few system calls per run).
     let mut unstarted = v.vcpu.waits_for_start();
+    let mut kick_timer = KickTimer::start(&shared);
     loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -150,6 +155,14 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         if requests & REQ_LIMIT != 0 {
             park(&v.vcpu, &shared, rec, MicroState::Limited, None);
             continue;
+        }
+        match kick_timer.prepare(&shared) {
+            Prepared::Enter => {}
+            Prepared::Hold => {
+                park(&v.vcpu, &shared, rec, MicroState::Limited, None);
+                continue;
+            }
+            Prepared::Again => continue,
         }
         let next = rec.next_level();
         let host_cpu = if next == Level::Off {

@@ -96,6 +96,7 @@ pub struct Vm<H: Hypervisor = Kvm> {
     server_options: ServerOptions,
     overload: crate::limits::overload::OverloadConfig,
     ppa_page: Option<Arc<PpaPage>>,
+    seccomp: crate::seccomp::Mode,
     // Dropped last, in this order: the hypervisor's VM (after its vCPUs above), then the
     // memory it maps, then the hypervisor.
     hv_vm: H::Vm,
@@ -313,6 +314,7 @@ impl<H: Hypervisor> Vm<H> {
             },
             overload: config.overload.clone(),
             ppa_page,
+            seccomp: config.seccomp,
             hv_vm,
             _ram: ram,
             _hv: hv,

@@ -162,6 +162,7 @@ where
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
+        crate::seccomp::arm(self.seccomp);
         let mut run = Running {
             shared: std::mem::take(&mut self.shared),
             gate: Arc::new(AtomicU32::new(0)),
@@ -216,6 +217,7 @@ where
         }
         drop(done_tx);
         self.limiter.place_threads().map_err(VmError::Cgroup)?;
+        crate::seccomp::enter(crate::seccomp::Kind::Main);
         self.status.mark_started();
         futex_wake(&run.gate);
 

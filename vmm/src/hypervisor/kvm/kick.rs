@@ -9,6 +9,10 @@
 //! before it reads its request bits, so a kick that was already acted on (a parked vCPU woken by
 //! it) does not also cost an `intr` exit on the next entry.
 //!
+//! The same signal is what a vCPU's kick timer delivers (`vcpu::kick_timer`: a POSIX timer the
+//! vCPU thread aims at itself): the handler then also sets the timer's `fired` flag, whose
+//! address the timer carries as its value ([`crate::hypervisor::mark_timer_fired`]).
+//!
 //! The thread-local pointer is set by `KvmVcpu::bind_thread` (unsafe: the caller promises to
 //! unbind before the vCPU is dropped or leaves the thread) and cleared by `unbind_thread`.
 
@@ -26,7 +30,12 @@ pub fn kick_signal() -> libc::c_int {
     SIGRTMIN()
 }
 
-extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+extern "C" fn on_kick(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: `info` is the kernel's siginfo (the handler is installed with SA_SIGINFO); the
+    // only timers that deliver the kick signal are the vCPUs' kick timers
+    // (`vcpu::kick_timer`), whose value points at their `fired` flag, alive as long as the
+    // timer (it lives in the vCPU's shared state, which outlives the thread's timer).
+    unsafe { crate::hypervisor::mark_timer_fired(info) };
     let p = IMMEDIATE_EXIT.with(Cell::get);
     if !p.is_null() {
         // SAFETY: a non-null pointer was registered by `set_immediate_exit_ptr` on this thread,
@@ -81,6 +90,10 @@ impl SignalKicker {
 impl crate::hypervisor::Kicker for SignalKicker {
     fn kick(&self) {
         signal_thread(self.tid);
+    }
+
+    fn timer_signal(&self) -> Option<libc::c_int> {
+        Some(kick_signal())
     }
 }
 
