@@ -404,10 +404,14 @@ pub fn list(kind: Kind) -> Vec<Allow> {
 
 /// The capabilities `kind` keeps after its set-up: none, except the main thread's
 /// CAP_DAC_OVERRIDE, with which a VMM run as root writes its report, removes its socket and
-/// its PPA page file wherever the operator put them, as it could at start.
+/// its PPA page file wherever the operator put them, as it could at start, and a vCPU
+/// thread's CAP_PERFMON, with which it opens its own context-switch records (level full) on
+/// hosts whose `perf_event_paranoid` is 3 (Debian's default), now or when the level is
+/// switched later; its filter lets perf_event_open name only the thread itself.
 pub fn kept_caps(kind: Kind) -> u64 {
     match kind {
         Kind::Main => caps::bit(caps::CAP_DAC_OVERRIDE),
+        Kind::Vcpu => caps::bit(caps::CAP_PERFMON),
         _ => 0,
     }
 }

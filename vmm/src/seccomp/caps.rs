@@ -11,14 +11,18 @@ use std::io;
 pub const CAP_DAC_OVERRIDE: u32 = 1;
 /// CAP_SETPCAP: needed to drop from the bounding set.
 const CAP_SETPCAP: u32 = 8;
+/// CAP_PERFMON: perf events where `perf_event_paranoid` forbids them to the unprivileged
+/// (Debian and Ubuntu kernels default to 3, which forbids even a thread's own events).
+pub const CAP_PERFMON: u32 = 38;
 /// The highest capability number this code knows of (CAP_CHECKPOINT_RESTORE, Linux 5.9);
 /// later ones are dropped from the bounding set by trying up to 63.
 const CAP_LAST_KNOWN: u32 = 40;
 
 /// Names of the capabilities this module refers to, for logs.
-const NAMES: [(u32, &str); 2] = [
+const NAMES: [(u32, &str); 3] = [
     (CAP_DAC_OVERRIDE, "CAP_DAC_OVERRIDE"),
     (CAP_SETPCAP, "CAP_SETPCAP"),
+    (CAP_PERFMON, "CAP_PERFMON"),
 ];
 
 const VERSION_3: u32 = 0x2008_0522;

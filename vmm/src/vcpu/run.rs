@@ -73,15 +73,17 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
     // Precise halts: the default 50 µs timer slack would lengthen every park.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-    crate::seccomp::enter(crate::seccomp::Kind::Vcpu);
     let mut rec = Recorder::new(
         Arc::clone(&shared.acct.meter),
         Arc::clone(&v.control),
         Stamp::default(),
     );
     // Opening the context-switch records can sleep (perf_event_open, mmap): before the
-    // clocks start, so that no interval holds time no record explains.
+    // clocks start, so that no interval holds time no record explains. And before the thread
+    // drops its privileges: a kernel with perf_event_paranoid 3 (Debian's default) refuses
+    // the event to a thread without them.
     rec.use_records();
+    crate::seccomp::enter(crate::seccomp::Kind::Vcpu);
     let origin = consistent_stamp(shared);
     let start = Stamp {
         now: origin.now,
