@@ -155,14 +155,21 @@ fn agent_text(out: &mut String, g: &GuestView, a: &ppa_vmm_api::GuestAgentView) 
             ms(a.rest_interval_on_cpu_ns)
         );
     }
+    // Published records of exited threads are not among the threads alive it counts.
+    let exited = g.threads.iter().filter(|t| t.state == EXITED).count() as u32;
     let _ = writeln!(
         out,
-        "  agent: pid {}, every {:.0} ms, {} samples, {} of {} threads published; last sample {:.0} us CPU (max {:.0} us), {:.3} % of a CPU in all{}",
+        "  agent: pid {}, every {:.0} ms, {} samples, {} of {} threads published{}; last sample {:.0} us CPU (max {:.0} us), {:.3} % of a CPU in all{}",
         a.pid,
         ms(a.interval_ns),
         a.samples,
-        a.threads_published,
+        a.threads_published.saturating_sub(exited),
         a.threads_seen,
+        if exited > 0 {
+            format!(" (and {exited} exited)")
+        } else {
+            String::new()
+        },
         a.sample_cpu_ns as f64 / 1e3,
         a.sample_max_cpu_ns as f64 / 1e3,
         100.0 * a.agent_cpu_ns as f64 / (a.samples.max(1) as f64 * a.interval_ns.max(1) as f64),
@@ -312,29 +319,7 @@ mod tests {
             on_cpu_ns: 1_000_000,
             ..t
         });
-        g.agent = Some(ppa_vmm_api::GuestAgentView {
-            pid: 77,
-            interval_ns: 1_000_000_000,
-            samples: 10,
-            sample_cpu_ns: 120_000,
-            sample_max_cpu_ns: 300_000,
-            agent_cpu_ns: 1_500_000,
-            threads_seen: 40,
-            threads_published: 3,
-            rest_count: 37,
-            rest_on_cpu_ns: 9_000_000,
-            rest_interval_on_cpu_ns: 1_000_000,
-            unseen_count: 2,
-            unseen_cpu_ns: 250_000,
-            exited_processes: 1,
-            exits_missed: 0,
-            taskstats: false,
-            delayacct: false,
-            exits_lost: false,
-            cpu_switches: false,
-            stopped: false,
-            updated_ns: 9,
-        });
+        g.agent = Some(agent());
         let text = guest_view_text(&g, &cols);
         assert!(
             text.contains("between samples: 2 (0.25 ms CPU); processes ended: 1 (no taskstats"),
@@ -362,6 +347,32 @@ mod tests {
         );
     }
 
+    fn agent() -> ppa_vmm_api::GuestAgentView {
+        ppa_vmm_api::GuestAgentView {
+            pid: 77,
+            interval_ns: 1_000_000_000,
+            samples: 10,
+            sample_cpu_ns: 120_000,
+            sample_max_cpu_ns: 300_000,
+            agent_cpu_ns: 1_500_000,
+            threads_seen: 40,
+            threads_published: 3,
+            rest_count: 37,
+            rest_on_cpu_ns: 9_000_000,
+            rest_interval_on_cpu_ns: 1_000_000,
+            unseen_count: 2,
+            unseen_cpu_ns: 250_000,
+            exited_processes: 1,
+            exits_missed: 0,
+            taskstats: false,
+            delayacct: false,
+            exits_lost: false,
+            cpu_switches: false,
+            stopped: false,
+            updated_ns: 9,
+        }
+    }
+
     #[test]
     fn exited_threads_are_marked_and_summed_apart_from_the_transient_figures() {
         let mut g = view();
@@ -385,7 +396,16 @@ mod tests {
             names: ["a", "b", "c"],
             values: &none,
         };
+        g.agent = Some(ppa_vmm_api::GuestAgentView {
+            threads_seen: 40,
+            threads_published: 3,
+            ..agent()
+        });
         let text = guest_view_text(&g, &cols);
+        assert!(
+            text.contains("1 of 40 threads published (and 2 exited);"),
+            "{text}"
+        );
         let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap();
         assert!(row("busy-0").ends_with("42  exited"), "{text}");
         assert!(row("spin-1").ends_with("  exited"), "{text}");
