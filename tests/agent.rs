@@ -2,7 +2,8 @@
 //! PPA page as a file, `ppa-agent --page-file` publishes this machine's threads into it, and
 //! the VMM's `guest` command and final report are checked against threads of this test
 //! whose CPU time is known (issue 15, "Tests"): a thread spinning 300 ms of its own CPU time,
-//! a sleeping one, one that starts and ends between samples, and 50 short-lived processes;
+//! a sleeping one, one that starts and ends between samples, and 50 short-lived processes
+//! (each exit in the transient figures or still published as an exited thread, state `X`);
 //! then a second agent limited to 8 records, whose aggregate must account for the rest.
 
 mod common;
@@ -45,6 +46,23 @@ fn gettid() -> u32 {
 
 fn guest(c: &mut Conn) -> GuestView {
     serde_json::from_value(c.ok(json!({"cmd": "guest"}))).unwrap()
+}
+
+/// Every exit the view accounts for (count, CPU ns): the transient figures and the exited
+/// threads (state `X`) still published, which are not in them.
+fn exits_in(g: &GuestView) -> (u64, u64) {
+    g.threads
+        .iter()
+        .filter(|t| t.state == "X")
+        .fold((g.transient_count, g.transient_cpu_ns), |(n, cpu), t| {
+            (n + 1, cpu + t.on_cpu_ns)
+        })
+}
+
+/// The published records of live threads.
+fn live_published(g: &GuestView, a: &GuestAgentView) -> u64 {
+    let exited = g.threads.iter().filter(|t| t.state == "X").count() as u64;
+    u64::from(a.threads_published) - exited
 }
 
 /// Polls `guest` until agent `pid` has taken `more` samples after sample `since` (bounded).
@@ -260,9 +278,12 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
     assert!(sleep.on_cpu_ns < 2_000_000, "{sleep:?}");
     assert_eq!(sleep.state, "S");
 
-    // Transient tasks: the 50 processes and the thread, each with its CPU time.
-    let exited = g.transient_count - before.transient_count;
-    let exited_cpu = g.transient_cpu_ns - before.transient_cpu_ns;
+    // Transient tasks: the 50 processes and the thread, each with its CPU time, in the
+    // transient figures or still published as exited threads.
+    let (exited, exited_cpu) = {
+        let (now, then) = (exits_in(&g), exits_in(&before));
+        (now.0 - then.0, now.1 - then.1)
+    };
     let children_cpu: u64 = children.iter().map(|c| c.1).sum();
     eprintln!(
         "transient: {exited} exits with {exited_cpu} ns CPU in the window; the 50 children measured {children_cpu} ns, the thread {blip_cpu} ns; unseen so far {} ({} ns)",
@@ -290,13 +311,35 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
         let &(cpu, end) = ex.get(&blip_tid).expect("the short thread's exit");
         assert!(!end && cpu >= blip_cpu, "{cpu} vs {blip_cpu}");
         assert!(a.exited_processes >= 50, "{a:?}");
+        // Children still published as exited threads carry their notified figures.
+        for t in g.threads.iter().filter(|t| t.state == "X") {
+            if let Some(&(cpu, _)) = ex.get(&t.tid) {
+                assert_eq!(t.on_cpu_ns, cpu, "{t:?}");
+            }
+        }
+        // The last child exited before sample `now + 1` took its exits, so the 3 samples an
+        // exited thread stays published (the default) still list it at sample `now + 2`.
+        let last = children.last().unwrap().0;
+        eprintln!(
+            "exited threads still published at sample {} (window from {now}): {}",
+            a.samples,
+            g.threads.iter().filter(|t| t.state == "X").count()
+        );
+        if a.samples == now + 2 {
+            let t = g.threads.iter().find(|t| t.tid == last);
+            assert!(
+                t.is_some_and(|t| t.state == "X" && t.tgid == last),
+                "the last child {last} is not published as exited: {t:?}"
+            );
+        }
     }
-    assert!(a.unseen_count <= g.transient_count && a.unseen_cpu_ns <= g.transient_cpu_ns);
+    let (all_exits, all_exits_cpu) = exits_in(&g);
+    assert!(a.unseen_count <= all_exits && a.unseen_cpu_ns <= all_exits_cpu);
     assert_eq!(a.threads_published as usize, g.threads.len(), "{a:?}");
     assert_eq!(
         a.rest_count,
-        u64::from(a.threads_seen - a.threads_published),
-        "{a:?}"
+        u64::from(a.threads_seen) - live_published(&g, &a),
+        "the aggregate is the live threads not published: {a:?}"
     );
 
     // The text view names the agent's figures.

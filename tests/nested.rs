@@ -283,6 +283,16 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
     );
     let cmdline = r["vm"]["cmdline"].as_str().expect("the command line");
     assert!(cmdline.contains("ppa.page=0x"), "{cmdline}");
+    // The guest agent published the finished workload: init waited one agent interval after
+    // it, and the agent keeps an exited thread published (state X, its final figures) for
+    // 3 samples, so the page at the reboot still lists both threads.
+    let g = &r["guest"];
+    assert_eq!(g["published"], true, "the agent published: {g}");
+    assert!(
+        g["agent"].is_object(),
+        "the agent's record is in the report: {g}"
+    );
+    let threads = g["threads"].as_array().expect("the guest's threads");
     let mut guest_cpu = 0;
     for name in ["spin-0", "spin-1"] {
         let fields = console_fields(&console, "PPA-THREAD ", name);
@@ -293,6 +303,28 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
             .unwrap_or_else(|| panic!("{name} has no cpu_ns: {fields:?}"));
         assert!(cpu_ns >= ms * 1_000_000, "{name} spun {cpu_ns} ns");
         guest_cpu += cpu_ns;
+        let t = threads
+            .iter()
+            .find(|t| t["comm"] == name)
+            .unwrap_or_else(|| panic!("the agent did not publish {name}: {g}"));
+        let on_cpu = t["on_cpu_ns"].as_u64().expect("on_cpu_ns");
+        eprintln!(
+            "{name}: published {on_cpu} ns, its own clock {cpu_ns} ns, state {}",
+            t["state"]
+        );
+        assert!(
+            on_cpu >= ms * 1_000_000,
+            "{name}: published {on_cpu} ns, less than the {ms} ms it spun: {t}"
+        );
+        // With exit notifications the figure is the scheduler's at the exit, which the
+        // thread's last clock read (the console's cpu_ns, counted from its start) made current.
+        if g["agent"]["taskstats"] == true {
+            assert!(
+                on_cpu >= cpu_ns,
+                "{name}: published {on_cpu} ns < {cpu_ns} ns: {t}"
+            );
+        }
+        assert_eq!(t["state"], "X", "{name} exited: {t}");
     }
     let vcpus = r["vcpus"].as_array().expect("a vcpus array");
     assert_eq!(vcpus.len(), 2);

@@ -246,6 +246,7 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
         ts,
         Options {
             log_exits: cfg.log_exits,
+            linger: cfg.linger,
             ..Options::default()
         },
     )
@@ -254,11 +255,12 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
     c.set_capacity(p.layout().capacity as usize);
     let sig = signals().map_err(AgentError::Wait)?;
     log(&format!(
-        "publishing into {} every {:?}: {} CPU records, room for {} thread records; taskstats {}, delay accounting {}",
+        "publishing into {} every {:?}: {} CPU records, room for {} thread records, exited threads kept {} samples; taskstats {}, delay accounting {}",
         page.at(),
         cfg.interval,
         c.nr_cpus(),
         p.layout().capacity,
+        cfg.linger,
         if c.taskstats() { "on" } else { "off" },
         if c.delayacct() { "on" } else { "off" }
     ));

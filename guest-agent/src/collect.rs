@@ -16,8 +16,11 @@
 //!    figures, and the tasks created but never seen are the fork count's growth less the new
 //!    threads found (their CPU estimated from their parents' children time, for which the
 //!    `stat` of every thread that ran is read).
+//!    Every exit also goes to [`linger::Lingering`], which keeps the exited thread's final
+//!    record for a few samples.
 //! 6. The threads to publish are chosen ([`crate::publish::select`]: most on-CPU time in the
-//!    interval first, up to the page's capacity), and only those whose figures moved since
+//!    interval first, up to the page's capacity; then, in the room left, the exited threads
+//!    still lingering, newest exit first), and only those live ones whose figures moved since
 //!    their last full read have their `stat` (state, last CPU, utime/stime split), `status`
 //!    (switch counts) and, with delay accounting on, taskstats delay totals reread. A thread
 //!    that is not published costs one schedstat read when it ran, nothing when it did not.
@@ -26,6 +29,7 @@
 //! afterwards.
 
 pub mod cpus;
+pub mod linger;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -37,6 +41,7 @@ use ppa_guest_abi::ppa_page::{GuestCpu, COMM_LEN};
 use crate::procfs::{self, SchedStat, PF_KTHREAD};
 use crate::taskstats::{TaskExit, Taskstats};
 use cpus::{pread_all, CpuFiles};
+use linger::Lingering;
 
 /// One thread as the agent publishes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,6 +73,9 @@ pub struct ThreadInfo {
     pub delays: [u64; 4],
     /// On-CPU time in the last interval, ns.
     pub interval_on_cpu_ns: u64,
+    /// When the agent learned of its exit (CLOCK_MONOTONIC ns); 0 for a live thread. An
+    /// exited thread's figures are final and its state is `X`.
+    pub exited_ns: u64,
 }
 
 #[derive(Debug)]
@@ -156,6 +164,8 @@ pub struct Options {
     pub log_exits: bool,
     /// Threads to choose for publication each sample (the page's thread capacity).
     pub capacity: usize,
+    /// Samples an exited thread stays published after its exit (0: none).
+    pub linger: u32,
 }
 
 impl Default for Options {
@@ -163,6 +173,7 @@ impl Default for Options {
         Options {
             log_exits: false,
             capacity: ppa_guest_abi::ppa_page::READER_MAX_RECORDS as usize,
+            linger: linger::DEFAULT_LINGER,
         }
     }
 }
@@ -191,6 +202,7 @@ pub struct Collector {
     child_ns: u64,
     reaped_ns: u64,
     selected: Vec<u32>,
+    lingering: Lingering,
 }
 
 /// Raises the open-file limit to its hard limit; returns the soft limit now in force.
@@ -273,6 +285,7 @@ impl Collector {
             child_ns: 0,
             reaped_ns: 0,
             selected: Vec::new(),
+            lingering: Lingering::new(opts.linger),
         })
     }
 
@@ -281,11 +294,16 @@ impl Collector {
         self.opts.capacity = capacity;
     }
 
-    /// The threads chosen at the last sample, best first (the publisher's order).
+    /// The threads chosen at the last sample, best first (the publisher's order): the live
+    /// ones, then the exited ones still lingering. A chosen thread that exited since is
+    /// given with its final record.
     pub fn selected(&self) -> impl Iterator<Item = &ThreadInfo> {
-        self.selected
-            .iter()
-            .filter_map(|tid| self.threads.get(tid).map(|t| &t.info))
+        self.selected.iter().filter_map(|tid| {
+            self.threads
+                .get(tid)
+                .map(|t| &t.info)
+                .or_else(|| self.lingering.get(*tid))
+        })
     }
 
     /// Exit notifications are on.
@@ -362,13 +380,14 @@ impl Collector {
     }
 
     fn on_exit(&mut self, e: TaskExit) {
-        let seen = match self.threads.remove(&e.tid) {
-            Some(t) => {
-                self.fds -= t.fds();
-                true
-            }
-            None => false,
-        };
+        let gone = self.threads.remove(&e.tid);
+        let seen = gone.is_some();
+        if let Some(t) = &gone {
+            self.fds -= t.fds();
+        }
+        let (last, prev) = gone.map_or((None, 0), |t| (Some(t.info), t.prev_on_cpu));
+        self.lingering
+            .exited(last.as_ref(), prev, Some(&e), crate::monotonic_ns());
         let t = &mut self.totals;
         t.exited_count += 1;
         t.exited_cpu_ns += e.cpu_ns;
@@ -504,6 +523,12 @@ impl Collector {
                 self.selected.push(tid);
             }
         }
+        let room = self.opts.capacity.saturating_sub(self.selected.len());
+        let threads = &self.threads;
+        let kept = self
+            .lingering
+            .choose(room, |tid| threads.contains_key(&tid));
+        self.selected.extend(kept);
     }
 
     /// Counts what vanished without a notification, and (without taskstats) the tasks that
@@ -519,6 +544,8 @@ impl Collector {
                 continue; // notified already
             };
             self.fds -= t.fds();
+            self.lingering
+                .exited(Some(&t.info), t.prev_on_cpu, None, self.now_ns);
             self.totals.exited_count += 1;
             self.totals.exited_cpu_ns += t.info.sched.on_cpu_ns;
             if missed {

@@ -77,7 +77,7 @@ pub enum ConfigError {
         line: usize,
     },
     /// A key the agent does not know.
-    #[error("{path}:{line}: unknown key `{key}` (known: interval, page_file, max_threads, taskstats, log_exits)")]
+    #[error("{path}:{line}: unknown key `{key}` (known: interval, page_file, max_threads, taskstats, log_exits, linger)")]
     UnknownKey {
         /// The file.
         path: PathBuf,
@@ -126,7 +126,13 @@ pub struct Config {
     pub taskstats: bool,
     /// Print one line per exit notification on stderr.
     pub log_exits: bool,
+    /// Samples an exited thread stays published, with its final figures and state `X`
+    /// (0: an exited thread only adds to the transient figures).
+    pub linger: u32,
 }
+
+/// Most samples an exited thread may stay published.
+pub const MAX_LINGER: u32 = 1000;
 
 impl Default for Config {
     fn default() -> Self {
@@ -136,6 +142,7 @@ impl Default for Config {
             max_threads: READER_MAX_RECORDS,
             taskstats: true,
             log_exits: false,
+            linger: crate::collect::linger::DEFAULT_LINGER,
         }
     }
 }
@@ -197,6 +204,13 @@ impl Config {
                 }
                 "taskstats" => c.taskstats = on_off(value).ok_or_else(|| bad("on or off"))?,
                 "log_exits" => c.log_exits = on_off(value).ok_or_else(|| bad("on or off"))?,
+                "linger" => {
+                    c.linger = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= MAX_LINGER)
+                        .ok_or_else(|| bad("a number of samples from 0 to 1000"))?
+                }
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         path: path.to_path_buf(),
@@ -263,7 +277,7 @@ mod tests {
         let p = Path::new("/etc/ppa-agent.conf");
         let c = Config::parse(
             p,
-            "# comment\n\ninterval = 250ms  # faster\nmax_threads=64\ntaskstats = off\n",
+            "# comment\n\ninterval = 250ms  # faster\nmax_threads=64\ntaskstats = off\nlinger = 0\n",
         )
         .unwrap();
         assert_eq!(
@@ -272,8 +286,14 @@ mod tests {
                 interval: Duration::from_millis(250),
                 max_threads: 64,
                 taskstats: false,
+                linger: 0,
                 ..Config::default()
             }
+        );
+        let e = Config::parse(p, "linger = 1001\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/ppa-agent.conf:1: `linger` wants a number of samples from 0 to 1000, not `1001`"
         );
         let e = Config::parse(p, "interval = 1s\nspeed = 3\n").unwrap_err();
         assert!(

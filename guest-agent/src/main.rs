@@ -38,6 +38,10 @@ struct Cli {
     /// Print one line per exit notification on stderr.
     #[arg(long)]
     log_exits: bool,
+    /// Samples an exited thread stays published with its final figures and state X
+    /// (default 3; 0: exited threads only add to the transient figures).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(ppa_agent::config::MAX_LINGER)))]
+    linger: Option<u32>,
     /// Take one sample, publish it and exit.
     #[arg(long)]
     once: bool,
@@ -84,6 +88,9 @@ fn config(cli: &Cli) -> Result<Config, String> {
     }
     if cli.log_exits {
         c.log_exits = true;
+    }
+    if let Some(n) = cli.linger {
+        c.linger = n;
     }
     Ok(c)
 }

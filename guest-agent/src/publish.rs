@@ -15,8 +15,10 @@
 //! [`Publisher::publish`] first checks that the region header is still the one the agent
 //! checked and that nobody else wrote the guest header since its last write (it stops
 //! rather than interleave with another writer), takes the threads the collector chose
-//! ([`select`]: most on-CPU time in the last interval first, up to the capacity), keeps each
-//! in the slot it had ([`assign`]), sums the rest into the aggregate, and writes the CPU
+//! ([`select`]: most on-CPU time in the last interval first, up to the capacity; then the
+//! exited threads still lingering, state `X`, in the room left), keeps each in the slot it
+//! had ([`assign`]), sums the live threads left out into the aggregate, takes the transient
+//! figures less the exited threads it lists ([`transient`]), and writes the CPU
 //! records, the thread records, its own record and the header, each under the protocol. When the header's thread count shrinks it is written
 //! first, so a reader never counts a slot that is being rewritten for another thread.
 
@@ -29,6 +31,7 @@ use ppa_guest_abi::ppa_page::{
 };
 use thiserror::Error;
 
+use crate::collect::linger::transient;
 use crate::collect::{Collector, ThreadInfo};
 use crate::page::Page;
 
@@ -186,6 +189,9 @@ pub struct Publisher {
     wrote: Option<u32>,
 }
 
+/// The record of `t` at `now_ns`. An exited thread's record keeps the time of its exit as its
+/// update time (its figures are final); a live thread is never published with the exited
+/// state: the rare `X` a /proc read catches for a thread being reaped is shown as `Z`.
 fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
     let mut r = GuestThread {
         seq: 0,
@@ -204,12 +210,20 @@ fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
         swapin_delay_ns: t.delays[1],
         freepages_delay_ns: t.delays[2],
         irq_delay_ns: t.delays[3],
-        updated_ns: now_ns,
+        updated_ns: if t.exited_ns != 0 {
+            t.exited_ns
+        } else {
+            now_ns
+        },
         work: 0,
         reserved: [0; 7],
     };
     let flags = if t.kernel { abi::THREAD_KERNEL } else { 0 };
-    r.set_ext(flags, t.state, t.interval_on_cpu_ns);
+    let state = match t.state {
+        abi::THREAD_STATE_EXITED if t.exited_ns == 0 => b'Z',
+        s => s,
+    };
+    r.set_ext(flags, state, t.interval_on_cpu_ns);
     r
 }
 
@@ -289,18 +303,17 @@ impl Publisher {
         }
         let now = c.now_ns();
         let threads: Vec<&ThreadInfo> = c.threads().collect();
-        // The collector chose (and refreshed) the threads to publish; at most capacity.
-        let chosen: Vec<u32> = c
-            .selected()
-            .map(|t| t.tid)
-            .take(self.layout.capacity as usize)
-            .collect();
+        // The collector chose (and refreshed) the threads to publish, live ones first, then
+        // exited ones; at most capacity.
+        let picked: Vec<&ThreadInfo> = c.selected().take(self.layout.capacity as usize).collect();
+        let by_tid: HashMap<u32, &ThreadInfo> = picked.iter().map(|t| (t.tid, *t)).collect();
+        let chosen: Vec<u32> = picked.iter().map(|t| t.tid).collect();
         assign(&mut self.slots, &chosen);
-        let by_tid: HashMap<u32, &ThreadInfo> = threads.iter().map(|t| (t.tid, *t)).collect();
+        // The aggregate: live threads not published (an exited one is published or in the
+        // transient figures, never here).
         let mut rest = (0u64, 0u64, 0u64);
-        let picked: HashSet<u32> = chosen.iter().copied().collect();
         for t in &threads {
-            if !picked.contains(&t.tid) {
+            if !by_tid.contains_key(&t.tid) {
                 rest.0 += 1;
                 rest.1 += t.sched.on_cpu_ns;
                 rest.2 += t.interval_on_cpu_ns;
@@ -309,8 +322,11 @@ impl Publisher {
         let totals = c.totals();
         self.header.updated_ns = now;
         self.header.threads_count = self.slots.len() as u32;
-        self.header.transient_count = totals.exited_count;
-        self.header.transient_cpu_ns = totals.exited_cpu_ns;
+        // Exited threads published now are left out of the transient figures.
+        (self.header.transient_count, self.header.transient_cpu_ns) = transient(
+            (totals.exited_count, totals.exited_cpu_ns),
+            picked.iter().copied().filter(|t| t.exited_ns != 0),
+        );
         if self.header.threads_count < self.published {
             self.write_header();
         }

@@ -86,6 +86,11 @@ pub struct TaskExit {
     pub run_delay_ns: u64,
     /// Timeslices.
     pub timeslices: u64,
+    /// User and system time, ns (µs resolution): the kernel's tick-sampled split
+    /// (`ac_utime`, `ac_stime`), not scaled to `cpu_ns`.
+    pub utime_ns: u64,
+    /// See `utime_ns`.
+    pub stime_ns: u64,
     /// Voluntary and involuntary switches.
     pub nvcsw: u64,
     /// See `nvcsw`.
@@ -135,6 +140,8 @@ pub fn stats(b: &[u8]) -> Option<TaskExit> {
         elapsed_ns,
         run_delay_ns,
         timeslices,
+        utime_ns: u64_at(b, 152).saturating_mul(1000),
+        stime_ns: u64_at(b, 160).saturating_mul(1000),
         nvcsw: u64_at(b, 272),
         nivcsw: u64_at(b, 280),
         delays: [

@@ -242,6 +242,12 @@ pub struct GuestCpu {
 /// [`GuestThread::flags`] bit: a kernel thread (PF_KTHREAD).
 pub const THREAD_KERNEL: u32 = 1;
 
+/// [`GuestThread::state`] of a thread that has exited (Linux's own letter for a dead task,
+/// `X`): the record holds its final figures, and a writer that keeps such records does not
+/// count them in the header's transient figures while they are published (docs/abi.md,
+/// "Exited threads"). Any other value is Linux's letter for a live thread, or 0 (unknown).
+pub const THREAD_STATE_EXITED: u8 = b'X';
+
 /// The 1.1 meanings of [`GuestThread`]'s first two reserved words (zero from a 1.0 writer):
 /// `reserved[0]` holds `flags` (bits 0–31) and `state` (bits 32–39), `reserved[1]` holds
 /// `interval_on_cpu_ns`. In C: `uint32_t flags; uint8_t state; uint8_t pad[3]; uint64_t
@@ -252,7 +258,8 @@ impl GuestThread {
         self.reserved[0] as u32
     }
 
-    /// Scheduler state as Linux shows it (`R`, `S`, `D`, `T`, `Z`, `I`, ...), 0 when unknown.
+    /// Scheduler state as Linux shows it (`R`, `S`, `D`, `T`, `Z`, `I`, ...), 0 when unknown;
+    /// [`THREAD_STATE_EXITED`] (`X`) for a thread that exited.
     pub const fn state(&self) -> u8 {
         (self.reserved[0] >> 32) as u8
     }

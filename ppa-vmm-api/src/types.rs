@@ -532,8 +532,9 @@ pub struct GuestThreadView {
     pub lag_ns: u64,
     /// Lags the header by more than a second.
     pub stale: bool,
-    /// Scheduler state as Linux shows it (`R`, `S`, `D`, ...); empty when the guest does not
-    /// say (layout 1.0, the tiny guest).
+    /// Scheduler state as Linux shows it (`R`, `S`, `D`, ...; `X`: the thread exited and
+    /// these are its final figures, not in `transient_*` while listed); empty when the guest
+    /// does not say (layout 1.0, the tiny guest).
     #[serde(default)]
     pub state: String,
     /// A kernel thread (layout 1.1).
@@ -631,7 +632,7 @@ pub struct GuestView {
     pub threads: Vec<GuestThreadView>,
     /// Guest CPUs.
     pub cpus: Vec<GuestCpuView>,
-    /// Threads that exited.
+    /// Threads that exited (those still listed in `threads`, state `X`, are not counted here).
     pub transient_count: u64,
     /// Their CPU time, ns.
     pub transient_cpu_ns: u64,

@@ -15,6 +15,9 @@ use ppa_vmm_api::GuestView;
 const MAX_THREADS: usize = 20;
 /// Processes shown in a guest agent's view.
 const MAX_PROCESSES: usize = 10;
+/// The state of a thread that exited (`ppa_guest_abi::ppa_page::THREAD_STATE_EXITED`): a
+/// guest agent keeps publishing it for a few samples with its final figures.
+const EXITED: &str = "X";
 
 /// Three host figures per guest CPU, in ns, shown after the guest's busy, idle and steal.
 pub struct HostColumns<'a> {
@@ -86,7 +89,13 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             ms(t.on_cpu_ns),
             ms(t.run_delay_ns),
             t.work,
-            if t.stale { "  stale" } else { "" }
+            if t.state == EXITED {
+                "  exited"
+            } else if t.stale {
+                "  stale"
+            } else {
+                ""
+            }
         );
     }
     if g.threads.len() > MAX_THREADS {
@@ -102,6 +111,15 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             "  transient threads: {} exited, {:.2} ms CPU",
             g.transient_count,
             ms(g.transient_cpu_ns)
+        );
+    }
+    let exited: Vec<_> = g.threads.iter().filter(|t| t.state == EXITED).collect();
+    if !exited.is_empty() {
+        let _ = writeln!(
+            out,
+            "  exited threads still published (state X): {}, {:.2} ms CPU, not in the transient figures",
+            exited.len(),
+            ms(exited.iter().map(|t| t.on_cpu_ns).sum())
         );
     }
     if let Some(a) = &g.agent {
@@ -137,14 +155,21 @@ fn agent_text(out: &mut String, g: &GuestView, a: &ppa_vmm_api::GuestAgentView) 
             ms(a.rest_interval_on_cpu_ns)
         );
     }
+    // Published records of exited threads are not among the threads alive it counts.
+    let exited = g.threads.iter().filter(|t| t.state == EXITED).count() as u32;
     let _ = writeln!(
         out,
-        "  agent: pid {}, every {:.0} ms, {} samples, {} of {} threads published; last sample {:.0} us CPU (max {:.0} us), {:.3} % of a CPU in all{}",
+        "  agent: pid {}, every {:.0} ms, {} samples, {} of {} threads published{}; last sample {:.0} us CPU (max {:.0} us), {:.3} % of a CPU in all{}",
         a.pid,
         ms(a.interval_ns),
         a.samples,
-        a.threads_published,
+        a.threads_published.saturating_sub(exited),
         a.threads_seen,
+        if exited > 0 {
+            format!(" (and {exited} exited)")
+        } else {
+            String::new()
+        },
         a.sample_cpu_ns as f64 / 1e3,
         a.sample_max_cpu_ns as f64 / 1e3,
         100.0 * a.agent_cpu_ns as f64 / (a.samples.max(1) as f64 * a.interval_ns.max(1) as f64),
@@ -294,7 +319,36 @@ mod tests {
             on_cpu_ns: 1_000_000,
             ..t
         });
-        g.agent = Some(ppa_vmm_api::GuestAgentView {
+        g.agent = Some(agent());
+        let text = guest_view_text(&g, &cols);
+        assert!(
+            text.contains("between samples: 2 (0.25 ms CPU); processes ended: 1 (no taskstats"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not published (over the page's capacity): 37 threads, 9.00 ms CPU"),
+            "{text}"
+        );
+        assert!(text.contains("agent: pid 77, every 1000 ms, 10 samples, 3 of 40 threads published; last sample 120 us CPU (max 300 us), 0.015 % of a CPU"), "{text}");
+        assert!(!text.contains("exited threads still"), "{text}");
+        // Process 1 (busy-0 and main, named after main: tid = tgid) leads with 3.00 ms.
+        let procs: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.contains("TGID"))
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            procs,
+            [
+                vec!["1", "main", "2", "3.00"],
+                vec!["9", "other", "1", "1.00"]
+            ]
+        );
+    }
+
+    fn agent() -> ppa_vmm_api::GuestAgentView {
+        ppa_vmm_api::GuestAgentView {
             pid: 77,
             interval_ns: 1_000_000_000,
             samples: 10,
@@ -316,30 +370,51 @@ mod tests {
             cpu_switches: false,
             stopped: false,
             updated_ns: 9,
+        }
+    }
+
+    #[test]
+    fn exited_threads_are_marked_and_summed_apart_from_the_transient_figures() {
+        let mut g = view();
+        g.threads[0].state = "X".into();
+        let t = g.threads[0].clone();
+        g.threads.push(GuestThreadView {
+            tid: 8,
+            comm: "spin-1".into(),
+            on_cpu_ns: 500_000,
+            state: "X".into(),
+            ..t.clone()
+        });
+        g.threads.push(GuestThreadView {
+            tid: 9,
+            comm: "live".into(),
+            state: "?".into(),
+            ..t
+        });
+        let none = |_: u32| None;
+        let cols = HostColumns {
+            names: ["a", "b", "c"],
+            values: &none,
+        };
+        g.agent = Some(ppa_vmm_api::GuestAgentView {
+            threads_seen: 40,
+            threads_published: 3,
+            ..agent()
         });
         let text = guest_view_text(&g, &cols);
         assert!(
-            text.contains("between samples: 2 (0.25 ms CPU); processes ended: 1 (no taskstats"),
+            text.contains("1 of 40 threads published (and 2 exited);"),
             "{text}"
         );
+        let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap();
+        assert!(row("busy-0").ends_with("42  exited"), "{text}");
+        assert!(row("spin-1").ends_with("  exited"), "{text}");
+        assert!(row("live").ends_with("42  stale"), "{text}");
         assert!(
-            text.contains("not published (over the page's capacity): 37 threads, 9.00 ms CPU"),
+            text.contains(
+                "exited threads still published (state X): 2, 3.00 ms CPU, not in the transient figures"
+            ),
             "{text}"
-        );
-        assert!(text.contains("agent: pid 77, every 1000 ms, 10 samples, 3 of 40 threads published; last sample 120 us CPU (max 300 us), 0.015 % of a CPU"), "{text}");
-        // Process 1 (busy-0 and main, named after main: tid = tgid) leads with 3.00 ms.
-        let procs: Vec<Vec<&str>> = text
-            .lines()
-            .skip_while(|l| !l.contains("TGID"))
-            .skip(1)
-            .map(|l| l.split_whitespace().collect())
-            .collect();
-        assert_eq!(
-            procs,
-            [
-                vec!["1", "main", "2", "3.00"],
-                vec!["9", "other", "1", "1.00"]
-            ]
         );
     }
 

@@ -101,6 +101,20 @@ fn a_spinning_thread_is_measured_and_an_ended_one_counted() {
     let after = c.totals();
     assert!(after.exited_count > before.exited_count);
     assert!(after.exited_cpu_ns - before.exited_cpu_ns >= s.sched.on_cpu_ns);
+    // Still chosen for publication, after the live threads: its last figures, state X.
+    let x = c
+        .selected()
+        .find(|t| t.tid == spin)
+        .copied()
+        .expect("the ended thread lingers");
+    assert_eq!((x.state, x.sched), (b'X', again.sched), "{x:?}");
+    assert!(x.exited_ns != 0 && x.interval_on_cpu_ns == 0, "{x:?}");
+    assert!(
+        c.selected()
+            .skip_while(|t| t.exited_ns == 0)
+            .all(|t| t.exited_ns != 0),
+        "live threads first"
+    );
     stop_idle.send(()).unwrap();
     h2.join().unwrap();
 }

@@ -191,3 +191,133 @@ fn a_region_header_rewritten_under_the_agent_stops_it() {
     drop(page);
     std::fs::remove_file(&path).unwrap();
 }
+
+/// The thread records of the table `h` describes, read back.
+fn read_threads(base: *const u8, h: &GuestHeader) -> Vec<GuestThread> {
+    (0..h.threads_count as usize)
+        .map(|i| {
+            let off = h.threads_offset as usize + 192 * i;
+            // SAFETY: slot i is inside the thread table in the mapping.
+            unsafe { read_record(base.add(off).cast::<GuestThread>(), 8) }.unwrap()
+        })
+        .collect()
+}
+
+/// A thread that spins `ms` of its own CPU time and ends; its tid and CPU at its last read.
+fn short_thread(ms: u64) -> (u32, u64) {
+    std::thread::spawn(move || {
+        let t0 = crate::thread_cpu_ns();
+        while crate::thread_cpu_ns() - t0 < ms * 1_000_000 {}
+        // SAFETY: gettid has no preconditions.
+        (unsafe { libc::gettid() } as u32, crate::thread_cpu_ns())
+    })
+    .join()
+    .unwrap()
+}
+
+/// One publication of `c`, read back: every CPU figure the collector holds (live threads and
+/// all exits) is in exactly one of the thread records, the aggregate and the transient
+/// figures, and so is every thread. Returns the header and the records.
+fn publish_and_add_up(
+    p: &mut Publisher,
+    page: &crate::page::Page,
+    c: &Collector,
+) -> (GuestHeader, Vec<GuestThread>) {
+    p.publish(page, c, &AgentFigures::default()).unwrap();
+    let (base, _) = page.guest();
+    let h = read_header(base);
+    // SAFETY: the agent record is at 64 inside the mapping.
+    let a: GuestAgent = unsafe { read_record(base.add(64).cast::<GuestAgent>(), 8) }.unwrap();
+    let records = read_threads(base, &h);
+    let totals = c.totals();
+    let published: u64 = records.iter().map(|t| t.on_cpu_ns).sum();
+    let live: u64 = c.threads().map(|t| t.sched.on_cpu_ns).sum();
+    assert_eq!(
+        published + a.rest_on_cpu_ns + h.transient_cpu_ns,
+        live + totals.exited_cpu_ns,
+        "published + aggregate + transient = all the CPU the agent saw"
+    );
+    let exited_listed = records
+        .iter()
+        .filter(|t| t.state() == abi::THREAD_STATE_EXITED)
+        .count() as u64;
+    assert_eq!(
+        a.rest_count,
+        u64::from(a.threads_seen) - (u64::from(a.threads_published) - exited_listed),
+        "the aggregate is the live threads not published"
+    );
+    assert_eq!(
+        h.transient_count + exited_listed,
+        totals.exited_count,
+        "every exit listed or in the transient count"
+    );
+    (h, records)
+}
+
+#[test]
+fn an_exited_thread_stays_published_as_x_for_linger_samples_and_is_counted_once() {
+    for linger in [2, 0] {
+        let path = temp(&format!("linger{linger}"));
+        write_region_file(&path, 262144, 1).unwrap();
+        let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+        let opts = Options {
+            linger,
+            ..Options::default()
+        };
+        let mut c = Collector::new(None, opts).unwrap();
+        let mut p = Publisher::new(&page, c.nr_cpus(), 1024).unwrap();
+        c.set_capacity(p.layout().capacity as usize);
+        c.sample().unwrap();
+        publish_and_add_up(&mut p, &page, &c);
+        // Seen by a sample while it runs, then ended before the next.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            let t0 = crate::thread_cpu_ns();
+            while crate::thread_cpu_ns() - t0 < 20_000_000 {}
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = rx.recv();
+            crate::thread_cpu_ns()
+        });
+        let tid = tid_rx.recv().unwrap();
+        c.sample().unwrap();
+        publish_and_add_up(&mut p, &page, &c);
+        drop(tx);
+        let spun = h.join().unwrap();
+        // And one that starts and ends between two samples (no sample sees it; without
+        // taskstats it has no record of its own, only its share of the transient figures).
+        let (blip, _) = short_thread(2);
+        let mut shown = 0;
+        for sample in 0..4 {
+            c.sample().unwrap();
+            let (hd, records) = publish_and_add_up(&mut p, &page, &c);
+            assert!(records.iter().all(|t| t.tid != blip || t.state() == b'X'));
+            match records.iter().find(|t| t.tid == tid) {
+                Some(t) => {
+                    shown += 1;
+                    assert_eq!(t.state(), abi::THREAD_STATE_EXITED, "{t:?}");
+                    // The last sample's figure: at least what it spun when that sample
+                    // saw it, at most its CPU when it ended.
+                    assert!(
+                        t.on_cpu_ns >= 20_000_000 && t.on_cpu_ns <= spun,
+                        "{t:?} vs {spun}"
+                    );
+                    assert!(t.updated_ns <= hd.updated_ns);
+                    // Its interval time: what it ran since the sample before, then 0.
+                    if sample > 0 {
+                        assert_eq!(t.interval_on_cpu_ns(), 0, "{t:?}");
+                    }
+                }
+                None => assert!(
+                    linger == 0 || sample >= linger,
+                    "sample {sample} after the exit lost it (linger {linger})"
+                ),
+            }
+        }
+        assert_eq!(shown, linger, "published in exactly `linger` samples");
+        drop(p);
+        drop(page);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -34,6 +34,8 @@ fn payload(version: u16, len: usize, flag: u8) -> Vec<u8> {
     put(40, 5);
     put(56, 6);
     put(72, 5_000_000);
+    put(152, 4000);
+    put(160, 1000);
     put(272, 9);
     put(280, 2);
     put(320, 7);
@@ -70,6 +72,7 @@ fn an_exit_notification_of_a_6_1_kernel() {
         (5_000_000, 1000, 3)
     );
     assert_eq!((t.nvcsw, t.nivcsw), (9, 2));
+    assert_eq!((t.utime_ns, t.stime_ns), (4_000_000, 1_000_000), "µs to ns");
     assert_eq!(t.delays, [5, 6, 7, 0], "no IRQ delay before version 14");
     assert!(t.group_end);
 }

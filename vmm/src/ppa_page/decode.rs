@@ -22,7 +22,8 @@ use ppa_vmm_api::{GuestAgentView, GuestCpuView, GuestThreadView, GuestView};
 pub const MAX_RECORDS: u32 = abi::READER_MAX_RECORDS;
 /// Tries per record before it is reported as torn.
 pub const MAX_TRIES: u32 = 8;
-/// A record whose update lags the header's by more than this is flagged stale.
+/// A record whose update lags the header's by more than this is flagged stale (not one of
+/// an exited thread, state `X`: its figures are final, its update time that of the exit).
 pub const STALE_NS: u64 = 1_000_000_000;
 
 /// The guest section's memory, borrowed for `'a`: a section cannot outlive the memory it
@@ -298,7 +299,8 @@ pub fn decode(section: Section<'_>) -> GuestView {
                             work: t.work,
                             updated_ns: t.updated_ns,
                             lag_ns,
-                            stale: lag_ns > STALE_NS,
+                            stale: lag_ns > STALE_NS
+                                && !(ext && t.state() == abi::THREAD_STATE_EXITED),
                             state: if ext { state(t.state()) } else { String::new() },
                             kernel: ext && t.flags() & abi::THREAD_KERNEL != 0,
                             interval_on_cpu_ns: if ext { t.interval_on_cpu_ns() } else { 0 },

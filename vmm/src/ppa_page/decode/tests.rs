@@ -285,8 +285,28 @@ fn a_guest_agents_record_and_thread_words_are_shown_from_a_1_1_header() {
         !r.kernel && r.state == "R" && r.interval_on_cpu_ns == 1,
         "{r:?}"
     );
-    // 'X' is a letter; anything else would be shown as '?'.
+    // 'X' (an exited thread) is a letter; anything else would be shown as '?'.
     assert_eq!(v.threads.iter().find(|t| t.tid == 12).unwrap().state, "X");
+
+    // An exited thread's record keeps the time of its exit: it lags, but is final, not stale;
+    // a live one that lags as much is stale.
+    let mut w = agent_layout(1);
+    header(&mut w).updated_ns = 7_000 + 5 * STALE_NS;
+    let (v, _) = errors_of(&w);
+    for t in &v.threads {
+        assert!(t.lag_ns > STALE_NS, "{t:?}");
+        assert_eq!(t.stale, t.state != "X", "{t:?}");
+    }
+    // Any other byte is an unknown state, shown as '?', never a panic.
+    let state_word = |slot: usize| (256 + 2 * 192 + 192 * slot + 136) / 8;
+    for b in [1u8, b'0', b' ', 0x7f, 0x80, 0xff] {
+        let mut w = agent_layout(1);
+        let i = state_word(2);
+        w[i] = (w[i] & !(0xff << 32)) | u64::from(b) << 32;
+        let (v, _) = errors_of(&w);
+        let t = v.threads.iter().find(|t| t.tid == 12).unwrap();
+        assert_eq!(t.state, "?", "state byte {b:#x}");
+    }
 
     // The same bytes under a 1.0 header: no agent record, reserved words ignored.
     let (v, e) = errors_of(&agent_layout(0));
