@@ -756,6 +756,40 @@ mod tests {
     }
 
     #[test]
+    fn client_time_limits() {
+        let (vm, _) = RunOptions::default().into_config().unwrap();
+        assert_eq!(vm.client_limits, crate::api::ClientLimits::default());
+        let o = opts(r#"{"client_timeout": 2.5, "idle_timeout": 0}"#).unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.client_limits.client_timeout, Duration::from_millis(2500));
+        assert_eq!(vm.client_limits.idle_timeout, None, "0: never idle");
+        let o = opts(r#"{"idle_timeout": 60}"#).unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.client_limits.idle_timeout, Some(Duration::from_secs(60)));
+        for (client, idle) in [
+            (Some(0.0), None),
+            (Some(-1.0), None),
+            (Some(f64::NAN), None),
+            (Some(f64::INFINITY), None),
+            (Some(1e10), None),
+            (None, Some(-0.5)),
+            (None, Some(f64::NAN)),
+        ] {
+            let e = RunOptions {
+                client_timeout: client,
+                idle_timeout: idle,
+                ..Default::default()
+            }
+            .into_config()
+            .unwrap_err();
+            assert!(
+                matches!(e, ConfigError::ClientTimeout(..)),
+                "{client:?} {idle:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn missing_config_file_is_named() {
         let e = RunOptions::from_file(Path::new("/nonexistent/ppa.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/ppa.json"));
