@@ -287,6 +287,21 @@ fn slowloris_connections_are_closed() {
     }
     assert!(ctl(&vmm.sock, &["version"]).status.success());
     assert!(scrape(port).unwrap_or_default().starts_with("HTTP/1.1 200"));
+    // The exporter shows the listeners' counters: past the render interval (100 ms), a new
+    // text counts every slowloris connection served and now closed.
+    std::thread::sleep(Duration::from_millis(300));
+    let text = scrape(port).unwrap_or_default();
+    let sample = |family: &str, listener: &str| -> u64 {
+        let label = format!("listener=\"{listener}\"}} ");
+        text.lines()
+            .find(|l| l.starts_with(&format!("{family}{{")) && l.contains(&label))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {family} for {listener} in the scrape"))
+    };
+    assert!(sample("ppa_api_connections_total", "http") >= 200);
+    assert!(sample("ppa_api_connections_total", "socket") >= 20);
+    assert_eq!(sample("ppa_api_clients", "socket"), 0);
+    assert_eq!(sample("ppa_api_clients", "http"), 1, "this scrape alone");
     let (code, _) = vmm.shutdown();
     assert_eq!(code, 0);
 }

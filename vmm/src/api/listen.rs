@@ -12,7 +12,10 @@
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::metrics::{self, ServerCounters};
 
 /// Connections the control socket serves at once (from its owner or root; other uids are
 /// refused before they count).
@@ -116,13 +119,17 @@ indexed_enum! {
     }
 }
 
-/// Counters of the listeners, written by the `api` thread and readable from any thread.
+/// Counters of the listeners, written by the `api` thread and readable from any thread. What
+/// they count is passed on to the [`ServerCounters`] the metrics exporter shows (`ppa_api_*`):
+/// clients connected and accepted, clients refused (cap, uid, no descriptor) and events
+/// dropped.
 #[derive(Debug, Default)]
 pub struct ListenerStats {
     connected: [AtomicU64; Listener::COUNT],
     accepted: [AtomicU64; Listener::COUNT],
     dropped: [[AtomicU64; DropReason::COUNT]; Listener::COUNT],
     queued_bytes: AtomicU64,
+    exported: Arc<ServerCounters>,
 }
 
 impl ListenerStats {
@@ -171,21 +178,49 @@ impl ListenerStats {
         format!("{}; {} bytes queued", parts.join("; "), self.queued_bytes())
     }
 
+    /// The exporter's view of these counters, to hand to `Exporter::attach_server`.
+    pub fn exported(&self) -> Arc<ServerCounters> {
+        Arc::clone(&self.exported)
+    }
+
     pub(super) fn on_accept(&self, l: Listener) {
         self.accepted[l.index()].fetch_add(1, Ordering::Relaxed);
         self.connected[l.index()].fetch_add(1, Ordering::Relaxed);
+        self.exported.connected(l.exported());
     }
 
     pub(super) fn on_close(&self, l: Listener) {
         self.connected[l.index()].fetch_sub(1, Ordering::Relaxed);
+        self.exported.closed(l.exported());
     }
 
     pub(super) fn on_drop(&self, l: Listener, reason: DropReason) {
         self.dropped[l.index()][reason.index()].fetch_add(1, Ordering::Relaxed);
+        // Turned away before being served; the others were connected and are closed.
+        if matches!(
+            reason,
+            DropReason::Full | DropReason::Permission | DropReason::NoFds
+        ) {
+            self.exported.refused(l.exported());
+        }
+    }
+
+    pub(super) fn on_events_dropped(&self, n: u64) {
+        self.exported.events_dropped(n);
     }
 
     pub(super) fn set_queued(&self, bytes: usize) {
         self.queued_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+impl Listener {
+    /// The exporter's name for this listener (its `listener` label).
+    fn exported(self) -> metrics::Listener {
+        match self {
+            Listener::Api => metrics::Listener::Socket,
+            Listener::Http => metrics::Listener::Http,
+        }
     }
 }
 

@@ -547,12 +547,16 @@ impl Serve {
         for t in tokens {
             if let Some(c) = self.conns.get_mut(&t) {
                 let before = c.out.len();
+                let mut lost = 0;
                 for (bit, line) in &lines {
-                    if c.mask & bit != 0 {
-                        c.out.push_event(line, EVENT_QUEUE_BYTES);
+                    if c.mask & bit != 0 && !c.out.push_event(line, EVENT_QUEUE_BYTES) {
+                        lost += 1;
                     }
                 }
                 self.queued += c.out.len() - before;
+                if lost > 0 {
+                    self.stats.on_events_dropped(lost);
+                }
             }
             self.flush(t, ops);
         }

@@ -170,8 +170,11 @@ impl ApiServer {
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(loop_err)?);
         let board = Arc::new(Board::default());
         let stats = Arc::new(ListenerStats::default());
+        let handler = Handler::with_board(vm.clone(), opts.stats_max_age_ns, Arc::clone(&board));
+        // The exporter shows the listeners' counters (ppa_api_*).
+        handler.metrics().attach_server(stats.exported());
         let serve = Serve::new(ServeParts {
-            handler: Handler::with_board(vm.clone(), opts.stats_max_age_ns, Arc::clone(&board)),
+            handler,
             api,
             http,
             hub: Arc::clone(&hub),
