@@ -453,6 +453,13 @@ impl Serve {
             self.close(token, ops);
             return;
         }
+        // Output taken below the pause at once (no EPOLLOUT will come): requests that waited
+        // for room get a turn.
+        if conn.can_answer() && !conn.ready {
+            conn.ready = true;
+            self.ready.push_back(token);
+            let _ = self.kick.write(1);
+        }
         let mut want = EventSet::empty();
         if conn.wants_input() {
             want |= EventSet::IN | EventSet::READ_HANG_UP;

@@ -195,7 +195,7 @@ fn a_client_that_does_not_read_gets_no_more_answers_then_is_dropped() {
         most = most.max(f.queued());
         std::thread::sleep(Duration::from_millis(1));
     }
-    // One metrics answer of a one-vCPU VM is about 8 KiB.
+    // One metrics answer of a one-vCPU VM is about 27 KiB.
     assert!(
         most <= (CLIENT_OUT_PAUSE + (64 << 10)) as u64,
         "{most} bytes queued for one client"
