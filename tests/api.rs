@@ -417,3 +417,46 @@ fn promtool_accepts(text: &[u8]) {
         String::from_utf8_lossy(text)
     );
 }
+
+#[test]
+fn a_second_cmd_cannot_be_smuggled_and_ids_come_back_exactly() {
+    let _g = common::serial();
+    let vmm = Vmm::start("dup", &["--vcpus", "1", "--workload", "busy:ms=60000"]);
+    let mut c = vmm.connect();
+    c.send_raw(b"{\"id\":1,\"cmd\":\"version\",\"cmd\":\"shutdown\"}\n");
+    let r = c.line();
+    assert_eq!(r["ok"], json!(false), "{r}");
+    assert_eq!(r["error"]["kind"], json!("bad-request"), "{r}");
+    assert_eq!(r["id"], json!(1), "{r}");
+    assert_eq!(
+        c.stats().vm.state,
+        ppa_vmm_api::VmState::Running,
+        "the VM was not shut down"
+    );
+    // Ids as the client wrote them, for every kind of answer (stats has its own encoder).
+    let mut raw = std::io::BufReader::new(UnixStream::connect(&vmm.sock).unwrap());
+    for id in [
+        "12345678901234567890123",
+        "1.0",
+        "-0",
+        "2.50e-3",
+        "\"\\u00e9\"",
+    ] {
+        for rest in [
+            r#""cmd":"stats""#,
+            r#""cmd":"version""#,
+            r#""cmd":"vcpu","vcpu":5"#,
+        ] {
+            let line = format!("{{\"id\":{id},{rest}}}\n");
+            raw.get_mut().write_all(line.as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::BufRead::read_line(&mut raw, &mut answer).unwrap();
+            assert!(
+                answer.starts_with(&format!("{{\"id\":{id},")),
+                "{line} -> {answer}"
+            );
+        }
+    }
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}

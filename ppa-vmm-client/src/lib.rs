@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Request, Response};
+use ppa_vmm_api::{Command, Request, RequestId, Response};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -207,7 +207,7 @@ impl Client {
     /// response with a null id is returned too: it is the VMM refusing the connection or a
     /// line it could not read (`too-many-clients`, `permission-denied`, ...).
     pub fn call(&mut self, command: Command) -> Result<Response, ClientError> {
-        let id = Value::from(self.next_id);
+        let id = RequestId::from(self.next_id);
         self.next_id += 1;
         let mut line = Request {
             id: id.clone(),
@@ -242,7 +242,8 @@ impl Client {
             if value.get("event").is_some() {
                 continue;
             }
-            let response: Response = match serde_json::from_value(value) {
+            // From the text, not the value: the id is compared as the server wrote it.
+            let response: Response = match serde_json::from_str(&line) {
                 Ok(r) => r,
                 Err(source) => return Err(self.bad_response(&line, source)),
             };
