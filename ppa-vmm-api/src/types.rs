@@ -542,4 +542,8 @@ pub struct GuestView {
     /// The host section as the guest sees it: each vCPU's steal, limited and used ns and
     /// the VM uptime of its last refresh.
     pub host: Vec<[u64; 4]>,
+    /// Per vCPU, whether a `reset` restarted its host figures: they then count from the
+    /// reset, while the guest's own figures count from its boot (empty: none was reset).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_reset: Vec<bool>,
 }

@@ -224,6 +224,7 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
                 &HostColumns {
                     names: ["USED host", "LMTD host", "STEAL host"],
                     values: &host,
+                    reset: &g.host_reset,
                 },
             );
             return if text.is_empty() {

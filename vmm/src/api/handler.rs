@@ -272,7 +272,7 @@ impl Handler {
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
             Command::Guest {} => match vm.ppa_page() {
-                Some(p) => to_value(&p.guest_view()),
+                Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(
                     ErrorKind::InvalidState,
                     "this VM has no PPA page (it was started with --ppa-page-size 0)",

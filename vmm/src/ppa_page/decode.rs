@@ -146,6 +146,7 @@ pub fn decode(section: Section<'_>) -> GuestView {
         transient_cpu_ns: 0,
         errors: Vec::new(),
         host: Vec::new(),
+        host_reset: Vec::new(),
     };
     let h: GuestHeader = match section.read::<GuestHeader>(0) {
         Err(e) => {
