@@ -13,7 +13,7 @@
 //! 129 SIGHUP), without a report.
 
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use clap::{Args, Parser, Subcommand};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
@@ -154,14 +154,20 @@ fn run(opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::error
     let (config, report_opts) = opts.into_config()?;
     check_outputs(&report_opts)?;
     let vm = Vm::try_from(config)?;
-    let handle = vm.handle();
+    // The `signals` thread outlives the run: it holds the VM's handle only until the run
+    // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
+    let handle = Arc::new(Mutex::new(Some(vm.handle())));
     let caught: Arc<OnceLock<Caught>> = Arc::default();
-    let seen = Arc::clone(&caught);
+    let (target, seen) = (Arc::clone(&handle), Arc::clone(&caught));
     signals.watch(move |c| {
-        let _ = seen.set(c);
-        handle.shutdown();
+        if let Some(h) = target.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = seen.set(c);
+            h.shutdown();
+        }
     })?;
-    let mut outcome = vm.run()?;
+    let outcome = vm.run();
+    drop(handle.lock().unwrap_or_else(|e| e.into_inner()).take());
+    let mut outcome = outcome?;
     if let Some(c) = caught.get() {
         outcome.report.vm.signal = Some(c.name().to_string());
     }
