@@ -246,7 +246,7 @@ impl ApiServer {
             let _ = t.join();
         }
         if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
+            super::unix::remove_socket_file(p);
         }
     }
 }
