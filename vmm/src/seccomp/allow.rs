@@ -326,7 +326,7 @@ pub const API: &[Allow] = &[
     allow!(
         timerfd_settime,
         Args::Any,
-        "the threshold-event timer armed and disarmed"
+        "the threshold-event and client time-limit timers armed and disarmed"
     ),
     allow!(
         getdents64,
