@@ -417,3 +417,198 @@ fn promtool_accepts(text: &[u8]) {
         String::from_utf8_lossy(text)
     );
 }
+
+#[test]
+fn a_second_cmd_cannot_be_smuggled_and_ids_come_back_exactly() {
+    let _g = common::serial();
+    let vmm = Vmm::start("dup", &["--vcpus", "1", "--workload", "busy:ms=60000"]);
+    let mut c = vmm.connect();
+    c.send_raw(b"{\"id\":1,\"cmd\":\"version\",\"cmd\":\"shutdown\"}\n");
+    let r = c.line();
+    assert_eq!(r["ok"], json!(false), "{r}");
+    assert_eq!(r["error"]["kind"], json!("bad-request"), "{r}");
+    assert_eq!(r["id"], json!(1), "{r}");
+    assert_eq!(
+        c.stats().vm.state,
+        ppa_vmm_api::VmState::Running,
+        "the VM was not shut down"
+    );
+    // Ids as the client wrote them, for every kind of answer (stats has its own encoder).
+    let mut raw = std::io::BufReader::new(UnixStream::connect(&vmm.sock).unwrap());
+    for id in [
+        "12345678901234567890123",
+        "1.0",
+        "-0",
+        "2.50e-3",
+        "\"\\u00e9\"",
+    ] {
+        for rest in [
+            r#""cmd":"stats""#,
+            r#""cmd":"version""#,
+            r#""cmd":"vcpu","vcpu":5"#,
+        ] {
+            let line = format!("{{\"id\":{id},{rest}}}\n");
+            raw.get_mut().write_all(line.as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::BufRead::read_line(&mut raw, &mut answer).unwrap();
+            assert!(
+                answer.starts_with(&format!("{{\"id\":{id},")),
+                "{line} -> {answer}"
+            );
+        }
+    }
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}
+
+/// Starts `ppa-vmm ctl subscribe ARGS` and `ppa-vmm top` on `sock`, and returns them once
+/// both are under way (each has printed its first line).
+fn watchers(sock: &Path, subscribe: &[&str]) -> Vec<std::process::Child> {
+    let spawn = |args: &[&str]| {
+        Command::new(bin())
+            .args([args[0], "--api-sock"])
+            .arg(sock)
+            .args(&args[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut sub = vec!["ctl", "subscribe"];
+    sub.extend_from_slice(subscribe);
+    let mut children = vec![spawn(&sub), spawn(&["top", "--interval", "50"])];
+    for c in &mut children {
+        let mut first = [0u8; 1];
+        c.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    }
+    children
+}
+
+/// Exit codes and stderr of the watchers.
+fn watcher_ends(children: Vec<std::process::Child>) -> Vec<(Option<i32>, String)> {
+    children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn subscribe_and_top_tell_a_killed_vmm_from_the_vms_end() {
+    let _g = common::serial();
+    // The VM ends: both exit 0.
+    let vmm = Vmm::start(
+        "watch-end",
+        &["--vcpus", "1", "--workload", "idle:ms=60000"],
+    );
+    let children = watchers(&vmm.sock, &["events=threshold"]);
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+    for (code, err) in watcher_ends(children) {
+        assert_eq!(code, Some(0), "{err}");
+    }
+    // The VMM is killed (SIGKILL, on drop): both say so and exit 3.
+    let vmm = Vmm::start(
+        "watch-kill",
+        &["--vcpus", "1", "--workload", "idle:ms=60000"],
+    );
+    let children = watchers(&vmm.sock, &["events=threshold"]);
+    drop(vmm);
+    for (code, err) in watcher_ends(children) {
+        assert_eq!(code, Some(3), "{err}");
+        assert!(err.contains("killed or crashed"), "{err}");
+    }
+}
+
+#[test]
+fn top_shows_finished_vcpus_and_a_vm_total() {
+    let _g = common::serial();
+    let vmm = Vmm::start(
+        "top-done",
+        &[
+            "--vcpus",
+            "2",
+            "--workload",
+            "0=busy:ms=50",
+            "--workload",
+            "1=busy:ms=60000",
+        ],
+    );
+    let mut c = vmm.connect();
+    for _ in 0..2000 {
+        if c.stats().vcpus[0].state == ppa_vmm_api::VcpuMicroState::Finished {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let o = Command::new(bin())
+        .args(["top", "--api-sock"])
+        .arg(&vmm.sock)
+        .args(["--once", "--interval", "200"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row = |first: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(first))
+            .unwrap_or_else(|| panic!("no row {first}: {text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let done = row("0");
+    assert_eq!(done.last(), Some(&"(finished)"), "{text}");
+    // Its whole life: it spun all along, so it used most of its wall time.
+    let used: f64 = done[2].parse().unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(used > 0.0, "{text}");
+    // The VM line has figures, not `-`: vCPU 1 alone.
+    let vm = row("VM");
+    let vm_used: f64 = vm[2].parse().unwrap_or_else(|e| panic!("{e}: {text}"));
+    let one_used: f64 = row("1")[2].parse().unwrap();
+    assert!((vm_used - one_used).abs() < 0.11, "{text}");
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn ctl_text_of_groups_and_of_the_guest_after_a_reset() {
+    let _g = common::serial();
+    let vmm = Vmm::start(
+        "text",
+        &[
+            "--vcpus",
+            "2",
+            "--workload",
+            "busy:ms=60000",
+            "--vcpu-group",
+            "g:0-1:50%",
+        ],
+    );
+    // A second of 100 ms periods: overshoots to histogram.
+    std::thread::sleep(Duration::from_millis(1000));
+    let o = ctl(&vmm.sock, &["--text", "groups"]);
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.lines().count() <= 4, "one line per limit: {text}");
+    assert!(text.lines().any(|l| l.starts_with("g ")), "{text}");
+    assert!(!text.contains("slots"), "{text}");
+    // After a reset the host figures count from it, the guest's from its boot: marked.
+    let o = ctl(&vmm.sock, &["--text", "guest"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("count from a `reset`"));
+    let o = ctl(&vmm.sock, &["reset"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = ctl(&vmm.sock, &["--text", "guest"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("host figures of vCPU 0, 1 count from a `reset`"),
+        "{text}"
+    );
+    let (code, report) = vmm.shutdown();
+    assert_eq!(code, 0);
+    assert_eq!(report["guest"]["host_reset"], json!([true, true]));
+}

@@ -90,6 +90,26 @@ fn config_file_and_report_file() {
     assert!(o.stdout.is_empty());
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(r["vcpus"].as_array().unwrap().len(), 3);
+    // Who and when: the default name, the pid, and the start and end as RFC 3339 UTC and
+    // CLOCK_REALTIME ns.
+    let pid = r["vm"]["pid"].as_u64().expect("a pid");
+    assert!(pid > 0);
+    assert_eq!(r["vm"]["name"], format!("ppa-vmm-{pid}"));
+    let start = r["vm"]["started_realtime_ns"].as_u64().unwrap();
+    let end = r["vm"]["ended_realtime_ns"].as_u64().unwrap();
+    assert!(start <= end, "{start} {end}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    assert!(
+        end <= now && now - start < 600_000_000_000,
+        "{start} {end} {now}"
+    );
+    let at = r["vm"]["started_at"].as_str().unwrap();
+    assert_eq!(at.len(), "2026-11-23T17:47:00.123456789Z".len(), "{at}");
+    assert!(at.ends_with('Z') && at.as_bytes()[10] == b'T', "{at}");
+    assert_eq!(r["vm"]["signal"], serde_json::Value::Null);
     assert_eq!(r["vcpus"][2]["doorbells"]["workload_mmio"], 7);
     assert_eq!(r["vcpus"][0]["workload"], "idle:ms=10");
 }
@@ -280,6 +300,24 @@ fn bad_input_is_refused_clearly() {
     for (args, needle) in cases {
         refused(args, needle);
     }
+    // A KVM device path that does not exist is that, not a host without KVM.
+    let o = ppa_vmm(&["run", "--kvm-device", "/nonexistent/kvm"]);
+    assert!(
+        !stderr(&o).contains("this host has no KVM"),
+        "{}",
+        stderr(&o)
+    );
+    // Limits: numbers that overflow say so; a quota below what can be enforced is refused.
+    refused(
+        &["run", "--cpu-limit", "99999999999999999999s/1s"],
+        "is too large",
+    );
+    refused(&["run", "--cpu-limit", "1e30%"], "is too large");
+    refused(&["run", "--cpu-limit", "1ns/1ms"], "below the smallest");
+    refused(
+        &["run", "--vcpus", "2", "--vcpu-group", "g:0-1:50us/1ms"],
+        "below the smallest",
+    );
     // clap's own refusals (unknown flag, bad number) also exit 2.
     refused(&["run", "--cpus", "2"], "--cpus");
     refused(&["run", "--vcpus", "two"], "two");

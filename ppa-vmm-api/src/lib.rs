@@ -4,8 +4,8 @@
 //!
 //! Data flow: a client writes one JSON object per line, a [`Request`] (`{"id": ANY, "cmd":
 //! NAME, ...arguments}`). The server turns the line into a [`Request`] with
-//! [`parse_request`], which refuses over-long lines, bad JSON, unknown commands and unknown
-//! fields with an [`ErrorBody`]; it answers each request with one [`Response`] line whose
+//! [`parse_request`], which refuses over-long lines, bad JSON, keys given twice, unknown
+//! commands and unknown fields with an [`ErrorBody`]; it answers each request with one [`Response`] line whose
 //! `result` is the command's result type ([`VersionInfo`], [`Stats`], [`VcpuTimes`], ...).
 //! After `subscribe` the connection also carries [`Event`] lines.
 //!
@@ -18,6 +18,7 @@ use serde_json::Value;
 
 mod event;
 mod names;
+mod request;
 mod time_split;
 mod types;
 
@@ -26,6 +27,7 @@ pub use names::{
     LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,
     ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
+pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
@@ -154,26 +156,6 @@ pub const COMMANDS: [&str; 16] = [
 /// the error message).
 pub const LATER_COMMANDS: [&str; 0] = [];
 
-/// A parsed request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Request {
-    /// The client's id, echoed in the response (null when absent).
-    pub id: Value,
-    /// What to do.
-    pub command: Command,
-}
-
-impl Request {
-    /// The request as one JSON line (without the newline).
-    pub fn to_line(&self) -> String {
-        let mut v = serde_json::to_value(&self.command).unwrap_or(Value::Null);
-        if let Value::Object(map) = &mut v {
-            map.insert("id".into(), self.id.clone());
-        }
-        v.to_string()
-    }
-}
-
 /// Classes of error responses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -184,7 +166,7 @@ pub enum ErrorKind {
     BadJson,
     /// `cmd` is missing or names no command.
     UnknownCommand,
-    /// An argument is missing, unknown or of the wrong type.
+    /// An argument is missing, unknown or of the wrong type, or a key appears twice.
     BadRequest,
     /// The vCPU does not exist.
     NoSuchVcpu,
@@ -226,8 +208,9 @@ impl ErrorBody {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
-    /// The request's id (null when the request had none or could not be read).
-    pub id: Value,
+    /// The request's id, as the request wrote it (null when the request had none or could
+    /// not be read).
+    pub id: RequestId,
     /// Whether the command succeeded.
     pub ok: bool,
     /// The command's result, when it succeeded.
@@ -240,9 +223,9 @@ pub struct Response {
 
 impl Response {
     /// A success.
-    pub fn ok(id: Value, result: Value) -> Self {
+    pub fn ok(id: impl Into<RequestId>, result: Value) -> Self {
         Response {
-            id,
+            id: id.into(),
             ok: true,
             result: Some(result),
             error: None,
@@ -250,9 +233,9 @@ impl Response {
     }
 
     /// A failure.
-    pub fn err(id: Value, error: ErrorBody) -> Self {
+    pub fn err(id: impl Into<RequestId>, error: ErrorBody) -> Self {
         Response {
-            id,
+            id: id.into(),
             ok: false,
             result: None,
             error: Some(error),
@@ -267,73 +250,6 @@ impl Response {
         });
         s.push('\n');
         s
-    }
-}
-
-/// Parses one request line (without its newline). On failure returns the request's id when
-/// it could be read, and the error to answer with.
-pub fn parse_request(line: &[u8]) -> Result<Request, (Value, ErrorBody)> {
-    if line.len() > MAX_REQUEST_BYTES {
-        return Err((
-            Value::Null,
-            ErrorBody::new(
-                ErrorKind::TooLong,
-                format!(
-                    "the request is {} bytes long; the limit is {MAX_REQUEST_BYTES}",
-                    line.len()
-                ),
-            ),
-        ));
-    }
-    let value: Value = serde_json::from_slice(line).map_err(|e| {
-        (
-            Value::Null,
-            ErrorBody::new(
-                ErrorKind::BadJson,
-                format!("the request is not valid JSON: {e}"),
-            ),
-        )
-    })?;
-    let Value::Object(mut map) = value else {
-        return Err((
-            Value::Null,
-            ErrorBody::new(ErrorKind::BadJson, "the request is not a JSON object"),
-        ));
-    };
-    let id = map.remove("id").unwrap_or(Value::Null);
-    let cmd = match map.get("cmd") {
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => {
-            return Err((
-                id,
-                ErrorBody::new(ErrorKind::UnknownCommand, "`cmd` must be a string"),
-            ))
-        }
-        None => {
-            return Err((
-                id,
-                ErrorBody::new(ErrorKind::UnknownCommand, "the request has no `cmd`"),
-            ))
-        }
-    };
-    if !COMMANDS.contains(&cmd.as_str()) {
-        let known = COMMANDS.join(", ");
-        let message = if LATER_COMMANDS.contains(&cmd.as_str()) {
-            format!("the command `{cmd}` is not available in this version (it has: {known})")
-        } else {
-            format!("unknown command `{cmd}` (known: {known})")
-        };
-        return Err((id, ErrorBody::new(ErrorKind::UnknownCommand, message)));
-    }
-    match serde_json::from_value::<Command>(Value::Object(map)) {
-        Ok(command) => Ok(Request { id, command }),
-        Err(e) => Err((
-            id,
-            ErrorBody::new(
-                ErrorKind::BadRequest,
-                format!("bad arguments for `{cmd}`: {e}"),
-            ),
-        )),
     }
 }
 

@@ -3,7 +3,7 @@
 use super::*;
 use serde_json::json;
 
-fn parse(s: &str) -> Result<Request, (Value, ErrorBody)> {
+fn parse(s: &str) -> Result<Request, (RequestId, ErrorBody)> {
     parse_request(s.as_bytes())
 }
 
@@ -82,8 +82,86 @@ fn parses_every_command() {
 }
 
 #[test]
+fn a_key_given_twice_is_refused() {
+    // serde_json's maps keep the last of two equal keys: the request must not be read at all.
+    let (id, e) = parse(r#"{"id":1,"cmd":"version","cmd":"shutdown"}"#).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BadRequest, "{e:?}");
+    assert_eq!(id, json!(1), "the id is still echoed");
+    assert!(e.message.contains("`cmd` more than once"), "{}", e.message);
+    for line in [
+        r#"{"cmd":"shutdown","cmd":"version"}"#,
+        r#"{"cmd":"vcpu","vcpu":0,"vcpu":1}"#,
+        r#"{"cmd":"set-limit","group":"a","limit":"5%","limit":"none"}"#,
+        r#"{"cmd":"stats","cmd":"stats"}"#,
+    ] {
+        assert_eq!(kind(line), ErrorKind::BadRequest, "{line}");
+    }
+    // An id given twice is not echoed: neither can be trusted.
+    let (id, e) = parse(r#"{"id":1,"id":2,"cmd":"version"}"#).unwrap_err();
+    assert!(id.is_null(), "{id:?}");
+    assert_eq!(e.kind, ErrorKind::BadRequest);
+    // Inside nested objects too (the id, an argument).
+    let (id, e) = parse(r#"{"id":{"a":1,"a":2},"cmd":"version"}"#).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BadRequest);
+    assert!(e.message.contains("`a` more than once"), "{}", e.message);
+    assert_eq!(id.get(), r#"{"a":1,"a":2}"#);
+    assert_eq!(
+        kind(r#"{"cmd":"subscribe","events":[{"x":1,"x":1}]}"#),
+        ErrorKind::BadRequest
+    );
+    // Equal keys in different objects are fine; bad JSON stays bad JSON.
+    assert!(parse(r#"{"id":{"cmd":1},"cmd":"version"}"#).is_ok());
+    assert_eq!(kind(r#"{"cmd":"version","cmd":"#), ErrorKind::BadJson);
+}
+
+#[test]
+fn the_id_is_echoed_exactly() {
+    for id in [
+        "1",
+        "-7",
+        "1.0",
+        "1e2",
+        "0.1",
+        "18446744073709551617",
+        "123456789012345678901234567890.000000000000000000001",
+        "-0",
+        r#""x-1""#,
+        r#""\u00e9\n""#,
+        "null",
+        "true",
+        r#"[1, {"a" : 2.50}]"#,
+    ] {
+        let line = format!(r#"{{"id":{id},"cmd":"version"}}"#);
+        let r = parse(&line).unwrap_or_else(|e| panic!("{line}: {e:?}"));
+        assert_eq!(r.id.get(), id, "{line}");
+        let resp = Response::ok(r.id.clone(), json!(null)).to_line();
+        assert!(
+            resp.starts_with(&format!("{{\"id\":{id},")),
+            "{line} -> {resp}"
+        );
+        // A client reading the response gets the same text back.
+        let back: Response = serde_json::from_str(&resp).unwrap();
+        assert_eq!(back.id, r.id);
+        // And an error response too.
+        let bad = format!(r#"{{"id":{id},"cmd":"vcpu"}}"#);
+        assert_eq!(parse(&bad).unwrap_err().0.get(), id, "{bad}");
+    }
+    // The client's encoder writes the id as given.
+    let r = Request {
+        id: RequestId::from(18_446_744_073_709_551_615),
+        command: Command::Version {},
+    };
+    assert_eq!(
+        r.to_line(),
+        r#"{"id":18446744073709551615,"cmd":"version"}"#
+    );
+}
+
+#[test]
 fn refuses_bad_requests_with_the_right_kind() {
     assert_eq!(kind("{"), ErrorKind::BadJson);
+    let not_utf8 = parse_request(b"{\"cmd\":\"st\xffats\"}").unwrap_err().1;
+    assert_eq!(not_utf8.kind, ErrorKind::BadJson, "{not_utf8:?}");
     assert_eq!(kind("[1,2]"), ErrorKind::BadJson);
     assert_eq!(kind("\"stats\""), ErrorKind::BadJson);
     assert_eq!(kind(r#"{"id":1}"#), ErrorKind::UnknownCommand);
@@ -446,4 +524,71 @@ fn a_flattened_split_would_reorder_the_keys() {
     unknown["bogus"] = json!(1);
     assert!(serde_json::from_value::<Flattened>(unknown).is_err());
     assert!(serde_json::from_str::<Flattened>(&text).is_ok());
+}
+
+/// docs/control.md, whose examples these tests hold to the code.
+const CONTROL_MD: &str = include_str!("../../docs/control.md");
+
+#[test]
+fn the_docs_quote_the_parsers_answers_word_for_word() {
+    // Every quoted request line followed by its answer, where the answer comes from the
+    // parser alone (bad JSON, an unknown command, bad arguments): the answer is the real one.
+    let lines: Vec<&str> = CONTROL_MD.lines().map(str::trim).collect();
+    let mut checked = Vec::new();
+    for w in lines.windows(2) {
+        let (req, want) = (w[0], w[1]);
+        if !req.starts_with("{\"id\":") || !want.starts_with("{\"id\":") {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(want) else {
+            continue;
+        };
+        if !matches!(
+            v["error"]["kind"].as_str(),
+            Some("bad-json" | "unknown-command" | "bad-request")
+        ) {
+            continue;
+        }
+        let (id, e) = parse_request(req.as_bytes())
+            .err()
+            .unwrap_or_else(|| panic!("docs/control.md: `{req}` is refused there"));
+        assert_eq!(Response::err(id, e).to_line().trim_end(), want, "{req}");
+        checked.push(req);
+    }
+    // The unknown command (with the whole list), a missing cmd, bad JSON, an unknown
+    // argument, a missing one, a bad value, an unknown event kind, keys given twice.
+    assert!(checked.len() >= 9, "{checked:#?}");
+    assert!(checked.iter().any(|r| r.contains("frobnicate")));
+}
+
+#[test]
+fn the_docs_name_every_event_kind() {
+    let all: Vec<String> = EventKind::ALL
+        .iter()
+        .map(|k| {
+            serde_json::to_value(k)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    // `subscribe` without kinds: the result quoted is every kind, and the text counts them.
+    let default = format!("\"result\":{{\"events\":{}}}", json!(all));
+    assert!(
+        CONTROL_MD.contains(&default),
+        "docs/control.md lacks {default}"
+    );
+    assert_eq!(all.len(), 6, "docs/control.md says `all six`");
+    assert!(CONTROL_MD
+        .replace('\n', " ")
+        .contains("empty means all six."));
+    // The events table has a row for each, and for `dropped`.
+    for kind in all.iter().map(String::as_str).chain(["dropped"]) {
+        let row = format!("| `{kind}` |");
+        assert!(
+            CONTROL_MD.contains(&row),
+            "docs/control.md lacks the row {row}"
+        );
+    }
 }

@@ -644,4 +644,8 @@ pub struct GuestView {
     /// The guest agent's own record, when a guest agent publishes (layout 1.1).
     #[serde(default)]
     pub agent: Option<GuestAgentView>,
+    /// Per vCPU, whether a `reset` restarted its host figures: they then count from the
+    /// reset, while the guest's own figures count from its boot (empty: none was reset).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_reset: Vec<bool>,
 }

@@ -5,19 +5,21 @@
 //! `COMMAND KEY=VALUE...` into a JSON object and validates it with
 //! [`ppa_vmm_api::parse_request`], so a bad request is refused here with the message the server
 //! would give; [`run`] sends it with a [`Client`] and prints the result as pretty JSON or, with
-//! `text`, readably (raw strings, a table for `stats`, `key: value` lines for the rest). After
-//! `subscribe` it copies every event line to stdout until the VMM closes the connection.
+//! `text`, readably (raw strings, tables for `stats`, `groups` and `set-limit`, `key: value`
+//! lines for the rest). After `subscribe` it copies every event line to stdout until the VMM
+//! closes the connection; it also subscribes to `vm-exit` (shown only when asked for) so that
+//! it can tell the VM's end (exit 0) from a VMM that was killed ([`crate::EXIT_VMM_LOST`]).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
 
-use ppa_vmm_api::{parse_request, Command, ErrorBody, GuestView, Stats};
+use ppa_vmm_api::{parse_request, Command, ErrorBody, EventKind, GroupStats, GuestView, Stats};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::commands;
 use crate::guest_view::{guest_view_text, page_host_columns, HostColumns};
-use crate::{describe, kind_name, Client};
+use crate::{describe, kind_name, Client, EXIT_VMM_LOST, VMM_LOST};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm ctl";
@@ -116,18 +118,28 @@ fn parse_value(cmd: &str, key: &str, raw: &str) -> Value {
 }
 
 /// Runs `ppa-vmm ctl`: 0 on success, 1 when the VMM refused the request, 2 on a usage or
-/// connection error. Messages go to stderr, results to stdout.
+/// connection error, 3 when a `subscribe` stream ended without the VM ending (the VMM was
+/// killed). Messages go to stderr, results to stdout.
 pub fn run(opts: CtlOptions) -> i32 {
     run_to(opts, &mut io::stdout().lock(), &mut io::stderr().lock())
 }
 
 /// [`run`] with its streams given (for tests).
 pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let command = match parse_command(&opts.command, &opts.args) {
+    let mut command = match parse_command(&opts.command, &opts.args) {
         Ok(c) => c,
         Err(e) => return fail(err, 2, &describe(&e)),
     };
     let subscribe = matches!(command, Command::Subscribe { .. });
+    // The vm-exit event tells the VM's end from a lost VMM: ask for it too, show it only when
+    // it was asked for.
+    let mut hide_vm_exit = false;
+    if let Command::Subscribe { events } = &mut command {
+        if !events.is_empty() && !events.contains(&EventKind::VmExit) {
+            events.push(EventKind::VmExit);
+            hide_vm_exit = true;
+        }
+    }
     let mut client = match Client::connect(&opts.api_sock) {
         Ok(c) => c,
         Err(e) => return fail(err, 2, &describe(&e)),
@@ -143,7 +155,12 @@ pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write)
         };
         return fail(err, 1, &message);
     }
-    let result = response.result.unwrap_or(Value::Null);
+    let mut result = response.result.unwrap_or(Value::Null);
+    if hide_vm_exit {
+        if let Some(Value::Array(kinds)) = result.get_mut("events") {
+            kinds.retain(|k| k != "vm-exit");
+        }
+    }
     let text = if subscribe && !opts.text {
         // One line, so that stdout stays JSON Lines with the events that follow.
         format!("{result}\n")
@@ -157,27 +174,41 @@ pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write)
         return write_failed(err, &e);
     }
     if subscribe {
-        return stream_events(&mut client, out, err);
+        return stream_events(&mut client, hide_vm_exit, out, err);
     }
     0
 }
 
-/// Copies event lines to `out` until the VMM closes the connection.
-fn stream_events(client: &mut Client, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+/// Copies event lines to `out` (the vm-exit event only unless `hide_vm_exit`) until the VMM
+/// closes the connection: 0 when the VM ended first, [`EXIT_VMM_LOST`] when it did not.
+fn stream_events(
+    client: &mut Client,
+    hide_vm_exit: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     if let Err(e) = client.set_read_timeout(None) {
         return fail(err, 2, &describe(&e));
     }
     loop {
         match client.next_line() {
             Ok(Some(line)) => {
+                let was_end = client.vm_end().is_some();
+                if hide_vm_exit && was_end && line.contains("\"vm-exit\"") {
+                    continue;
+                }
                 if let Err(e) = write_flush(out, &format!("{line}\n")) {
                     return write_failed(err, &e);
                 }
             }
-            Ok(None) => return 0,
-            Err(e) if e.is_closed() => return 0,
+            Ok(None) => break,
+            Err(e) if e.is_closed() => break,
             Err(e) => return fail(err, 2, &describe(&e)),
         }
+    }
+    match client.vm_end() {
+        Some(_) => 0,
+        None => fail(err, EXIT_VMM_LOST, VMM_LOST),
     }
 }
 
@@ -216,6 +247,11 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
             return stats_table(&stats);
         }
     }
+    if command == "groups" || command == "set-limit" {
+        if let Ok(groups) = serde_json::from_value::<Vec<GroupStats>>(result.clone()) {
+            return groups_table(&groups);
+        }
+    }
     if command == "guest" {
         if let Ok(g) = serde_json::from_value::<GuestView>(result.clone()) {
             let host = page_host_columns(&g);
@@ -224,6 +260,7 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
                 &HostColumns {
                     names: ["USED host", "LMTD host", "STEAL host"],
                     values: &host,
+                    reset: &g.host_reset,
                 },
             );
             return if text.is_empty() {
@@ -241,8 +278,15 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
 }
 
 /// Appends `prefix: value` lines for every leaf of `v` (object keys and array indexes joined
-/// with `.`).
+/// with `.`). A histogram's `slots` list is one line with its length (the JSON form has them).
 fn flatten(prefix: &str, v: &Value, lines: &mut Vec<String>) {
+    if let (Some("slots"), Value::Array(slots)) = (prefix.rsplit('.').next(), v) {
+        lines.push(format!(
+            "{prefix}: {} non-empty (listed in the JSON form)",
+            slots.len()
+        ));
+        return;
+    }
     let join = |k: &str| {
         if prefix.is_empty() {
             k.to_string()
@@ -273,6 +317,93 @@ fn flatten(prefix: &str, v: &Value, lines: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// Microseconds with 1 decimal.
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+/// `groups` (and the result of `set-limit`) as text: one line per limit with what it did, and
+/// its overshoot histogram summarised (count, mean, p50, p99, max) rather than slot by slot.
+pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
+    if groups.is_empty() {
+        return "no CPU limits\n".to_string();
+    }
+    let header = [
+        "GROUP",
+        "VCPUS",
+        "LIMIT",
+        "BACKEND",
+        "PERIODS",
+        "THROTTLED",
+        "USED_MS",
+        "USED%",
+        "LMTD_MS",
+        "OVERSHOOTS",
+        "MEAN_US",
+        "P50_US",
+        "P99_US",
+        "MAX_US",
+    ];
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| {
+            let over = &g.overshoot;
+            let span = u128::from(g.periods) * u128::from(g.period_ns);
+            let pct = if span == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", g.used_ns as f64 * 100.0 / span as f64)
+            };
+            let vcpus: Vec<String> = g.vcpus.iter().map(usize::to_string).collect();
+            vec![
+                g.name.clone(),
+                vcpus.join(","),
+                g.limit.clone(),
+                g.backend.to_string(),
+                g.periods.to_string(),
+                g.throttled_periods.to_string(),
+                ms(g.used_ns),
+                pct,
+                ms(g.limited_ns),
+                over.count.to_string(),
+                us(over.avg),
+                us(over.p50),
+                us(over.p99),
+                us(g.overshoot_max_ns.max(over.max)),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| rows.iter().map(|r| r[i].len()).fold(h.len(), usize::max))
+        .collect();
+    let line = |cells: Vec<String>| {
+        let mut l = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            // Name, members, limit and backend are words: left-aligned.
+            if i < 4 {
+                l.push_str(&format!("{c:<w$}"));
+            } else {
+                l.push_str(&format!("{c:>w$}"));
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut s = line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        s.push_str(&line(r));
+    }
+    s.push_str(
+        "USED% is of one CPU over the completed periods; OVERSHOOTS counts the periods whose use \
+         passed the quota, MEAN/P50/P99/MAX are of how far (used - quota).\n",
+    );
+    s
 }
 
 /// Milliseconds with 3 decimals.
@@ -361,224 +492,4 @@ pub(crate) fn stats_table(stats: &Stats) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tests::{stats, vcpu, FakeServer};
-    use ppa_vmm_api::{ErrorKind, EventKind, HistogramFormat, Level, Response};
-
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn parses_commands_and_values() {
-        assert_eq!(parse_command("stats", &[]).unwrap(), Command::Stats {});
-        assert_eq!(
-            parse_command("vcpu", &args(&["vcpu=0"])).unwrap(),
-            Command::Vcpu { vcpu: 0 }
-        );
-        assert_eq!(
-            parse_command("set-level", &args(&["level=full"])).unwrap(),
-            Command::SetLevel { level: Level::Full }
-        );
-        assert_eq!(
-            parse_command("histogram", &args(&["name=guest_run", "format=text"])).unwrap(),
-            Command::Histogram {
-                name: "guest_run".into(),
-                vcpu: None,
-                format: HistogramFormat::Text
-            }
-        );
-        assert_eq!(
-            parse_command(
-                "set-thresholds",
-                &args(&["guest_run_ns=5000", "steal_window_ns=null"])
-            )
-            .unwrap(),
-            Command::SetThresholds {
-                exit_handling_ns: None,
-                guest_run_ns: Some(5000),
-                wakeup_latency_ns: None,
-                steal_window_ns: None
-            }
-        );
-    }
-
-    #[test]
-    fn subscribe_takes_json_or_comma_lists() {
-        let both = Command::Subscribe {
-            events: vec![EventKind::VcpuExit, EventKind::Threshold],
-        };
-        assert_eq!(
-            parse_command("subscribe", &args(&[r#"events=["vcpu-exit","threshold"]"#])).unwrap(),
-            both
-        );
-        assert_eq!(
-            parse_command("subscribe", &args(&["events=vcpu-exit,threshold"])).unwrap(),
-            both
-        );
-        assert_eq!(
-            parse_command("subscribe", &args(&["events=vm-exit"])).unwrap(),
-            Command::Subscribe {
-                events: vec![EventKind::VmExit]
-            }
-        );
-        assert_eq!(
-            parse_command("subscribe", &[]).unwrap(),
-            Command::Subscribe { events: vec![] }
-        );
-        assert!(parse_command("subscribe", &args(&["events=vcpu-exit,bogus"])).is_err());
-    }
-
-    fn refused(cmd: &str, a: &[&str]) -> ErrorBody {
-        match parse_command(cmd, &args(a)) {
-            Err(CtlError::Refused(body)) => body,
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn refuses_an_unknown_command_with_the_list() {
-        let e = parse_command("frobnicate", &args(&["x=1"])).unwrap_err();
-        assert!(matches!(e, CtlError::UnknownCommand(_)), "{e:?}");
-        let msg = e.to_string();
-        assert!(msg.starts_with("unknown command `frobnicate`"), "{msg}");
-        assert!(
-            msg.contains("version, stats,") && msg.contains("set-limit, groups, guest,"),
-            "{msg}"
-        );
-        assert!(msg.contains("ppa-vmm ctl --help"), "{msg}");
-    }
-
-    #[test]
-    fn refuses_what_the_server_would() {
-        let e = refused("vcpu", &["vcpu=abc"]);
-        assert_eq!(e.kind, ErrorKind::BadRequest);
-        assert!(e.message.contains("invalid type"), "{e:?}");
-        let e = refused("vcpu", &["vcpu=-1"]);
-        assert_eq!(e.kind, ErrorKind::BadRequest);
-        let e = refused("stats", &["foo=1"]);
-        assert!(e.message.contains("unknown field `foo`"), "{e:?}");
-        let e = refused("vcpu", &[]);
-        assert!(e.message.contains("missing field `vcpu`"), "{e:?}");
-        let e = refused("set-level", &["level=max"]);
-        assert_eq!(e.kind, ErrorKind::BadRequest);
-        // The message is the server's, word for word.
-        let line = r#"{"cmd":"vcpu","vcpu":"abc"}"#;
-        let server = parse_request(line.as_bytes()).unwrap_err().1;
-        assert_eq!(refused("vcpu", &["vcpu=abc"]), server);
-    }
-
-    #[test]
-    fn refuses_malformed_arguments() {
-        assert!(matches!(
-            parse_command("vcpu", &args(&["vcpu"])),
-            Err(CtlError::NotKeyValue(_))
-        ));
-        assert!(matches!(
-            parse_command("vcpu", &args(&["=1"])),
-            Err(CtlError::EmptyKey(_))
-        ));
-        assert!(matches!(
-            parse_command("stats", &args(&["cmd=vcpu"])),
-            Err(CtlError::ReservedKey(_))
-        ));
-        assert!(matches!(
-            parse_command("vcpu", &args(&["vcpu=0", "vcpu=1"])),
-            Err(CtlError::DuplicateKey(_))
-        ));
-    }
-
-    #[test]
-    fn text_forms() {
-        let raw = to_text("metrics", &Value::String("a 1\nb 2".into()));
-        assert_eq!(raw, "a 1\nb 2\n");
-        let flat = to_text(
-            "version",
-            &serde_json::json!({"version": "0.1.0", "api": 1, "x": {"y": [true, null]}}),
-        );
-        assert_eq!(flat, "api: 1\nversion: 0.1.0\nx.y.0: true\nx.y.1: null\n");
-        let s = stats(&[vcpu(0, 1_000_000_000, 250_000_000, &[("io_out", 7)])], 1);
-        let table = to_text("stats", &serde_json::to_value(&s).unwrap());
-        let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 3, "{table}");
-        assert!(lines[0].starts_with("vm test"), "{table}");
-        assert!(lines[1].contains("USED_MS") && lines[1].contains("EXITS"));
-        assert!(lines[2].contains("1000.000") && lines[2].contains("250.000"));
-        assert!(lines[2].ends_with(" 7"), "{table}");
-    }
-
-    fn opts(sock: &std::path::Path, command: &str, a: &[&str], text: bool) -> CtlOptions {
-        CtlOptions {
-            api_sock: sock.to_path_buf(),
-            command: command.into(),
-            args: args(a),
-            text,
-        }
-    }
-
-    #[test]
-    fn run_prints_results_and_errors() {
-        let server = FakeServer::start(|req, _| {
-            vec![Response::ok(req.id, serde_json::json!({"version": "x"})).to_line()]
-        });
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(
-            opts(server.path(), "version", &[], true),
-            &mut out,
-            &mut err,
-        );
-        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-        assert_eq!(String::from_utf8_lossy(&out), "version: x\n");
-
-        let server = FakeServer::start(|req, _| {
-            let body = ErrorBody::new(ErrorKind::NoSuchVcpu, "the VM has no vCPU 9 (it has 1)");
-            vec![Response::err(req.id, body).to_line()]
-        });
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(
-            opts(server.path(), "vcpu", &["vcpu=9"], false),
-            &mut out,
-            &mut err,
-        );
-        assert_eq!(code, 1);
-        assert_eq!(
-            String::from_utf8_lossy(&err),
-            "ppa-vmm ctl: no-such-vcpu: the VM has no vCPU 9 (it has 1)\n"
-        );
-
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(
-            opts(server.path(), "vcpu", &["vcpu=x"], false),
-            &mut out,
-            &mut err,
-        );
-        assert_eq!(code, 2);
-        assert!(String::from_utf8_lossy(&err).starts_with("ppa-vmm ctl: bad arguments"));
-
-        let missing = server.path().with_file_name("none.sock");
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(opts(&missing, "stats", &[], false), &mut out, &mut err);
-        assert_eq!(code, 2);
-        let msg = String::from_utf8_lossy(&err);
-        assert!(msg.contains("there is no control socket at") && msg.contains("--api-sock"));
-    }
-
-    #[test]
-    fn subscribe_streams_until_close() {
-        let server = FakeServer::start(|req, _| {
-            vec![
-                Response::ok(req.id, serde_json::json!({"events": ["vm-exit"]})).to_line(),
-                "{\"event\":\"vm-exit\",\"uptime_ns\":5,\"end\":\"completed\"}\n".to_string(),
-            ]
-        });
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let o = opts(server.path(), "subscribe", &["events=vm-exit"], false);
-        let code = run_to(o, &mut out, &mut err);
-        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-        assert_eq!(
-            String::from_utf8_lossy(&out),
-            "{\"events\":[\"vm-exit\"]}\n{\"event\":\"vm-exit\",\"uptime_ns\":5,\"end\":\"completed\"}\n"
-        );
-    }
-}
+mod tests;

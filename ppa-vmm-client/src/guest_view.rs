@@ -25,6 +25,9 @@ pub struct HostColumns<'a> {
     pub names: [&'static str; 3],
     /// The figures of the vCPU with this index, if the host knows it.
     pub values: &'a dyn Fn(u32) -> Option<[u64; 3]>,
+    /// By vCPU index, whether a `reset` restarted its host figures (they are then marked `*`:
+    /// they count from the reset, the guest's from its boot).
+    pub reset: &'a [bool],
 }
 
 /// The guest's view as a text block: a CPU table, a thread table, transient threads and one
@@ -57,9 +60,11 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             host.names[2]
         );
     }
+    let was_reset = |cpu: u32| host.reset.get(cpu as usize).copied().unwrap_or(false);
     for c in &g.cpus {
         let h = (host.values)(c.cpu);
-        let col = |i: usize| h.map_or("-".to_string(), |v| format!("{:.2}", ms(v[i])));
+        let mark = if was_reset(c.cpu) { "*" } else { "" };
+        let col = |i: usize| h.map_or("-".to_string(), |v| format!("{:.2}{mark}", ms(v[i])));
         let _ = writeln!(
             out,
             "{:>4} {:>11.2} {:>11} {:>11.2} {:>11} {:>11.2} {:>11}",
@@ -70,6 +75,20 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             col(1),
             ms(c.times_ns[6]),
             col(2),
+        );
+    }
+    let reset: Vec<String> = g
+        .cpus
+        .iter()
+        .filter(|c| was_reset(c.cpu))
+        .map(|c| c.cpu.to_string())
+        .collect();
+    if !reset.is_empty() {
+        let _ = writeln!(
+            out,
+            "  * host figures of vCPU {} count from a `reset`, the guest's from its boot: \
+             they do not compare",
+            reset.join(", ")
         );
     }
     if !g.threads.is_empty() {
@@ -265,6 +284,7 @@ mod tests {
             errors: vec!["thread record 3 stayed mid-update for 8 tries".into()],
             host: vec![[4_500_000, 6_000_000, 7_000_000, 1]],
             agent: None,
+            host_reset: Vec::new(),
         }
     }
 
@@ -277,8 +297,10 @@ mod tests {
             &HostColumns {
                 names: ["USED host", "LMTD host", "STEAL host"],
                 values: &cols,
+                reset: &g.host_reset,
             },
         );
+        assert!(!text.contains('*'), "nothing was reset: {text}");
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].contains("layout 1.0"), "{text}");
         assert!(lines[1].contains("LMTD host"), "{text}");
@@ -303,6 +325,7 @@ mod tests {
         let cols = HostColumns {
             names: ["a", "b", "c"],
             values: &none,
+            reset: &[],
         };
         assert!(!guest_view_text(&g, &cols).contains("agent:"));
         let t = g.threads[0].clone();
@@ -419,6 +442,33 @@ mod tests {
     }
 
     #[test]
+    fn host_figures_restarted_by_a_reset_are_marked() {
+        let g = GuestView {
+            host_reset: vec![true],
+            ..view()
+        };
+        let cols = page_host_columns(&g);
+        let text = guest_view_text(
+            &g,
+            &HostColumns {
+                names: ["USED host", "LMTD host", "STEAL host"],
+                values: &cols,
+                reset: &g.host_reset,
+            },
+        );
+        let cpu: Vec<&str> = text.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(
+            cpu,
+            ["0", "2.50", "7.00*", "3.00", "6.00*", "4.00", "4.50*"],
+            "{text}"
+        );
+        assert!(
+            text.contains("host figures of vCPU 0 count from a `reset`"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn nothing_published_and_nothing_wrong_prints_nothing() {
         let g = GuestView {
             published: false,
@@ -429,6 +479,7 @@ mod tests {
         let cols = HostColumns {
             names: ["a", "b", "c"],
             values: &none,
+            reset: &[],
         };
         assert_eq!(guest_view_text(&g, &cols), "");
         let bad = GuestView {

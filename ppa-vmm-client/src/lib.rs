@@ -12,15 +12,18 @@
 //! Data flow: [`Client::connect`] opens the Unix stream the VMM serves with `--api-sock`;
 //! [`Client::call`] numbers a [`Command`] into a [`Request`], writes it as one line and reads
 //! lines until the [`Response`] with the same id, skipping event lines on the way. After a
-//! `subscribe`, [`Client::next_line`] hands out the event lines as they arrive. Reads and
-//! writes time out ([`DEFAULT_TIMEOUT`]) so a hung VMM gives an error instead of a hang.
+//! `subscribe`, [`Client::next_line`] hands out the event lines as they arrive. Every line read
+//! is checked for the `vm-exit` event ([`Client::vm_end`]): a connection that closes after it
+//! is the VM's normal end, one that closes without it is a VMM that was killed or crashed.
+//! Reads and writes time out ([`DEFAULT_TIMEOUT`]) so a hung VMM gives an error instead of a
+//! hang.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Request, Response};
+use ppa_vmm_api::{Command, Event, Request, RequestId, Response, VmEnd};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -28,6 +31,14 @@ pub mod commands;
 pub mod ctl;
 pub mod guest_view;
 pub mod top;
+
+/// Exit code of `ctl subscribe` and `top` when the VMM closed the connection without ending
+/// the VM (no `vm-exit` event came first): it was killed or crashed.
+pub const EXIT_VMM_LOST: i32 = 3;
+
+/// What `ctl` and `top` say when the VMM went away without ending the VM.
+pub const VMM_LOST: &str =
+    "the VMM closed the connection before the VM ended (no vm-exit event): it was killed or crashed";
 
 /// How long a read or a write on the socket may block before it fails.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,6 +161,8 @@ pub struct Client {
     next_id: u64,
     /// Read timeout in force (`None`: block).
     read_timeout: Option<Duration>,
+    /// How the VM ended, once a `vm-exit` event was read.
+    vm_end: Option<VmEnd>,
 }
 
 impl Client {
@@ -180,12 +193,20 @@ impl Client {
             pending: Vec::new(),
             next_id: 1,
             read_timeout: Some(DEFAULT_TIMEOUT),
+            vm_end: None,
         })
     }
 
     /// The socket path this client is connected to.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How the VM ended, when a `vm-exit` event has arrived on this connection (it is sent to
+    /// subscribers of `vm-exit` just before the VMM closes their connections): `None` after a
+    /// close means the VMM went away without ending the VM, killed or crashed.
+    pub fn vm_end(&self) -> Option<VmEnd> {
+        self.vm_end
     }
 
     /// Changes the read timeout; `None` blocks until a line arrives (for event streams, where
@@ -207,7 +228,7 @@ impl Client {
     /// response with a null id is returned too: it is the VMM refusing the connection or a
     /// line it could not read (`too-many-clients`, `permission-denied`, ...).
     pub fn call(&mut self, command: Command) -> Result<Response, ClientError> {
-        let id = Value::from(self.next_id);
+        let id = RequestId::from(self.next_id);
         self.next_id += 1;
         let mut line = Request {
             id: id.clone(),
@@ -242,7 +263,8 @@ impl Client {
             if value.get("event").is_some() {
                 continue;
             }
-            let response: Response = match serde_json::from_value(value) {
+            // From the text, not the value: the id is compared as the server wrote it.
+            let response: Response = match serde_json::from_str(&line) {
                 Ok(r) => r,
                 Err(source) => return Err(self.bad_response(&line, source)),
             };
@@ -290,8 +312,19 @@ impl Client {
             let line = String::from_utf8_lossy(&bytes);
             let line = line.trim_end_matches(['\n', '\r']);
             if !line.trim().is_empty() {
+                self.note_vm_exit(line);
                 return Ok(Some(line.to_string()));
             }
+        }
+    }
+
+    /// Remembers the VM's end when `line` is the `vm-exit` event.
+    fn note_vm_exit(&mut self, line: &str) {
+        if !line.contains("\"vm-exit\"") {
+            return;
+        }
+        if let Ok(Event::VmExit { end, .. }) = serde_json::from_str(line) {
+            self.vm_end = Some(end);
         }
     }
 

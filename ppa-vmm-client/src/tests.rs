@@ -22,7 +22,7 @@ static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
 /// A control socket in a fresh temporary directory, served by a thread that answers each
 /// request line with what the handler returns for it (the request and its number, from 0).
-/// An empty answer closes the connection, as does answering `subscribe`.
+/// An empty answer closes the connection, as does an answer whose last line is [`CLOSE`].
 pub(crate) struct FakeServer {
     dir: PathBuf,
     sock: PathBuf,
@@ -31,6 +31,9 @@ pub(crate) struct FakeServer {
 }
 
 type Handler = dyn Fn(Request, usize) -> Vec<String> + Send + 'static;
+
+/// The last line of an answer after which the fake server closes the connection.
+pub(crate) const CLOSE: &str = "";
 
 impl FakeServer {
     pub(crate) fn start(handler: impl Fn(Request, usize) -> Vec<String> + Send + 'static) -> Self {
@@ -74,18 +77,17 @@ fn serve(conn: UnixStream, handler: &Handler, n: &mut usize) {
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
         let req = parse_request(line.as_bytes()).expect("the client sent a valid request");
-        let subscribe = matches!(req.command, Command::Subscribe { .. });
         let answer = handler(req, *n);
         *n += 1;
         if answer.is_empty() {
             return;
         }
-        for l in answer {
+        for l in &answer {
             if writer.write_all(l.as_bytes()).is_err() {
                 return;
             }
         }
-        if subscribe {
+        if answer.last().is_some_and(|l| l == CLOSE) {
             return;
         }
     }
@@ -198,6 +200,7 @@ fn next_line_streams_events_then_ends() {
             Response::ok(req.id, json!({})).to_line(),
             "{\"event\":\"dropped\",\"count\":3}\n".into(),
             "{\"event\":\"vm-exit\",\"uptime_ns\":9,\"end\":\"completed\"}".into(),
+            CLOSE.into(),
         ]
     });
     let mut client = Client::connect(server.path()).unwrap();
@@ -217,6 +220,36 @@ fn next_line_streams_events_then_ends() {
         Some("{\"event\":\"vm-exit\",\"uptime_ns\":9,\"end\":\"completed\"}")
     );
     assert_eq!(client.next_line().unwrap(), None);
+    assert_eq!(client.vm_end(), Some(ppa_vmm_api::VmEnd::Completed));
+}
+
+#[test]
+fn the_vm_end_is_seen_on_lines_call_skips() {
+    let server = FakeServer::start(|req, n| match n {
+        0 => vec![
+            "{\"event\":\"vm-exit\",\"uptime_ns\":9,\"end\":\"shutdown\"}\n".into(),
+            Response::ok(req.id, json!({})).to_line(),
+        ],
+        _ => Vec::new(),
+    });
+    let mut client = Client::connect(server.path()).unwrap();
+    assert_eq!(client.vm_end(), None);
+    assert!(client.call(Command::Stats {}).unwrap().ok);
+    assert_eq!(client.vm_end(), Some(ppa_vmm_api::VmEnd::Shutdown));
+}
+
+#[test]
+fn call_matches_ids_the_server_echoes_exactly() {
+    // A server that echoes the id's text: the client matches by text, so a float-looking echo
+    // of its integer id (what a JSON library that parses numbers as floats sends) is no match.
+    let server = FakeServer::start(|req, _| {
+        let wrong = format!("{{\"id\":{}.0,\"ok\":true,\"result\":1}}\n", req.id);
+        let right = Response::ok(req.id, json!(2)).to_line();
+        vec![wrong, right]
+    });
+    let mut client = Client::connect(server.path()).unwrap();
+    let r = client.call(Command::Version {}).unwrap();
+    assert_eq!(r.result, Some(json!(2)));
 }
 
 #[test]

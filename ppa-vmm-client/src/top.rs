@@ -4,7 +4,12 @@
 //! another; [`rows`] turns the two samples into per-vCPU rates over the interval (deltas of
 //! the counters, never the absolute counters), [`total`] adds them up, and [`render`] makes
 //! the table. Each refresh uses the previous sample as its baseline, so after a `reset` (a
-//! counter went down) a row shows `-` once and is right again at the next refresh.
+//! counter went down) a row shows `-` once and is right again at the next refresh. A vCPU that
+//! had already finished at the start of an interval shows its figures over its whole life,
+//! marked `(finished)`, and adds nothing to the total, whose rates are over the interval.
+//!
+//! `top` also subscribes to `vm-exit`: when the VMM closes the connection it tells the VM's end
+//! (exit 0) from a VMM that was killed or crashed ([`crate::EXIT_VMM_LOST`]).
 //!
 //! Percentages are of one host CPU: a busy 4-vCPU VM shows up to 400 % on its total line.
 
@@ -15,10 +20,12 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ppa_vmm_api::{Command, Stats, VcpuSummary, VmState, VmStats};
+use ppa_vmm_api::{
+    Command, EventKind, Stats, TimeSplit, VcpuMicroState, VcpuSummary, VmState, VmStats,
+};
 use thiserror::Error;
 
-use crate::{describe, kind_name, Client};
+use crate::{describe, kind_name, Client, EXIT_VMM_LOST, VMM_LOST};
 
 /// Prefix of every message on stderr.
 const PREFIX: &str = "ppa-vmm top";
@@ -97,6 +104,9 @@ pub struct Rates {
     pub exits_per_s: f64,
     /// Exits in the interval, by reason (reasons with none left out).
     pub exits: BTreeMap<String, u64>,
+    /// The wall time the rates are over, ns: the vCPU's own part of the interval (shorter
+    /// when it started or ended in it), or its whole life for a finished row.
+    pub interval_ns: u64,
 }
 
 impl Rates {
@@ -134,36 +144,33 @@ pub struct Row {
     pub tid: i32,
     /// A counter went down between the samples: the figures were reset.
     pub reset: bool,
+    /// The vCPU had finished before the interval: the rates are over its whole life, and the
+    /// total leaves it out (it used nothing in the interval).
+    pub finished: bool,
     /// The rates; `None` (shown as `-`) after a reset or when no time passed.
     pub rates: Option<Rates>,
 }
 
-/// Rates of one vCPU between two of its samples; `Err(true)` after a reset, `Err(false)` when
-/// no time passed.
-fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
-    let (before, now) = (p.split(), c.split());
-    if now.went_down_from(&before) || c.parks < p.parks {
-        return Err(true);
-    }
-    let mut exits = BTreeMap::new();
-    for (reason, before) in &p.exits {
-        if c.exits.get(reason).copied().unwrap_or(0) < *before {
-            return Err(true);
-        }
-    }
-    for (reason, now) in &c.exits {
-        let d = now - p.exits.get(reason).copied().unwrap_or(0);
-        if d > 0 {
-            exits.insert(reason.clone(), d);
-        }
-    }
-    let d = now.since(&before);
+/// What two samples of one vCPU give.
+enum VcpuSample {
+    /// Rates over the interval.
+    Rates(Rates),
+    /// The vCPU had finished before the interval: rates over its whole life.
+    Finished(Rates),
+    /// A counter went down: the figures were reset.
+    Reset,
+    /// No time passed (the vCPU has not started).
+    NoTime,
+}
+
+/// Rates over `d`, with `exits` in it; `None` when `d` has no wall time.
+fn rates_over(d: &TimeSplit, exits: BTreeMap<String, u64>) -> Option<Rates> {
     let dt = d.wall_ns;
     if dt == 0 {
-        return Err(false);
+        return None;
     }
     let pct = |ns: u64| ns as f64 * 100.0 / dt as f64;
-    Ok(Rates {
+    Some(Rates {
         used_pct: pct(d.used_ns),
         guest_pct: pct(d.guest_ns),
         vmm_pct: pct(d.vmm_ns),
@@ -173,7 +180,43 @@ fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> Result<Rates, bool> {
         psd_pct: pct(d.paused_ns),
         exits_per_s: exits.values().sum::<u64>() as f64 * 1e9 / dt as f64,
         exits,
+        interval_ns: dt,
     })
+}
+
+/// What one vCPU did between two of its samples.
+fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> VcpuSample {
+    let (before, now) = (p.split(), c.split());
+    if now.went_down_from(&before) || c.parks < p.parks {
+        return VcpuSample::Reset;
+    }
+    let mut exits = BTreeMap::new();
+    for (reason, before) in &p.exits {
+        if c.exits.get(reason).copied().unwrap_or(0) < *before {
+            return VcpuSample::Reset;
+        }
+    }
+    for (reason, now) in &c.exits {
+        let d = now - p.exits.get(reason).copied().unwrap_or(0);
+        if d > 0 {
+            exits.insert(reason.clone(), d);
+        }
+    }
+    if let Some(r) = rates_over(&now.since(&before), exits) {
+        return VcpuSample::Rates(r);
+    }
+    if c.state == VcpuMicroState::Finished {
+        let all: BTreeMap<String, u64> = c
+            .exits
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| (r.clone(), *n))
+            .collect();
+        if let Some(r) = rates_over(&now, all) {
+            return VcpuSample::Finished(r);
+        }
+    }
+    VcpuSample::NoTime
 }
 
 /// One row per vCPU present in both samples (in vCPU order), with its rates over the
@@ -184,14 +227,17 @@ pub fn rows(prev: &Stats, cur: &Stats) -> Vec<Row> {
         .iter()
         .filter_map(|c| {
             let p = prev.vcpus.iter().find(|p| p.id == c.id)?;
-            let (reset, rates) = match vcpu_rates(p, c) {
-                Ok(r) => (false, Some(r)),
-                Err(reset) => (reset, None),
+            let (reset, finished, rates) = match vcpu_rates(p, c) {
+                VcpuSample::Rates(r) => (false, false, Some(r)),
+                VcpuSample::Finished(r) => (false, true, Some(r)),
+                VcpuSample::Reset => (true, false, None),
+                VcpuSample::NoTime => (false, false, None),
             };
             Some(Row {
                 vcpu: Some(c.id),
                 tid: c.host_tid,
                 reset,
+                finished,
                 rates,
             })
         })
@@ -200,32 +246,45 @@ pub fn rows(prev: &Stats, cur: &Stats) -> Vec<Row> {
     out
 }
 
-/// The VM total: the sum of the vCPU rows (percentages of one CPU add up). Without rates when
-/// any vCPU row has none, rather than a total that leaves a vCPU out.
+/// The VM total over the interval: the vCPU rows added up (percentages of one CPU add up),
+/// each weighted by the part of the interval it covers, so that a vCPU that ended during the
+/// interval counts for the time it ran. Finished rows add nothing: they used nothing in the
+/// interval. Without rates when any other row has none, rather than a total that leaves a
+/// vCPU out.
 pub fn total(rows: &[Row]) -> Row {
     let reset = rows.iter().any(|r| r.reset);
-    let rates = rows
+    let live: Option<Vec<&Rates>> = rows
         .iter()
-        .try_fold(Rates::default(), |mut t, r| {
-            let r = r.rates.as_ref()?;
-            t.used_pct += r.used_pct;
-            t.guest_pct += r.guest_pct;
-            t.vmm_pct += r.vmm_pct;
-            t.rdy_pct += r.rdy_pct;
-            t.idle_pct += r.idle_pct;
-            t.lmtd_pct += r.lmtd_pct;
-            t.psd_pct += r.psd_pct;
-            t.exits_per_s += r.exits_per_s;
+        .filter(|r| !r.finished)
+        .map(|r| r.rates.as_ref())
+        .collect();
+    let rates = live.filter(|_| !rows.is_empty()).map(|live| {
+        let interval = live.iter().map(|r| r.interval_ns).max().unwrap_or(0);
+        let mut t = Rates {
+            interval_ns: interval,
+            ..Rates::default()
+        };
+        for r in live {
+            let w = r.interval_ns as f64 / interval.max(1) as f64;
+            t.used_pct += r.used_pct * w;
+            t.guest_pct += r.guest_pct * w;
+            t.vmm_pct += r.vmm_pct * w;
+            t.rdy_pct += r.rdy_pct * w;
+            t.idle_pct += r.idle_pct * w;
+            t.lmtd_pct += r.lmtd_pct * w;
+            t.psd_pct += r.psd_pct * w;
+            t.exits_per_s += r.exits_per_s * w;
             for (reason, n) in &r.exits {
                 *t.exits.entry(reason.clone()).or_insert(0) += n;
             }
-            Some(t)
-        })
-        .filter(|_| !rows.is_empty());
+        }
+        t
+    });
     Row {
         vcpu: None,
         tid: 0,
         reset,
+        finished: false,
         rates,
     }
 }
@@ -299,7 +358,12 @@ fn cells(row: &Row) -> Vec<String> {
             ] {
                 c.push(format!("{v:.1}"));
             }
-            c.push(r.top_exit().unwrap_or("-").to_string());
+            let top = if row.finished {
+                "(finished)"
+            } else {
+                r.top_exit().unwrap_or("-")
+            };
+            c.push(top.to_string());
         }
         None => {
             c.extend(std::iter::repeat_n("-".to_string(), 8));
@@ -364,7 +428,8 @@ enum SampleError {
 }
 
 /// Runs `ppa-vmm top`: 0 when done (`once`, or the VM ended), 1 when the VMM refused
-/// `stats`, 2 on a usage or connection error.
+/// `stats`, 2 on a usage or connection error, 3 when the VMM went away without ending the VM
+/// (killed or crashed).
 pub fn run(opts: TopOptions) -> i32 {
     run_to(opts, &mut io::stdout().lock(), &mut io::stderr().lock())
 }
@@ -378,14 +443,25 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         Ok(c) => c,
         Err(e) => return fail(err, 2, &describe(&e)),
     };
-    let ended = |out: &mut dyn Write| {
-        // The VM is gone either way: a failed write changes nothing.
-        let _ = writeln!(out, "The VM has ended (its VMM closed the control socket).");
-        0
-    };
+    // The vm-exit event, which arrives just before the VMM closes the connection at the VM's
+    // end, tells that end from a VMM that was killed.
+    match client.call(Command::Subscribe {
+        events: vec![EventKind::VmExit],
+    }) {
+        Ok(r) if r.ok => {}
+        Ok(r) => {
+            let message = match &r.error {
+                Some(e) => format!("{}: {}", kind_name(e.kind), e.message),
+                None => "the VMM refused `subscribe` without saying why".to_string(),
+            };
+            return fail(err, 1, &message);
+        }
+        Err(e) if e.is_closed() => return ended(&client, out, err),
+        Err(e) => return fail(err, 2, &describe(&e)),
+    }
     let mut prev = match sample(&mut client, err) {
         Ok(s) => s,
-        Err(SampleError::Closed) => return ended(out),
+        Err(SampleError::Closed) => return ended(&client, out, err),
         Err(SampleError::Fail(code)) => return code,
     };
     let interval = Duration::from_millis(opts.interval_ms);
@@ -393,7 +469,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         std::thread::sleep(interval);
         let cur = match sample(&mut client, err) {
             Ok(s) => s,
-            Err(SampleError::Closed) => return ended(out),
+            Err(SampleError::Closed) => return ended(&client, out, err),
             Err(SampleError::Fail(code)) => return code,
         };
         let r = rows(&prev, &cur);
@@ -413,9 +489,24 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
             return 0;
         }
         if cur.vm.state == VmState::Finished {
-            return ended(out);
+            // The VM's own word that it ended: the connection need not close first.
+            let _ = writeln!(out, "The VM has ended.");
+            return 0;
         }
         prev = cur;
+    }
+}
+
+/// The VMM closed the connection: 0 with a line on `out` when the VM ended first (its
+/// vm-exit event came), [`EXIT_VMM_LOST`] with a message on `err` when it did not.
+fn ended(client: &Client, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    match client.vm_end() {
+        Some(end) => {
+            // The VM is gone either way: a failed write changes nothing.
+            let _ = writeln!(out, "The VM has ended ({end}).");
+            0
+        }
+        None => fail(err, EXIT_VMM_LOST, VMM_LOST),
     }
 }
 
@@ -445,282 +536,4 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tests::{stats, vcpu, FakeServer};
-    use ppa_vmm_api::Response;
-
-    const MS: u64 = 1_000_000;
-    const S: u64 = 1_000 * MS;
-
-    fn rates(row: &Row) -> &Rates {
-        row.rates.as_ref().expect("the row has rates")
-    }
-
-    /// Two samples 1 s apart: vCPU 0 used 250 ms (200 guest, 50 VMM), 100 ms steal, 20 io_out
-    /// and 5 hlt exits; vCPU 1 used 900 ms and 1000 mmio_write exits.
-    fn samples() -> (Stats, Stats) {
-        let p0 = vcpu(0, 10 * S, 4 * S, &[("io_out", 100), ("hlt", 10)]);
-        let p1 = vcpu(1, 10 * S, 2 * S, &[("mmio_write", 50)]);
-        let mut c0 = vcpu(0, 11 * S, 4 * S + 250 * MS, &[("io_out", 120), ("hlt", 15)]);
-        c0.guest_ns = 4 * S + 200 * MS;
-        c0.vmm_ns = 50 * MS;
-        c0.steal_ns = 100 * MS;
-        c0.idle_ns = p0.idle_ns + 600 * MS;
-        c0.halted_ns = 50 * MS;
-        let c1 = vcpu(1, 11 * S, 2 * S + 900 * MS, &[("mmio_write", 1050)]);
-        (stats(&[p0, p1], 10), stats(&[c0, c1], 11))
-    }
-
-    #[test]
-    fn rates_over_the_interval() {
-        let (prev, cur) = samples();
-        let r = rows(&prev, &cur);
-        assert_eq!(r.len(), 2);
-        let a = rates(&r[0]);
-        assert_eq!(a.used_pct, 25.0);
-        assert_eq!(a.guest_pct, 20.0);
-        assert_eq!(a.vmm_pct, 5.0);
-        assert_eq!(a.rdy_pct, 10.0);
-        assert_eq!(a.idle_pct, 65.0);
-        assert_eq!(a.lmtd_pct, 0.0);
-        assert_eq!(a.exits_per_s, 25.0);
-        assert_eq!(a.top_exit(), Some("io_out"));
-        assert_eq!(r[0].tid, 1000);
-        let b = rates(&r[1]);
-        assert_eq!(b.used_pct, 90.0);
-        assert_eq!(b.exits_per_s, 1000.0);
-        assert_eq!(b.top_exit(), Some("mmio_write"));
-
-        let t = total(&r);
-        assert_eq!(t.vcpu, None);
-        let t = rates(&t);
-        assert_eq!(t.used_pct, 115.0);
-        assert_eq!(t.exits_per_s, 1025.0);
-        assert_eq!(t.top_exit(), Some("mmio_write"));
-    }
-
-    #[test]
-    fn no_exits_and_half_intervals() {
-        let prev = stats(&[vcpu(0, S, 0, &[("hlt", 3)])], 1);
-        let cur = stats(&[vcpu(0, S + 500 * MS, 125 * MS, &[("hlt", 3)])], 2);
-        let r = rows(&prev, &cur);
-        assert_eq!(rates(&r[0]).used_pct, 25.0);
-        assert_eq!(rates(&r[0]).exits_per_s, 0.0);
-        assert_eq!(rates(&r[0]).top_exit(), None);
-        // The same sample twice: no time passed, no rates, but no reset either.
-        let r = rows(&cur, &cur);
-        assert!(r[0].rates.is_none() && !r[0].reset);
-    }
-
-    #[test]
-    fn a_reset_between_samples_flags_the_row() {
-        let (prev, mut cur) = samples();
-        // vCPU 1 was reset half a second ago: its counters restarted from zero.
-        cur.vcpus[1] = vcpu(1, 500 * MS, 400 * MS, &[("mmio_write", 7)]).into();
-        let r = rows(&prev, &cur);
-        assert!(!r[0].reset && r[0].rates.is_some());
-        assert!(r[1].reset && r[1].rates.is_none());
-        let t = total(&r);
-        assert!(t.reset && t.rates.is_none());
-        // A reset shows only through an exit counter going down.
-        let (prev, mut cur) = samples();
-        cur.vcpus[0].exits.insert("hlt".into(), 1);
-        assert!(rows(&prev, &cur)[0].reset);
-        // The next refresh uses the new baseline.
-        let mut next = cur.clone();
-        next.vcpus[0].wall_ns += S;
-        next.vcpus[0].used_ns += 500 * MS;
-        next.vcpus[0].idle_ns += 500 * MS;
-        let r = rows(&cur, &next);
-        assert!(!r[0].reset);
-        assert_eq!(rates(&r[0]).used_pct, 50.0);
-    }
-
-    #[test]
-    fn vcpus_in_one_sample_only_are_left_out() {
-        let (prev, mut cur) = samples();
-        cur.vcpus.push(vcpu(2, S, S, &[]).into());
-        cur.vcpus.swap(0, 2);
-        let r = rows(&prev, &cur);
-        assert_eq!(
-            r.iter().map(|r| r.vcpu).collect::<Vec<_>>(),
-            [Some(0), Some(1)]
-        );
-    }
-
-    /// `top`'s arguments as the binary parses them.
-    #[derive(Debug, clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        top: TopOptions,
-    }
-
-    fn parse(args: &[&str]) -> Result<TopOptions, clap::Error> {
-        use clap::Parser;
-        let argv = ["top", "--api-sock", "s"].iter().chain(args);
-        Cli::try_parse_from(argv).map(|c| c.top)
-    }
-
-    #[test]
-    fn options_parse_as_documented() {
-        let o = parse(&[]).unwrap();
-        assert_eq!(
-            (o.once, o.interval_ms, o.sort),
-            (false, 1000, SortKey::Vcpu)
-        );
-        let o = parse(&["--once", "--interval", "200", "--sort", "exits"]).unwrap();
-        assert_eq!((o.once, o.interval_ms, o.sort), (true, 200, SortKey::Exits));
-    }
-
-    #[test]
-    fn sort_keys_ignore_case_and_take_the_header_suffix() {
-        let sort = |k: &str| parse(&["--sort", k]).map(|o| o.sort);
-        assert_eq!(sort("USED").unwrap(), SortKey::Used);
-        assert_eq!(sort("rdy%").unwrap(), SortKey::Rdy);
-        assert_eq!(sort("Exits/s").unwrap(), SortKey::Exits);
-        assert_eq!(sort("LMTD%").unwrap(), SortKey::Lmtd);
-        // A name that is no column is refused with the list of columns.
-        let e = sort("tid").unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
-        let msg = e.to_string();
-        assert!(msg.contains("'tid'"), "{msg}");
-        assert!(
-            msg.contains("vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits"),
-            "the columns, and not the aliases: {msg}"
-        );
-    }
-
-    #[test]
-    fn sort_rows_by_each_kind_of_column() {
-        let (prev, mut cur) = samples();
-        cur.vcpus.push(vcpu(2, S, 0, &[]).into());
-        let mut prev = prev;
-        prev.vcpus.push(vcpu(2, 0, 0, &[]).into());
-        let mut r = rows(&prev, &cur);
-        let ids = |r: &[Row]| r.iter().map(|r| r.vcpu.unwrap()).collect::<Vec<_>>();
-        sort_rows(&mut r, SortKey::Used);
-        assert_eq!(ids(&r), [1, 0, 2]);
-        sort_rows(&mut r, SortKey::Rdy);
-        assert_eq!(ids(&r), [0, 1, 2]);
-        sort_rows(&mut r, SortKey::Idle);
-        assert_eq!(ids(&r), [2, 0, 1]);
-        sort_rows(&mut r, SortKey::Vcpu);
-        assert_eq!(ids(&r), [0, 1, 2]);
-        r[0].rates = None;
-        sort_rows(&mut r, SortKey::Exits);
-        assert_eq!(ids(&r), [1, 2, 0], "rows without rates go last");
-    }
-
-    #[test]
-    fn render_has_a_line_per_vcpu_and_the_total() {
-        let (prev, mut cur) = samples();
-        cur.vcpus[1] = vcpu(1, 500 * MS, 400 * MS, &[]).into();
-        let r = rows(&prev, &cur);
-        let text = render(&r, &total(&r), &cur.vm, SortKey::Used);
-        println!("{text}");
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2 + 1 + 2 + 1, "{text}");
-        assert!(lines[0].contains("vm test") && lines[0].contains("vcpus 2"));
-        assert!(lines[0].contains("level full") && lines[0].contains("uptime 11.000 s"));
-        assert!(lines[2].starts_with("VCPU") && lines[2].ends_with("TOP-EXIT"));
-        assert!(
-            lines[3].starts_with("   0") && lines[3].ends_with("io_out"),
-            "{text}"
-        );
-        assert!(
-            lines[4].starts_with("   1") && lines[4].ends_with("(reset)"),
-            "{text}"
-        );
-        assert!(lines[5].starts_with("  VM"), "{text}");
-        // Columns line up: every header ends where its numbers end.
-        let end = lines[2].find("USED%").unwrap() + "USED%".len();
-        assert_eq!(&lines[3][end - 4..end], "25.0");
-        assert_eq!(&lines[4][end - 1..end], "-");
-    }
-
-    #[test]
-    fn render_a_four_vcpu_vm() {
-        let prev = stats(
-            &(0..4)
-                .map(|i| vcpu(i, 10 * S, S, &[("io_out", 10)]))
-                .collect::<Vec<_>>(),
-            10,
-        );
-        let cur = stats(
-            &(0..4)
-                .map(|i| {
-                    let mut v = vcpu(i, 11 * S, 2 * S, &[("io_out", 10 + 1000 * i as u64)]);
-                    v.idle_ns = prev.vcpus[i].idle_ns;
-                    v
-                })
-                .collect::<Vec<_>>(),
-            11,
-        );
-        let r = rows(&prev, &cur);
-        let t = total(&r);
-        assert_eq!(rates(&t).used_pct, 400.0);
-        let text = render(&r, &t, &cur.vm, SortKey::Exits);
-        println!("{text}");
-        assert_eq!(text.lines().count(), 3 + 4 + 1);
-        assert!(text.lines().nth(3).unwrap().starts_with("   3"), "{text}");
-    }
-
-    fn top_opts(sock: &std::path::Path, once: bool, interval_ms: u64, sort: SortKey) -> TopOptions {
-        TopOptions {
-            api_sock: sock.to_path_buf(),
-            once,
-            interval_ms,
-            sort,
-        }
-    }
-
-    #[test]
-    fn run_once_and_until_the_vm_ends() {
-        let (prev, cur) = samples();
-        let answers = [prev.clone(), cur.clone(), prev, cur];
-        let server = FakeServer::start(move |req, n| match answers.get(n) {
-            Some(s) => vec![Response::ok(req.id, serde_json::to_value(s).unwrap()).to_line()],
-            None => Vec::new(),
-        });
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(
-            top_opts(server.path(), true, 10, SortKey::Vcpu),
-            &mut out,
-            &mut err,
-        );
-        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-        let text = String::from_utf8_lossy(&out);
-        assert!(!text.contains(CLEAR));
-        assert_eq!(text.lines().count(), 6, "{text}");
-
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = run_to(
-            top_opts(server.path(), false, 10, SortKey::Used),
-            &mut out,
-            &mut err,
-        );
-        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
-        let text = String::from_utf8_lossy(&out);
-        assert_eq!(text.matches(CLEAR).count(), 1, "{text}");
-        assert!(text.ends_with("The VM has ended (its VMM closed the control socket).\n"));
-    }
-
-    #[test]
-    fn run_refuses_a_short_interval() {
-        let server = FakeServer::start(|_, _| Vec::new());
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        assert_eq!(
-            run_to(
-                top_opts(server.path(), true, 5, SortKey::Vcpu),
-                &mut out,
-                &mut err
-            ),
-            2
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&err),
-            "ppa-vmm top: the interval must be at least 10 ms, not 5 ms\n"
-        );
-    }
-}
+mod tests;

@@ -89,6 +89,11 @@ impl Vmm {
         vmm
     }
 
+    /// The VMM's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the VMM is running").id()
+    }
+
     /// A new connection to the control socket.
     pub fn connect(&self) -> Conn {
         Conn::new(UnixStream::connect(&self.sock).expect("connect"))

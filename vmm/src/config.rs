@@ -73,6 +73,9 @@ pub enum ConfigError {
     /// A bad max runtime.
     #[error("the maximum run time must be a positive number of seconds, not {0}")]
     MaxRuntime(f64),
+    /// A bad `--client-timeout` or `--idle-timeout`.
+    #[error("--{0} must be a positive number of seconds (0 for --idle-timeout: never), not {1}")]
+    ClientTimeout(&'static str, f64),
     /// A bad workload spec.
     #[error("bad workload `{spec}`")]
     Workload {
@@ -129,6 +132,8 @@ pub struct VmConfig {
     pub api_sock: Option<PathBuf>,
     /// Address of the HTTP /metrics endpoint.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Caps and time limits for the clients of both.
+    pub client_limits: crate::api::ClientLimits,
     /// CPU limits at start.
     pub limits: crate::limits::limiter::LimitConfig,
     /// Runaway and overload detection.
@@ -156,6 +161,7 @@ impl Default for VmConfig {
             name: None,
             api_sock: None,
             metrics_addr: None,
+            client_limits: Default::default(),
             limits: Default::default(),
             overload: Default::default(),
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
@@ -280,6 +286,14 @@ pub struct RunOptions {
     /// Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs.
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<String>,
+    /// Close a client of either that takes longer than this to send a request it has begun
+    /// (an HTTP client: its whole head), or leaves its answers unread this long (default 10).
+    #[arg(long, value_name = "SECS")]
+    pub client_timeout: Option<f64>,
+    /// Close a control client with nothing in flight and no subscription after this long
+    /// without a request (default 300; 0: never).
+    #[arg(long, value_name = "SECS")]
+    pub idle_timeout: Option<f64>,
     /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
     #[arg(long, value_name = "LIMIT")]
     pub cpu_limit: Option<String>,
@@ -361,6 +375,28 @@ pub fn parse_limits(
     })
 }
 
+/// The client limits with `--client-timeout` and `--idle-timeout` applied.
+fn client_limits(
+    client_timeout: Option<f64>,
+    idle_timeout: Option<f64>,
+) -> Result<crate::api::ClientLimits, ConfigError> {
+    let secs = |name, s: f64, zero_ok: bool| {
+        if s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s < 1e9 {
+            Ok(Duration::from_secs_f64(s))
+        } else {
+            Err(ConfigError::ClientTimeout(name, s))
+        }
+    };
+    let mut l = crate::api::ClientLimits::default();
+    if let Some(s) = client_timeout {
+        l.client_timeout = secs("client-timeout", s, false)?;
+    }
+    if let Some(s) = idle_timeout {
+        l.idle_timeout = Some(secs("idle-timeout", s, true)?).filter(|d| !d.is_zero());
+    }
+    Ok(l)
+}
+
 impl RunOptions {
     /// Reads a JSON config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -409,6 +445,8 @@ impl RunOptions {
             name: over.name.or(self.name),
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
+            client_timeout: over.client_timeout.or(self.client_timeout),
+            idle_timeout: over.idle_timeout.or(self.idle_timeout),
             cpu_limit: over.cpu_limit.or(self.cpu_limit),
             limit_backend: over.limit_backend.or(self.limit_backend),
             limit_kick: over.limit_kick.or(self.limit_kick),
@@ -477,6 +515,7 @@ impl RunOptions {
                     .map_err(|_| ConfigError::MetricsAddr(a.clone()))?,
             ),
         };
+        let client_limits = client_limits(self.client_timeout, self.idle_timeout)?;
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
         limits.backend = self.limit_backend.unwrap_or_default();
@@ -510,6 +549,7 @@ impl RunOptions {
             name: self.name,
             api_sock: self.api_sock,
             metrics_addr,
+            client_limits,
             limits,
             overload: crate::limits::overload::OverloadConfig::parse(
                 self.runaway,
@@ -745,6 +785,40 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(e, ConfigError::ApiSock));
+    }
+
+    #[test]
+    fn client_time_limits() {
+        let (vm, _) = RunOptions::default().into_config().unwrap();
+        assert_eq!(vm.client_limits, crate::api::ClientLimits::default());
+        let o = opts(r#"{"client_timeout": 2.5, "idle_timeout": 0}"#).unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.client_limits.client_timeout, Duration::from_millis(2500));
+        assert_eq!(vm.client_limits.idle_timeout, None, "0: never idle");
+        let o = opts(r#"{"idle_timeout": 60}"#).unwrap();
+        let (vm, _) = o.into_config().unwrap();
+        assert_eq!(vm.client_limits.idle_timeout, Some(Duration::from_secs(60)));
+        for (client, idle) in [
+            (Some(0.0), None),
+            (Some(-1.0), None),
+            (Some(f64::NAN), None),
+            (Some(f64::INFINITY), None),
+            (Some(1e10), None),
+            (None, Some(-0.5)),
+            (None, Some(f64::NAN)),
+        ] {
+            let e = RunOptions {
+                client_timeout: client,
+                idle_timeout: idle,
+                ..Default::default()
+            }
+            .into_config()
+            .unwrap_err();
+            assert!(
+                matches!(e, ConfigError::ClientTimeout(..)),
+                "{client:?} {idle:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::api::board::Board;
 use crate::api::conn::LineBuffer;
 use crate::api::handler::{Handler, Outcome};
-use crate::api::http::{http_head_complete, http_reply, MAX_HTTP_HEAD};
+use crate::api::http::{self, http_reply, Head, MAX_HTTP_HEAD};
 use crate::config::{RunOptions, MAX_VCPUS};
 use crate::limits::overload::{Action, OverloadConfig};
 use crate::limits::{check_groups, check_name, GroupSpec, Limit, MAX_PERIOD_NS, MIN_PERIOD_NS};
@@ -389,10 +389,12 @@ fn has_blank_line(bytes: &[u8]) -> bool {
 /// An HTTP request head on the metrics port, arriving in pieces: the first byte chooses the
 /// size of the reads (1 byte to 16 KiB, and at least a 256th of the input, so that a long
 /// input costs no more than 256 reads), the rest is what the client sends. The loop is the
-/// server's (`process_input` on an HTTP connection): after each read, a complete head is
-/// answered, and a buffer past [`MAX_HTTP_HEAD`] without one is refused.
+/// server's (`Serve::answer` on an HTTP connection): after each read, a complete head is
+/// answered, and a head longer than [`MAX_HTTP_HEAD`], or a buffer past it without one, is
+/// refused.
 ///
-/// Properties: a head is taken exactly when the bytes read hold its end; the request target
+/// Properties: a head is taken exactly when the bytes read hold its end (unless it is too
+/// long, and only then is it refused); the request target
 /// is the first line, `\r` removed; the reply is a whole HTTP/1.1 response whose
 /// `Content-Length` is its body's and whose head has only the server's own lines (nothing of
 /// the request is echoed); `200` only for `GET /metrics`.
@@ -410,8 +412,8 @@ pub fn http_head(data: &[u8]) {
         ended = ended || has_blank_line(&sent[read.saturating_sub(2)..read + chunk.len()]);
         read += chunk.len();
         let held = input.len();
-        match http_head_complete(&mut input) {
-            Some(target) => {
+        match http::http_head(&mut input) {
+            Head::Complete(target) => {
                 let so_far = &sent[..read];
                 assert!(ended, "a head taken before its end");
                 let line = so_far.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -425,8 +427,11 @@ pub fn http_head(data: &[u8]) {
                 check_http_reply(&target, &reply);
                 return;
             }
-            None if held > MAX_HTTP_HEAD => return,
-            None => assert!(
+            Head::TooLarge => {
+                assert!(held > MAX_HTTP_HEAD, "a head of {held} bytes refused");
+                return;
+            }
+            Head::Pending => assert!(
                 !ended,
                 "a complete head was not taken: {:?}",
                 String::from_utf8_lossy(&sent[..read])

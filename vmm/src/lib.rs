@@ -7,7 +7,8 @@
 //! itself and its [`devices`]. [`vm::Vm::run`] starts one thread per vCPU ([`vcpu`]), whose
 //! exits go through [`exit::handle_exit`] to the device buses; [`accounting`] records where
 //! every nanosecond went; other threads watch through a [`handle::VmHandle`] (the control
-//! socket [`api`], the [`sampler`], the [`limits`]). When every vCPU has ended, the run
+//! socket [`api`], the [`sampler`], the [`limits`]; the binary's [`signals`] thread, which
+//! turns SIGTERM, SIGINT and SIGHUP into a shutdown). When every vCPU has ended, the run
 //! returns a [`report::Report`].
 
 /// Declares a fieldless enum whose variants index per-kind counter arrays and carry the name
@@ -60,6 +61,7 @@ pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;
 pub mod seccomp;
+pub mod signals;
 pub mod sync;
 pub(crate) mod vcpu;
 pub mod vm;

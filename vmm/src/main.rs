@@ -1,13 +1,24 @@
 //! `ppa-vmm`: the command line over the PPA-VMM library.
 //!
 //! `run` builds a VM from flags and/or a JSON config file (the same fields), runs it and prints
-//! the final report; `demo` runs the embedded default. Exit codes: 0 every vCPU exited with
-//! code 0; 1 a vCPU failed, exited non-zero or was stopped; 2 bad input or a setup error.
+//! the final report; `demo` runs the embedded default. Before either builds the VM, SIGTERM,
+//! SIGINT and SIGHUP are blocked and handed to a `signals` thread ([`ppa_vmm::signals`]): the
+//! first one shuts the VM down as the `shutdown` command does, a second one exits at once. A
+//! report file is checked before the VM is built and written atomically at the end.
+//!
+//! Exit codes: 0 every vCPU exited with code 0, or a shutdown (the command or a stop signal)
+//! ended the run and no vCPU failed; 1 a vCPU failed, exited non-zero or was stopped; 2 bad
+//! input or a setup error (nothing ran); 3 the run ended but its report or histograms could not
+//! be written; 128 + N a second stop signal N forced the exit (143 SIGTERM, 130 SIGINT,
+//! 129 SIGHUP), without a report.
 
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use clap::{Args, Parser, Subcommand};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
+use ppa_vmm::report::{check_writable, write_atomic};
+use ppa_vmm::signals::{Caught, StopSignals};
 use ppa_vmm::vm::Vm;
 use ppa_vmm_client::ctl::CtlOptions;
 use ppa_vmm_client::describe;
@@ -98,13 +109,29 @@ fn demo_options() -> RunOptions {
     }
 }
 
+/// Exit code of a run whose report or histograms could not be written.
+const EXIT_REPORT_LOST: i32 = 3;
+
+/// Checks, before the VM is built, that the report and histogram files can be written.
+fn check_outputs(opts: &ReportOptions) -> Result<(), Box<dyn std::error::Error>> {
+    let check = |flag: &str, path: &std::path::Path| {
+        check_writable(path).map_err(|e| format!("{flag} {}: {}", path.display(), describe(&e)))
+    };
+    if let Some(path) = &opts.histograms_file {
+        check("--histograms-file", path)?;
+    }
+    if let (Some(path), false) = (&opts.file, opts.format == ReportFormat::None) {
+        check("--report-file", path)?;
+    }
+    Ok(())
+}
+
 fn emit(
     report: &ppa_vmm::report::Report,
     opts: &ReportOptions,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &opts.histograms_file {
-        std::fs::write(path, report.histograms_text())
-            .map_err(|e| format!("cannot write the histograms to {}: {e}", path.display()))?;
+        write_atomic(path, report.histograms_text().as_bytes())?;
     }
     let text = match opts.format {
         ReportFormat::None => return Ok(()),
@@ -112,12 +139,13 @@ fn emit(
         ReportFormat::Text => report.to_text(),
     };
     match &opts.file {
-        Some(path) => std::fs::write(path, text)
-            .map_err(|e| format!("cannot write the report to {}: {e}", path.display()))?,
+        Some(path) => write_atomic(path, text.as_bytes())?,
         None => {
             use std::io::Write;
             match std::io::stdout().lock().write_all(text.as_bytes()) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(format!("cannot write the report to stdout: {e}").into())
+                }
                 _ => {}
             }
         }
@@ -125,12 +153,40 @@ fn emit(
     Ok(())
 }
 
-fn run(mut opts: RunOptions) -> Result<i32, Box<dyn std::error::Error>> {
+/// Builds and runs the VM with the stop signals watched; prints or writes the report.
+fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::error::Error>> {
     opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
     let (config, report_opts) = opts.into_config()?;
+    check_outputs(&report_opts)?;
+    // Armed before the `signals` thread starts, which enters its kind at once (Vm::run arms
+    // the same mode again for the others).
+    ppa_vmm::seccomp::arm(config.seccomp);
     let vm = Vm::try_from(config)?;
-    let outcome = vm.run()?;
-    emit(&outcome.report, &report_opts)?;
+    // The `signals` thread outlives the run: it holds the VM's handle only until the run
+    // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
+    let handle = Arc::new(Mutex::new(Some(vm.handle())));
+    let caught: Arc<OnceLock<Caught>> = Arc::default();
+    let (target, seen) = (Arc::clone(&handle), Arc::clone(&caught));
+    signals.watch(move |c| {
+        if let Some(h) = target.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = seen.set(c);
+            h.shutdown();
+        }
+    })?;
+    let outcome = vm.run();
+    drop(handle.lock().unwrap_or_else(|e| e.into_inner()).take());
+    let mut outcome = outcome?;
+    if let Some(c) = caught.get() {
+        outcome.report.vm.signal = Some(c.name().to_string());
+    }
+    if let Err(e) = emit(&outcome.report, &report_opts) {
+        eprintln!(
+            "ppa-vmm: error: the run ended ({}) but {}",
+            outcome.report.vm.end,
+            describe(e.as_ref())
+        );
+        return Ok(EXIT_REPORT_LOST);
+    }
     Ok(outcome.exit_code)
 }
 
@@ -231,7 +287,15 @@ fn main() -> ExitCode {
             }
         }
     };
-    match opts.and_then(run) {
+    // Still one thread: every thread started from here on inherits the blocked stop signals.
+    let signals = match StopSignals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ppa-vmm: error: {}", describe(&e));
+            return ExitCode::from(2);
+        }
+    };
+    match opts.and_then(|o| run(o, signals)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("ppa-vmm: error: {}", describe(e.as_ref()));

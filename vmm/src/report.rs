@@ -1,24 +1,185 @@
-//! The final report: what each vCPU published, as JSON (spec section 7) or as a text table.
+//! The final report: what each vCPU published, as JSON (spec section 7) or as a text table,
+//! and how it reaches its file.
 //!
 //! Data flow: after the vCPU threads are joined, `Vm::run` calls [`Report::build`] with the
 //! shared per-vCPU state and the payload's part of each vCPU (for the tiny guest: workload,
 //! doorbells, its own measurements); the binary serialises the report (`serde_json`) or prints
 //! [`Report::to_text`]. The report only reads atomics, so it could equally be built while the
-//! vCPUs run.
+//! vCPUs run. A report file is checked before the VM starts ([`check_writable`]) and written
+//! whole or not at all ([`write_atomic`]: a temporary file in the same directory, renamed over
+//! the target), so a run never ends with its record lost to a path that could not take it or
+//! with a truncated file.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use ppa_vmm_api::{VcpuEndKind, VmEnd};
+use ppa_vmm_api::{GuestView, VcpuEndKind, VmEnd};
 use ppa_vmm_client::guest_view::{guest_view_text, HostColumns};
 use serde::Serialize;
+use thiserror::Error;
 
 use crate::accounting::histogram::{HistogramJson, HistogramSnapshot};
 use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::Level;
 use crate::hypervisor::RegsDump;
 use crate::payload::{PayloadVcpuReport, PayloadVmReport};
+use crate::ppa_page::PpaPage;
 use crate::vcpu::{VcpuEnd, VcpuShared};
+
+/// Why a report (or histograms) file cannot be written.
+#[derive(Debug, Error)]
+pub enum ReportFileError {
+    /// The path names a directory.
+    #[error("{} is a directory, not a file name", .0.display())]
+    IsDirectory(PathBuf),
+    /// The directory that would hold the file does not exist.
+    #[error("the directory {} does not exist", .0.display())]
+    NoDirectory(PathBuf),
+    /// A file cannot be created in the directory (permissions, a read-only file system).
+    #[error("cannot create a file in {}", .dir.display())]
+    NotWritable {
+        /// The directory.
+        dir: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the temporary file or renaming it over the target failed; the target is as
+    /// it was.
+    #[error("cannot write {}", .path.display())]
+    Write {
+        /// The target.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The directory a file at `path` lives in (`.` for a bare name).
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// A new temporary file beside `path`, open for writing: its path and the file.
+fn temp_beside(path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    let dir = parent_dir(path);
+    let name = path
+        .file_name()
+        .map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
+    let mut last = None;
+    for n in 0..100u32 {
+        let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
+/// Checks, before a run, that a file can later be written at `path`: it is not a directory,
+/// and a file can be created in its directory (one is created and removed).
+pub fn check_writable(path: &Path) -> Result<(), ReportFileError> {
+    if path.is_dir() {
+        return Err(ReportFileError::IsDirectory(path.to_path_buf()));
+    }
+    let dir = parent_dir(path);
+    if !dir.is_dir() {
+        return Err(ReportFileError::NoDirectory(dir));
+    }
+    let (tmp, file) = temp_beside(path).map_err(|source| ReportFileError::NotWritable {
+        dir: dir.clone(),
+        source,
+    })?;
+    drop(file);
+    let _ = std::fs::remove_file(tmp);
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically: into a temporary file in the same directory, flushed
+/// to disk, then renamed over `path`. On any failure the temporary file is removed and `path`
+/// keeps what it had (nothing, or the previous file).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportFileError> {
+    let err = |source| ReportFileError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.is_dir() {
+        return Err(ReportFileError::IsDirectory(path.to_path_buf()));
+    }
+    let (tmp, mut file) = temp_beside(path).map_err(err)?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            drop(file);
+            std::fs::rename(&tmp, path)
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(e));
+    }
+    Ok(())
+}
+
+/// CLOCK_REALTIME now, ns since the Unix epoch (0 if the clock is before it).
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A CLOCK_REALTIME time as an RFC 3339 UTC timestamp with nanoseconds
+/// (`2026-11-23T17:47:00.123456789Z`).
+pub fn rfc3339_utc(realtime_ns: u64) -> String {
+    let secs = realtime_ns / 1_000_000_000;
+    let nanos = realtime_ns % 1_000_000_000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm, proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The PPA page's guest view, with each vCPU's `host_reset` flag: whether a `reset` restarted
+/// the host figures that stand beside the guest's (they then do not compare).
+pub(crate) fn guest_view(page: &PpaPage, vcpus: &[Arc<VcpuShared>]) -> GuestView {
+    let mut v = page.guest_view();
+    let reset: Vec<bool> = vcpus
+        .iter()
+        .map(|s| s.acct.meter.reset_epoch.load(Ordering::Acquire) > 0)
+        .collect();
+    if reset.contains(&true) {
+        v.host_reset = reset;
+    }
+    v
+}
 
 /// VM facts fixed at build time.
 #[derive(Debug, Clone, Serialize)]
@@ -38,8 +199,14 @@ pub struct VmInfo {
 }
 
 /// Facts of a finished run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RunFacts {
+    /// The VM's name.
+    pub name: String,
+    /// CLOCK_REALTIME when the vCPU threads were started, ns.
+    pub start_realtime_ns: u64,
+    /// CLOCK_REALTIME when the last vCPU thread was joined, ns.
+    pub end_realtime_ns: u64,
     /// First spawn to last join.
     pub uptime_ns: u64,
     /// Whether --max-runtime stopped it.
@@ -57,6 +224,21 @@ pub struct RunFacts {
 /// Per-VM part of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct VmReport {
+    /// The VM's name (`--name`; `ppa-vmm-PID` by default).
+    pub name: String,
+    /// The VMM's process id.
+    pub pid: u32,
+    /// When the vCPU threads were started, RFC 3339 UTC.
+    pub started_at: String,
+    /// When the last vCPU thread ended, RFC 3339 UTC.
+    pub ended_at: String,
+    /// `started_at` as CLOCK_REALTIME ns since the Unix epoch.
+    pub started_realtime_ns: u64,
+    /// `ended_at` as CLOCK_REALTIME ns since the Unix epoch.
+    pub ended_realtime_ns: u64,
+    /// The signal that ended the run the way `shutdown` does (`SIGTERM`, `SIGINT` or
+    /// `SIGHUP`), when one did.
+    pub signal: Option<String>,
     /// Build-time facts.
     #[serde(flatten)]
     pub info: VmInfo,
@@ -214,6 +396,13 @@ impl Report {
         };
         Report {
             vm: VmReport {
+                name: facts.name,
+                pid: std::process::id(),
+                started_at: rfc3339_utc(facts.start_realtime_ns),
+                ended_at: rfc3339_utc(facts.end_realtime_ns),
+                started_realtime_ns: facts.start_realtime_ns,
+                ended_realtime_ns: facts.end_realtime_ns,
+                signal: None,
                 info: info.clone(),
                 uptime_ns: facts.uptime_ns,
                 end,
@@ -263,6 +452,17 @@ impl Report {
             .map_or("unmeasured".to_string(), |c| {
                 format!("{:.1} us", c as f64 / 1e3)
             });
+        let _ = writeln!(
+            out,
+            "VM {} (pid {}): {} to {}{}",
+            vm.name,
+            vm.pid,
+            vm.started_at,
+            vm.ended_at,
+            vm.signal
+                .as_ref()
+                .map_or(String::new(), |s| format!(", stopped by {s}")),
+        );
         let _ = writeln!(
             out,
             "VM: {} vCPUs, {} MiB, image {}, TSC {} kHz, uptime {:.1} ms, {}, accounting {:?}, \
@@ -400,6 +600,7 @@ impl Report {
             &HostColumns {
                 names: ["GUEST host", "IDLE host", "STEAL host"],
                 values: &host,
+                reset: &g.host_reset,
             },
         ));
     }

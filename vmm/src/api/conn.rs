@@ -6,13 +6,17 @@
 //! server hold more than the limit. Responses and events go into an [`OutQueue`] that the
 //! server drains as the socket accepts bytes. Events are dropped (and counted, and the
 //! client told how many before the next one it gets) when the queue already holds more than
-//! the event limit, so a client that does not read never makes the VMM wait or grow.
+//! the event limit, so a client that does not read never makes the VMM wait or grow. Both
+//! buffers give back memory beyond 16 KiB when they empty, so a connection that once held a
+//! large answer does not keep its memory.
 
 /// Request bytes kept while no newline has arrived.
 #[derive(Debug, Default)]
 pub struct LineBuffer {
     buf: Vec<u8>,
-    /// Scanned prefix of `buf` known to have no newline.
+    /// Bytes of `buf` already taken as lines.
+    start: usize,
+    /// Prefix of `buf` known to have no newline after `start`.
     scanned: usize,
     discarding: bool,
 }
@@ -28,35 +32,57 @@ pub enum Next {
     Pending,
 }
 
+/// Capacity a buffer keeps when it empties; a larger one is given back.
+const KEEP_CAPACITY: usize = 16 << 10;
+
 impl LineBuffer {
     /// Appends bytes read from the socket.
     pub fn push(&mut self, data: &[u8]) {
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.scanned -= self.start;
+            self.start = 0;
+        }
         self.buf.extend_from_slice(data);
     }
 
     /// Bytes held.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.start
     }
 
     /// Whether the held bytes contain `pattern`.
     pub fn contains(&self, pattern: &[u8]) -> bool {
-        self.buf.windows(pattern.len()).any(|w| w == pattern)
+        self.buf[self.start..]
+            .windows(pattern.len())
+            .any(|w| w == pattern)
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether a complete line is waiting.
+    pub fn has_line(&self) -> bool {
+        self.buf[self.scanned.max(self.start)..].contains(&b'\n')
+    }
+
+    /// Whether a line has begun and its newline has not arrived (the tail of a line refused
+    /// as too long included).
+    pub fn partial(&self) -> bool {
+        (self.discarding || !self.is_empty()) && !self.has_line()
     }
 
     /// The next line, with lines longer than `limit` refused.
     pub fn next_line(&mut self, limit: usize) -> Next {
-        match self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+        let from = self.scanned.max(self.start);
+        match self.buf[from..].iter().position(|&b| b == b'\n') {
             Some(i) => {
-                let end = self.scanned + i;
-                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
-                self.scanned = 0;
-                line.pop();
+                let end = from + i;
+                let mut line = self.buf[self.start..end].to_vec();
+                self.start = end + 1;
+                self.scanned = self.start;
                 if line.last() == Some(&b'\r') {
                     line.pop();
                 }
@@ -66,21 +92,29 @@ impl LineBuffer {
                 }
                 Next::Line(line)
             }
-            None if self.buf.len() > limit && !self.discarding => {
-                let n = self.buf.len();
-                self.buf.clear();
-                self.scanned = 0;
+            None if self.len() > limit && !self.discarding => {
+                let n = self.len();
+                self.clear();
                 self.discarding = true;
                 Next::TooLong(n)
             }
             None => {
-                if self.discarding {
-                    self.buf.clear();
+                if self.discarding || self.is_empty() {
+                    self.clear();
                 }
                 self.scanned = self.buf.len();
                 Next::Pending
             }
         }
+    }
+
+    fn clear(&mut self) {
+        self.buf.clear();
+        if self.buf.capacity() > KEEP_CAPACITY {
+            self.buf = Vec::new();
+        }
+        self.start = 0;
+        self.scanned = 0;
     }
 }
 
@@ -114,6 +148,10 @@ impl OutQueue {
         self.pos = (self.pos + n).min(self.buf.len());
         if self.pos == self.buf.len() {
             self.buf.clear();
+            if self.buf.capacity() > KEEP_CAPACITY {
+                // A large answer went out: give its memory back.
+                self.buf = Vec::new();
+            }
             self.pos = 0;
         } else if self.pos > 64 * 1024 && self.pos * 2 > self.buf.len() {
             self.buf.drain(..self.pos);
@@ -121,8 +159,8 @@ impl OutQueue {
         }
     }
 
-    /// Queues a response line (always: the client asked for it, and the server stops reading
-    /// requests from a client whose queue is full).
+    /// Queues a response line (always: the client asked for it, and the server answers no
+    /// more of a client's requests while its queue is over `CLIENT_OUT_PAUSE`).
     pub fn push_response(&mut self, line: &str) {
         self.buf.extend_from_slice(line.as_bytes());
     }

@@ -12,8 +12,8 @@
 //! must not take CPU from the guests. Commands that change what `stats` shows drop it.
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, Response, Stats,
-    ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState, VmStats,
+    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, RequestId, Response,
+    Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState, VmStats,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -150,13 +150,13 @@ impl Handler {
         s
     }
 
-    fn stats_line(&mut self, id: &Value) -> String {
-        let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    fn stats_line(&mut self, id: &RequestId) -> String {
+        let id = id.get();
         let snap = self.stats();
         let body = snap.text.as_str();
         let mut line = String::with_capacity(body.len() + id.len() + 32);
         line.push_str("{\"id\":");
-        line.push_str(&id);
+        line.push_str(id);
         line.push_str(",\"ok\":true,\"result\":");
         line.push_str(body);
         line.push_str("}\n");
@@ -273,7 +273,7 @@ impl Handler {
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
             Command::Guest {} => match vm.ppa_page() {
-                Some(p) => to_value(&p.guest_view()),
+                Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(
                     ErrorKind::InvalidState,
                     "this VM has no PPA page (it was started with --ppa-page-size 0)",

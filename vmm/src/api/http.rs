@@ -1,30 +1,46 @@
-//! The HTTP side of the metrics endpoint: one request head in, one response out, then the
-//! connection closes. Only `GET /metrics` is served (Prometheus text format).
+//! The HTTP side of the metrics endpoint: one request head (at most [`MAX_HTTP_HEAD`] bytes)
+//! in, one response out, then the connection closes. Only `GET /metrics` is served
+//! (Prometheus text format).
 
 use super::conn::{LineBuffer, Next};
 use super::handler::Handler;
 
-/// Longest HTTP request head accepted.
+/// Longest HTTP request head accepted (request line and headers, up to and including the
+/// empty line that ends them).
 pub const MAX_HTTP_HEAD: usize = 8 << 10;
 
-/// Takes a complete HTTP request head out of `input`; returns its request target.
-pub fn http_head_complete(input: &mut LineBuffer) -> Option<String> {
-    // A line end then an empty line, whichever of `\n` and `\r\n` each uses.
+/// What the bytes of an HTTP connection hold so far.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Not the whole head yet, and not over [`MAX_HTTP_HEAD`].
+    Pending,
+    /// The head is over [`MAX_HTTP_HEAD`], complete or not.
+    TooLarge,
+    /// A whole head: its request line.
+    Complete(String),
+}
+
+/// Takes a complete HTTP request head out of `input`, or says why there is none.
+pub fn http_head(input: &mut LineBuffer) -> Head {
     if !input.contains(b"\n\n") && !input.contains(b"\n\r\n") {
-        return None;
+        return if input.len() > MAX_HTTP_HEAD {
+            Head::TooLarge
+        } else {
+            Head::Pending
+        };
     }
-    let mut first: Option<String> = None;
-    loop {
-        match input.next_line(MAX_HTTP_HEAD) {
-            Next::Line(l) if l.is_empty() => return Some(first.unwrap_or_default()),
-            Next::Line(l) => {
-                if first.is_none() {
-                    first = Some(String::from_utf8_lossy(&l).into_owned());
-                }
-            }
-            Next::TooLong(_) | Next::Pending => return Some(first.unwrap_or_default()),
+    let before = input.len();
+    let mut first = None;
+    while let Next::Line(l) = input.next_line(usize::MAX) {
+        if l.is_empty() {
+            break;
         }
+        first.get_or_insert(l);
     }
+    if before - input.len() > MAX_HTTP_HEAD {
+        return Head::TooLarge;
+    }
+    Head::Complete(String::from_utf8_lossy(&first.unwrap_or_default()).into_owned())
 }
 
 /// A whole HTTP/1.1 response that closes the connection.
@@ -83,17 +99,49 @@ mod tests {
     fn http_head_is_taken_whole() {
         let mut b = LineBuffer::default();
         b.push(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
-        assert_eq!(http_head_complete(&mut b), None);
+        assert_eq!(http_head(&mut b), Head::Pending);
         b.push(b"Accept: */*\r\n\r\n");
         assert_eq!(
-            http_head_complete(&mut b).as_deref(),
-            Some("GET /metrics HTTP/1.1")
+            http_head(&mut b),
+            Head::Complete("GET /metrics HTTP/1.1".into())
+        );
+        let mut b = LineBuffer::default();
+        b.push(b"GET /metrics HTTP/1.0\n\n");
+        assert_eq!(
+            http_head(&mut b),
+            Head::Complete("GET /metrics HTTP/1.0".into())
         );
         // A bare LF line end, then a CRLF empty line (found by the fuzzer: never taken).
         b.push(b"GET /metrics HTTP/1.1\nHost: x\n\r\n");
         assert_eq!(
-            http_head_complete(&mut b).as_deref(),
-            Some("GET /metrics HTTP/1.1")
+            http_head(&mut b),
+            Head::Complete("GET /metrics HTTP/1.1".into())
         );
+    }
+
+    #[test]
+    fn http_head_limit_is_exact() {
+        let head = |total: usize| {
+            let start = b"GET /metrics HTTP/1.1\r\nX: ";
+            let mut h = start.to_vec();
+            h.resize(total - 4, b'a');
+            h.extend_from_slice(b"\r\n\r\n");
+            assert_eq!(h.len(), total);
+            h
+        };
+        let mut b = LineBuffer::default();
+        b.push(&head(MAX_HTTP_HEAD));
+        assert!(matches!(http_head(&mut b), Head::Complete(_)));
+        // One byte more, arriving whole in one read: refused all the same.
+        let mut b = LineBuffer::default();
+        b.push(&head(MAX_HTTP_HEAD + 1));
+        assert_eq!(http_head(&mut b), Head::TooLarge);
+        // Over the limit without its end yet.
+        let mut b = LineBuffer::default();
+        b.push(&[b'a'; MAX_HTTP_HEAD + 1]);
+        assert_eq!(http_head(&mut b), Head::TooLarge);
+        let mut b = LineBuffer::default();
+        b.push(&[b'a'; MAX_HTTP_HEAD]);
+        assert_eq!(http_head(&mut b), Head::Pending);
     }
 }

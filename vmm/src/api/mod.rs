@@ -4,16 +4,21 @@
 //! `--metrics-addr` is given. Its `api` thread ([`server`]) accepts clients, splits their
 //! bytes into request lines ([`conn`]), hands each line to the [`handler`], which reads the
 //! VM through a `VmHandle` and returns one response line, and streams events that the run
-//! loop pushes into the server's `EventHub`. The protocol's types live in the `ppa-vmm-api`
-//! crate, which clients use without linking KVM code.
+//! loop pushes into the server's `EventHub`. What each client may hold (caps, time limits,
+//! output budget) and the counters of what happened to clients are in [`listen`]. The
+//! protocol's types live in the `ppa-vmm-api` crate, which clients use without linking KVM
+//! code.
 
 pub mod board;
 pub mod conn;
 pub mod handler;
 pub mod http;
+pub mod listen;
+mod serve;
 pub mod server;
 pub mod unix;
 
+pub use listen::ClientLimits;
 pub use server::{ApiServer, EventHub, ServerOptions, SocketError};
 
 /// Synthetic VMs for unit tests and the fuzz checks: vCPUs that never ran, with meters a test

@@ -34,7 +34,7 @@ pub type Errno = vmm_sys_util::errno::Error;
 #[derive(Debug, Error)]
 pub enum HvError {
     /// The hypervisor's device node does not exist.
-    #[error("{0} does not exist: this host has no KVM (it needs kvm_intel, kvm_amd or kvm_pvm)")]
+    #[error("the KVM device {0} does not exist (where a host has KVM, kvm_intel, kvm_amd or kvm_pvm creates /dev/kvm)")]
     Missing(std::path::PathBuf),
     /// No permission to open the device node.
     #[error("no permission to open {0}: run as root or join the group that owns it (kvm)")]

@@ -15,11 +15,11 @@
 //! API server may hand the exporter a [`ServerCounters`] ([`Exporter::attach_server`]) that it
 //! updates as clients come and go; its families appear from then on.
 //!
-//! Wiring the server's counters (for the API server's owner): create an
-//! `Arc<ServerCounters>`, pass a clone to `handler.metrics().attach_server(..)` once, and call
-//! [`ServerCounters::connected`] when a connection is registered, [`ServerCounters::closed`]
-//! when it is removed, [`ServerCounters::refused`] when one is turned away (cap, uid) and
-//! [`ServerCounters::events_dropped`] with the number of events a slow client lost.
+//! The API server's counters: its `ListenerStats` (api/listen.rs) own a [`ServerCounters`],
+//! attached when the server starts, and call [`ServerCounters::connected`] when a connection
+//! is registered, [`ServerCounters::closed`] when it is removed, [`ServerCounters::refused`]
+//! when one is turned away (cap, uid, no descriptor) and [`ServerCounters::events_dropped`]
+//! with the number of events a slow client lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -86,10 +86,6 @@ pub fn exporter_families() -> &'static [Decl] {
 }
 
 /// Which listener a connection came through.
-#[allow(
-    dead_code,
-    reason = "the API server's hook (issue 17): see the module doc"
-)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listener {
     /// The control socket (`--api-sock`).
@@ -119,10 +115,6 @@ pub struct ServerCounters {
     events_dropped: AtomicU64,
 }
 
-#[allow(
-    dead_code,
-    reason = "the API server's hook (issue 17): see the module doc"
-)]
 impl ServerCounters {
     /// A connection through `l` was accepted and is now served.
     pub fn connected(&self, l: Listener) {
@@ -211,10 +203,6 @@ impl Exporter {
 
     /// Shows `counters` in every text rendered from now on. Only the first call takes effect
     /// (returns false otherwise).
-    #[allow(
-        dead_code,
-        reason = "the API server's hook (issue 17): see the module doc"
-    )]
     pub fn attach_server(&self, counters: Arc<ServerCounters>) -> bool {
         self.server.set(counters).is_ok()
     }

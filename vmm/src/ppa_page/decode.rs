@@ -213,6 +213,7 @@ pub fn decode(section: Section<'_>) -> GuestView {
         errors: Vec::new(),
         host: Vec::new(),
         agent: None,
+        host_reset: Vec::new(),
     };
     let h: GuestHeader = match section.read::<GuestHeader>(0) {
         Err(e) => {

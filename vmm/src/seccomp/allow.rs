@@ -326,7 +326,7 @@ pub const API: &[Allow] = &[
     allow!(
         timerfd_settime,
         Args::Any,
-        "the threshold-event timer armed and disarmed"
+        "the threshold-event and client time-limit timers armed and disarmed"
     ),
     allow!(
         getdents64,
@@ -338,6 +338,21 @@ pub const API: &[Allow] = &[
         prlimit64,
         Args::GetLimit,
         "the open-file limit read for the metrics (process_max_fds)"
+    ),
+];
+
+/// The `signals` thread's own: a second stop signal removes the socket files that are still
+/// this process's before it exits (`api::unix::remove_own_socket_files`).
+pub const SIGNALS: &[Allow] = &[
+    allow!(
+        unlink,
+        Args::Any,
+        "the socket file removed on a forced exit (a second stop signal)"
+    ),
+    allow!(
+        unlinkat,
+        Args::Any,
+        "the socket file removed on a forced exit (a second stop signal)"
     ),
 ];
 
@@ -386,6 +401,7 @@ pub fn groups(kind: Kind) -> Vec<&'static [Allow]> {
         Kind::Main => vec![MAIN],
         Kind::Vcpu => vec![VCPU],
         Kind::Api => vec![API],
+        Kind::Signals => vec![SIGNALS],
         Kind::ApiStats | Kind::Sampler | Kind::Limiter => vec![],
     };
     own.into_iter().chain(common).collect()
@@ -410,7 +426,7 @@ pub fn list(kind: Kind) -> Vec<Allow> {
 /// switched later; its filter lets perf_event_open name only the thread itself.
 pub fn kept_caps(kind: Kind) -> u64 {
     match kind {
-        Kind::Main => caps::bit(caps::CAP_DAC_OVERRIDE),
+        Kind::Main | Kind::Signals => caps::bit(caps::CAP_DAC_OVERRIDE),
         Kind::Vcpu => caps::bit(caps::CAP_PERFMON),
         _ => 0,
     }

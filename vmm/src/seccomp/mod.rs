@@ -1,11 +1,13 @@
 //! Least privilege after set-up: each thread of the VMM, once its own set-up is done, drops the
 //! capabilities it no longer needs, sets `PR_SET_NO_NEW_PRIVS` and installs the seccomp filter
-//! of its kind ([`Kind`]: main, vCPU, api, api-stats, sampler, limiter).
+//! of its kind ([`Kind`]: main, vCPU, api, api-stats, sampler, limiter, signals).
 //!
 //! Data flow: [`crate::vm::Vm::run`] arms the process's [`Mode`] (from `VmConfig::seccomp`)
 //! before it starts any thread; each thread calls [`enter`] with its kind at the point where its
 //! set-up ends (the vCPU thread after its warm-up and the start gate, the api thread before its
-//! event loop, the main thread once every thread is started and placed). [`enter`] builds the
+//! event loop, the main thread once every thread is started and placed; the binary's `signals`
+//! thread, started before `Vm::run`, as it starts, the binary having armed the mode first).
+//! [`enter`] builds the
 //! kind's filter from [`allow`]'s list, drops capabilities ([`caps`]) and applies the filter
 //! to the calling thread only (seccompiler's `apply_filter`, no TSYNC: every kind has its own
 //! filter). Threads started later inherit their creator's filter, which is why the main thread
@@ -74,17 +76,20 @@ pub enum Kind {
     Sampler,
     /// The `limiter` thread: CPU limits.
     Limiter,
+    /// The `signals` thread: waits for SIGTERM, SIGINT and SIGHUP (`crate::signals`).
+    Signals,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Main,
         Kind::Vcpu,
         Kind::Api,
         Kind::ApiStats,
         Kind::Sampler,
         Kind::Limiter,
+        Kind::Signals,
     ];
 
     /// The name used in logs, messages and docs/security.md.
@@ -96,6 +101,7 @@ impl Kind {
             Kind::ApiStats => "api-stats",
             Kind::Sampler => "sampler",
             Kind::Limiter => "limiter",
+            Kind::Signals => "signals",
         }
     }
 }

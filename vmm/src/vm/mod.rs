@@ -311,6 +311,7 @@ impl<H: Hypervisor> Vm<H> {
                 api_sock: config.api_sock.clone(),
                 metrics_addr: config.metrics_addr,
                 stats_max_age_ns: crate::api::handler::STATS_MAX_AGE_NS,
+                limits: config.client_limits,
             },
             overload: config.overload.clone(),
             ppa_page,

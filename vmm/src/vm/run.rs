@@ -21,7 +21,7 @@ use crate::api::ApiServer;
 use crate::handle::VmHandle;
 use crate::hypervisor::{self as hv, ExitEvent, Hypervisor};
 use crate::limits::limiter::Limiter;
-use crate::report::{Report, RunFacts};
+use crate::report::{realtime_ns, Report, RunFacts};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
 use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuThread, REQ_STOP};
@@ -201,6 +201,7 @@ where
             .map_err(|e| VmError::Thread("sampler", e))?,
         );
         let start = Instant::now();
+        let start_realtime_ns = realtime_ns();
         let steal_at_start = host_steal_ns();
         let (done_tx, done_rx) = channel();
         let warm_up = self.boot.warm_up();
@@ -225,6 +226,7 @@ where
         run.join_vcpus_and_helpers();
         self.status.mark_finished();
         let uptime_ns = start.elapsed().as_nanos() as u64;
+        let end_realtime_ns = realtime_ns();
         // Every vCPU thread has exited: the process CPU clock includes them, and each published
         // its own CPU time on its way out.
         let vcpu_cpu: u64 = run
@@ -244,6 +246,9 @@ where
             &run.shared,
             (self.boot.vm_report(), payload),
             RunFacts {
+                name: handle.name().to_string(),
+                start_realtime_ns,
+                end_realtime_ns,
                 uptime_ns,
                 timed_out,
                 shutdown: handle.shutdown_requested(),
@@ -253,7 +258,10 @@ where
             },
         );
         report.groups = self.limiter.groups();
-        report.guest = self.ppa_page.as_ref().map(|p| p.guest_view());
+        report.guest = self
+            .ppa_page
+            .as_ref()
+            .map(|p| crate::report::guest_view(p, &run.shared));
         let exit_code = report.exit_code();
         run.push(ppa_vmm_api::Event::VmExit {
             uptime_ns,

@@ -50,6 +50,35 @@ fn version_and_ids() {
 }
 
 #[test]
+fn a_smuggled_second_cmd_does_nothing() {
+    let mut h = Handler::new(handle(1), 0);
+    let r = call(&mut h, r#"{"id":1,"cmd":"version","cmd":"shutdown"}"#);
+    assert!(!r.ok, "{r:?}");
+    assert_eq!(r.error.unwrap().kind, ErrorKind::BadRequest);
+    assert_eq!(r.id, json!(1));
+    assert!(!h.vm().shutdown_requested(), "the VM was not shut down");
+}
+
+#[test]
+fn ids_are_echoed_as_written() {
+    let mut h = Handler::new(handle(1), 0);
+    for id in ["12345678901234567890123", "1.0", "1e2", r#""a\"b""#] {
+        // `stats` has its own encoder; `version` and a failure take the common one.
+        for rest in [
+            r#""cmd":"stats""#,
+            r#""cmd":"version""#,
+            r#""cmd":"vcpu","vcpu":9"#,
+        ] {
+            let line = format!("{{\"id\":{id},{rest}}}");
+            let Outcome::Reply(r) = h.handle_line(line.as_bytes()) else {
+                panic!("{line}: not a reply");
+            };
+            assert!(r.starts_with(&format!("{{\"id\":{id},")), "{line} -> {r}");
+        }
+    }
+}
+
+#[test]
 fn stats_parse_as_the_client_types() {
     let mut h = Handler::new(handle(3), 0);
     let r = call(&mut h, r#"{"id":7,"cmd":"stats"}"#);

@@ -1,0 +1,673 @@
+//! The `api` thread's event-loop subscriber: every client connection, from accept to close.
+//!
+//! Data flow: epoll reports a listener (accept: check the peer's uid with SO_PEERCRED on the
+//! control socket, apply the listener's cap, register), a connection (read → [`LineBuffer`]
+//! → complete lines → [`Handler`] → [`OutQueue`] → write as the socket allows), the
+//! [`EventHub`]'s eventfd (events from the run loop, queued for subscribers), the threshold
+//! timer (growth of the threshold counters, as events), the sweep timer (time limits), the
+//! kick eventfd (connections with requests left over from their turn) and the stop eventfd.
+//!
+//! Fairness: a connection's turn is at most [`REQUESTS_PER_TURN`] answers and [`TURN_NS`]
+//! of work; what is left waits in the ready list for its next turn, after every other ready
+//! connection, and the turns of the ready list take at most [`ROUND_NS`] before epoll is
+//! asked again, so a new client or request waits about a round at most. A client
+//! whose queue holds more than [`CLIENT_OUT_PAUSE`] gets no more answers, and its socket is
+//! not read, until it reads; the kernel's socket buffer holds what it sends meanwhile. Every
+//! [`DropReason`] is applied here, and counted in [`ListenerStats`].
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use ppa_vmm_api::{ErrorBody, ErrorKind, Event, EventKind, Response, MAX_REQUEST_BYTES};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::conn::{LineBuffer, Next, OutQueue};
+use super::handler::{kind_bit, Handler, Outcome};
+use super::http::{http_head, http_reply, http_response, Head, MAX_HTTP_HEAD};
+use super::listen::{
+    ClientLimits, DropReason, FdReserve, Listener, ListenerStats, CLIENT_OUT_PAUSE,
+    EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
+};
+use super::server::EventHub;
+use crate::accounting::meter::Counter;
+use crate::accounting::{PerThreshold, Threshold};
+use crate::sync::now_ns;
+
+pub(super) const TOKEN_API: u32 = 0;
+pub(super) const TOKEN_HTTP: u32 = 1;
+pub(super) const TOKEN_HUB: u32 = 2;
+pub(super) const TOKEN_TIMER: u32 = 3;
+pub(super) const TOKEN_STOP: u32 = 4;
+pub(super) const TOKEN_SWEEP: u32 = 5;
+pub(super) const TOKEN_KICK: u32 = 6;
+const FIRST_CONN: u32 = 16;
+/// Connections accepted per listener wake-up; epoll reports the rest.
+const ACCEPTS_PER_WAKE: usize = 64;
+
+enum Stream {
+    Api(UnixStream),
+    Http(TcpStream),
+}
+
+impl Stream {
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Api(s) => s.as_raw_fd(),
+            Stream::Http(s) => s.as_raw_fd(),
+        }
+    }
+
+    fn listener(&self) -> Listener {
+        match self {
+            Stream::Api(_) => Listener::Api,
+            Stream::Http(_) => Listener::Http,
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let r = match self {
+                Stream::Api(s) => s.read(buf),
+                Stream::Http(s) => s.read(buf),
+            };
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Api(s) => s.write(buf),
+            Stream::Http(s) => s.write(buf),
+        }
+    }
+}
+
+struct Conn {
+    stream: Stream,
+    input: LineBuffer,
+    out: OutQueue,
+    /// Subscribed event kinds (bit per kind).
+    mask: u8,
+    /// Close once `out` is written (an HTTP answer, or the server stopping).
+    closing: bool,
+    /// The peer sent all it will send; close once its requests are answered and written.
+    eof: bool,
+    /// The interest currently registered.
+    interest: EventSet,
+    /// When it was accepted.
+    since: u64,
+    /// The last byte read or written.
+    active_at: u64,
+    /// Since when a request has been begun and not finished.
+    partial_since: Option<u64>,
+    /// Since when answers have waited without the client taking any.
+    stalled_since: Option<u64>,
+    /// In the ready list.
+    ready: bool,
+}
+
+impl Conn {
+    fn new(stream: Stream, interest: EventSet, now: u64) -> Self {
+        Conn {
+            stream,
+            input: LineBuffer::default(),
+            out: OutQueue::default(),
+            mask: 0,
+            closing: false,
+            eof: false,
+            interest,
+            since: now,
+            active_at: now,
+            partial_since: None,
+            stalled_since: None,
+            ready: false,
+        }
+    }
+
+    fn is_http(&self) -> bool {
+        matches!(self.stream, Stream::Http(_))
+    }
+
+    /// Whether the server reads this connection's socket now: it is waiting for bytes to
+    /// complete a request, and the client has read its answers.
+    fn wants_input(&self) -> bool {
+        if self.closing || self.eof {
+            return false;
+        }
+        if self.is_http() {
+            return self.input.len() <= MAX_HTTP_HEAD;
+        }
+        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line()
+    }
+
+    /// Whether complete requests wait and may be answered now.
+    fn can_answer(&self) -> bool {
+        !self.closing
+            && !self.is_http()
+            && self.out.len() <= CLIENT_OUT_PAUSE
+            && self.input.has_line()
+    }
+
+    /// The largest read that keeps the input within what the protocol needs to see.
+    fn read_room(&self) -> usize {
+        let limit = if self.is_http() {
+            MAX_HTTP_HEAD
+        } else {
+            MAX_REQUEST_BYTES
+        };
+        (limit + 1).saturating_sub(self.input.len()).max(1)
+    }
+}
+
+/// The answer to a line that passed the limit without a newline after `n` bytes.
+fn too_long(n: usize) -> String {
+    let e = ErrorBody::new(
+        ErrorKind::TooLong,
+        format!(
+            "the request is over {MAX_REQUEST_BYTES} bytes ({n} so far without a newline); it is skipped up to its newline"
+        ),
+    );
+    Response::err(serde_json::Value::Null, e).to_line()
+}
+
+/// What the loop needs besides the connections.
+pub(super) struct ServeParts {
+    pub handler: Handler,
+    pub api: Option<UnixListener>,
+    pub http: Option<TcpListener>,
+    pub hub: Arc<EventHub>,
+    pub stop: Arc<EventFd>,
+    pub limits: ClientLimits,
+    pub stats: Arc<ListenerStats>,
+}
+
+/// The subscriber the event loop drives.
+pub(super) struct Serve {
+    handler: Handler,
+    api: Option<UnixListener>,
+    http: Option<TcpListener>,
+    hub: Arc<EventHub>,
+    stop: Arc<EventFd>,
+    /// Threshold checks while someone subscribes to threshold events.
+    timer: TimerFd,
+    timer_armed: bool,
+    /// Time-limit checks while there are connections.
+    sweep: TimerFd,
+    sweep_armed: bool,
+    /// Written when the ready list gains a connection.
+    kick: EventFd,
+    ready: VecDeque<u32>,
+    reserve: FdReserve,
+    limits: ClientLimits,
+    stats: Arc<ListenerStats>,
+    conns: HashMap<u32, Conn>,
+    /// Connections per listener.
+    count: [usize; Listener::COUNT],
+    /// Output bytes queued over all connections.
+    queued: usize,
+    next_token: u32,
+    uid: u32,
+    /// Threshold counters at the last check, per vCPU.
+    seen: Vec<PerThreshold<u64>>,
+    pub(super) stopping: bool,
+}
+
+impl Serve {
+    pub(super) fn new(p: ServeParts) -> io::Result<Self> {
+        Ok(Serve {
+            handler: p.handler,
+            api: p.api,
+            http: p.http,
+            hub: p.hub,
+            stop: p.stop,
+            timer: TimerFd::new()?,
+            timer_armed: false,
+            sweep: TimerFd::new()?,
+            sweep_armed: false,
+            kick: EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?,
+            ready: VecDeque::new(),
+            reserve: FdReserve::new()?,
+            limits: p.limits,
+            stats: p.stats,
+            conns: HashMap::new(),
+            count: [0; Listener::COUNT],
+            queued: 0,
+            next_token: FIRST_CONN,
+            // SAFETY: getuid has no preconditions.
+            uid: unsafe { libc::getuid() },
+            seen: Vec::new(),
+            stopping: false,
+        })
+    }
+
+    fn token(&mut self) -> u32 {
+        loop {
+            let t = self.next_token;
+            self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CONN);
+            if t >= FIRST_CONN && !self.conns.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    fn close(&mut self, token: u32, ops: &mut EventOps) {
+        if let Some(c) = self.conns.remove(&token) {
+            let _ = ops.remove(Events::empty_raw(c.stream.fd()));
+            let which = c.stream.listener();
+            self.count[which.index()] -= 1;
+            self.stats.on_close(which);
+            self.queued -= c.out.len();
+        }
+    }
+
+    /// Closes a connection on the server's own decision, counting why.
+    fn drop_conn(&mut self, token: u32, reason: DropReason, ops: &mut EventOps) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let which = c.stream.listener();
+        if which == Listener::Http && reason == DropReason::HeaderTimeout && c.out.is_empty() {
+            let _ = c.stream.write(
+                http_response("408 Request Timeout", "text/plain", "request timeout\n").as_bytes(),
+            );
+        }
+        log::debug!("{}: dropping a client ({})", which.name(), reason.name());
+        self.stats.on_drop(which, reason);
+        self.close(token, ops);
+    }
+
+    /// Reads what the client sent and answers its complete requests, within its turn.
+    fn on_readable(&mut self, token: u32, ops: &mut EventOps) {
+        let mut scratch = [0u8; 16 * 1024];
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        // Bounded work per wake-up: epoll reports the rest again.
+        for _ in 0..4 {
+            if !conn.wants_input() {
+                break;
+            }
+            let room = conn.read_room().min(scratch.len());
+            match conn.stream.read(&mut scratch[..room]) {
+                Ok(0) => conn.eof = true,
+                Ok(n) => {
+                    conn.input.push(&scratch[..n]);
+                    conn.active_at = now_ns();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => conn.eof = true,
+            }
+        }
+        self.answer(token, ops);
+        self.flush(token, ops);
+    }
+
+    /// Answers the connection's complete requests, up to its turn's share; queues the
+    /// connection for another turn if some are left.
+    fn answer(&mut self, token: u32, ops: &mut EventOps) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let before = conn.out.len();
+        if conn.is_http() {
+            if !conn.closing {
+                let reply = match http_head(&mut conn.input) {
+                    Head::Pending => None,
+                    Head::TooLarge => {
+                        // What the client sent beyond is thrown away, so that closing does
+                        // not reset the connection before it reads the answer.
+                        let mut sink = [0u8; 4096];
+                        for _ in 0..16 {
+                            if !matches!(conn.stream.read(&mut sink), Ok(n) if n > 0) {
+                                break;
+                            }
+                        }
+                        Some(http_response(
+                            "431 Request Header Fields Too Large",
+                            "text/plain",
+                            "request too large\n",
+                        ))
+                    }
+                    Head::Complete(target) => Some(http_reply(&target, &mut self.handler)),
+                };
+                if let Some(r) = reply {
+                    conn.out.push_response(&r);
+                    conn.closing = true;
+                }
+            }
+        } else {
+            let turn_end = now_ns() + TURN_NS;
+            let mut answered = 0;
+            while conn.can_answer()
+                && (answered == 0 || (answered < REQUESTS_PER_TURN && now_ns() < turn_end))
+            {
+                answered += 1;
+                let line = match conn.input.next_line(MAX_REQUEST_BYTES) {
+                    Next::Pending => break,
+                    Next::TooLong(n) => {
+                        conn.out.push_response(&too_long(n));
+                        continue;
+                    }
+                    Next::Line(l) => l,
+                };
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                match self.handler.handle_line(&line) {
+                    Outcome::Reply(r) => conn.out.push_response(&r),
+                    Outcome::Subscribe(r, mask) => {
+                        conn.out.push_response(&r);
+                        conn.mask |= mask;
+                        if mask & kind_bit(EventKind::Threshold) != 0 && !self.timer_armed {
+                            let every = Duration::from_millis(10);
+                            self.timer_armed = self.timer.reset(every, Some(every)).is_ok();
+                        }
+                    }
+                }
+            }
+            // A line over the limit without its newline is found only by looking.
+            if !conn.input.has_line() && conn.input.len() > MAX_REQUEST_BYTES {
+                if let Next::TooLong(n) = conn.input.next_line(MAX_REQUEST_BYTES) {
+                    conn.out.push_response(&too_long(n));
+                }
+            }
+            if conn.input.partial() {
+                conn.partial_since.get_or_insert_with(now_ns);
+            } else {
+                conn.partial_since = None;
+            }
+            if conn.can_answer() && !conn.ready {
+                conn.ready = true;
+                self.ready.push_back(token);
+                let _ = self.kick.write(1);
+            }
+        }
+        let after = conn.out.len();
+        self.queued = self.queued + after - before;
+        if after > before && self.queued > self.limits.out_budget {
+            self.enforce_budget(ops);
+        }
+    }
+
+    /// Drops the connections holding the most output until all of it fits the budget
+    /// ([`super::listen::OUT_BUDGET`] unless set otherwise).
+    fn enforce_budget(&mut self, ops: &mut EventOps) {
+        while self.queued > self.limits.out_budget {
+            let Some(t) = self
+                .conns
+                .iter()
+                .max_by_key(|(_, c)| c.out.len())
+                .map(|(t, _)| *t)
+            else {
+                return;
+            };
+            self.drop_conn(t, DropReason::OutputBudget, ops);
+        }
+    }
+
+    /// Writes what the socket accepts; closes the connection when it is done; registers the
+    /// interest its state calls for.
+    fn flush(&mut self, token: u32, ops: &mut EventOps) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let before = conn.out.len();
+        let mut broken = false;
+        while !conn.out.is_empty() {
+            match conn.stream.write(conn.out.pending()) {
+                Ok(0) => {
+                    broken = true;
+                    break;
+                }
+                Ok(n) => conn.out.consume(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        let after = conn.out.len();
+        self.queued -= before - after;
+        if after < before {
+            let now = now_ns();
+            conn.active_at = now;
+            conn.stalled_since = (after > 0).then_some(now);
+        } else if after > 0 {
+            conn.stalled_since.get_or_insert_with(now_ns);
+        }
+        // An HTTP request is answered as soon as its head is whole: at EOF nothing is left.
+        let finished = conn.closing || (conn.eof && (conn.is_http() || !conn.input.has_line()));
+        if broken || (finished && conn.out.is_empty()) {
+            self.close(token, ops);
+            return;
+        }
+        // Output taken below the pause at once (no EPOLLOUT will come): requests that waited
+        // for room get a turn.
+        if conn.can_answer() && !conn.ready {
+            conn.ready = true;
+            self.ready.push_back(token);
+            let _ = self.kick.write(1);
+        }
+        let mut want = EventSet::empty();
+        if conn.wants_input() {
+            want |= EventSet::IN | EventSet::READ_HANG_UP;
+        }
+        if !conn.out.is_empty() {
+            want |= EventSet::OUT;
+        }
+        if want != conn.interest {
+            conn.interest = want;
+            let fd = conn.stream.fd();
+            let _ = ops.modify(Events::with_data_raw(fd, token, want));
+        }
+    }
+
+    fn on_writable(&mut self, token: u32, ops: &mut EventOps) {
+        self.flush(token, ops);
+        // Room again: answer requests that waited in the input buffer.
+        if self.conns.get(&token).is_some_and(Conn::can_answer) {
+            self.answer(token, ops);
+            self.flush(token, ops);
+        }
+    }
+
+    /// Gives the connections in the ready list their turns, in order, for one round.
+    fn on_kick(&mut self, ops: &mut EventOps) {
+        let _ = self.kick.read();
+        let round_end = now_ns() + ROUND_NS;
+        while let Some(t) = self.ready.pop_front() {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.ready = false;
+                self.answer(t, ops);
+                self.flush(t, ops);
+            }
+            if now_ns() >= round_end {
+                break;
+            }
+        }
+        if !self.ready.is_empty() {
+            let _ = self.kick.write(1);
+        }
+    }
+
+    /// Closes the connections past a time limit.
+    fn on_sweep(&mut self, ops: &mut EventOps) {
+        let _ = self.sweep.wait();
+        if self.conns.is_empty() {
+            self.sweep_armed = self.sweep.reset(Duration::ZERO, None).is_err();
+            return;
+        }
+        let now = now_ns();
+        let past =
+            |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
+        let timeout = self.limits.client_timeout;
+        let idle = self.limits.idle_timeout;
+        let doomed: Vec<(u32, DropReason)> = self
+            .conns
+            .iter()
+            .filter_map(|(t, c)| {
+                let reason = if c.stalled_since.is_some_and(|s| past(s, timeout)) {
+                    DropReason::Stalled
+                } else if c.is_http() {
+                    (!c.closing && past(c.since, timeout)).then_some(DropReason::HeaderTimeout)?
+                } else if c.partial_since.is_some_and(|s| past(s, timeout)) {
+                    DropReason::HeaderTimeout
+                } else {
+                    let quiet = c.mask == 0 && c.out.is_empty() && c.input.is_empty();
+                    let limit = idle.filter(|_| quiet && !c.closing)?;
+                    past(c.active_at, limit).then_some(DropReason::Idle)?
+                };
+                Some((*t, reason))
+            })
+            .collect();
+        for (t, reason) in doomed {
+            self.drop_conn(t, reason, ops);
+        }
+    }
+
+    fn broadcast(&mut self, events: &[Event], ops: &mut EventOps) {
+        if events.is_empty() {
+            return;
+        }
+        let tokens: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.mask != 0)
+            .map(|(t, _)| *t)
+            .collect();
+        let lines: Vec<(u8, String)> = events
+            .iter()
+            .map(|e| (e.kind().map_or(0xff, kind_bit), e.to_line()))
+            .collect();
+        for t in tokens {
+            if let Some(c) = self.conns.get_mut(&t) {
+                let before = c.out.len();
+                let mut lost = 0;
+                for (bit, line) in &lines {
+                    if c.mask & bit != 0 && !c.out.push_event(line, EVENT_QUEUE_BYTES) {
+                        lost += 1;
+                    }
+                }
+                self.queued += c.out.len() - before;
+                if lost > 0 {
+                    self.stats.on_events_dropped(lost);
+                }
+            }
+            self.flush(t, ops);
+        }
+        if self.queued > self.limits.out_budget {
+            self.enforce_budget(ops);
+        }
+    }
+
+    /// Turns growth of the threshold counters into events.
+    fn check_thresholds(&mut self, ops: &mut EventOps) {
+        let _ = self.timer.wait();
+        let vm = self.handler.vm().clone();
+        let limits = vm.thresholds();
+        let uptime_ns = vm.uptime_ns();
+        self.seen.resize(vm.vcpu_count(), PerThreshold::default());
+        let mut events = Vec::new();
+        for (v, seen) in vm.vcpus().iter().zip(self.seen.iter_mut()) {
+            let now = v.acct.meter.exceeded.map(Counter::get);
+            for t in Threshold::ALL {
+                if now[t] > seen[t] {
+                    events.push(Event::Threshold {
+                        uptime_ns,
+                        vcpu: v.id,
+                        name: t,
+                        threshold_ns: t.of(&limits),
+                        count: now[t] - seen[t],
+                        total: now[t],
+                    });
+                }
+            }
+            *seen = now;
+        }
+        self.broadcast(&events, ops);
+    }
+
+    fn on_stop(&mut self, ops: &mut EventOps) {
+        let _ = self.stop.read();
+        let events = self.hub.drain();
+        self.broadcast(&events, ops);
+        self.stopping = true;
+        for t in self.conns.keys().copied().collect::<Vec<_>>() {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.closing = true;
+            }
+            self.flush(t, ops);
+        }
+    }
+
+    /// Whether the thread may exit: stopping, and nothing left to write.
+    pub(super) fn done(&self) -> bool {
+        self.stopping && self.conns.is_empty()
+    }
+}
+
+impl MutEventSubscriber for Serve {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let set = events.event_set();
+        match events.data() {
+            TOKEN_API => self.accept_api(ops),
+            TOKEN_HTTP => self.accept_http(ops),
+            TOKEN_HUB => {
+                let evs = self.hub.drain();
+                self.broadcast(&evs, ops);
+            }
+            TOKEN_TIMER => self.check_thresholds(ops),
+            TOKEN_STOP => self.on_stop(ops),
+            TOKEN_SWEEP => self.on_sweep(ops),
+            TOKEN_KICK => self.on_kick(ops),
+            token => {
+                if set.contains(EventSet::ERROR) || set.contains(EventSet::HANG_UP) {
+                    self.close(token, ops);
+                } else {
+                    if set.contains(EventSet::OUT) {
+                        self.on_writable(token, ops);
+                    }
+                    if set.intersects(EventSet::IN | EventSet::READ_HANG_UP) {
+                        self.on_readable(token, ops);
+                    }
+                }
+            }
+        }
+        self.stats.set_queued(self.queued);
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let mut add = |fd: RawFd, token: u32| {
+            if let Err(e) = ops.add(Events::with_data_raw(fd, token, EventSet::IN)) {
+                log::warn!("control socket: cannot watch fd {fd}: {e}");
+            }
+        };
+        if let Some(l) = &self.api {
+            add(l.as_raw_fd(), TOKEN_API);
+        }
+        if let Some(l) = &self.http {
+            add(l.as_raw_fd(), TOKEN_HTTP);
+        }
+        add(self.hub.efd().as_raw_fd(), TOKEN_HUB);
+        add(self.timer.as_raw_fd(), TOKEN_TIMER);
+        add(self.stop.as_raw_fd(), TOKEN_STOP);
+        add(self.sweep.as_raw_fd(), TOKEN_SWEEP);
+        add(self.kick.as_raw_fd(), TOKEN_KICK);
+    }
+}
+
+mod accept;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,276 @@
+//! Unit tests of the listeners' limits on a server over synthetic vCPUs (no KVM): caps,
+//! eviction, time limits, the per-client pause, the output budget and pipelining.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::tempdir::TempDir;
+
+use super::super::listen::{ClientLimits, DropReason, Listener, CLIENT_OUT_PAUSE};
+use super::super::server::{ApiServer, EventHub, ServerOptions};
+use crate::api::tests_support::handle;
+
+struct Fixture {
+    srv: Option<ApiServer>,
+    sock: PathBuf,
+    http: Option<SocketAddr>,
+    _dir: TempDir,
+}
+
+impl Fixture {
+    fn new(limits: ClientLimits) -> Fixture {
+        let dir = TempDir::new().unwrap();
+        let sock = dir.as_path().join("api.sock");
+        let opts = ServerOptions {
+            api_sock: Some(sock.clone()),
+            metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+            stats_max_age_ns: 0,
+            limits,
+        };
+        let hub = Arc::new(EventHub::new().unwrap());
+        let srv = ApiServer::start(opts, handle(1), hub).unwrap().unwrap();
+        let http = srv.metrics_addr();
+        Fixture {
+            srv: Some(srv),
+            sock,
+            http,
+            _dir: dir,
+        }
+    }
+
+    fn srv(&self) -> &ApiServer {
+        self.srv.as_ref().unwrap()
+    }
+
+    fn dropped(&self, l: Listener, r: DropReason) -> u64 {
+        self.srv().listener_stats().dropped(l, r)
+    }
+
+    fn connected(&self, l: Listener) -> u64 {
+        self.srv().listener_stats().connected(l)
+    }
+
+    fn queued(&self) -> u64 {
+        self.srv().listener_stats().queued_bytes()
+    }
+
+    fn api(&self) -> UnixStream {
+        let s = UnixStream::connect(&self.sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    fn tcp(&self) -> TcpStream {
+        let s = TcpStream::connect(self.http.unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(s) = self.srv.take() {
+            s.stop();
+        }
+    }
+}
+
+/// Polls `done` every 5 ms for up to 10 s; panics with `what` if it never holds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn line(s: &mut UnixStream) -> serde_json::Value {
+    let mut r = BufReader::new(s);
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l:?}: {e}"))
+}
+
+fn version_ok(s: &mut UnixStream) -> bool {
+    s.write_all(b"{\"id\":7,\"cmd\":\"version\"}\n").unwrap();
+    line(s)["ok"] == serde_json::json!(true)
+}
+
+fn limits() -> ClientLimits {
+    ClientLimits {
+        idle_timeout: None,
+        ..ClientLimits::default()
+    }
+}
+
+#[test]
+fn each_listener_has_its_own_cap_and_http_evicts_the_oldest_idle() {
+    let f = Fixture::new(ClientLimits {
+        api_max_clients: 2,
+        http_max_clients: 2,
+        ..limits()
+    });
+    let idle: Vec<TcpStream> = (0..5).map(|_| f.tcp()).collect();
+    wait_until("three idle HTTP connections evicted", || {
+        f.dropped(Listener::Http, DropReason::Evicted) == 3
+    });
+    assert_eq!(f.connected(Listener::Http), 2);
+    // The control socket does not share the HTTP cap.
+    let mut a = f.api();
+    let mut b = f.api();
+    assert!(version_ok(&mut a) && version_ok(&mut b));
+    let mut c = f.api();
+    let r = line(&mut c);
+    assert_eq!(
+        r["error"]["kind"],
+        serde_json::json!("too-many-clients"),
+        "{r}"
+    );
+    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 1);
+    // A scrape evicts an idle connection and is served.
+    let mut s = f.tcp();
+    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    drop(idle);
+}
+
+#[test]
+fn slow_requests_and_idle_clients_time_out_but_subscribers_stay() {
+    let f = Fixture::new(ClientLimits {
+        client_timeout: Duration::from_millis(200),
+        idle_timeout: Some(Duration::from_millis(300)),
+        ..limits()
+    });
+    let mut sub = f.api();
+    sub.write_all(b"{\"cmd\":\"subscribe\",\"events\":[\"vm-exit\"]}\n")
+        .unwrap();
+    assert_eq!(line(&mut sub)["ok"], serde_json::json!(true));
+    let mut half = f.api();
+    half.write_all(b"{\"cmd\":\"vers").unwrap();
+    let _silent = f.api();
+    let mut head = f.tcp();
+    head.write_all(b"GET /metrics HTTP/1.1\r\nHost:").unwrap();
+    wait_until("the slow and the silent dropped", || {
+        f.dropped(Listener::Api, DropReason::HeaderTimeout) == 1
+            && f.dropped(Listener::Api, DropReason::Idle) == 1
+            && f.dropped(Listener::Http, DropReason::HeaderTimeout) == 1
+    });
+    let mut text = String::new();
+    head.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let mut rest = Vec::new();
+    assert_eq!(
+        half.read_to_end(&mut rest).unwrap_or(0),
+        0,
+        "closed, no answer"
+    );
+    // The subscriber was quiet as long, and is still served.
+    assert!(version_ok(&mut sub));
+    assert_eq!(f.connected(Listener::Api), 1);
+}
+
+#[test]
+fn a_client_that_does_not_read_gets_no_more_answers_then_is_dropped() {
+    let f = Fixture::new(ClientLimits {
+        client_timeout: Duration::from_millis(300),
+        ..limits()
+    });
+    let stuck = f.api();
+    let requests = b"{\"cmd\":\"metrics\"}\n".repeat(5000);
+    let writer = {
+        let mut s = stuck.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = s.write_all(&requests);
+        })
+    };
+    wait_until("answers queued", || f.queued() > 0);
+    let mut most = 0;
+    while f.connected(Listener::Api) > 0 {
+        most = most.max(f.queued());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // One metrics answer of a one-vCPU VM is about 27 KiB.
+    assert!(
+        most <= (CLIENT_OUT_PAUSE + (64 << 10)) as u64,
+        "{most} bytes queued for one client"
+    );
+    assert_eq!(f.dropped(Listener::Api, DropReason::Stalled), 1);
+    wait_until("its queue given back", || f.queued() == 0);
+    let _ = stuck.shutdown(Shutdown::Both);
+    writer.join().unwrap();
+}
+
+#[test]
+fn past_the_output_budget_the_largest_queues_are_dropped() {
+    let budget = 100 << 10;
+    let f = Fixture::new(ClientLimits {
+        out_budget: budget,
+        ..limits()
+    });
+    let requests = b"{\"cmd\":\"metrics\"}\n".repeat(5000);
+    let clients: Vec<UnixStream> = (0..3)
+        .map(|_| {
+            let s = f.api();
+            let mut w = s.try_clone().unwrap();
+            let r = requests.clone();
+            std::thread::spawn(move || {
+                let _ = w.write_all(&r);
+            });
+            s
+        })
+        .collect();
+    wait_until("clients dropped for the budget", || {
+        f.dropped(Listener::Api, DropReason::OutputBudget) >= 1
+            && f.queued() > 0
+            && f.srv().listener_stats().accepted(Listener::Api) == 3
+    });
+    assert!(f.queued() <= budget as u64, "{} bytes queued", f.queued());
+    drop(clients);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order_after_the_client_stops_sending() {
+    let f = Fixture::new(limits());
+    let mut s = f.api();
+    let mut other = f.api();
+    let mut all = Vec::new();
+    for i in 0..3000 {
+        all.extend_from_slice(format!("{{\"id\":{i},\"cmd\":\"version\"}}\n").as_bytes());
+    }
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        w.write_all(&all).unwrap();
+        w.shutdown(Shutdown::Write).unwrap();
+    });
+    // Another client is served while the first one's requests are answered.
+    assert!(version_ok(&mut other));
+    let mut r = BufReader::new(&mut s);
+    for i in 0..3000 {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["id"], serde_json::json!(i), "{l}");
+    }
+    let mut rest = String::new();
+    assert_eq!(r.read_to_string(&mut rest).unwrap(), 0, "then EOF: {rest}");
+    writer.join().unwrap();
+}
+
+#[test]
+fn an_http_head_over_the_limit_is_refused() {
+    let f = Fixture::new(limits());
+    let mut s = f.tcp();
+    let mut head = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+    head.resize(9000, b'a');
+    head.extend_from_slice(b"\r\n\r\n");
+    s.write_all(&head).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+}
