@@ -418,6 +418,7 @@ mod tests {
         let cols = HostColumns {
             names: ["a", "b", "c"],
             values: &none,
+            reset: &[],
         };
         g.agent = Some(ppa_vmm_api::GuestAgentView {
             threads_seen: 40,
