@@ -298,14 +298,23 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
             "{exited_cpu} < {children_cpu}"
         );
         let ex = exits(&log);
+        // A child that ran in one timeslice is notified with its elapsed time less its
+        // run-queue wait (the scheduler's own figure lags by up to that slice): an upper bound
+        // that also holds what the hypervisor below this host stole during the slice, which
+        // the kernel leaves out of rusage (paravirt steal accounting). That share is measured
+        // beside the run, as the accuracy tests do (tests/common).
+        let platform = common::platform_interrupt_share(200);
         for &(pid, seen, rusage) in &children {
             let &(cpu, end) = ex
                 .get(&pid)
                 .unwrap_or_else(|| panic!("no exit notification for child {pid}"));
             assert!(end, "child {pid} ended its process");
+            let bound = rusage + 100_000 + (rusage as f64 * 2.0 * platform) as u64;
             assert!(
-                cpu >= seen && cpu <= rusage + 100_000,
-                "child {pid}: notified {cpu} ns, measured {seen} ns, rusage {rusage} ns"
+                cpu >= seen && cpu <= bound,
+                "child {pid}: notified {cpu} ns, measured {seen} ns, rusage {rusage} ns \
+                 (bound {bound} ns with the platform's {:.2} %)",
+                100.0 * platform
             );
         }
         let &(cpu, end) = ex.get(&blip_tid).expect("the short thread's exit");
