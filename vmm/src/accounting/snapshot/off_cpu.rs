@@ -1,0 +1,74 @@
+//! How a vCPU's time off its CPU and not runnable, outside parks, splits into `halted_ns` and
+//! `blocked_ns` (docs/accounting.md): a pure function of two raw samples and KVM's halt
+//! statistics, unit-tested with the snapshot's tests.
+
+use super::super::meter::MicroState;
+use super::super::Level;
+use super::{KvmStats, RawSample};
+
+/// What [`off_cpu_split`] works from.
+pub(super) struct OffCpuInputs<'a> {
+    pub(super) cur: &'a RawSample,
+    pub(super) base: &'a RawSample,
+    /// Exits counted at each level (off, basic, full) in the window.
+    pub(super) levels: [u64; 3],
+    pub(super) records_lost: u64,
+    pub(super) used: u64,
+    pub(super) steal: u64,
+    /// KVM's halt_wait_ns growth in the window.
+    pub(super) halt_wait: u64,
+    /// Whether the guest halts inside KVM_RUN (KVM has counted halt exits).
+    pub(super) halts_in_kernel: bool,
+}
+
+/// The time the thread was off its CPU and not runnable outside parks, split into halted
+/// (the guest's HLT inside KVM_RUN, and an application processor's wait for its start-up
+/// IPI) and blocked (everything else: asleep in the kernel). Returns (halted, blocked).
+///
+/// Outside parks the thread is on a CPU, runnable (run_delay, i.e. steal) or not runnable:
+/// not runnable = wall − on-CPU − run_delay, each outside parks. At level full the on-CPU part
+/// is what the vCPU thread measured per interval (wall less the records' off-CPU episodes, or
+/// the thread CPU clock), so the identity checks the records against the kernel's CPU clock.
+/// Elsewhere (level basic, lost records, a live look that could not see the interval in
+/// progress) it is the thread CPU clock less the parks' CPU: then halted + blocked is what
+/// remains and the identity holds by construction. The wake-up wait after a block is in
+/// run_delay (steal), as Linux counts it, and is taken out of the block. Of what is left,
+/// KVM's halt time (which itself includes the wake-up wait: an upper bound) goes to halted
+/// first. At level off nothing is timed: halted is KVM's halt time, blocked 0.
+pub(super) fn off_cpu_split(i: OffCpuInputs<'_>) -> (u64, u64) {
+    let (m, bm) = (&i.cur.meter, &i.base.meter);
+    let start_wait = m.start_wait.saturating_sub(bm.start_wait);
+    let mut halt_cap = i.halt_wait + start_wait;
+    if i.halts_in_kernel {
+        halt_cap += i.cur.blocking_ns;
+    }
+    if i.levels[Level::Off as usize] != 0 {
+        return (halt_cap, 0);
+    }
+    let d = |a: u64, b: u64| a.saturating_sub(b);
+    let nonpark_wall = d(
+        m.wall[MicroState::Guest] + m.wall[MicroState::Vmm],
+        bm.wall[MicroState::Guest] + bm.wall[MicroState::Vmm],
+    );
+    let park_cpu = d(m.park_cpu, bm.park_cpu);
+    let park_delay = d(m.park_delay, bm.park_delay);
+    let measured =
+        i.levels[Level::Basic as usize] == 0 && i.records_lost == 0 && i.cur.on_cpu_complete;
+    let on_cpu = if measured {
+        d(
+            m.cpu_guest_full + m.cpu_vmm_full,
+            bm.cpu_guest_full + bm.cpu_vmm_full,
+        )
+    } else {
+        d(i.used, park_cpu)
+    };
+    let not_runnable = d(d(nonpark_wall, on_cpu), d(i.steal, park_delay));
+    let halted = not_runnable.min(halt_cap);
+    (halted, not_runnable - halted)
+}
+
+/// A scalar KVM statistic of a sample, by name (cumulative since the thread started).
+pub(super) fn cur_kvm_stat(kvm: Option<&KvmStats>, values: &[u64], name: &str) -> Option<u64> {
+    kvm.and_then(|k| k.scalar_names().position(|n| n == name))
+        .and_then(|i| values.get(i).copied())
+}
