@@ -62,3 +62,11 @@ pub fn thread_cpu_ns() -> u64 {
 pub fn process_clock(pid: u32) -> libc::clockid_t {
     ((!pid) << 3) as libc::clockid_t | 2
 }
+
+/// Tests that sample this process's threads, or start and end threads, run one at a time:
+/// a thread another test starts between two samples would change what a sample sees.
+#[cfg(test)]
+pub(crate) fn threads_serial() -> std::sync::MutexGuard<'static, ()> {
+    static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    THREADS.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -59,6 +59,7 @@ fn wait_asleep(tid: u32) {
 
 #[test]
 fn a_spinning_thread_is_measured_and_an_ended_one_counted() {
+    let _g = crate::threads_serial();
     let mut c = Collector::new(None, Options::default()).unwrap();
     c.sample().unwrap();
     let (spin, spun, stop_spin, h1) = worker("spin (x) y", Duration::from_millis(30));
@@ -121,6 +122,7 @@ fn a_spinning_thread_is_measured_and_an_ended_one_counted() {
 
 #[test]
 fn a_thread_born_and_ended_between_samples_is_counted_unseen_without_taskstats() {
+    let _g = crate::threads_serial();
     let mut c = Collector::new(None, Options::default()).unwrap();
     c.sample().unwrap();
     let before = c.totals();
@@ -137,6 +139,7 @@ fn a_thread_born_and_ended_between_samples_is_counted_unseen_without_taskstats()
 
 #[test]
 fn only_threads_chosen_for_publication_have_their_details_reread() {
+    let _g = crate::threads_serial();
     let mut c = Collector::new(
         None,
         Options {

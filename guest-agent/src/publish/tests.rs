@@ -105,6 +105,7 @@ fn read_header(base: *const u8) -> GuestHeader {
 
 #[test]
 fn this_machines_threads_published_and_read_back() {
+    let _g = crate::threads_serial();
     let path = temp("publish");
     write_region_file(&path, 16384, 2).unwrap();
     let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
@@ -164,6 +165,7 @@ fn this_machines_threads_published_and_read_back() {
 
 #[test]
 fn a_region_header_rewritten_under_the_agent_stops_it() {
+    let _g = crate::threads_serial();
     let path = temp("rewritten");
     write_region_file(&path, 8192, 1).unwrap();
     let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
@@ -256,6 +258,7 @@ fn publish_and_add_up(
 
 #[test]
 fn an_exited_thread_stays_published_as_x_for_linger_samples_and_is_counted_once() {
+    let _g = crate::threads_serial();
     for linger in [2, 0] {
         let path = temp(&format!("linger{linger}"));
         write_region_file(&path, 262144, 1).unwrap();
