@@ -88,6 +88,8 @@ struct Thread {
     prev_on_cpu: u64,
     /// Its schedstat moved since its stat and status were last read.
     stale: bool,
+    /// Its last stat said it is a zombie or in `do_exit` ([`procfs::TaskStat::ending`]).
+    ending: bool,
 }
 
 impl Thread {
@@ -678,13 +680,15 @@ impl Collector {
             ticks: (0, 0),
             prev_on_cpu: 0,
             stale: true,
+            ending: false,
         };
         self.threads.insert(tid, th);
         let alive = self.refresh(tid, true, ph);
-        let zombie = self
-            .threads
-            .get(&tid)
-            .is_some_and(|t| matches!(t.info.state, b'Z' | b'X'));
+        // A task already in `do_exit` is not added either: its exit notification may have
+        // been handled before this listing found it (the notification is sent before the
+        // task's memory is torn down, which can take milliseconds), and adding it would count
+        // its exit twice and replace the notified figures with a later /proc reading.
+        let zombie = self.threads.get(&tid).is_some_and(|t| t.ending);
         if !alive || zombie {
             if let Some(t) = self.threads.remove(&tid) {
                 self.fds -= t.fds();
@@ -744,6 +748,7 @@ impl Collector {
         info.state = st.state;
         info.kernel = st.flags & PF_KTHREAD != 0;
         info.last_cpu = st.processor;
+        th.ending = st.ending();
         th.ticks = (st.utime, st.stime);
         info.delays[0] = st.blkio_ticks * self.tick_ns;
         // The process's children time, for the estimate of tasks never seen.

@@ -36,6 +36,18 @@ pub struct TaskStat {
 /// `PF_KTHREAD`: the thread is a kernel thread.
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
+/// `PF_EXITING`: the thread is in `do_exit` (set before its taskstats exit notification is
+/// sent, so a task with it may already have been notified).
+pub const PF_EXITING: u32 = 0x0000_0004;
+
+impl TaskStat {
+    /// The task has ended or is ending: a zombie, dead, or past the start of `do_exit`. Its
+    /// figures are (nearly) final and belong to its exit, not to a live thread.
+    pub fn ending(&self) -> bool {
+        matches!(self.state, b'Z' | b'X') || self.flags & PF_EXITING != 0
+    }
+}
+
 /// A name as the agent publishes it: at most [`COMM_LEN`] bytes of UTF-8 (cut at a character
 /// boundary), NUL-padded, with control characters and invalid bytes replaced by `?`, so that
 /// what a guest names its threads never reads as a malformed record.

@@ -165,3 +165,20 @@ fn proc_schedstat_timeslices_per_cpu() {
         "short line"
     );
 }
+
+#[test]
+fn a_task_in_do_exit_or_a_zombie_is_ending_and_a_live_one_is_not() {
+    let live = task_stat(stat_line("w").as_bytes()).unwrap();
+    assert!(!live.ending(), "{live:?}");
+    // PF_EXITING (0x4) beside PF_RANDOMIZE (0x400000), state still R: in do_exit.
+    let exiting = stat_line("w")
+        .replacen(" S 1 ", " R 1 ", 1)
+        .replacen("4194304", "4194308", 1);
+    let s = task_stat(exiting.as_bytes()).unwrap();
+    assert_eq!((s.state, s.flags & PF_EXITING), (b'R', PF_EXITING));
+    assert!(s.ending());
+    for state in ["Z", "X"] {
+        let line = stat_line("w").replacen(" S 1 ", &format!(" {state} 1 "), 1);
+        assert!(task_stat(line.as_bytes()).unwrap().ending(), "{state}");
+    }
+}
