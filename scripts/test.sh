@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up, formatting, lints, unit tests and the functional KVM end-to-end
 # tests (the main gate), then the accuracy tests on their own, one at a time, on a host the
-# functional tests have left idle. Stops at the first failure. The fuzz targets' property checks
-# run in `cargo test` (seeds and regressions replayed); the fuzzers themselves are not run here
-# (scripts/fuzz.sh, docs/fuzzing.md), which keeps CI within its time and off cargo-fuzz.
+# functional tests have left idle, then each fuzzer for a bounded time. Stops at the first
+# failure. The fuzz targets' property checks also run in `cargo test` (seeds and regressions
+# replayed). FUZZ_SECONDS (default 30) is each fuzzer's time; 0 leaves the fuzzers out
+# (docs/fuzzing.md: a crash is saved under fuzz/regressions/ and fails the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,3 +18,8 @@ cargo clippy -p ppa-vmm --test accuracy -- -D warnings
 cargo clippy -p ppa-vmm --features fuzzing -- -D warnings
 cargo test --workspace --release
 cargo test --release -p ppa-vmm --test accuracy -- --test-threads=1
+# Last: the fuzzers load both cores, and nothing timed runs after them.
+fuzz_seconds="${FUZZ_SECONDS:-30}"
+if [ "$fuzz_seconds" != 0 ]; then
+  scripts/fuzz.sh --seconds "$fuzz_seconds"
+fi

@@ -267,7 +267,12 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
         "json",
     ]);
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {err}\nstdout (the report, with each vCPU's end and registers): {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // The guest's console lines reach stderr tagged with their device.
     let console: String = err
         .lines()
