@@ -191,6 +191,12 @@ impl SchedStatFile {
         Ok(SchedStatFile { file })
     }
 
+    /// Opens the calling thread's own schedstat file (`/proc/thread-self/schedstat`).
+    pub fn own() -> io::Result<Self> {
+        let file = File::open("/proc/thread-self/schedstat")?;
+        Ok(SchedStatFile { file })
+    }
+
     /// Reads the current values.
     pub fn read(&self) -> io::Result<SchedStat> {
         // Three u64 in decimal, two spaces and a newline are at most 63 bytes.

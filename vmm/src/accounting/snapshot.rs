@@ -237,17 +237,16 @@ impl VcpuAccounting {
     }
 
     /// Cumulative statistics since `started_ns`; instant and peak ones as they are.
-    fn kvm_since_origin(&self, raw: Vec<u64>) -> Vec<u64> {
+    fn kvm_since_origin(&self, mut raw: Vec<u64>) -> Vec<u64> {
         let Some(origin) = self.origin_kvm.get() else {
             return raw;
         };
-        raw.iter()
-            .enumerate()
-            .map(|(i, v)| match (self.kvm_cumulative.get(i), origin.get(i)) {
-                (Some(true), Some(o)) => v.saturating_sub(*o),
-                _ => *v,
-            })
-            .collect()
+        for (i, v) in raw.iter_mut().enumerate() {
+            if let (Some(true), Some(o)) = (self.kvm_cumulative.get(i), origin.get(i)) {
+                *v = v.saturating_sub(*o);
+            }
+        }
+        raw
     }
 
     fn origin(&self) -> (u64, u64) {
@@ -263,9 +262,17 @@ impl VcpuAccounting {
         let Some(k) = &self.kvm else {
             return Vec::new();
         };
+        thread_local! {
+            // The data block a reader thread reads into, kept between reads (a `stats`
+            // snapshot reads every vCPU's).
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let mut out = vec![0; k.scalar_count()];
-        let mut scratch = Vec::new();
-        match k.read_scalars(&mut scratch, &mut out) {
+        let read = SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut scratch) => k.read_scalars(&mut scratch, &mut out),
+            Err(_) => k.read_scalars(&mut Vec::new(), &mut out),
+        });
+        match read {
             Ok(()) => out,
             Err(_) => Vec::new(),
         }
