@@ -72,6 +72,24 @@ fn setattr(nice: i32, slice_ns: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The CPUs the calling thread may run on (its affinity mask; `[0]` if it cannot be read).
+/// New threads inherit it, so for the VMM's threads it bounds how many vCPU threads can be on
+/// a CPU at once.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size into it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE; CPU_ISSET reads the set.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
 /// What a service thread got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {

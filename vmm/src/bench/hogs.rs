@@ -11,29 +11,13 @@ pub struct Hogs {
     pids: Vec<libc::pid_t>,
 }
 
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size into it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return vec![0];
-        }
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `i` is below CPU_SETSIZE; CPU_ISSET reads the set.
-        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
-        .collect()
-}
-
 impl Hogs {
     /// Starts one spinning process per allowed CPU.
     pub fn start() -> std::io::Result<Hogs> {
         let mut hogs = Hogs { pids: Vec::new() };
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
-        for cpu in allowed_cpus() {
+        for cpu in crate::sched::allowed_cpus() {
             // SAFETY: the child runs only async-signal-safe system calls (sched_setaffinity,
             // prctl) and a spin loop, and never returns into Rust code of the parent's state.
             match unsafe { libc::fork() } {

@@ -106,6 +106,8 @@ pub struct Limiter {
     cgroup: Option<CgroupLimits>,
     /// Members stop by their kick timers (VMM backend, `--limit-kick timer`).
     timers: bool,
+    /// Host CPUs the vCPU threads may run on: how many members can use CPU at once.
+    host_cpus: usize,
     /// Lateness of the looks the thread planned: woken at its deadline, how long after it.
     look_lateness: Histogram,
 }
@@ -292,6 +294,8 @@ impl Limiter {
             margin_ns,
             cgroup,
             timers,
+            // The vCPU threads inherit the affinity of the thread that builds the VM.
+            host_cpus: crate::sched::allowed_cpus().len(),
             look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
         }
     }
@@ -590,7 +594,7 @@ impl Limiter {
         if e.margin_ns == 0 {
             e.margin_ns = self.margin_ns;
         }
-        let d = decide(l.quota_ns, &members, e.margin_ns);
+        let d = decide(l.quota_ns, &members, e.margin_ns, self.host_cpus);
         let mut newly = Vec::new();
         let mut released = false;
         for (k, &i) in e.members.iter().enumerate() {
