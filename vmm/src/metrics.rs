@@ -123,6 +123,8 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_group_limited_seconds_total", Counter, "Time the members spent stopped by the limit (their limited time, summed; cgroup backend: the cgroup's throttled time)."),
         d("ppa_group_overshoot_max_seconds", Gauge, "Largest overshoot of a period (used - quota)."),
         d("ppa_group_overshoot_seconds", Histogram, "Overshoot of one period (used - quota), for the periods that overshot."),
+        d("ppa_group_stops_total", Counter, "Stops of the limit's members since it was set, by who stopped them: the members' own kick timers, or the limiter thread's kick (every stop without timers, else the fallback when a timer was late)."),
+        d("ppa_group_timer_rearms_total", Counter, "Kick-timer firings after which a member had CPU left (it had been preempted or idle) and re-armed its timer instead of stopping."),
         d("process_cpu_seconds_total", Counter, "User and system CPU time of the VMM process, every thread (vCPU threads and threads that ended included)."),
         d("process_resident_memory_bytes", Gauge, "Resident memory of the VMM process (guest memory it touched included)."),
         d("process_virtual_memory_bytes", Gauge, "Virtual memory of the VMM process (guest memory included)."),

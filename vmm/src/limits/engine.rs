@@ -253,7 +253,12 @@ mod tests {
     #[test]
     fn idle_members_are_looked_at_before_they_could_overrun() {
         // One member idle, one demanding at 10 of 50: the idle one could take 25 if it woke.
-        let d = decide(50_000_000, &[m(10_000_000, true), m(0, false)], 30_000, MANY);
+        let d = decide(
+            50_000_000,
+            &[m(10_000_000, true), m(0, false)],
+            30_000,
+            MANY,
+        );
         assert_eq!(
             d.recheck_ns,
             Some(20_000_000 - 30_000),
@@ -351,7 +356,12 @@ mod tests {
         );
         // A busy member and an idle one that could wake: together they could spend the pool
         // before either runway ends, so the pool bound decides.
-        let pool = decide(50_000_000, &[m(10_000_000, true), m(0, false)], 30_000, MANY);
+        let pool = decide(
+            50_000_000,
+            &[m(10_000_000, true), m(0, false)],
+            30_000,
+            MANY,
+        );
         assert_eq!(pool.pool_recheck_ns, Some((40_000_000 - 60_000) / 2));
         assert_eq!(next_look_ns(&pool, &[true, true]), pool.pool_recheck_ns);
         // Stopped members do not bring the look forward.

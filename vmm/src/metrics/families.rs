@@ -281,6 +281,11 @@ pub fn add_group(f: &mut Families, vm: &str, g: &GroupStats) {
         &labels,
         &Buckets::of_json(&g.overshoot),
     );
+    for (by, n) in [("timer", g.kicks.timer), ("limiter", g.kicks.limiter)] {
+        let with_by = [labels[0], labels[1], labels[2], ("by", by)];
+        f.add("ppa_group_stops_total", &with_by, n);
+    }
+    f.add("ppa_group_timer_rearms_total", &labels, g.kicks.rearms);
 }
 
 /// Adds the process's own figures.

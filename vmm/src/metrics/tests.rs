@@ -354,6 +354,9 @@ fn specific_lines() {
             "ppa_group_overshoot_seconds_bucket{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",le=\"0.000065536\"}} 3"
         ),
         format!("ppa_group_overshoot_seconds_sum{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\"}} 0.0000609"),
+        format!("ppa_group_stops_total{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",by=\"timer\"}} 11"),
+        format!("ppa_group_stops_total{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",by=\"limiter\"}} 0"),
+        format!("ppa_group_timer_rearms_total{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\"}} 2"),
         format!("process_cpu_seconds_total{{{VM_LABEL}}} 2.5"),
         format!("process_resident_memory_bytes{{{VM_LABEL}}} 41943040"),
         format!("process_open_fds{{{VM_LABEL}}} 21"),
@@ -601,8 +604,9 @@ fn every_sample_parses_and_is_unique() {
     // 3 histograms; vCPU 0 has two estimates, vCPU 1 kvm_ns.
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1;
-    // The group: 7 figures and its histogram; the process: 7 figures and 6 thread kinds.
-    let group = 7 + h;
+    // The group: 7 figures, its histogram, stops by 2 paths and re-arms; the process: 7
+    // figures and 6 thread kinds.
+    let group = 7 + h + 2 + 1;
     let process = 7 + 6;
     assert_eq!(n, vm + vcpus + group + process, "{text}");
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
