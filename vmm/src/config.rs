@@ -517,6 +517,11 @@ impl RunOptions {
         };
         let client_limits = client_limits(self.client_timeout, self.idle_timeout)?;
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
+        // Before anything sized by it (the limits' checks): a count out of range is refused
+        // as such, whatever else the config says.
+        if vcpus == 0 || vcpus > MAX_VCPUS {
+            return Err(ConfigError::Vcpus(vcpus));
+        }
         let mut limits = parse_limits(self.cpu_limit.as_deref(), &self.vcpu_group, vcpus)?;
         limits.backend = self.limit_backend.unwrap_or_default();
         limits.kick = self.limit_kick.unwrap_or_default();
@@ -611,6 +616,13 @@ mod tests {
             .to_string()
             .contains("unknown field"));
         assert!(opts(r#"{"vcpus": -1}"#).is_err());
+        // Found by the config fuzzer in CI: a count this large sized the group check's table
+        // (an allocation of 150 TB) before the count's range was checked.
+        let huge = opts(r#"{"vcpus": 9999999999999}"#).unwrap().into_config();
+        assert!(
+            matches!(huge, Err(ConfigError::Vcpus(9_999_999_999_999))),
+            "{huge:?}"
+        );
         assert!(opts(r#"{"report": "xml"}"#).is_err());
         let bad = |o: RunOptions| o.into_config().unwrap_err();
         assert!(matches!(

@@ -175,7 +175,8 @@ fn check_view(v: &GuestView, b: &Bytes) {
         assert_eq!(t.work, field(offset_of!(GuestThread, work)));
         assert_eq!(t.updated_ns, field(offset_of!(GuestThread, updated_ns)));
         assert_eq!(t.lag_ns, updated.saturating_sub(t.updated_ns));
-        assert_eq!(t.stale, t.lag_ns > STALE_NS);
+        // An exited thread (state `X`) keeps its final figures and is never stale.
+        assert_eq!(t.stale, t.lag_ns > STALE_NS && t.state != "X", "{t:?}");
         assert!(!t.comm.chars().any(char::is_control), "{:?}", t.comm);
         assert!(t.comm.len() <= 3 * COMM_LEN, "{:?}", t.comm);
         slots.push(t.slot);

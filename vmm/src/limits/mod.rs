@@ -9,7 +9,7 @@
 //! look again; [`limiter`] is the thread that reads the clocks, kicks and releases vCPUs and
 //! publishes each group's figures.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
@@ -307,28 +307,30 @@ impl GroupSpec {
 }
 
 /// Checks groups against a VM of `vcpus` vCPUs: members exist, no vCPU in two groups, no
-/// name twice.
+/// name twice. What it keeps grows with the members named, not with `vcpus` (which may be any
+/// number here: the VM's range is checked elsewhere).
 pub fn check_groups(groups: &[GroupSpec], vcpus: usize) -> Result<(), LimitError> {
-    let mut owner: Vec<Option<&str>> = vec![None; vcpus];
+    let mut owner: BTreeMap<usize, &str> = BTreeMap::new();
     let mut names = BTreeSet::new();
     for g in groups {
         if !names.insert(g.name.as_str()) {
             return Err(LimitError::Duplicate(g.name.clone()));
         }
         for &v in &g.vcpus {
-            let slot = owner.get_mut(v).ok_or_else(|| LimitError::NoSuchVcpu {
-                group: g.name.clone(),
-                vcpu: v,
-                count: vcpus,
-            })?;
-            if let Some(first) = slot {
+            if v >= vcpus {
+                return Err(LimitError::NoSuchVcpu {
+                    group: g.name.clone(),
+                    vcpu: v,
+                    count: vcpus,
+                });
+            }
+            if let Some(first) = owner.insert(v, &g.name) {
                 return Err(LimitError::TwoGroups {
                     vcpu: v,
                     first: first.to_string(),
                     second: g.name.clone(),
                 });
             }
-            *slot = Some(&g.name);
         }
     }
     Ok(())
