@@ -157,8 +157,9 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64, cpus: usize) ->
 /// When to look again after decision `d`, with kick timers on the members `timed` (true: the
 /// member's own timer stops it at the end of its runway): the pool's bound, each untimed
 /// member's runway, and each timed member's runway plus the fallback delay
-/// ([`super::limiter::FALLBACK_NS`]), whichever comes first, at least [`MIN_RECHECK_NS`] from
-/// now. Without timers this is `d.recheck_ns`. `None`: not before the period ends.
+/// ([`super::limiter::FALLBACK_NS`]) but not before [`super::limiter::FALLBACK_LOOK_MIN_NS`],
+/// whichever comes first, at least [`MIN_RECHECK_NS`] from now. Without timers this is
+/// `d.recheck_ns`. `None`: not before the period ends.
 pub fn next_look_ns(d: &Decision, timed: &[bool]) -> Option<u64> {
     if !timed.iter().any(|t| *t) {
         return d.recheck_ns;
@@ -169,7 +170,7 @@ pub fn next_look_ns(d: &Decision, timed: &[bool]) -> Option<u64> {
         .filter_map(|(r, &t)| {
             r.map(|r| {
                 if t {
-                    r + super::limiter::FALLBACK_NS
+                    (r + super::limiter::FALLBACK_NS).max(super::limiter::FALLBACK_LOOK_MIN_NS)
                 } else {
                     r
                 }
@@ -367,6 +368,27 @@ mod tests {
         // Stopped members do not bring the look forward.
         let stopped = decide(25_000_000, &[m(24_990_000, true)], 30_000, MANY);
         assert_eq!(next_look_ns(&stopped, &[true]), None);
+    }
+
+    #[test]
+    fn a_timed_members_fallback_look_is_not_sooner_than_the_floor() {
+        use crate::limits::limiter::{FALLBACK_LOOK_MIN_NS, FALLBACK_NS};
+        // 200 µs of runway: its timer stops it; the thread looks at the floor, not at 300 µs.
+        let short = decide(25_000_000, &[m(25_000_000 - 230_000, true)], 30_000, MANY);
+        assert_eq!(short.runway_ns, vec![Some(200_000)]);
+        assert!(200_000 + FALLBACK_NS < FALLBACK_LOOK_MIN_NS);
+        assert_eq!(next_look_ns(&short, &[true]), Some(FALLBACK_LOOK_MIN_NS));
+        // Untimed, the same member is looked at when its runway ends.
+        assert_eq!(next_look_ns(&short, &[false]), Some(200_000));
+        // The pool bound is not floored: two members that could spend it in 150 µs.
+        let pool = decide(
+            10_000_000,
+            &[m(4_800_000, true), m(4_800_000, true)],
+            30_000,
+            MANY,
+        );
+        assert_eq!(pool.pool_recheck_ns, Some((400_000 - 60_000) / 2));
+        assert_eq!(next_look_ns(&pool, &[true, true]), pool.pool_recheck_ns);
     }
 
     #[test]
