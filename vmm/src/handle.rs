@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ppa_vmm_api::VmState;
+use ppa_vmm_api::{VmState, VmStats};
 use thiserror::Error;
 
 use crate::accounting::host::process_cpu_ns;
@@ -149,6 +149,20 @@ impl VmHandle {
     /// Whether a shutdown was asked for.
     pub fn shutdown_requested(&self) -> bool {
         self.status.shutdown.load(Ordering::Acquire)
+    }
+
+    /// The VM's own figures (the `vm` object of `stats` and of the metrics), now.
+    pub fn vm_stats(&self) -> VmStats {
+        VmStats {
+            name: self.name().to_string(),
+            pid: std::process::id(),
+            state: self.state(),
+            vcpus: self.vcpu_count(),
+            uptime_ns: self.uptime_ns(),
+            level: self.level(),
+            thresholds: self.thresholds(),
+            host_threads_ns: self.host_threads_ns(),
+        }
     }
 
     /// CPU time of every thread of the process that is not a vCPU thread (the main thread,

@@ -13,7 +13,7 @@
 
 use ppa_vmm_api::{
     parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, RequestId, Response,
-    Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState, VmStats,
+    Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -57,16 +57,7 @@ pub struct Handler {
 pub fn fresh_stats(vm: &VmHandle) -> Stats {
     let vcpus = vm.vcpus().iter().map(|v| v.summary()).collect();
     Stats {
-        vm: VmStats {
-            name: vm.name().to_string(),
-            pid: std::process::id(),
-            state: vm.state(),
-            vcpus: vm.vcpu_count(),
-            uptime_ns: vm.uptime_ns(),
-            level: vm.level(),
-            thresholds: vm.thresholds(),
-            host_threads_ns: vm.host_threads_ns(),
-        },
+        vm: vm.vm_stats(),
         vcpus,
         groups: vm.limiter().groups(),
     }

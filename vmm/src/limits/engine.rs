@@ -376,7 +376,7 @@ mod tests {
         // 200 µs of runway: its timer stops it; the thread looks at the floor, not at 300 µs.
         let short = decide(25_000_000, &[m(25_000_000 - 230_000, true)], 30_000, MANY);
         assert_eq!(short.runway_ns, vec![Some(200_000)]);
-        assert!(200_000 + FALLBACK_NS < FALLBACK_LOOK_MIN_NS);
+        const { assert!(200_000 + FALLBACK_NS < FALLBACK_LOOK_MIN_NS) };
         assert_eq!(next_look_ns(&short, &[true]), Some(FALLBACK_LOOK_MIN_NS));
         // Untimed, the same member is looked at when its runway ends.
         assert_eq!(next_look_ns(&short, &[false]), Some(200_000));

@@ -24,8 +24,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ppa_vmm_api::VmStats;
-
 use super::process::{ProcessReading, ThreadCpu};
 use super::text::{Decl, Families, Kind, Seconds};
 use super::{render, Detailed, VcpuDetail};
@@ -288,16 +286,7 @@ pub fn collect(vm: &VmHandle, threads: &mut ThreadCpu) -> Detailed {
         })
         .collect();
     Detailed {
-        vm: VmStats {
-            name: vm.name().to_string(),
-            pid: std::process::id(),
-            state: vm.state(),
-            vcpus: vm.vcpu_count(),
-            uptime_ns: vm.uptime_ns(),
-            level: vm.level(),
-            thresholds: vm.thresholds(),
-            host_threads_ns: vm.host_threads_ns(),
-        },
+        vm: vm.vm_stats(),
         vcpus,
         groups: vm.limiter().groups(),
         process: Some(ProcessReading::read(threads)),
