@@ -15,7 +15,7 @@
 //! only for the pool of several runnable members and as a fallback). Together the members run
 //! on at most as many CPUs as the host lets them (`cpus`), so the pool cannot be spent before
 //! what is left of it divided by the smaller of that and the runnable members: with 64 vCPUs
-//! on 2 host CPUs the limiter looks 32 times less often than with one CPU per member.
+//! on 2 host CPUs the pool's bound is 32 times later than with one CPU per member.
 
 /// What the limiter knows of one member now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
