@@ -184,7 +184,6 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
         }
         next += step;
         if !send {
-            m.lat.push(0);
             continue;
         }
         let waited = run_delay();
