@@ -11,6 +11,9 @@
 # input is copied to fuzz/regressions/NAME/ (replayed by `cargo test` from then on), printed
 # in base64 for CI logs, and makes the script fail once every target has run.
 #
+# libFuzzer's random seed is FUZZ_SEED when set, else derived from the commit checked out (so
+# a CI run of a commit can be repeated, and each new commit explores afresh), else random.
+#
 # cargo-fuzz builds with -Z flags (AddressSanitizer); RUSTC_BOOTSTRAP=1 lets the stable
 # compiler accept them. FUZZ_SANITIZER=none builds without AddressSanitizer (faster, and
 # without the flag's need for -Z).
@@ -52,6 +55,14 @@ one=()
 cargo fuzz build --sanitizer "$sanitizer" --target-dir target/fuzz "${one[@]}"
 bin_dir=target/fuzz/x86_64-unknown-linux-gnu/release
 
+seed="${FUZZ_SEED:-}"
+if [ -z "$seed" ] && rev=$(git rev-parse --short=8 HEAD 2>/dev/null); then
+  seed=$((16#$rev % 2147483647 + 1))
+fi
+seed_opt=()
+[ -n "$seed" ] && seed_opt=(-seed="$seed")
+echo "fuzz.sh: libFuzzer seed ${seed:-random}"
+
 failed=()
 summary=()
 for t in "${targets[@]}"; do
@@ -64,7 +75,7 @@ for t in "${targets[@]}"; do
   echo "fuzz.sh: $t for ${seconds}s"
   # -rss_limit_mb: a parser that allocates past 2 GiB on a small input is a bug too.
   status=0
-  "$bin_dir/$t" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+  "$bin_dir/$t" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${seed_opt[@]}" \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "fuzz/seeds/$t" \
     >"$log" 2>&1 || status=$?
   # Runs, speed, and the last status line's coverage (edges), features and corpus.

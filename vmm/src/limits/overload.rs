@@ -90,7 +90,13 @@ impl OverloadConfig {
                 if !(pct > 0.0 && pct <= 100.0) || n == 0 || n > 10_000 {
                     return Err(bad());
                 }
-                Some(((pct * 10.0).round() as u64, n))
+                // The rule is kept in per mille: a share that rounds to none (under 0.05 %)
+                // would fire on any use at all.
+                let per_mille = (pct * 10.0).round() as u64;
+                if per_mille == 0 {
+                    return Err(bad());
+                }
+                Some((per_mille, n))
             }
         };
         Ok(OverloadConfig {
@@ -198,6 +204,9 @@ mod tests {
             (None, Some("90"), None),
             (None, Some("0:3"), None),
             (None, Some("90:0"), None),
+            // Found by the limit fuzzer in CI: 0.01 % rounded to 0 per mille.
+            (None, Some("1e-2:5"), None),
+            (None, Some("0.04:5"), None),
             (None, Some("x:3"), None),
             (None, None, Some("kill")),
             (None, None, Some("throttle:0%")),
