@@ -116,14 +116,16 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
         (1, 1, 1)
     );
     assert_eq!(t.parks, 1, "the halt parked once");
-    // A park lasts at least to its deadline; the part of it the thread spent waiting for a
-    // CPU (preempted before it slept, or after its timer woke it) is steal, not idle, so on
-    // a busy host idle alone may fall short of the 2 ms.
+    // A park lasts until its deadline, which the device set 2 ms after it handled the
+    // doorbell: from then to the park's start is exit handling (vmm), and any wait for a CPU
+    // in between or after the wake-up is steal. So idle alone may fall a few µs short of the
+    // 2 ms (seen in CI: 1,996,581 ns), idle + steal + vmm cannot.
     assert!(
-        t.idle_ns + t.steal_ns >= 2_000_000,
-        "a park lasts at least to its deadline: idle {} ns + steal {} ns",
+        t.idle_ns + t.steal_ns + t.vmm_ns >= 2_000_000,
+        "a park lasts at least to its deadline: idle {} ns + steal {} ns + vmm {} ns",
         t.idle_ns,
-        t.steal_ns
+        t.steal_ns,
+        t.vmm_ns
     );
     // The fake spins on the wall clock: its run lasts at least the scripted time, whatever
     // share of it the thread was on a CPU.
