@@ -145,23 +145,12 @@ fn phases(p: &Phases, n: usize) -> String {
 
 /// Runs the benchmark for one thread count; returns its report lines.
 fn one(n: usize, opts: &BenchOptions, taskstats: bool) -> Result<Vec<String>, String> {
-    // SAFETY: an anonymous shared mapping for the futex words, checked; it lives until the
-    // process ends (leaked on purpose: the helper references it until it exits).
-    let mem = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if mem == libc::MAP_FAILED {
-        return Err("cannot map shared memory".into());
-    }
-    // SAFETY: the mapping is zeroed, page-aligned and large enough; atomics of zero are valid.
-    let shared: &'static Shared = unsafe { &*mem.cast::<Shared>() };
+    // The futex words live until the process ends (the helper references them until it
+    // exits).
+    let mem = crate::shared_page().ok_or("cannot map shared memory")?;
+    // SAFETY: the page is zeroed, page-aligned, large enough and never unmapped; atomics of
+    // zero are valid.
+    let shared: &'static Shared = unsafe { &*mem.as_ptr().cast::<Shared>() };
     // SAFETY: this process has no other thread (the benchmark never starts one here), so
     // the child may use the standard library.
     let child = unsafe { libc::fork() };

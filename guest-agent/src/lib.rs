@@ -47,6 +47,28 @@ pub fn clock_ns(id: libc::clockid_t) -> Option<u64> {
     (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// One zeroed page shared with the children this process forks (an anonymous shared
+/// mapping), for a child to leave figures in or for futex words; `None` if it cannot be
+/// mapped. It is never unmapped: whoever forks may still use it until the process ends.
+pub fn shared_page() -> Option<std::ptr::NonNull<u8>> {
+    // SAFETY: a new anonymous mapping at an address the kernel chooses touches no existing
+    // memory; the result is checked.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if mem == libc::MAP_FAILED {
+        return None;
+    }
+    std::ptr::NonNull::new(mem.cast::<u8>())
+}
+
 /// CLOCK_MONOTONIC, ns: the guest clock of every `updated_ns` the agent writes.
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)

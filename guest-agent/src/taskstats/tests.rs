@@ -143,13 +143,7 @@ fn a_request_is_laid_out_as_netlink_wants() {
 }
 
 fn cpu_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::clock_ns(clock).unwrap_or(0)
 }
 
 /// As root: a child that spins 3 ms of CPU and exits is notified with that CPU time (the
@@ -163,19 +157,11 @@ fn a_real_exit_is_notified_with_its_cpu_time() {
     }
     let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     let mut ts = Taskstats::open(&possible).expect("taskstats as root");
-    // SAFETY: an anonymous shared page for the child to leave its CPU time in.
-    let shared = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    }
-    .cast::<u64>();
-    assert_ne!(shared, libc::MAP_FAILED.cast());
+    // A shared page for the child to leave its CPU time in.
+    let shared = crate::shared_page()
+        .expect("a shared page")
+        .as_ptr()
+        .cast::<u64>();
     // SAFETY: the child only spins on clock_gettime, stores a word and calls _exit, all
     // async-signal-safe, so forking a multi-threaded test process is sound.
     let child = unsafe { libc::fork() };
