@@ -6,22 +6,12 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::vmm::{bin, Conn, Vmm};
+use common::vmm::{bin, ctl, Conn, Vmm};
 use ppa_vmm_api::{Stats, VcpuSummary, VcpuTimes};
 use serde_json::json;
-
-fn ctl(sock: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("ctl")
-        .arg("--api-sock")
-        .arg(sock)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn never_decrease(a: &VcpuSummary, b: &VcpuSummary) {
     let pairs = [

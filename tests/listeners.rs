@@ -9,26 +9,15 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::process::{Command, Output};
+
 use std::time::{Duration, Instant};
 
-use common::vmm::{bin, Vmm};
+use common::vmm::{ctl, Vmm};
 use serde_json::json;
 
 /// How much the VMM's resident memory may grow while 50 clients send 2,000 `metrics`
 /// requests each and read nothing (docs/operations.md, "Hostile and careless clients").
 const RSS_GROWTH_BOUND_MIB: u64 = 32;
-
-fn ctl(sock: &Path, args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("ctl")
-        .arg("--api-sock")
-        .arg(sock)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

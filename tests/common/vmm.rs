@@ -16,6 +16,17 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_ppa-vmm")
 }
 
+/// Runs `ppa-vmm ctl --api-sock SOCK ARGS...` to its end.
+pub fn ctl(sock: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .arg("ctl")
+        .arg("--api-sock")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// A `ppa-vmm run` child with a control socket; killed on drop if still running.
 pub struct Vmm {
     child: Option<Child>,
