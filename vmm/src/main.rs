@@ -60,7 +60,7 @@ struct BenchArgs {
     /// Exits per run (overhead; default 40000) or per vCPU per run (socket; default 1500).
     #[arg(long)]
     exits: Option<u64>,
-    /// Rounds of alternated runs (default 3; limit: 5).
+    /// Rounds of alternated runs (default 3; limit and socket: 5).
     #[arg(long)]
     rounds: Option<usize>,
     /// vCPUs of the VM (socket).
@@ -69,6 +69,9 @@ struct BenchArgs {
     /// `stats` requests per second in the loaded runs (socket).
     #[arg(long, default_value_t = 1000)]
     rate: u32,
+    /// Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    client_nice: i32,
     /// Periods per run (limit).
     #[arg(long, default_value_t = 50)]
     periods: u64,
@@ -229,8 +232,9 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 exits: args.exits.unwrap_or(1500),
-                rounds: args.rounds.unwrap_or(3),
+                rounds: args.rounds.unwrap_or(5),
                 rate: args.rate,
+                client_nice: args.client_nice,
             })?,
             args.json,
             socket::SocketResult::to_text,

@@ -8,6 +8,12 @@
 //! it is younger than the maximum age, and takes one itself otherwise (the first request
 //! after a quiet spell, or a command that changed what `stats` shows). vCPU threads never
 //! touch the board.
+//!
+//! The refresher keeps to a CPU budget ([`REFRESH_BUDGET_PER_MILLE`] of one CPU): it measures
+//! the CPU time of each snapshot on its own thread clock and stretches the interval when
+//! snapshots cost more than the budget allows at the configured one (a VM with many vCPUs on a
+//! host whose system calls are slow). The maximum age the `api` thread accepts stretches with
+//! it ([`Board::max_age_ns`]), so the api thread does not start taking snapshots itself.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +22,19 @@ use crate::sync::{futex_wait, futex_wake, now_ns};
 
 /// How long a `stats` request keeps the refresher running.
 pub const DEMAND_NS: u64 = 1_000_000_000;
+
+/// The refresher's CPU budget while clients ask for `stats`, per mille of one CPU.
+pub const REFRESH_BUDGET_PER_MILLE: u64 = 10;
+
+/// Longest interval the budget may stretch the refresh to.
+pub const MAX_REFRESH_NS: u64 = 100_000_000;
+
+/// The refresh interval that keeps snapshots costing `cost_ns` of CPU each within the budget,
+/// never below `configured_ns` nor above [`MAX_REFRESH_NS`].
+pub fn budgeted_interval(configured_ns: u64, cost_ns: u64) -> u64 {
+    (cost_ns.saturating_mul(1000) / REFRESH_BUDGET_PER_MILLE)
+        .clamp(configured_ns, MAX_REFRESH_NS.max(configured_ns))
+}
 
 /// One posted snapshot.
 #[derive(Debug)]
@@ -34,6 +53,8 @@ pub struct Board {
     /// Futex word: bumped to wake the refresher.
     wake: AtomicU32,
     stop: AtomicBool,
+    /// The refresher's current interval over the configured one, per mille (0: not stretched).
+    stretch_per_mille: AtomicU64,
 }
 
 impl Board {
@@ -59,6 +80,14 @@ impl Board {
             .cloned()
     }
 
+    /// The maximum age to serve a posted snapshot at: `configured_ns`, stretched in the
+    /// proportion the refresher's budget stretched its interval (the slack for the
+    /// refresher's own lateness grows with it).
+    pub fn max_age_ns(&self, configured_ns: u64) -> u64 {
+        let s = self.stretch_per_mille.load(Ordering::Relaxed).max(1000);
+        (u128::from(configured_ns) * u128::from(s) / 1000).min(u128::from(u64::MAX)) as u64
+    }
+
     /// Drops the posted snapshot (its figures are out of date).
     pub fn clear(&self) {
         *self.posted.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -72,9 +101,19 @@ impl Board {
     }
 }
 
-/// The `api-stats` thread: while there is demand, posts a snapshot every `interval_ns`
-/// (taken by `take`); sleeps otherwise. Returns when the board is stopped.
-pub fn run_refresher(board: &Board, interval_ns: u64, take: impl Fn() -> Snapshot) {
+/// The `api-stats` thread: while there is demand, posts a snapshot every `interval_ns`, or
+/// less often if that would cost more than the budget (each snapshot taken by `take`, its
+/// cost read from the thread's CPU clock by `cpu_ns`); sleeps otherwise. Returns when the
+/// board is stopped.
+pub fn run_refresher(
+    board: &Board,
+    interval_ns: u64,
+    cpu_ns: impl Fn() -> u64,
+    take: impl Fn() -> Snapshot,
+) {
+    // The cost of a snapshot, smoothed over about eight (a single one that was preempted or
+    // ran on a cold cache should not stretch the interval by itself).
+    let mut cost_ns = 0u64;
     while !board.stop.load(Ordering::Acquire) {
         let seen = board.wake.load(Ordering::Acquire);
         let now = now_ns();
@@ -82,8 +121,20 @@ pub fn run_refresher(board: &Board, interval_ns: u64, take: impl Fn() -> Snapsho
             futex_wait(&board.wake, seen, None);
             continue;
         }
+        let c0 = cpu_ns();
         board.post(Arc::new(take()));
-        futex_wait(&board.wake, seen, Some(now + interval_ns));
+        let cost = cpu_ns().saturating_sub(c0);
+        cost_ns = if cost_ns == 0 {
+            cost
+        } else {
+            cost_ns - cost_ns / 8 + cost / 8
+        };
+        let interval = budgeted_interval(interval_ns, cost_ns);
+        board.stretch_per_mille.store(
+            interval.saturating_mul(1000) / interval_ns.max(1),
+            Ordering::Relaxed,
+        );
+        futex_wait(&board.wake, seen, Some(now + interval));
     }
 }
 
@@ -123,15 +174,59 @@ mod tests {
         let b = Arc::new(Board::default());
         let b2 = Arc::clone(&b);
         let t = std::thread::spawn(move || {
-            run_refresher(&b2, 1_000_000, || Snapshot {
-                at_ns: now_ns(),
-                text: "x".into(),
-            })
+            run_refresher(
+                &b2,
+                1_000_000,
+                || 0,
+                || Snapshot {
+                    at_ns: now_ns(),
+                    text: "x".into(),
+                },
+            )
         });
         let _ = b.take(0); // demand
         let t0 = now_ns();
         while b.take(u64::MAX).is_none() {
             assert!(now_ns() - t0 < 10_000_000_000, "the refresher posts");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        b.stop();
+        t.join().unwrap();
+        assert_eq!(
+            b.max_age_ns(5),
+            5,
+            "free snapshots do not stretch the interval"
+        );
+    }
+
+    #[test]
+    fn costly_snapshots_stretch_the_interval_and_the_age_served() {
+        // 10 ms configured: up to 100 µs a snapshot fits 1 % of a CPU.
+        assert_eq!(budgeted_interval(10_000_000, 0), 10_000_000);
+        assert_eq!(budgeted_interval(10_000_000, 100_000), 10_000_000);
+        assert_eq!(budgeted_interval(10_000_000, 250_000), 25_000_000);
+        assert_eq!(budgeted_interval(10_000_000, 50_000_000), MAX_REFRESH_NS);
+        assert_eq!(budgeted_interval(200_000_000, 50_000_000), 200_000_000);
+
+        let b = Arc::new(Board::default());
+        let b2 = Arc::clone(&b);
+        // Each snapshot "costs" 300 µs of CPU: 30 ms between them.
+        let clock = AtomicU64::new(0);
+        let t = std::thread::spawn(move || {
+            run_refresher(
+                &b2,
+                10_000_000,
+                || clock.fetch_add(300_000, Ordering::Relaxed),
+                || Snapshot {
+                    at_ns: now_ns(),
+                    text: "x".into(),
+                },
+            )
+        });
+        let _ = b.take(0);
+        let t0 = now_ns();
+        while b.max_age_ns(15_000_000) != 45_000_000 {
+            assert!(now_ns() - t0 < 10_000_000_000, "the refresher stretches");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         b.stop();

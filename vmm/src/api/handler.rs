@@ -7,9 +7,10 @@
 //! unit-tested on synthetic vCPUs without KVM.
 //!
 //! `stats` is answered from a snapshot of every vCPU that is reused for at most
-//! `max_age_ns` (15 ms by default; see [`super::board`]): with 64 vCPUs a fresh snapshot
-//! costs about two hundred system calls, and a monitoring client asking 1000 times a second
-//! must not take CPU from the guests. Commands that change what `stats` shows drop it.
+//! `max_age_ns` (15 ms by default, stretched with the refresher's interval when its CPU
+//! budget stretches that; see [`super::board`]): with 64 vCPUs a fresh snapshot costs about
+//! two hundred system calls, and a monitoring client asking 1000 times a second must not
+//! take CPU from the guests. Commands that change what `stats` shows drop it.
 
 use ppa_vmm_api::{
     parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, RequestId, Response,
@@ -133,7 +134,7 @@ impl Handler {
 
     /// The `stats` snapshot: the posted one when young enough, else one taken now.
     pub fn stats(&mut self) -> Arc<Snapshot> {
-        if let Some(s) = self.board.take(self.max_age_ns) {
+        if let Some(s) = self.board.take(self.board.max_age_ns(self.max_age_ns)) {
             return s;
         }
         let s = Arc::new(snapshot(&self.vm));

@@ -195,9 +195,12 @@ impl ApiServer {
                     // As prompt as the api thread, which waits for its posts.
                     crate::sched::raise_priority(crate::sched::API_NICE, "stats refresher");
                     crate::seccomp::enter(crate::seccomp::Kind::ApiStats);
-                    run_refresher(&board, super::handler::STATS_REFRESH_NS, || {
-                        super::handler::snapshot(&vm)
-                    })
+                    run_refresher(
+                        &board,
+                        super::handler::STATS_REFRESH_NS,
+                        crate::accounting::host::thread_cpu_ns,
+                        || super::handler::snapshot(&vm),
+                    )
                 })
                 .map_err(SocketError::Spawn)?
         };

@@ -7,8 +7,12 @@
 //! client sending `stats` at each wake-up and timing each request from its write to the end
 //! of its response line. Latencies count from 100 ms after every vCPU thread runs (the start
 //! of 64 threads is not what is measured; the client learns it from `threads`, which leaves
-//! the stats refresher asleep); the client runs at the same nice -10 as the server threads,
-//! as a monitoring agent would. The order rotates each round, with a pause between runs.
+//! the stats refresher asleep). The client runs at nice 0 like a monitoring agent started by
+//! systemd (`--client-nice` changes it: at -10 each of its own wake-ups preempts a vCPU
+//! thread, which on the development host costs the guests 2-2.5 % by itself); its own
+//! run-queue wait is taken out of the server's latency either way. Over the measured part of
+//! each run the client also reads the CPU time of the `api` and `api-stats` threads: what the
+//! VMM spent serving. The order rotates each round, with a pause between runs.
 //! Throughput is every vCPU's exits over the VM's uptime; the results are ratios of the
 //! medians: with requests over without a client (the goal), the pacing client alone over
 //! none (what any 1 kHz thread costs the guests here), and with requests over the pacing
@@ -38,6 +42,8 @@ pub struct SocketOptions {
     pub rounds: usize,
     /// `stats` requests per second in the loaded runs.
     pub rate: u32,
+    /// Nice value of the client thread (0: as started; below 0 needs CAP_SYS_NICE).
+    pub client_nice: i32,
 }
 
 impl Default for SocketOptions {
@@ -45,8 +51,9 @@ impl Default for SocketOptions {
         SocketOptions {
             vcpus: 64,
             exits: 1500,
-            rounds: 3,
+            rounds: 5,
             rate: 1000,
+            client_nice: 0,
         }
     }
 }
@@ -60,6 +67,8 @@ pub struct SocketResult {
     pub rounds: usize,
     /// `stats` requests per second asked for.
     pub requests_per_s: u32,
+    /// Nice value the client asked for.
+    pub client_nice: i32,
     /// `stats` requests answered.
     pub requests: usize,
     /// Median `stats` latency, µs.
@@ -78,6 +87,10 @@ pub struct SocketResult {
     pub server_max_us: f64,
     /// Bytes of one `stats` response.
     pub stats_response_bytes: usize,
+    /// CPU of the `api` thread while requests were sent, % of one CPU (median over rounds).
+    pub api_cpu_percent: f64,
+    /// CPU of the `api-stats` thread (the snapshots) in the same runs, % of one CPU.
+    pub api_stats_cpu_percent: f64,
     /// Guest exits per second of each run without a client.
     pub idle_runs: Vec<f64>,
     /// Guest exits per second of each run with the pacing client sending nothing.
@@ -124,15 +137,70 @@ struct Measured {
     own_wait: Vec<u64>,
     /// Bytes of the last response.
     size: usize,
+    /// CPU of the `api` and `api-stats` threads per second of the measured part, ns/s.
+    server_cpu: Option<ServerCpu>,
+}
+
+/// CPU time of the server threads.
+#[derive(Debug, Default, Clone, Copy)]
+struct ServerCpu {
+    /// The `api` thread.
+    api_ns: u64,
+    /// The `api-stats` thread.
+    stats_ns: u64,
+    /// Whether the `api` thread was found (it ends with the VM).
+    found: bool,
+}
+
+impl ServerCpu {
+    /// The CPU time so far of this process's threads named `api` and `api-stats`.
+    fn now() -> ServerCpu {
+        let mut c = ServerCpu::default();
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return c;
+        };
+        for e in dir.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let ns = || {
+                crate::accounting::host::ThreadClock::of_tid(tid)
+                    .and_then(|c| c.read_ns())
+                    .unwrap_or(0)
+            };
+            match comm.trim_end() {
+                "api" => {
+                    c.api_ns += ns();
+                    c.found = true;
+                }
+                "api-stats" => c.stats_ns += ns(),
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// What was used from `self` to `later`, per second of `wall_ns`.
+    fn rate_until(self, later: ServerCpu, wall_ns: u64) -> ServerCpu {
+        let per_s = |a: u64, b: u64| {
+            (u128::from(b.saturating_sub(a)) * 1_000_000_000 / u128::from(wall_ns.max(1))) as u64
+        };
+        ServerCpu {
+            api_ns: per_s(self.api_ns, later.api_ns),
+            stats_ns: per_s(self.stats_ns, later.stats_ns),
+            found: self.found && later.found,
+        }
+    }
 }
 
 /// Wakes at `rate` per second until `stop`, sending `stats` each time when `send`; returns
 /// each latency and the client's own run-queue wait in it (its schedstat `run_delay`, read
 /// before the write and after the response), and the size of the last response.
-fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
-    // A monitoring agent runs at its own priority; the bench measures the server, not how
-    // long a client waits behind 64 busy vCPU threads for its own CPU.
-    crate::sched::raise_priority(crate::sched::API_NICE, "bench client");
+fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Measured {
+    if o.client_nice != 0 {
+        crate::sched::raise_priority(o.client_nice, "bench client");
+    }
     let t0 = Instant::now();
     let stream = loop {
         match UnixStream::connect(path) {
@@ -154,7 +222,9 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
         return Measured::default();
     };
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
+    // Bytes, not a String: the client checks the head of each answer and need not spend CPU
+    // validating 20 KB of UTF-8 a thousand times a second.
+    let mut line = Vec::new();
     let mut m = Measured::default();
     // Steady state only: wait until every vCPU thread runs, then 100 ms more (spawning 64
     // threads and their first KVM_RUN is not what this measures). `threads` says so without
@@ -163,11 +233,12 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
     while !stop.load(Ordering::Acquire) {
         line.clear();
         if writer.write_all(b"{\"cmd\":\"threads\"}\n").is_err()
-            || reader.read_line(&mut line).unwrap_or(0) == 0
+            || reader.read_until(b'\n', &mut line).unwrap_or(0) == 0
         {
             return Measured::default();
         }
-        if line.starts_with("{\"id\":null,\"ok\":true") && !line.contains("\"created\"") {
+        let created = line.windows(9).any(|w| w == b"\"created\"");
+        if line.starts_with(b"{\"id\":null,\"ok\":true") && !created {
             let since = *running_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= Duration::from_millis(100) {
                 break;
@@ -175,10 +246,20 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let step = Duration::from_nanos(1_000_000_000 / u64::from(rate.max(1)));
+    let step = Duration::from_nanos(1_000_000_000 / u64::from(o.rate.max(1)));
+    // The server threads' CPU from here to the last reading before the VM ended (read every
+    // 200 ms: the threads are gone once `stop` is seen).
+    let (cpu0, since) = (ServerCpu::now(), Instant::now());
+    let mut cpu_last = (cpu0, since);
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
+        if now.duration_since(cpu_last.1) >= Duration::from_millis(200) {
+            let c = ServerCpu::now();
+            if c.found {
+                cpu_last = (c, now);
+            }
+        }
         if now < next {
             std::thread::sleep(next - now);
         }
@@ -192,8 +273,8 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
             break;
         }
         line.clear();
-        match reader.read_line(&mut line) {
-            Ok(n) if n > 0 && line.starts_with("{\"id\":null,\"ok\":true") => {
+        match reader.read_until(b'\n', &mut line) {
+            Ok(n) if n > 0 && line.starts_with(b"{\"id\":null,\"ok\":true") => {
                 m.lat.push(sent.elapsed().as_nanos() as u64);
                 m.own_wait.push(run_delay().saturating_sub(waited));
             }
@@ -201,6 +282,8 @@ fn client(path: &Path, rate: u32, stop: &AtomicBool, send: bool) -> Measured {
         }
     }
     m.size = line.len();
+    let wall = cpu_last.1.duration_since(since).as_nanos() as u64;
+    m.server_cpu = Some(cpu0.rate_until(cpu_last.0, wall)).filter(|c| c.found && wall > 0);
     m
 }
 
@@ -218,8 +301,8 @@ fn run_once(o: &SocketOptions, round: usize, load: Load) -> Result<(f64, Measure
     let vm = Vm::try_from(config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let loader = (load != Load::None).then(|| {
-        let (stop, path, rate) = (Arc::clone(&stop), path.clone(), o.rate);
-        std::thread::spawn(move || client(&path, rate, &stop, load == Load::Stats))
+        let (stop, path, o) = (Arc::clone(&stop), path.clone(), *o);
+        std::thread::spawn(move || client(&path, &o, &stop, load == Load::Stats))
     });
     let out = vm.run();
     stop.store(true, Ordering::Release);
@@ -254,6 +337,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
     let (mut idle, mut pacing, mut loaded) = (Vec::new(), Vec::new(), Vec::new());
     let (mut lat, mut server) = (Vec::new(), Vec::new());
     let mut size = 0;
+    let (mut api_cpu, mut stats_cpu) = (Vec::new(), Vec::new());
     for round in 0..o.rounds.max(1) {
         let mut order = [Load::None, Load::Pacing, Load::Stats];
         order.rotate_left(round % 3);
@@ -267,6 +351,10 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
                     server.extend(less_own_wait(&m.lat, &m.own_wait));
                     lat.extend(m.lat);
                     size = size.max(m.size);
+                    if let Some(c) = m.server_cpu {
+                        api_cpu.push(c.api_ns as f64 / 1e7);
+                        stats_cpu.push(c.stats_ns as f64 / 1e7);
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(300));
@@ -296,6 +384,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         vcpus: o.vcpus,
         rounds: o.rounds.max(1),
         requests_per_s: o.rate,
+        client_nice: o.client_nice,
         requests: lat.len(),
         stats_p50_us: percentile(&lat, 0.5),
         stats_p90_us: percentile(&lat, 0.9),
@@ -305,6 +394,8 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         server_p99_us: server_p99,
         server_max_us: server.last().map_or(0.0, |&v| v as f64 / 1e3),
         stats_response_bytes: size,
+        api_cpu_percent: median(api_cpu),
+        api_stats_cpu_percent: median(stats_cpu),
         idle_runs,
         client_only_runs,
         loaded_runs,
@@ -326,15 +417,17 @@ impl SocketResult {
     /// A table for people.
     pub fn to_text(&self) -> String {
         format!(
-            "bench socket: {} vCPUs, {} rounds, {} stats/s requested\n\
+            "bench socket: {} vCPUs, {} rounds, {} stats/s requested by a client at nice {}\n\
              stats latency   p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   ({} requests, {} bytes each)\n\
              less the client's own run-queue wait   p50 {:.1} us   p99 {:.1} us (goal < 1000)   max {:.1} us\n\
+             server threads  api {:.2} % of a CPU   api-stats {:.2} %\n\
              guest exits/s   no client {:.0}   pacing client alone {:.0}   with requests {:.0}\n\
              ratios          with requests / no client {:.4} (goal >= 0.98)   pacing client alone / no client {:.4}   with requests / pacing client {:.4}\n\
              verdict: {}\n",
             self.vcpus,
             self.rounds,
             self.requests_per_s,
+            self.client_nice,
             self.stats_p50_us,
             self.stats_p90_us,
             self.stats_p99_us,
@@ -344,6 +437,8 @@ impl SocketResult {
             self.server_p50_us,
             self.server_p99_us,
             self.server_max_us,
+            self.api_cpu_percent,
+            self.api_stats_cpu_percent,
             self.idle_exits_per_s,
             self.client_only_exits_per_s,
             self.loaded_exits_per_s,
