@@ -300,10 +300,16 @@ fn run_once(o: &SocketOptions, round: usize, load: Load) -> Result<(f64, Measure
     let (config, _) = opts.into_config()?;
     let vm = Vm::try_from(config)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let loader = (load != Load::None).then(|| {
-        let (stop, path, o) = (Arc::clone(&stop), path.clone(), *o);
-        std::thread::spawn(move || client(&path, &o, &stop, load == Load::Stats))
-    });
+    let loader = (load != Load::None)
+        .then(|| {
+            let (stop, path, o) = (Arc::clone(&stop), path.clone(), *o);
+            // Named, so that traces (`perf sched`) tell it from the main thread.
+            std::thread::Builder::new()
+                .name("bench-client".into())
+                .spawn(move || client(&path, &o, &stop, load == Load::Stats))
+                .map_err(|e| VmError::Thread("bench client", e))
+        })
+        .transpose()?;
     let out = vm.run();
     stop.store(true, Ordering::Release);
     let m = loader.and_then(|h| h.join().ok()).unwrap_or_default();

@@ -76,6 +76,7 @@ mod sys {
     pub const madvise: i64 = libc::SYS_madvise;
     pub const sigaltstack: i64 = libc::SYS_sigaltstack;
     pub const rt_sigprocmask: i64 = libc::SYS_rt_sigprocmask;
+    pub const rt_sigtimedwait: i64 = libc::SYS_rt_sigtimedwait;
     pub const rt_sigreturn: i64 = libc::SYS_rt_sigreturn;
     pub const sched_yield: i64 = libc::SYS_sched_yield;
     pub const mmap: i64 = libc::SYS_mmap;
@@ -344,6 +345,11 @@ pub const API: &[Allow] = &[
 /// The `signals` thread's own: a second stop signal removes the socket files that are still
 /// this process's before it exits (`api::unix::remove_own_socket_files`).
 pub const SIGNALS: &[Allow] = &[
+    allow!(
+        rt_sigtimedwait,
+        Args::Any,
+        "the wait for a stop signal (sigwaitinfo)"
+    ),
     allow!(
         unlink,
         Args::Any,
