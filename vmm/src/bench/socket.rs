@@ -13,11 +13,12 @@
 //! run-queue wait is taken out of the server's latency either way. Over the measured part of
 //! each run the client also reads the CPU time of the `api` and `api-stats` threads: what the
 //! VMM spent serving. The order rotates each round, with a pause between runs.
-//! Throughput is every vCPU's exits over the VM's uptime; the results are ratios of the
-//! medians: with requests over without a client (the goal), the pacing client alone over
-//! none (what any 1 kHz thread costs the guests here), and with requests over the pacing
-//! client (what answering costs), and the latency percentiles of every request of every
-//! loaded run.
+//! Throughput is every vCPU's exits over the VM's uptime; the results are medians of each
+//! round's ratios (the runs of a round are seconds apart, so a drift of the host below
+//! cancels out of each): with requests over without a client (the goal), the pacing client
+//! alone over none (what any 1 kHz thread costs the guests here), and with requests over the
+//! pacing client (what answering costs), and the latency percentiles of every request of
+//! every loaded run.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -103,11 +104,18 @@ pub struct SocketResult {
     pub client_only_exits_per_s: f64,
     /// Guest exits per second with requests (median over rounds).
     pub loaded_exits_per_s: f64,
-    /// client only / idle: what the client's own wake-ups cost the guests.
+    /// client only / idle, median of the rounds' ratios: what the client's own wake-ups cost
+    /// the guests.
     pub client_ratio: f64,
-    /// loaded / client only: what answering the requests costs the guests.
+    /// loaded / client only, median of the rounds' ratios: what answering costs the guests.
     pub server_ratio: f64,
-    /// loaded / idle (target >= 0.98).
+    /// loaded / idle of each round (the runs of a round are seconds apart, so a slow drift
+    /// of the host below cancels out of each ratio).
+    pub round_ratios: Vec<f64>,
+    /// The median exits/s with requests over the median without a client (the estimator
+    /// before rounds were paired; for comparison).
+    pub ratio_of_medians: f64,
+    /// loaded / idle: the median of `round_ratios` (target >= 0.98).
     pub throughput_ratio_under_load: f64,
     /// `pass`, or `fail: ...` naming what missed its target.
     pub verdict: String,
@@ -325,6 +333,14 @@ fn less_own_wait<'a>(lat: &'a [u64], own_wait: &'a [u64]) -> impl Iterator<Item 
     lat.iter().zip(own_wait).map(|(&l, &w)| l - w.min(l))
 }
 
+/// `a[r] / b[r]` of each round `r` that has both (0 where `b[r]` is 0).
+fn paired(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| if *b > 0.0 { a / b } else { 0.0 })
+        .collect()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -368,10 +384,15 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
     }
     lat.sort_unstable();
     server.sort_unstable();
+    let round_ratios = paired(&loaded, &idle);
+    let ratio = median(round_ratios.clone());
+    let (client_ratio, server_ratio) = (
+        median(paired(&pacing, &idle)),
+        median(paired(&loaded, &pacing)),
+    );
     let (idle_runs, client_only_runs, loaded_runs) = (idle.clone(), pacing.clone(), loaded.clone());
     let (idle, pacing, loaded) = (median(idle), median(pacing), median(loaded));
-    let ratio_of = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    let ratio = ratio_of(loaded, idle);
+    let ratio_of_medians = if idle > 0.0 { loaded / idle } else { 0.0 };
     let p99 = percentile(&lat, 0.99);
     let server_p99 = percentile(&server, 0.99);
     let mut fails = Vec::new();
@@ -408,8 +429,10 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         idle_exits_per_s: idle,
         client_only_exits_per_s: pacing,
         loaded_exits_per_s: loaded,
-        client_ratio: ratio_of(pacing, idle),
-        server_ratio: ratio_of(loaded, pacing),
+        client_ratio,
+        server_ratio,
+        round_ratios,
+        ratio_of_medians,
         throughput_ratio_under_load: ratio,
         verdict: if fails.is_empty() {
             "pass".to_string()
@@ -427,8 +450,9 @@ impl SocketResult {
              stats latency   p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   ({} requests, {} bytes each)\n\
              less the client's own run-queue wait   p50 {:.1} us   p99 {:.1} us (goal < 1000)   max {:.1} us\n\
              server threads  api {:.2} % of a CPU   api-stats {:.2} %\n\
-             guest exits/s   no client {:.0}   pacing client alone {:.0}   with requests {:.0}\n\
+             guest exits/s   no client {:.0}   pacing client alone {:.0}   with requests {:.0}   (medians)\n\
              ratios          with requests / no client {:.4} (goal >= 0.98)   pacing client alone / no client {:.4}   with requests / pacing client {:.4}\n\
+             \x20               (medians of each round's ratios; rounds: {}; ratio of the medians {:.4})\n\
              verdict: {}\n",
             self.vcpus,
             self.rounds,
@@ -451,6 +475,12 @@ impl SocketResult {
             self.throughput_ratio_under_load,
             self.client_ratio,
             self.server_ratio,
+            self.round_ratios
+                .iter()
+                .map(|r| format!("{r:.4}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.ratio_of_medians,
             self.verdict
         )
     }
@@ -468,6 +498,16 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 99.0);
         assert_eq!(percentile(&[], 0.99), 0.0);
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn rounds_are_paired_before_the_median() {
+        // The host slows down in round 1: each round's ratio is 0.99, the medians' is not.
+        let idle = [100.0, 80.0, 100.0];
+        let loaded = [99.0, 79.2, 99.0];
+        assert_eq!(paired(&loaded, &idle), [0.99, 0.99, 0.99]);
+        assert_eq!(median(paired(&loaded, &idle)), 0.99);
+        assert_eq!(paired(&[1.0], &[0.0]), [0.0]);
     }
 
     #[test]
