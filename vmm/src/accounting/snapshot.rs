@@ -168,6 +168,10 @@ pub struct RawSample {
     pub blocking_ns: u64,
 }
 
+/// How many times a reader samples before it reads under the baseline lock (each retry
+/// follows a reset that came in during its sample).
+const READ_TRIES: usize = 3;
+
 /// Accounting state of one vCPU beyond the meter: sources, final readings, baseline.
 #[derive(Debug)]
 pub struct VcpuAccounting {
@@ -191,7 +195,9 @@ pub struct VcpuAccounting {
     origin_kvm: OnceLock<Vec<u64>>,
     /// Which scalar KVM statistics are cumulative (only those are turned into deltas).
     kvm_cumulative: Vec<bool>,
-    baseline: Mutex<Option<RawSample>>,
+    /// The sample a reset took (shared, so a reader clones a pointer under the lock, not the
+    /// sample).
+    baseline: Mutex<Option<Arc<RawSample>>>,
 }
 
 fn sub_arr<const N: usize>(a: [u64; N], b: [u64; N]) -> [u64; N] {
@@ -433,12 +439,11 @@ impl VcpuAccounting {
         self.live.get().and_then(|l| l.clock.read_ns().ok())
     }
 
-    /// Restarts every figure from zero: the current sample becomes the baseline. Readers hold
-    /// the baseline lock across their sample, so each sees the state wholly before or wholly
-    /// after a reset. The vCPU thread never takes this lock.
+    /// Restarts every figure from zero: the current sample becomes the baseline, and the
+    /// meter's reset epoch moves on. The vCPU thread never takes the baseline lock.
     pub fn reset(&self) {
         let mut base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
-        *base = Some(self.sample());
+        *base = Some(Arc::new(self.sample()));
         self.meter.reset_epoch.fetch_add(1, Ordering::Release);
     }
 
@@ -451,15 +456,37 @@ impl VcpuAccounting {
     /// by name, host CPUs, thresholds, exit handling times) only when `with_hist` (empty
     /// otherwise: `stats` on the control socket reads every vCPU often and needs neither).
     pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
-        let base = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
+        // Each reader sees the state wholly before or wholly after a reset, without holding
+        // the lock across its sample (system calls: a reader preempted there, such as the
+        // sampler at nice 0 waiting 100 ms for a CPU behind 32 vCPU threads, held every other
+        // reader of this vCPU behind it, the `api` thread included). The baseline is taken
+        // under the lock and the sample retried if a reset came in between (seqlock style).
+        for _ in 0..READ_TRIES {
+            let epoch = self.meter.reset_epoch.load(Ordering::Acquire);
+            let base = self.baseline().clone();
+            let cur = self.sample_with(with_hist);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.meter.reset_epoch.load(Ordering::Relaxed) == epoch {
+                return self.derive(&cur, base.as_deref(), with_hist);
+            }
+        }
+        // Resets kept coming (a client sending nothing else): read under the lock.
+        let base = self.baseline();
         let cur = self.sample_with(with_hist);
-        derive(
-            &cur,
-            base.as_ref(),
-            self.kvm.as_ref(),
-            self.exit_cost,
-            with_hist,
-        )
+        self.derive(&cur, base.as_deref(), with_hist)
+    }
+
+    fn baseline(&self) -> std::sync::MutexGuard<'_, Option<Arc<RawSample>>> {
+        self.baseline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn derive(
+        &self,
+        cur: &RawSample,
+        base: Option<&RawSample>,
+        with_hist: bool,
+    ) -> (VcpuTimes, HistSnapshots) {
+        derive(cur, base, self.kvm.as_ref(), self.exit_cost, with_hist)
     }
 }
 
@@ -665,138 +692,4 @@ mod off_cpu;
 use off_cpu::{cur_kvm_stat, off_cpu_split, OffCpuInputs};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::accounting::ByKey;
-
-    fn accounting() -> VcpuAccounting {
-        VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None)
-    }
-
-    #[test]
-    fn threshold_counts_by_name_restart_at_a_reset() {
-        let acct = accounting();
-        let m = &acct.meter;
-        m.exceeded[Threshold::GuestRun].add(2);
-        m.exceeded[Threshold::StealWindow].add(3);
-        let t = acct.times().0;
-        let expect = |g, s| -> BTreeMap<String, u64> {
-            [
-                ("exit_handling_ns".to_string(), 0),
-                ("guest_run_ns".to_string(), g),
-                ("wakeup_latency_ns".to_string(), 0),
-                ("steal_window_ns".to_string(), s),
-            ]
-            .into()
-        };
-        assert_eq!(t.thresholds, expect(2, 3));
-        assert!(acct.times_with(false).0.thresholds.is_empty());
-        acct.reset();
-        m.exceeded[Threshold::StealWindow].add(1);
-        assert_eq!(acct.times().0.thresholds, expect(0, 1));
-    }
-
-    #[test]
-    fn parked_time_goes_to_its_kind() {
-        let acct = accounting();
-        for (kind, ns) in [
-            (ParkKind::Idle, 5),
-            (ParkKind::Limited, 7),
-            (ParkKind::Paused, 11),
-        ] {
-            acct.meter.blocked[kind].add(ns);
-        }
-        let t = acct.times().0;
-        assert_eq!((t.idle_ns, t.limited_ns, t.paused_ns), (5, 7, 11));
-        assert_eq!(t.split().identity_error_ns(), t.identity_error_ns);
-        assert_eq!(
-            t.identity_error_ns, -23,
-            "no wall time: the parks are all error"
-        );
-        assert_eq!(t.split, SplitKind::None);
-        assert_eq!(t.state, ppa_vmm_api::VcpuMicroState::Vmm);
-    }
-
-    /// A sample of a thread that ran 1 s outside parks at level full: 900 ms in KVM_RUN
-    /// (300 ms on a CPU), 100 ms handling exits (80 ms on a CPU), 120 ms run-queue wait.
-    fn sample(levels: [u64; 3], on_cpu_complete: bool) -> RawSample {
-        let mut meter = MeterReading::default();
-        meter.wall[MicroState::Guest] = 900;
-        meter.wall[MicroState::Vmm] = 100;
-        meter.cpu_guest_full = 300;
-        meter.cpu_vmm_full = 80;
-        meter.exits_at_level = ByKey::from_fn(|i| levels[i]);
-        RawSample {
-            at_ns: 1_000,
-            wall_ns: 1_000,
-            meter,
-            used_ns: 380,
-            steal_ns: 120,
-            kvm: Vec::new(),
-            hist: HistSnapshots::none(),
-            ticks: None,
-            on_cpu_complete,
-            blocking_ns: 0,
-        }
-    }
-
-    fn split_of(s: &RawSample, halt_wait: u64, records_lost: u64) -> (u64, u64) {
-        off_cpu_split(OffCpuInputs {
-            cur: s,
-            base: &RawSample {
-                meter: MeterReading::default(),
-                used_ns: 0,
-                steal_ns: 0,
-                wall_ns: 0,
-                ..s.clone()
-            },
-            levels: *s.meter.exits_at_level.values(),
-            records_lost,
-            used: s.used_ns,
-            steal: s.steal_ns,
-            halt_wait,
-            halts_in_kernel: halt_wait > 0,
-        })
-    }
-
-    #[test]
-    fn the_wake_up_wait_is_steal_and_halts_take_the_rest_of_the_block() {
-        let s = sample([0, 0, 5], true);
-        // Off CPU 620, of which 120 runnable: 500 not runnable. KVM's halt time (600, which
-        // counts the wake-up waits too) bounds the halted part.
-        assert_eq!(split_of(&s, 600, 0), (500, 0));
-        // A guest that halted for 350 of it: the rest slept in the kernel.
-        assert_eq!(split_of(&s, 350, 0), (350, 150));
-        // No halts inside KVM_RUN (tiny guests): all of it is blocked.
-        assert_eq!(split_of(&s, 0, 0), (0, 500));
-    }
-
-    #[test]
-    fn the_identity_checks_the_measured_on_cpu_time_against_the_cpu_clock() {
-        // The meter measured 380 ns on a CPU; the clock says 400: 20 ns the identity shows.
-        let mut s = sample([0, 0, 5], true);
-        s.used_ns = 400;
-        let (h, b) = split_of(&s, 0, 0);
-        assert_eq!(h + b, 500);
-        assert_eq!(1_000i64 - (400 + 120 + h + b) as i64, -20);
-        // Without the meter's own figure (basic, lost records, an unseen interval in progress)
-        // the rest of the wall time is halted + blocked, and the identity holds by construction.
-        for (levels, complete, lost) in [
-            ([0, 5, 0], true, 0),
-            ([0, 2, 3], true, 0),
-            ([0, 0, 5], true, 1),
-            ([0, 0, 5], false, 0),
-        ] {
-            let mut s = sample(levels, complete);
-            s.used_ns = 400;
-            let (h, b) = split_of(&s, 0, lost);
-            assert_eq!(400 + 120 + h + b, 1_000, "{levels:?} {complete} {lost}");
-        }
-    }
-
-    #[test]
-    fn at_level_off_halted_is_kvms_halt_time() {
-        let s = sample([5, 0, 0], true);
-        assert_eq!(split_of(&s, 600, 0), (600, 0));
-    }
-}
+mod tests;
