@@ -55,6 +55,8 @@ pub struct Board {
     stop: AtomicBool,
     /// The refresher's current interval over the configured one, per mille (0: not stretched).
     stretch_per_mille: AtomicU64,
+    /// The refresher is taking a snapshot now.
+    taking: AtomicBool,
 }
 
 impl Board {
@@ -66,7 +68,13 @@ impl Board {
         }
     }
 
-    /// The posted snapshot if it is younger than `max_age_ns`; records demand.
+    /// The posted snapshot if it is younger than `max_age_ns`, or, while the refresher is in
+    /// the middle of taking the next one, younger than [`DEMAND_NS`]; records demand.
+    ///
+    /// Why the second case: a refresher that is late is held up inside its snapshot, by a
+    /// vCPU thread preempted in a meter write section (readers wait for it; at 32 vCPU threads
+    /// a CPU that wait reaches ~130 ms). A snapshot taken by the caller would wait for the same
+    /// vCPU, so the posted one is served instead; its `uptime_ns` says when it was taken.
     pub fn take(&self, max_age_ns: u64) -> Option<Arc<Snapshot>> {
         let now = now_ns();
         let was = self.demand_until.swap(now + DEMAND_NS, Ordering::AcqRel);
@@ -74,9 +82,14 @@ impl Board {
             self.wake.fetch_add(1, Ordering::Release);
             futex_wake(&self.wake);
         }
+        let max_age = if self.taking.load(Ordering::Acquire) {
+            max_age_ns.max(DEMAND_NS)
+        } else {
+            max_age_ns
+        };
         let p = self.posted.lock().unwrap_or_else(|e| e.into_inner());
         p.as_ref()
-            .filter(|s| now.saturating_sub(s.at_ns) < max_age_ns)
+            .filter(|s| now.saturating_sub(s.at_ns) < max_age)
             .cloned()
     }
 
@@ -122,7 +135,10 @@ pub fn run_refresher(
             continue;
         }
         let c0 = cpu_ns();
-        board.post(Arc::new(take()));
+        board.taking.store(true, Ordering::Release);
+        let s = take();
+        board.taking.store(false, Ordering::Release);
+        board.post(Arc::new(s));
         let cost = cpu_ns().saturating_sub(c0);
         cost_ns = if cost_ns == 0 {
             cost
@@ -167,6 +183,54 @@ mod tests {
         );
         b.clear();
         assert!(b.take(u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_refresher_held_up_in_its_snapshot_lets_the_posted_one_be_served() {
+        let b = Arc::new(Board::default());
+        let (b2, gate) = (Arc::clone(&b), Arc::new(AtomicU32::new(0)));
+        let g2 = Arc::clone(&gate);
+        let taken = Arc::new(AtomicU32::new(0));
+        let t2 = Arc::clone(&taken);
+        let t = std::thread::spawn(move || {
+            run_refresher(
+                &b2,
+                1_000_000,
+                || 0,
+                || {
+                    // The second snapshot is held up (a vCPU writer preempted) until released.
+                    if t2.fetch_add(1, Ordering::AcqRel) == 1 {
+                        while g2.load(Ordering::Acquire) == 0 {
+                            futex_wait(&g2, 0, None);
+                        }
+                    }
+                    Snapshot {
+                        at_ns: now_ns(),
+                        text: "x".into(),
+                    }
+                },
+            )
+        });
+        let _ = b.take(0); // demand
+        let t0 = now_ns();
+        while taken.load(Ordering::Acquire) < 2 || !b.taking.load(Ordering::Acquire) {
+            assert!(now_ns() - t0 < 10_000_000_000, "the refresher starts again");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // Older than 1 ms, but the refresher is inside its next snapshot: served.
+        let s = b.take(1_000_000).expect("the posted snapshot is served");
+        assert!(now_ns() - s.at_ns >= 1_000_000);
+        gate.store(1, Ordering::Release);
+        futex_wake(&gate);
+        while b.taking.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        b.stop();
+        t.join().unwrap();
+        // The refresher is not taking one: the age limit applies again.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(b.take(1_000_000).is_none());
     }
 
     #[test]

@@ -192,8 +192,9 @@ impl ApiServer {
             std::thread::Builder::new()
                 .name("api-stats".into())
                 .spawn(move || {
-                    // As prompt as the api thread, which waits for its posts.
-                    crate::sched::raise_priority(crate::sched::API_NICE, "stats refresher");
+                    // As prompt as the api thread, which waits for its posts; its CPU is
+                    // bounded by the board's budget (1 % of a CPU), so SCHED_FIFO is safe.
+                    crate::sched::raise_realtime("stats refresher");
                     crate::seccomp::enter(crate::seccomp::Kind::ApiStats);
                     run_refresher(
                         &board,
@@ -255,14 +256,41 @@ impl ApiServer {
 }
 
 fn serve_loop(mut em: EventManager<Arc<Mutex<Serve>>>, serve: &Mutex<Serve>) {
-    crate::sched::raise_priority(crate::sched::API_NICE, "control socket");
+    use crate::accounting::host::thread_cpu_ns;
+    use crate::sched::{Class, RtGuard};
+    // SCHED_FIFO while the thread keeps to its CPU budget (a flood of requests drops it to the
+    // fair class: docs/security.md).
+    let mut guard = crate::sched::raise_guarded("control socket")
+        .then(|| RtGuard::new(crate::sync::now_ns(), thread_cpu_ns()));
     crate::seccomp::enter(crate::seccomp::Kind::Api);
     let mut deadline = None;
     loop {
-        let timeout = if deadline.is_some() { 10 } else { -1 };
+        // While out of SCHED_FIFO, look again every window even without requests.
+        let demoted = guard.is_some_and(|g| g.class() == Class::Fair);
+        let timeout = if deadline.is_some() {
+            10
+        } else if demoted {
+            (crate::sched::RT_WINDOW_NS / 1_000_000) as i32
+        } else {
+            -1
+        };
         if let Err(e) = em.run_with_timeout(timeout) {
             log::warn!("control socket: event loop failed: {e}");
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(g) = guard.as_mut() {
+            if let Some(class) = g.check(crate::sync::now_ns(), thread_cpu_ns()) {
+                match (crate::sched::set_class(class), class) {
+                    (Err(e), _) => log::warn!("control socket: cannot change class: {e}"),
+                    (Ok(()), Class::Fair) => log::warn!(
+                        "control socket: over its CPU budget at SCHED_FIFO; nice {} until it keeps to it",
+                        crate::sched::API_NICE
+                    ),
+                    (Ok(()), Class::Realtime) => {
+                        log::info!("control socket: back to SCHED_FIFO")
+                    }
+                }
+            }
         }
         let s = serve.lock().unwrap_or_else(|p| p.into_inner());
         if s.done() {

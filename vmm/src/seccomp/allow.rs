@@ -37,6 +37,8 @@ pub enum Args {
     /// `prlimit64` that reads this process's limit and sets none (pid 0, no new limit): what
     /// `getrlimit` makes.
     GetLimit,
+    /// `sched_setattr` of the calling thread (pid 0, flags 0): its own scheduling class only.
+    SelfOnly,
     /// `timer_create` on CLOCK_MONOTONIC (the kick timer; its sigevent, behind a pointer,
     /// cannot be checked).
     Monotonic,
@@ -79,6 +81,7 @@ mod sys {
     pub const rt_sigtimedwait: i64 = libc::SYS_rt_sigtimedwait;
     pub const rt_sigreturn: i64 = libc::SYS_rt_sigreturn;
     pub const sched_yield: i64 = libc::SYS_sched_yield;
+    pub const sched_setattr: i64 = libc::SYS_sched_setattr;
     pub const mmap: i64 = libc::SYS_mmap;
     pub const mprotect: i64 = libc::SYS_mprotect;
     pub const mremap: i64 = libc::SYS_mremap;
@@ -340,6 +343,11 @@ pub const API: &[Allow] = &[
         Args::GetLimit,
         "the open-file limit read for the metrics (process_max_fds)"
     ),
+    allow!(
+        sched_setattr,
+        Args::SelfOnly,
+        "the thread's own class: out of SCHED_FIFO over its CPU budget, back after (sched::RtGuard)"
+    ),
 ];
 
 /// The `signals` thread's own: a second stop signal removes the socket files that are still
@@ -434,6 +442,10 @@ pub fn kept_caps(kind: Kind) -> u64 {
     match kind {
         Kind::Main | Kind::Signals => caps::bit(caps::CAP_DAC_OVERRIDE),
         Kind::Vcpu => caps::bit(caps::CAP_PERFMON),
+        // Its class back to SCHED_FIFO after its RtGuard dropped it; the filter lets it change
+        // only its own class (sched_setattr with pid 0), and allows no other call the
+        // capability widens.
+        Kind::Api => caps::bit(caps::CAP_SYS_NICE),
         _ => 0,
     }
 }
@@ -493,6 +505,7 @@ fn rules(a: &Allow, ctx: &Context) -> Result<Vec<SeccompRule>, seccompiler::Back
             cond(0, Op::Eq, 0)?,
             SeccompCondition::new(2, Len::Qword, Op::Eq, 0)?,
         ]),
+        Args::SelfOnly => one(vec![cond(0, Op::Eq, 0)?, cond(2, Op::Eq, 0)?]),
         Args::PerfSelf => one(vec![
             cond(1, Op::Eq, 0)?,
             cond(2, Op::Eq, u64::from(u32::MAX))?,

@@ -14,6 +14,8 @@ const CAP_SETPCAP: u32 = 8;
 /// CAP_PERFMON: perf events where `perf_event_paranoid` forbids them to the unprivileged
 /// (Debian and Ubuntu kernels default to 3, which forbids even a thread's own events).
 pub const CAP_PERFMON: u32 = 38;
+/// CAP_SYS_NICE: a real-time class (the `api` thread returning to SCHED_FIFO).
+pub const CAP_SYS_NICE: u32 = 23;
 /// The highest capability number this code knows of (CAP_CHECKPOINT_RESTORE, Linux 5.9);
 /// later ones are dropped from the bounding set by trying up to 63.
 const CAP_LAST_KNOWN: u32 = 40;
