@@ -155,14 +155,21 @@ pub fn raise_priority(nice: i32, what: &str) {
     }
 }
 
-/// Asks SCHED_FIFO priority 1 for the calling thread (for threads whose lateness is an error,
-/// and whose CPU is bounded: the limiter, the stats refresher, the `api` thread under its
-/// [`RtGuard`]); without the privilege, nice -10 and a short slice, and says so. Returns
+/// SCHED_FIFO priority of the `api` and `api-stats` threads.
+pub const SERVICE_RT_PRIORITY: u32 = 1;
+
+/// SCHED_FIFO priority of the limiter: above the service threads, so that a metrics render on
+/// the `api` thread never holds up a limit stop on its CPU.
+pub const LIMITER_RT_PRIORITY: u32 = 2;
+
+/// Asks SCHED_FIFO at `priority` for the calling thread (for threads whose lateness is an
+/// error, and whose CPU is bounded: the limiter, the stats refresher, the `api` thread under
+/// its [`RtGuard`]); without the privilege, nice -10 and a short slice, and says so. Returns
 /// whether the thread got SCHED_FIFO.
-pub fn raise_realtime(what: &str) -> bool {
-    match set_class(Class::Realtime) {
+pub fn raise_realtime(what: &str, priority: u32) -> bool {
+    match setattr_raw(fifo(priority)) {
         Ok(()) => {
-            log::info!("{what}: SCHED_FIFO priority 1");
+            log::info!("{what}: SCHED_FIFO priority {priority}");
             true
         }
         Err(e) => {
@@ -173,19 +180,29 @@ pub fn raise_realtime(what: &str) -> bool {
     }
 }
 
+fn fifo(priority: u32) -> SchedAttr {
+    SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        policy: libc::SCHED_FIFO as u32,
+        priority,
+        ..Default::default()
+    }
+}
+
 /// Prepares the calling thread for an [`RtGuard`]: it takes [`Class::Fair`] first (so its
 /// nice value is −10 wherever it falls back to it), then SCHED_FIFO as [`raise_realtime`].
 /// Returns whether the thread got SCHED_FIFO. It keeps CAP_SYS_NICE (its seccomp filter
 /// lets it change only its own class) so that it can take SCHED_FIFO back.
 pub fn raise_guarded(what: &str) -> bool {
     let _ = set_class(Class::Fair);
-    raise_realtime(what)
+    raise_realtime(what, SERVICE_RT_PRIORITY)
 }
 
 /// A service thread's scheduling class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// SCHED_FIFO priority 1: runs as soon as it is woken, ahead of every vCPU thread.
+    /// SCHED_FIFO at [`SERVICE_RT_PRIORITY`]: runs as soon as it is woken, ahead of every
+    /// vCPU thread.
     Realtime,
     /// SCHED_OTHER at [`API_NICE`] with [`SERVICE_SLICE_NS`]: shares the CPU by weight.
     Fair,
@@ -196,12 +213,7 @@ pub enum Class {
 pub fn set_class(class: Class) -> io::Result<()> {
     let size = std::mem::size_of::<SchedAttr>() as u32;
     setattr_raw(match class {
-        Class::Realtime => SchedAttr {
-            size,
-            policy: libc::SCHED_FIFO as u32,
-            priority: 1,
-            ..Default::default()
-        },
+        Class::Realtime => fifo(SERVICE_RT_PRIORITY),
         Class::Fair => SchedAttr {
             size,
             policy: libc::SCHED_OTHER as u32,

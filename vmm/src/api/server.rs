@@ -194,7 +194,10 @@ impl ApiServer {
                 .spawn(move || {
                     // As prompt as the api thread, which waits for its posts; its CPU is
                     // bounded by the board's budget (1 % of a CPU), so SCHED_FIFO is safe.
-                    crate::sched::raise_realtime("stats refresher");
+                    crate::sched::raise_realtime(
+                        "stats refresher",
+                        crate::sched::SERVICE_RT_PRIORITY,
+                    );
                     crate::seccomp::enter(crate::seccomp::Kind::ApiStats);
                     run_refresher(
                         &board,

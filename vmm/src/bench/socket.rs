@@ -92,6 +92,10 @@ pub struct SocketResult {
     pub api_cpu_percent: f64,
     /// CPU of the `api-stats` thread (the snapshots) in the same runs, % of one CPU.
     pub api_stats_cpu_percent: f64,
+    /// CPU of the bench's own client thread in the same runs (sending, reading 20 KB answers,
+    /// its schedstat reads), % of one CPU: part of what the requests cost the guests that is
+    /// not the VMM's.
+    pub client_cpu_percent: f64,
     /// Guest exits per second of each run without a client.
     pub idle_runs: Vec<f64>,
     /// Guest exits per second of each run with the pacing client sending nothing.
@@ -156,6 +160,8 @@ struct ServerCpu {
     api_ns: u64,
     /// The `api-stats` thread.
     stats_ns: u64,
+    /// The bench's client thread.
+    client_ns: u64,
     /// Whether the `api` thread was found (it ends with the VM).
     found: bool,
 }
@@ -183,6 +189,7 @@ impl ServerCpu {
                     c.found = true;
                 }
                 "api-stats" => c.stats_ns += ns(),
+                "bench-client" => c.client_ns += ns(),
                 _ => {}
             }
         }
@@ -197,6 +204,7 @@ impl ServerCpu {
         ServerCpu {
             api_ns: per_s(self.api_ns, later.api_ns),
             stats_ns: per_s(self.stats_ns, later.stats_ns),
+            client_ns: per_s(self.client_ns, later.client_ns),
             found: self.found && later.found,
         }
     }
@@ -229,7 +237,9 @@ fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Meas
     let Ok(mut writer) = stream.try_clone() else {
         return Measured::default();
     };
-    let mut reader = BufReader::new(stream);
+    // Room for a whole answer (20 KB at 64 vCPUs), so that one read takes it, as a careful
+    // monitor's would: an 8 KiB buffer made three.
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
     // Bytes, not a String: the client checks the head of each answer and need not spend CPU
     // validating 20 KB of UTF-8 a thousand times a second.
     let mut line = Vec::new();
@@ -359,7 +369,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
     let (mut idle, mut pacing, mut loaded) = (Vec::new(), Vec::new(), Vec::new());
     let (mut lat, mut server) = (Vec::new(), Vec::new());
     let mut size = 0;
-    let (mut api_cpu, mut stats_cpu) = (Vec::new(), Vec::new());
+    let (mut api_cpu, mut stats_cpu, mut client_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..o.rounds.max(1) {
         let mut order = [Load::None, Load::Pacing, Load::Stats];
         order.rotate_left(round % 3);
@@ -376,6 +386,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
                     if let Some(c) = m.server_cpu {
                         api_cpu.push(c.api_ns as f64 / 1e7);
                         stats_cpu.push(c.stats_ns as f64 / 1e7);
+                        client_cpu.push(c.client_ns as f64 / 1e7);
                     }
                 }
             }
@@ -423,6 +434,7 @@ pub fn socket(o: SocketOptions) -> Result<SocketResult, VmError> {
         stats_response_bytes: size,
         api_cpu_percent: median(api_cpu),
         api_stats_cpu_percent: median(stats_cpu),
+        client_cpu_percent: median(client_cpu),
         idle_runs,
         client_only_runs,
         loaded_runs,
@@ -449,7 +461,7 @@ impl SocketResult {
             "bench socket: {} vCPUs, {} rounds, {} stats/s requested by a client at nice {}\n\
              stats latency   p50 {:.1} us   p90 {:.1} us   p99 {:.1} us   max {:.1} us   ({} requests, {} bytes each)\n\
              less the client's own run-queue wait   p50 {:.1} us   p99 {:.1} us (goal < 1000)   max {:.1} us\n\
-             server threads  api {:.2} % of a CPU   api-stats {:.2} %\n\
+             server threads  api {:.2} % of a CPU   api-stats {:.2} %   (the bench's client thread {:.2} %)\n\
              guest exits/s   no client {:.0}   pacing client alone {:.0}   with requests {:.0}   (medians)\n\
              ratios          with requests / no client {:.4} (goal >= 0.98)   pacing client alone / no client {:.4}   with requests / pacing client {:.4}\n\
              \x20               (medians of each round's ratios; rounds: {}; ratio of the medians {:.4})\n\
@@ -469,6 +481,7 @@ impl SocketResult {
             self.server_max_us,
             self.api_cpu_percent,
             self.api_stats_cpu_percent,
+            self.client_cpu_percent,
             self.idle_exits_per_s,
             self.client_only_exits_per_s,
             self.loaded_exits_per_s,

@@ -706,7 +706,7 @@ impl Limiter {
 
     /// The thread's loop; returns after [`Limiter::stop`], with every member released.
     pub fn run(&self) {
-        crate::sched::raise_realtime("limiter");
+        crate::sched::raise_realtime("limiter", crate::sched::LIMITER_RT_PRIORITY);
         crate::seccomp::enter(crate::seccomp::Kind::Limiter);
         let mut planned: Option<u64> = None;
         loop {
