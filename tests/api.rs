@@ -418,10 +418,15 @@ fn a_second_cmd_cannot_be_smuggled_and_ids_come_back_exactly() {
     assert_eq!(r["ok"], json!(false), "{r}");
     assert_eq!(r["error"]["kind"], json!("bad-request"), "{r}");
     assert_eq!(r["id"], json!(1), "{r}");
-    assert_eq!(
-        c.stats().vm.state,
-        ppa_vmm_api::VmState::Running,
-        "the VM was not shut down"
+    // Not shut down: running, or (the request came as the socket appeared, and the api thread
+    // answers at SCHED_FIFO) its vCPUs not yet released.
+    let state = c.stats().vm.state;
+    assert!(
+        matches!(
+            state,
+            ppa_vmm_api::VmState::Running | ppa_vmm_api::VmState::Created
+        ),
+        "the VM was not shut down: {state:?}"
     );
     // Ids as the client wrote them, for every kind of answer (stats has its own encoder).
     let mut raw = std::io::BufReader::new(UnixStream::connect(&vmm.sock).unwrap());
