@@ -300,18 +300,25 @@ fn live_reads_hold_the_identity_within_one_percent() {
 
 /// The accuracy half of the functional `a_busy_guest_reports_consistent_figures`
 /// (tests/boot.rs): a guest spinning alone for 300 ms spins that long within 1 % and loses
-/// little of it.
+/// little of it beyond what the machine takes from any busy thread.
 #[test]
 fn busy_spin_matches_wall_time_and_loses_little_alone() {
     let _g = serial();
+    let before = common::platform_interrupt_share(300);
     let (_, spin, lost) = common::run_busy_alone(300);
+    // The gaps a host thread spinning on the clock sees beside the run: on the nested
+    // development hosts the outer hypervisor takes 2-10 % of every busy thread's time in
+    // ~20 000 short gaps a second, unreported as steal; the guest's rdtsc loop counts the
+    // same gaps as lost. The VMM's own share (its exits, its kicks) is what is held to 5 %.
+    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let target = 300_000_000u64;
     assert!(
         spin.abs_diff(target) <= target / 100,
         "spin_ns {spin} within 1 % of 300 ms"
     );
     assert!(
-        lost < spin / 20,
-        "lost_ns {lost} under 5 % of spin_ns {spin}"
+        (lost as f64) < spin as f64 * (0.05 + platform),
+        "lost_ns {lost} under 5 % of spin_ns {spin} plus the platform's {:.2} %",
+        100.0 * platform
     );
 }

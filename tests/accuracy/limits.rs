@@ -12,7 +12,9 @@ use serde_json::json;
 #[test]
 fn one_busy_vcpu_is_held_to_25_percent() {
     let _g = common::serial();
+    let before = common::platform_interrupt_share(300);
     let out = run_limited(1, "busy:ms=2000", Some("25%"), &[]);
+    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let v = &out.report.vcpus[0];
     let t = &v.times;
     let share = t.used_ns as f64 / t.wall_ns as f64;
@@ -31,12 +33,19 @@ fn one_busy_vcpu_is_held_to_25_percent() {
         rest
     );
     common::assert_identity(&out.report, v);
-    // The guest saw the same: it ran about a quarter of its spin.
+    // The guest saw the same: it ran about a quarter of its spin, less the share of its
+    // time on a CPU that the machine takes from any busy thread (on the nested development
+    // hosts the outer hypervisor's short gaps, 2-10 %, unreported as steal), measured beside
+    // the run by a host thread spinning on the clock.
     let ran = common::reported(v, "ran_ns") as f64;
     let spin = common::reported(v, "spin_ns") as f64;
+    let expected = 0.25 * (1.0 - platform);
     assert!(
-        (ran / spin - 0.25).abs() <= 0.02,
-        "guest ran {ran} of {spin}"
+        (ran / spin - expected).abs() <= 0.02,
+        "guest ran {ran} of {spin}, not {:.2} % (25 % less the platform's {:.2} %) within 2 \
+         points",
+        100.0 * expected,
+        100.0 * platform
     );
 }
 
