@@ -358,15 +358,20 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
             "vCPU {i}: identity error {e} ns of wall {wall}: {v}"
         );
         // The guest's steal clock is KVM's view of the same run-queue wait, counted until
-        // the guest read /proc/stat, in 10 ms ticks.
+        // the guest read /proc/stat, in 10 ms ticks (rounded down). x86 KVM counts the vCPU
+        // thread's wait from the thread's creation, before the VMM's clocks started: the
+        // report gives that part as steal_before_start_ns (10-22 ms here, where a fixed
+        // 20 ms allowance once fell short of the guest's excess by 0.7 ms).
         let seen = guest_steal_ns(&console, i);
+        let before = n("steal_before_start_ns");
         eprintln!(
-            "vCPU {i}: guest /proc/stat steal {seen} ns, steal_ns {} ns",
+            "vCPU {i}: guest /proc/stat steal {seen} ns, steal_ns {} ns, before start {before} ns",
             n("steal_ns")
         );
         assert!(
-            seen <= n("steal_ns") + 20_000_000,
-            "vCPU {i}: the guest saw {seen} ns of steal, the VMM {} ns",
+            seen <= n("steal_ns") + before,
+            "vCPU {i}: the guest saw {seen} ns of steal, the VMM {} ns and {before} ns before \
+             its clocks started",
             n("steal_ns")
         );
         guest_ns += n("guest_ns");

@@ -457,6 +457,7 @@ fn times() -> VcpuTimes {
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
+        steal_before_start_ns: 5,
     }
 }
 
@@ -473,7 +474,8 @@ fn vcpu_figures_keep_their_json() {
          \"split_source\":\"records\",\"records_lost\":1,\"records_preempted_ns\":0,\"identity_error_ns\":2000,\
          \"state\":\"limited\",\"exits\":{\"hlt\":5,\"io_out\":0},\"exit_ns\":{},\"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
-         \"kvm_run_wall_ns\":0,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0}"
+         \"kvm_run_wall_ns\":0,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
+         \"steal_before_start_ns\":5}"
     );
     let summary = VcpuSummary::from(t);
     assert_eq!(summary.split(), split());

@@ -251,6 +251,11 @@ pub struct VcpuTimes {
     pub proc_ticks: Option<TickTimes>,
     /// Runaway and overload detections since the vCPU started.
     pub overloads: u64,
+    /// Run-queue wait of the vCPU thread before its clocks started (its creation, the
+    /// warm-up, the start gate): outside wall_ns and steal_ns, and unchanged by a reset. x86
+    /// KVM's paravirt steal clock counts the thread's run-queue wait from its creation, so a
+    /// guest's own steal can exceed steal_ns by this much.
+    pub steal_before_start_ns: u64,
 }
 
 vcpu_figures!(VcpuTimes);

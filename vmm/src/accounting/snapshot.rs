@@ -486,7 +486,9 @@ impl VcpuAccounting {
         base: Option<&RawSample>,
         with_hist: bool,
     ) -> (VcpuTimes, HistSnapshots) {
-        derive(cur, base, self.kvm.as_ref(), self.exit_cost, with_hist)
+        let (mut times, hist) = derive(cur, base, self.kvm.as_ref(), self.exit_cost, with_hist);
+        times.steal_before_start_ns = self.origin().1;
+        (times, hist)
     }
 }
 
@@ -684,6 +686,7 @@ pub fn derive(
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,
+        steal_before_start_ns: 0,
     };
     (times, hist)
 }

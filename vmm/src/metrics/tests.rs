@@ -99,6 +99,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         park_cpu_ns: 20_000,
         proc_ticks: None,
         overloads: 0,
+        steal_before_start_ns: 0,
     };
     VcpuDetail {
         times,
