@@ -23,41 +23,41 @@ fn median(mut v: Vec<i64>) -> i64 {
 #[test]
 fn one_busy_vcpu_guest_time_matches_the_guests_own_clock() {
     let _g = serial();
-    let before = common::platform_interrupt_share(300);
     let mut code_err = Vec::new();
     let mut unexplained = Vec::new();
     let mut spin = 0;
-    for _ in 0..3 {
-        let out = run_vm(1, &["busy:ms=500"]);
-        assert_all_exited_ok(&out.report);
-        let v = &out.report.vcpus[0];
-        spin = reported(v, "spin_ns");
-        let ran = reported(v, "ran_ns") as i64;
-        let t = &v.times;
-        // guest_ns holds guest code plus KVM's in-kernel exit handling (host interrupts exit
-        // the guest here too), which this host cannot split out; the in-kernel part is
-        // estimated from KVM's exit count and the measured cost of one exit.
-        let in_kernel = t
-            .kvm_ns_estimate
-            .expect("exit cost measured and KVM stats present");
-        let code = t.guest_code_ns_estimate.unwrap() as i64;
-        code_err.push((code - ran).abs());
-        let excess = t.guest_ns as i64 - ran;
-        assert!(
-            excess >= 0,
-            "guest_ns {} below the guest's ran_ns {ran}",
-            t.guest_ns
-        );
-        unexplained.push(excess - in_kernel as i64);
-        assert_identity(&out.report, v);
-    }
+    let ((), platform) = common::beside_platform(|| {
+        for _ in 0..3 {
+            let out = run_vm(1, &["busy:ms=500"]);
+            assert_all_exited_ok(&out.report);
+            let v = &out.report.vcpus[0];
+            spin = reported(v, "spin_ns");
+            let ran = reported(v, "ran_ns") as i64;
+            let t = &v.times;
+            // guest_ns holds guest code plus KVM's in-kernel exit handling (host interrupts exit
+            // the guest here too), which this host cannot split out; the in-kernel part is
+            // estimated from KVM's exit count and the measured cost of one exit.
+            let in_kernel = t
+                .kvm_ns_estimate
+                .expect("exit cost measured and KVM stats present");
+            let code = t.guest_code_ns_estimate.unwrap() as i64;
+            code_err.push((code - ran).abs());
+            let excess = t.guest_ns as i64 - ran;
+            assert!(
+                excess >= 0,
+                "guest_ns {} below the guest's ran_ns {ran}",
+                t.guest_ns
+            );
+            unexplained.push(excess - in_kernel as i64);
+            assert_identity(&out.report, v);
+        }
+    });
     // The issue asks for 1 %. On the PVM development hosts, which are themselves VMs, the
     // outer hypervisor's interruptions are charged to the running vCPU thread and seen by the
     // guest as gaps: 1.6-4.7 % of a busy thread's time, varying with the outer host's load
     // (0.1 %-3.3 % of spin was left over after the per-exit estimate). A host thread spinning
     // on the clock beside the runs measures that share; the median of three is held to 2 %
     // plus it (docs/accounting.md gives the figures).
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let spin = spin as i64;
     let bound = (spin as f64 * (0.02 + platform)) as i64;
     assert!(
@@ -93,9 +93,7 @@ fn four_busy_vcpus_at(level: Level) {
     // at most half the time, so at least 30 % of its wall time is steal.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let vcpus = (2 * cores).max(4);
-    let before = common::platform_interrupt_share(300);
-    let out = run_vm_at(vcpus, &["busy:ms=1000"], level);
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
+    let (out, platform) = common::beside_platform(|| run_vm_at(vcpus, &["busy:ms=1000"], level));
     assert_all_exited_ok(&out.report);
     for v in &out.report.vcpus {
         let t = &v.times;
@@ -151,39 +149,39 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
     let mut slack = Vec::new();
     let mut excesses = Vec::new();
     let mut guest = Vec::new();
-    let before = common::platform_interrupt_share(300);
-    for _ in 0..3 {
-        let out = run_vm(1, &["periodic:run_us=300,period_us=3000,count=333"]);
-        assert_all_exited_ok(&out.report);
-        let v = &out.report.vcpus[0];
-        let t = &v.times;
-        idle.push((t.idle_ns as f64 * 10_000.0 / t.wall_ns as f64) as i64);
-        assert_identity(&out.report, v);
-        // guest_ns = guest code + KVM's in-kernel exit handling, which this host cannot split
-        // out. The VM measured the cost of one exit round trip at start (hot, and after a
-        // park); KVM counted every exit the guest made, those that reached the VMM and those
-        // handled in the kernel (host interrupts).
-        let kvm_exits = t.kvm_stats["exits"];
-        let user_exits: u64 = t.exits.values().sum();
-        assert!(
-            kvm_exits >= user_exits,
-            "KVM counts every exit: {kvm_exits} < {user_exits}"
-        );
-        let in_kernel = t
-            .kvm_ns_estimate
-            .expect("exit cost measured and KVM stats present");
-        let ran = reported(v, "ran_ns") as i64;
-        let excess = t.guest_ns as i64 - ran;
-        excesses.push(excess);
-        // The issue's bound is 2 % of ran_ns + the in-kernel part. On the PVM development
-        // hosts every park adds 5-25 µs of host work charged inside KVM_RUN (the wake-up path)
-        // that one measured after-park round trip does not capture; it is allowed here, at
-        // 30 µs per park, and reported in docs/accounting.md.
-        slack.push(ran / 50 + in_kernel as i64 + 30_000 * t.parks as i64 - excess);
-        guest.push(t.guest_ns as i64);
-    }
+    let ((), platform) = common::beside_platform(|| {
+        for _ in 0..3 {
+            let out = run_vm(1, &["periodic:run_us=300,period_us=3000,count=333"]);
+            assert_all_exited_ok(&out.report);
+            let v = &out.report.vcpus[0];
+            let t = &v.times;
+            idle.push((t.idle_ns as f64 * 10_000.0 / t.wall_ns as f64) as i64);
+            assert_identity(&out.report, v);
+            // guest_ns = guest code + KVM's in-kernel exit handling, which this host cannot split
+            // out. The VM measured the cost of one exit round trip at start (hot, and after a
+            // park); KVM counted every exit the guest made, those that reached the VMM and those
+            // handled in the kernel (host interrupts).
+            let kvm_exits = t.kvm_stats["exits"];
+            let user_exits: u64 = t.exits.values().sum();
+            assert!(
+                kvm_exits >= user_exits,
+                "KVM counts every exit: {kvm_exits} < {user_exits}"
+            );
+            let in_kernel = t
+                .kvm_ns_estimate
+                .expect("exit cost measured and KVM stats present");
+            let ran = reported(v, "ran_ns") as i64;
+            let excess = t.guest_ns as i64 - ran;
+            excesses.push(excess);
+            // The issue's bound is 2 % of ran_ns + the in-kernel part. On the PVM development
+            // hosts every park adds 5-25 µs of host work charged inside KVM_RUN (the wake-up path)
+            // that one measured after-park round trip does not capture; it is allowed here, at
+            // 30 µs per park, and reported in docs/accounting.md.
+            slack.push(ran / 50 + in_kernel as i64 + 30_000 * t.parks as i64 - excess);
+            guest.push(t.guest_ns as i64);
+        }
+    });
     // And the outer hypervisor's share of the time in the guest (see the busy test).
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let slack: Vec<i64> = slack
         .iter()
         .zip(&guest)
@@ -304,13 +302,11 @@ fn live_reads_hold_the_identity_within_one_percent() {
 #[test]
 fn busy_spin_matches_wall_time_and_loses_little_alone() {
     let _g = serial();
-    let before = common::platform_interrupt_share(300);
-    let (_, spin, lost) = common::run_busy_alone(300);
+    let ((_, spin, lost), platform) = common::beside_platform(|| common::run_busy_alone(300));
     // The gaps a host thread spinning on the clock sees beside the run: on the nested
     // development hosts the outer hypervisor takes 2-10 % of every busy thread's time in
     // ~20 000 short gaps a second, unreported as steal; the guest's rdtsc loop counts the
     // same gaps as lost. The VMM's own share (its exits, its kicks) is what is held to 5 %.
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
     let target = 300_000_000u64;
     assert!(
         spin.abs_diff(target) <= target / 100,

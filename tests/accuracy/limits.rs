@@ -12,9 +12,8 @@ use serde_json::json;
 #[test]
 fn one_busy_vcpu_is_held_to_25_percent() {
     let _g = common::serial();
-    let before = common::platform_interrupt_share(300);
-    let out = run_limited(1, "busy:ms=2000", Some("25%"), &[]);
-    let platform = (before + common::platform_interrupt_share(300)) / 2.0;
+    let (out, platform) =
+        common::beside_platform(|| run_limited(1, "busy:ms=2000", Some("25%"), &[]));
     let v = &out.report.vcpus[0];
     let t = &v.times;
     let share = t.used_ns as f64 / t.wall_ns as f64;

@@ -208,3 +208,11 @@ pub fn platform_interrupt_share(ms: u64) -> f64 {
     }
     lost.as_secs_f64() / (last - t0).as_secs_f64()
 }
+
+/// Runs `f` between two 300 ms measurements of [`platform_interrupt_share`], one before and
+/// one after (the share varies with the outer host's load): `f`'s result and their mean.
+pub fn beside_platform<R>(f: impl FnOnce() -> R) -> (R, f64) {
+    let before = platform_interrupt_share(300);
+    let r = f();
+    (r, (before + platform_interrupt_share(300)) / 2.0)
+}
