@@ -260,6 +260,8 @@ fn bad_input_is_refused_clearly() {
             "runs on the tiny guest",
         ),
         (&["run", "--initrd", "/x.img"], "go with --kernel"),
+        (&["bench", "socket", "--exits", "5"], "--window-ms"),
+        (&["bench", "socket", "--window-ms", "5"], "100..=600000"),
         (&["run", "--vcpus", "0"], "between 1 and 256 vCPUs"),
         (&["run", "--vcpus", "257"], "between 1 and 256 vCPUs"),
         (

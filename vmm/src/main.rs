@@ -57,9 +57,12 @@ struct BenchArgs {
     /// Print one JSON object whose last key is "verdict".
     #[arg(long)]
     json: bool,
-    /// Exits per run (overhead; default 40000) or per vCPU per run (socket; default 1500).
+    /// Exits per run (overhead; default 40000).
     #[arg(long)]
     exits: Option<u64>,
+    /// Length of each run's measured window, ms (socket).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    window_ms: u64,
     /// Rounds of alternated runs (default 3; limit and socket: 5).
     #[arg(long)]
     rounds: Option<usize>,
@@ -228,10 +231,17 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             args.json,
             limit::LimitResult::to_text,
         )?,
+        BenchKind::Socket if args.exits.is_some() => {
+            return Err(
+                "`--exits` sets the length of `bench overhead`; `bench socket` runs \
+                        each VM for a measured window (`--window-ms`)"
+                    .into(),
+            )
+        }
         BenchKind::Socket => print_result(
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
-                exits: args.exits.unwrap_or(1500),
+                window: std::time::Duration::from_millis(args.window_ms),
                 rounds: args.rounds.unwrap_or(5),
                 rate: args.rate,
                 client_nice: args.client_nice,

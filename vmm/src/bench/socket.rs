@@ -1,19 +1,24 @@
 //! `ppa-vmm bench socket` (spec section 9): what the control socket costs the guests and how
 //! fast it answers.
 //!
-//! Each round runs the same 64-vCPU tiny guest (`exits:n=N` on every vCPU, MMIO) three times,
-//! with the control socket open each time: with no client; with a client thread that keeps
-//! its pace (1000 wake-ups a second, by absolute deadlines) but sends nothing; and with that
-//! client sending `stats` at each wake-up and timing each request from its write to the end
-//! of its response line. Latencies count from 100 ms after every vCPU thread runs (the start
-//! of 64 threads is not what is measured; the client learns it from `threads`, which leaves
-//! the stats refresher asleep). The client runs at nice 0 like a monitoring agent started by
+//! Each round runs the same 64-vCPU tiny guest (doorbell exits back to back on every vCPU,
+//! MMIO) three times, with the control socket open each time: with no client; with a client
+//! thread that keeps its pace (1000 wake-ups a second, by absolute deadlines) but sends
+//! nothing; and with that client sending `stats` at each wake-up and timing each request from
+//! its write to the end of its response line. Throughput and latencies count over the same
+//! steady window: from 100 ms after every vCPU thread runs (the start of 64 threads is not
+//! what is measured; the client learns it from `threads`, which leaves the stats refresher
+//! asleep) for `window` (3 s by default), after which the bench shuts the VM down. A bench
+//! thread that sleeps through the window reads every vCPU's exit counters in-process at both
+//! ends (so the no-client run has no socket traffic at all); the start of the threads and the
+//! stragglers of a run that ends by itself spread a run's length by up to a second on the
+//! development host, and counting over the uptime let that noise into every ratio. The client runs at nice 0 like a monitoring agent started by
 //! systemd (`--client-nice` changes it: at -10 each of its own wake-ups preempts a vCPU
 //! thread, which on the development host costs the guests 2-2.5 % by itself); its own
 //! run-queue wait is taken out of the server's latency either way. Over the measured part of
 //! each run the client also reads the CPU time of the `api` and `api-stats` threads: what the
 //! VMM spent serving. The order rotates each round, with a pause between runs.
-//! Throughput is every vCPU's exits over the VM's uptime; the results are medians of each
+//! Throughput is every vCPU's exits in the window over its length; the results are medians of each
 //! round's ratios (the runs of a round are seconds apart, so a drift of the host below
 //! cancels out of each): with requests over without a client (the goal), the pacing client
 //! alone over none (what any 1 kHz thread costs the guests here), and with requests over the
@@ -30,6 +35,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::config::RunOptions;
+use crate::handle::VmHandle;
+use crate::vcpu::VcpuState;
 use crate::vm::{Vm, VmError};
 
 /// Options of `bench socket`.
@@ -37,8 +44,8 @@ use crate::vm::{Vm, VmError};
 pub struct SocketOptions {
     /// vCPUs of the VM.
     pub vcpus: usize,
-    /// Exits per vCPU per run.
-    pub exits: u64,
+    /// Length of the measured window of each run.
+    pub window: Duration,
     /// Rounds (each runs both configurations).
     pub rounds: usize,
     /// `stats` requests per second in the loaded runs.
@@ -51,7 +58,7 @@ impl Default for SocketOptions {
     fn default() -> Self {
         SocketOptions {
             vcpus: 64,
-            exits: 1500,
+            window: Duration::from_secs(3),
             rounds: 5,
             rate: 1000,
             client_nice: 0,
@@ -311,7 +318,8 @@ fn run_once(o: &SocketOptions, round: usize, load: Load) -> Result<(f64, Measure
     let opts = RunOptions {
         vcpus: Some(o.vcpus),
         memory_mib: Some(64),
-        workload: vec![format!("exits:n={},kind=mmio", o.exits)],
+        // More exits than any window takes: the bench ends the run.
+        workload: vec!["exits:n=1000000000,kind=mmio".to_string()],
         api_sock: Some(path.clone()),
         ..Default::default()
     };
@@ -328,13 +336,53 @@ fn run_once(o: &SocketOptions, round: usize, load: Load) -> Result<(f64, Measure
                 .map_err(|e| VmError::Thread("bench client", e))
         })
         .transpose()?;
+    let handle = vm.handle();
+    let window = o.window;
+    let observer = std::thread::Builder::new()
+        .name("bench-window".into())
+        .spawn(move || {
+            let rate = steady_rate(&handle, window);
+            handle.shutdown();
+            rate
+        })
+        .map_err(|e| VmError::Thread("bench window", e))?;
     let out = vm.run();
     stop.store(true, Ordering::Release);
     let m = loader.and_then(|h| h.join().ok()).unwrap_or_default();
-    let out = out?;
-    let exits: u64 = out.report.vcpus.iter().map(|v| v.times.total_exits()).sum();
-    let rate = exits as f64 * 1e9 / out.report.vm.uptime_ns.max(1) as f64;
+    let rate = observer.join().ok().flatten();
+    out?;
+    let rate = rate.ok_or(VmError::Thread(
+        "bench window",
+        std::io::Error::other("the VM ended before its measured window did"),
+    ))?;
     Ok((rate, m))
+}
+
+/// Every vCPU's exits so far (each counter has one writer; no snapshot is needed for a sum).
+fn exits_so_far(vm: &VmHandle) -> u64 {
+    vm.vcpus()
+        .iter()
+        .flat_map(|v| v.acct.meter.exits.iter().map(|c| c.get()))
+        .sum()
+}
+
+/// The guests' exits per second over `window`, from 100 ms after every vCPU thread runs;
+/// `None` if the VM ended first. Sleeps through the window (two wake-ups a run), so it costs
+/// the guests nothing the three kinds of run do not share.
+fn steady_rate(vm: &VmHandle, window: Duration) -> Option<f64> {
+    while vm.vcpus().iter().any(|v| v.state() == VcpuState::Created) {
+        if vm.finished() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let (t0, e0) = (Instant::now(), exits_so_far(vm));
+    std::thread::sleep(window);
+    let (t1, e1) = (Instant::now(), exits_so_far(vm));
+    let ended = vm.finished() || vm.vcpus().iter().any(|v| v.state() == VcpuState::Finished);
+    let ns = t1.duration_since(t0).as_nanos() as f64;
+    (!ended && ns > 0.0).then(|| e1.saturating_sub(e0) as f64 * 1e9 / ns)
 }
 
 /// Each latency less the client's own run-queue wait during it (never below zero: the
