@@ -162,7 +162,12 @@ impl OutQueue {
     /// Queues a response line (always: the client asked for it, and the server answers no
     /// more of a client's requests while its queue is over `CLIENT_OUT_PAUSE`).
     pub fn push_response(&mut self, line: &str) {
-        self.buf.extend_from_slice(line.as_bytes());
+        self.push_bytes(line.as_bytes());
+    }
+
+    /// Queues the rest of a response the socket did not take at once.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
     }
 
     /// Queues an event line unless more than `limit` bytes are already waiting; then the

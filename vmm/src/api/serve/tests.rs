@@ -277,3 +277,41 @@ fn an_http_head_over_the_limit_is_refused() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 431"), "{text}");
 }
+
+/// `Conn::send` writes a response at once when nothing waits before it, queues what the
+/// socket did not take, and never overtakes queued bytes: the peer reads every byte in order.
+#[test]
+fn a_response_is_written_at_once_or_queued_behind_what_waits() {
+    use super::{Conn, Stream};
+    use event_manager::EventSet;
+    let (ours, mut peer) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let mut conn = Conn::new(Stream::Api(ours), EventSet::IN, 0);
+    conn.send("first\n");
+    assert!(conn.out.is_empty(), "written at once, nothing queued");
+    // Larger than the socket buffer: the rest is queued.
+    let big = format!("{}\n", "x".repeat(4 << 20));
+    conn.send(&big);
+    let queued = conn.out.len();
+    assert!(queued > 0 && queued < big.len(), "partly written: {queued}");
+    // Something waits: the next answer goes behind it, not past it.
+    conn.send("third\n");
+    assert_eq!(conn.out.len(), queued + "third\n".len());
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        peer.read_to_end(&mut all).unwrap();
+        all
+    });
+    while !conn.out.is_empty() {
+        match conn.stream.write(conn.out.pending()) {
+            Ok(n) => conn.out.consume(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drop(conn);
+    let all = reader.join().unwrap();
+    assert_eq!(all, format!("first\n{big}third\n").into_bytes());
+}
