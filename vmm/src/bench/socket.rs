@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::accounting::host::ThreadClock;
 use crate::config::RunOptions;
 use crate::handle::VmHandle;
 use crate::vcpu::VcpuState;
@@ -173,36 +174,56 @@ struct ServerCpu {
     found: bool,
 }
 
-impl ServerCpu {
-    /// The CPU time so far of this process's threads named `api` and `api-stats`.
-    fn now() -> ServerCpu {
-        let mut c = ServerCpu::default();
+/// The clocks of this process's threads named `api`, `api-stats` and `bench-client`, found
+/// once per run: reading them every 200 ms is then three system calls, where walking
+/// `/proc/self/task` and its ~70 `comm` files each time cost the guests what it measured.
+struct ServerClocks(Vec<(&'static str, ThreadClock)>);
+
+impl ServerClocks {
+    fn find() -> ServerClocks {
+        let mut found = Vec::new();
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-            return c;
+            return ServerClocks(found);
         };
         for e in dir.flatten() {
             let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
             let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            let ns = || {
-                crate::accounting::host::ThreadClock::of_tid(tid)
-                    .and_then(|c| c.read_ns())
-                    .unwrap_or(0)
+            let role = match comm.trim_end() {
+                "api" => "api",
+                "api-stats" => "api-stats",
+                "bench-client" => "bench-client",
+                _ => continue,
             };
-            match comm.trim_end() {
+            if let Ok(c) = ThreadClock::of_tid(tid) {
+                found.push((role, c));
+            }
+        }
+        ServerClocks(found)
+    }
+
+    /// Their CPU time so far.
+    fn now(&self) -> ServerCpu {
+        let mut c = ServerCpu::default();
+        for (role, clock) in &self.0 {
+            let Ok(ns) = clock.read_ns() else {
+                continue;
+            };
+            match *role {
                 "api" => {
-                    c.api_ns += ns();
+                    c.api_ns += ns;
                     c.found = true;
                 }
-                "api-stats" => c.stats_ns += ns(),
-                "bench-client" => c.client_ns += ns(),
-                _ => {}
+                "api-stats" => c.stats_ns += ns,
+                _ => c.client_ns += ns,
             }
         }
         c
     }
+}
 
+impl ServerCpu {
     /// What was used from `self` to `later`, per second of `wall_ns`.
     fn rate_until(self, later: ServerCpu, wall_ns: u64) -> ServerCpu {
         let per_s = |a: u64, b: u64| {
@@ -274,13 +295,14 @@ fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Meas
     let step = Duration::from_nanos(1_000_000_000 / u64::from(o.rate.max(1)));
     // The server threads' CPU from here to the last reading before the VM ended (read every
     // 200 ms: the threads are gone once `stop` is seen).
-    let (cpu0, since) = (ServerCpu::now(), Instant::now());
+    let clocks = ServerClocks::find();
+    let (cpu0, since) = (clocks.now(), Instant::now());
     let mut cpu_last = (cpu0, since);
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now.duration_since(cpu_last.1) >= Duration::from_millis(200) {
-            let c = ServerCpu::now();
+            let c = clocks.now();
             if c.found {
                 cpu_last = (c, now);
             }
