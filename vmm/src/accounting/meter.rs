@@ -367,10 +367,13 @@ impl VcpuMeter {
     /// A consistent copy of the counter group (bounded retries; see
     /// [`MeterReading::consistent`]).
     pub fn read(&self) -> MeterReading {
-        // A write section is a few stores, but its writer can be preempted inside one: spin
-        // briefly, then yield, then sleep, for up to ~2 s in all before giving up.
+        // A write section is a few stores, but its writer can be preempted inside one, and
+        // then it is back only when the scheduler picks it (at 32 vCPU threads a CPU, up to
+        // ~130 ms here). Spin briefly, yield a few times, then sleep with a doubling back-off
+        // (see `backoff_us`), for about 2 s in all before giving up.
         let mut r = MeterReading::default();
-        for attempt in 0u32..20_000 {
+        let mut slept_us = 0u64;
+        for attempt in 0u32.. {
             let s1 = self.seq.load(Ordering::Acquire);
             if s1 % 2 == 0 {
                 r = self.read_unchecked();
@@ -380,10 +383,14 @@ impl VcpuMeter {
                     return r;
                 }
             }
-            match attempt {
-                0..=63 => std::hint::spin_loop(),
-                64..=1023 => std::thread::yield_now(),
-                _ => std::thread::sleep(std::time::Duration::from_micros(100)),
+            match backoff_us(attempt) {
+                None => std::hint::spin_loop(),
+                Some(0) => std::thread::yield_now(),
+                Some(_) if slept_us >= READ_GIVE_UP_US => break,
+                Some(us) => {
+                    std::thread::sleep(std::time::Duration::from_micros(us));
+                    slept_us += us;
+                }
             }
         }
         r
@@ -805,7 +812,9 @@ impl Recorder {
     }
 }
 
+mod backoff;
 mod records;
+use backoff::{backoff_us, READ_GIVE_UP_US};
 
 #[cfg(test)]
 #[path = "meter_tests.rs"]
