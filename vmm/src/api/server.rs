@@ -193,7 +193,7 @@ impl ApiServer {
                 .name("api-stats".into())
                 .spawn(move || {
                     // As prompt as the api thread, which waits for its posts; its CPU is
-                    // bounded by the board's budget (1 % of a CPU), so SCHED_FIFO is safe.
+                    // bounded by the board's budget (0.5 % of a CPU), so SCHED_FIFO is safe.
                     crate::sched::raise_realtime(
                         "stats refresher",
                         crate::sched::SERVICE_RT_PRIORITY,
