@@ -116,9 +116,9 @@ pub fn request(data: &[u8]) {
         }
         REFUSER.with(|h| h.borrow_mut().handle_line(data))
     };
-    let (line, mask) = match outcome {
-        Outcome::Reply(l) => (l, None),
-        Outcome::Subscribe(l, m) => (l, Some(m)),
+    let (line, mask) = match &outcome {
+        Outcome::Subscribe(_, m) => (outcome.line(), Some(*m)),
+        _ => (outcome.line(), None),
     };
     assert!(
         line.ends_with('\n') && line.matches('\n').count() == 1,

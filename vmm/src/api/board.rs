@@ -42,7 +42,7 @@ pub fn budgeted_interval(configured_ns: u64, cost_ns: u64) -> u64 {
 }
 
 /// One posted snapshot.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct Snapshot {
     /// CLOCK_MONOTONIC when it was taken.
     pub at_ns: u64,

@@ -29,7 +29,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::conn::{LineBuffer, Next, OutQueue};
-use super::handler::{kind_bit, Handler, Outcome};
+use super::handler::{kind_bit, Handler, Outcome, STATS_TAIL};
 use super::http::{http_head, http_reply, http_response, Head, MAX_HTTP_HEAD};
 use super::listen::{
     ClientLimits, DropReason, FdReserve, Listener, ListenerStats, CLIENT_OUT_PAUSE,
@@ -90,6 +90,14 @@ impl Stream {
             Stream::Http(s) => s.write(buf),
         }
     }
+
+    fn write_parts(&mut self, parts: [&[u8]; 3]) -> io::Result<usize> {
+        let io = parts.map(io::IoSlice::new);
+        match self {
+            Stream::Api(s) => s.write_vectored(&io),
+            Stream::Http(s) => s.write_vectored(&io),
+        }
+    }
 }
 
 struct Conn {
@@ -122,9 +130,13 @@ impl Conn {
     /// string to the socket without a copy through the queue (and the queue's allocation of
     /// it, given back after each answer); an error is left for the next flush to find.
     fn send(&mut self, line: &str) {
-        let bytes = line.as_bytes();
-        let written = if self.out.is_empty() && !self.closing {
-            match self.stream.write(bytes) {
+        self.send_parts([line.as_bytes(), &[], &[]]);
+    }
+
+    /// [`Conn::send`] of a line made of three parts, written with one `writev`.
+    fn send_parts(&mut self, parts: [&[u8]; 3]) {
+        let mut written = if self.out.is_empty() && !self.closing {
+            match self.stream.write_parts(parts) {
                 Ok(n) => {
                     self.active_at = now_ns();
                     n
@@ -134,7 +146,11 @@ impl Conn {
         } else {
             0
         };
-        self.out.push_bytes(&bytes[written..]);
+        for p in parts {
+            let taken = written.min(p.len());
+            self.out.push_bytes(&p[taken..]);
+            written -= taken;
+        }
     }
 
     fn new(stream: Stream, interest: EventSet, now: u64) -> Self {
@@ -392,6 +408,11 @@ impl Serve {
                 }
                 match self.handler.handle_line(&line) {
                     Outcome::Reply(r) => conn.send(&r),
+                    Outcome::Stats(head, snap) => conn.send_parts([
+                        head.as_bytes(),
+                        snap.text.as_bytes(),
+                        STATS_TAIL.as_bytes(),
+                    ]),
                     Outcome::Subscribe(r, mask) => {
                         conn.send(&r);
                         conn.mask |= mask;
