@@ -25,7 +25,7 @@
 //! pacing client (what answering costs), and the latency percentiles of every request of
 //! every loaded run.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -238,6 +238,47 @@ impl ServerCpu {
     }
 }
 
+/// The client's answers, read straight from the socket into one buffer with room for a
+/// whole answer (20 KB at 64 vCPUs), so that one read takes it, as a careful monitor's
+/// would (an 8 KiB buffer made three reads, and a `BufReader` one more copy of each
+/// answer). Bytes, not a String: the client checks the head of each answer and need not
+/// spend CPU validating 20 KB of UTF-8 a thousand times a second.
+struct Answers {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    /// Bytes of the last answer.
+    len: usize,
+}
+
+impl Answers {
+    fn new(stream: UnixStream) -> Self {
+        Answers {
+            stream,
+            buf: vec![0; 64 * 1024],
+            len: 0,
+        }
+    }
+
+    /// The next answer line. The client has one request outstanding at a time, so the
+    /// answer ends with the last byte read when that byte is its newline.
+    fn next(&mut self) -> std::io::Result<&[u8]> {
+        self.len = 0;
+        loop {
+            if self.len == self.buf.len() {
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+            let n = self.stream.read(&mut self.buf[self.len..])?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.len += n;
+            if self.buf[self.len - 1] == b'\n' {
+                return Ok(&self.buf[..self.len]);
+            }
+        }
+    }
+}
+
 /// Wakes at `rate` per second until `stop`, sending `stats` each time when `send`; returns
 /// each latency and the client's own run-queue wait in it (its schedstat `run_delay`, read
 /// before the write and after the response), and the size of the last response.
@@ -265,24 +306,19 @@ fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Meas
     let Ok(mut writer) = stream.try_clone() else {
         return Measured::default();
     };
-    // Room for a whole answer (20 KB at 64 vCPUs), so that one read takes it, as a careful
-    // monitor's would: an 8 KiB buffer made three.
-    let mut reader = BufReader::with_capacity(64 * 1024, stream);
-    // Bytes, not a String: the client checks the head of each answer and need not spend CPU
-    // validating 20 KB of UTF-8 a thousand times a second.
-    let mut line = Vec::new();
+    let mut reader = Answers::new(stream);
     let mut m = Measured::default();
     // Steady state only: wait until every vCPU thread runs, then 100 ms more (spawning 64
     // threads and their first KVM_RUN is not what this measures). `threads` says so without
     // asking for `stats`, which would start the refresher in the runs that send nothing.
     let mut running_since: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
-        line.clear();
-        if writer.write_all(b"{\"cmd\":\"threads\"}\n").is_err()
-            || reader.read_until(b'\n', &mut line).unwrap_or(0) == 0
-        {
+        if writer.write_all(b"{\"cmd\":\"threads\"}\n").is_err() {
             return Measured::default();
         }
+        let Ok(line) = reader.next() else {
+            return Measured::default();
+        };
         let created = line.windows(9).any(|w| w == b"\"created\"");
         if line.starts_with(b"{\"id\":null,\"ok\":true") && !created {
             let since = *running_since.get_or_insert_with(Instant::now);
@@ -319,16 +355,15 @@ fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Meas
         if writer.write_all(b"{\"cmd\":\"stats\"}\n").is_err() {
             break;
         }
-        line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(n) if n > 0 && line.starts_with(b"{\"id\":null,\"ok\":true") => {
+        match reader.next() {
+            Ok(line) if line.starts_with(b"{\"id\":null,\"ok\":true") => {
                 m.lat.push(sent.elapsed().as_nanos() as u64);
                 m.own_wait.push(run_delay().saturating_sub(waited));
             }
             _ => break,
         }
     }
-    m.size = line.len();
+    m.size = reader.len;
     let wall = cpu_last.1.duration_since(since).as_nanos() as u64;
     m.server_cpu = Some(cpu0.rate_until(cpu_last.0, wall)).filter(|c| c.found && wall > 0);
     m
@@ -572,6 +607,36 @@ impl SocketResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_read_whole_whatever_its_size_and_chunks() {
+        // As in the bench, one request is outstanding at a time: the peer sends the next
+        // answer only after the previous one was read.
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let mut a = Answers::new(ours);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let big = format!("{{\"ok\":true,\"x\":\"{}\"}}\n", "y".repeat(200_000));
+        let sent = big.clone();
+        let w = std::thread::spawn(move || {
+            for chunk in sent.as_bytes().chunks(7_000) {
+                peer.write_all(chunk).unwrap();
+            }
+            rx.recv().unwrap();
+            peer.write_all(b"short\n").unwrap();
+        });
+        let first = a.next().unwrap();
+        assert!(
+            first == big.as_bytes(),
+            "{} bytes read of {}",
+            first.len(),
+            big.len()
+        );
+        tx.send(()).unwrap();
+        assert_eq!(a.next().unwrap(), b"short\n");
+        assert_eq!(a.len, 6);
+        w.join().unwrap();
+        assert!(a.next().is_err(), "the peer closed: no answer");
+    }
 
     #[test]
     fn percentiles_of_sorted_latencies() {
