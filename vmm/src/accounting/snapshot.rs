@@ -16,7 +16,7 @@ use super::host::{SchedStatFile, ThreadClock, TickTimes};
 use super::meter::{MeterReading, MicroState, ParkKind, VcpuMeter};
 use super::{Level, Threshold};
 use crate::exit::ExitReason;
-use crate::hypervisor::stats::{KvmStats, StatKind};
+use crate::hypervisor::stats::{KnownStat, KvmStats, StatKind};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;
 pub use ppa_vmm_api::{HostCpu, VcpuTimes};
@@ -544,25 +544,15 @@ pub fn derive(
         .min(used);
     let guest = used - vmm;
     let blocked = m.blocked.since(&bm.blocked);
-    let kvm_delta: Vec<u64> = match kvm {
-        Some(k) => k
-            .layout()
-            .descs
-            .iter()
-            .filter(|d| d.size == 1)
-            .zip(&cur.kvm)
-            .enumerate()
-            .map(|(i, (d, v))| match (d.kind, b.kvm.get(i)) {
-                (StatKind::Cumulative, Some(o)) => v.saturating_sub(*o),
-                _ => *v,
-            })
-            .collect(),
-        None => Vec::new(),
+    // Scalar `i` since the baseline (a cumulative one; a gauge as it is).
+    let kvm_delta = |k: &KvmStats, i: usize| {
+        let v = *cur.kvm.get(i)?;
+        Some(match (k.scalar_kind(i)?, b.kvm.get(i)) {
+            (StatKind::Cumulative, Some(o)) => v.saturating_sub(*o),
+            _ => v,
+        })
     };
-    let kvm_stat = |name: &str| {
-        kvm.and_then(|k| k.scalar_names().position(|n| n == name))
-            .and_then(|i| kvm_delta.get(i).copied())
-    };
+    let kvm_stat = |s: KnownStat| kvm.and_then(|k| kvm_delta(k, k.known_index(s)?));
     let levels = m.exits_at_level.since(&bm.exits_at_level);
     let records_runs = m.records_runs.saturating_sub(bm.records_runs);
     let records_lost = m.records_lost.saturating_sub(bm.records_lost);
@@ -573,15 +563,15 @@ pub fn derive(
         records_lost,
         used,
         steal,
-        halt_wait: kvm_stat("halt_wait_ns").unwrap_or(0),
-        halts_in_kernel: cur_kvm_stat(kvm, &cur.kvm, "halt_exits").unwrap_or(0) > 0,
+        halt_wait: kvm_stat(KnownStat::HaltWaitNs).unwrap_or(0),
+        halts_in_kernel: cur_kvm_stat(kvm, &cur.kvm, KnownStat::HaltExits).unwrap_or(0) > 0,
     });
-    let kvm_exits = kvm_stat("exits");
+    let kvm_exits = kvm_stat(KnownStat::Exits);
     let kvm_stats: BTreeMap<String, u64> = match kvm {
         Some(k) if detail => k
             .scalar_names()
-            .zip(&kvm_delta)
-            .map(|(n, v)| (n.to_string(), *v))
+            .enumerate()
+            .filter_map(|(i, n)| Some((n.to_string(), kvm_delta(k, i)?)))
             .collect(),
         _ => BTreeMap::new(),
     };
@@ -669,8 +659,11 @@ pub fn derive(
         records_preempted_ns: m.records_preempted.saturating_sub(bm.records_preempted),
         identity_error_ns: time.identity_error_ns(),
         state: m.micro_state().into(),
+        // Without detail (the `stats` overview, the PPA page) only the reasons that occurred:
+        // the overview drops the others anyway, and each is an allocation.
         exits: ExitReason::ALL
             .iter()
+            .filter(|r| detail || exits[r.index()] > 0)
             .map(|r| (r.name().to_string(), exits[r.index()]))
             .collect(),
         exit_ns: ExitReason::ALL

@@ -339,6 +339,38 @@ pub struct KvmStats {
     layout: StatsLayout,
     /// Indices into `layout.descs` of the descriptors with `size == 1`.
     scalars: Vec<usize>,
+    /// Scalar index of each statistic the accounting reads at every sample, found once.
+    known: [Option<usize>; KnownStat::ALL.len()],
+}
+
+/// The statistics the accounting reads at every sample (`stats`, the PPA page): found by
+/// name once, at open, rather than by comparing names at every read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnownStat {
+    /// Every exit KVM saw (`exits`).
+    Exits,
+    /// HLT exits (`halt_exits`).
+    HaltExits,
+    /// Time blocked in a halt (`halt_wait_ns`).
+    HaltWaitNs,
+}
+
+impl KnownStat {
+    /// Every known statistic, in index order.
+    pub const ALL: [KnownStat; 3] = [
+        KnownStat::Exits,
+        KnownStat::HaltExits,
+        KnownStat::HaltWaitNs,
+    ];
+
+    /// The statistic's name in KVM's binary stats.
+    pub fn name(self) -> &'static str {
+        match self {
+            KnownStat::Exits => "exits",
+            KnownStat::HaltExits => "halt_exits",
+            KnownStat::HaltWaitNs => "halt_wait_ns",
+        }
+    }
 }
 
 impl KvmStats {
@@ -370,11 +402,24 @@ impl KvmStats {
             .map_err(KvmStatsError::Read)?;
         let layout = StatsLayout::parse(&prefix)?;
         let scalars = layout.scalar_indices();
-        Ok(Self {
+        let mut s = Self {
             file,
             layout,
             scalars,
-        })
+            known: [None; KnownStat::ALL.len()],
+        };
+        s.known = KnownStat::ALL.map(|k| s.scalar_index(k.name()));
+        Ok(s)
+    }
+
+    /// Scalar index of a known statistic (None if this kernel has no such statistic).
+    pub fn known_index(&self, k: KnownStat) -> Option<usize> {
+        self.known[k as usize]
+    }
+
+    /// How scalar `i` accumulates (None past the last scalar).
+    pub fn scalar_kind(&self, i: usize) -> Option<StatKind> {
+        self.scalars.get(i).map(|&d| self.layout.descs[d].kind)
     }
 
     /// The parsed layout (every descriptor, including histograms).
@@ -588,6 +633,11 @@ mod tests {
         );
         assert_eq!(s.scalar_count(), 2);
         assert_eq!(s.scalar_index("halt_wait_ns"), Some(1));
+        assert_eq!(s.known_index(KnownStat::HaltWaitNs), Some(1));
+        assert_eq!(s.known_index(KnownStat::Exits), Some(0));
+        assert_eq!(s.known_index(KnownStat::HaltExits), None);
+        assert_eq!(s.scalar_kind(1), Some(s.layout().descs[s.scalars[1]].kind));
+        assert_eq!(s.scalar_kind(2), None);
         assert_eq!(s.scalar_index("halt_poll_success_hist"), None);
         let mut scratch = Vec::new();
         let mut out = [0u64; 3];

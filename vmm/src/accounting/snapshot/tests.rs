@@ -31,6 +31,21 @@ fn threshold_counts_by_name_restart_at_a_reset() {
 }
 
 #[test]
+fn the_overview_lists_the_exit_reasons_that_occurred_and_the_detail_all() {
+    let acct = accounting();
+    acct.meter.exits[ExitReason::MmioWrite.index()].add(4);
+    let overview = acct.times_with(false).0.exits;
+    assert_eq!(
+        overview,
+        BTreeMap::from([(ExitReason::MmioWrite.name().to_string(), 4)])
+    );
+    let detail = acct.times().0.exits;
+    assert_eq!(detail.len(), ExitReason::ALL.len());
+    assert_eq!(detail[ExitReason::MmioWrite.name()], 4);
+    assert_eq!(detail.values().sum::<u64>(), 4);
+}
+
+#[test]
 fn parked_time_goes_to_its_kind() {
     let acct = accounting();
     for (kind, ns) in [
