@@ -3,11 +3,12 @@
 //! Data flow: while a `steal_window_ns` threshold is set, every `sample_interval_ns` (10 ms by
 //! default) it reads run_delay of every vCPU whose thread has started and not finished, and
 //! counts windows whose steal exceeded the threshold into that vCPU's `exceeded[StealWindow]`
-//! counter (the sampler is that counter's only writer); with none it reads nothing. With `--runaway` or `--overload` it also runs the detectors of
-//! `limits::overload` on every vCPU and applies their action. Reading schedstat costs ~1 µs
-//! per vCPU here, which is why it happens here and not on the exit path. With a PPA page it
-//! also refreshes the page's host section every [`PAGE_REFRESH_NS`] (8 ms), on its own
-//! deadline between the ticks (docs/abi.md). It stops when told, within one window.
+//! counter (the sampler is that counter's only writer); with none it reads nothing. With
+//! `--runaway` or `--overload` it also runs the detectors of `limits::overload` on every vCPU
+//! and applies their action. Reading schedstat costs ~1 µs per vCPU here, which is why it
+//! happens here and not on the exit path. With a PPA page it also refreshes the page's host
+//! section every [`PAGE_REFRESH_NS`] (8 ms), on its own deadline between the ticks
+//! (docs/abi.md). It stops when told, within one window.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
