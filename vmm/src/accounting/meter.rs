@@ -201,6 +201,9 @@ pub struct VcpuMeter {
     pub ring_out: Counter,
     /// See [`VcpuMeter::ring_tail`].
     pub ring_out_preempted: Counter,
+    /// Off-CPU time of the `vmm` interval in progress that the exit's drain already took from
+    /// the records (episodes that began after the exit stamp), for readers' looks.
+    pub vmm_off_drained: Counter,
     /// 1 while the records are on (level full with a ring), else 0.
     pub records_on: Counter,
     /// The thread's context-switch ring, once level full first opened it (for readers' looks
@@ -268,6 +271,8 @@ pub struct MeterReading {
     pub ring_tail: u64,
     /// The consumer's pairing state as of `ring_tail`.
     pub ring_pairing: Pairing,
+    /// See [`VcpuMeter::vmm_off_drained`].
+    pub vmm_off_drained: u64,
     /// See [`VcpuMeter::records_on`].
     pub records_on: bool,
     /// See [`VcpuMeter::exits`].
@@ -330,6 +335,7 @@ impl VcpuMeter {
             ring_tail: Counter::default(),
             ring_out: Counter::default(),
             ring_out_preempted: Counter::default(),
+            vmm_off_drained: Counter::default(),
             records_on: Counter::default(),
             ring: OnceLock::new(),
             exits: Default::default(),
@@ -418,6 +424,7 @@ impl VcpuMeter {
                 0 => None,
                 t => Some((t, self.ring_out_preempted.get() != 0)),
             }),
+            vmm_off_drained: self.vmm_off_drained.get(),
             records_on: self.records_on.get() != 0,
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
@@ -496,6 +503,9 @@ pub struct Recorder {
     records_tried: bool,
     /// Off-CPU time inside the KVM_RUN in progress found by the drain at its entry.
     run_off: u64,
+    /// Off-CPU time of the `vmm` interval in progress found by the drain at the exit that began
+    /// it (a preemption between the exit stamp and that drain).
+    vmm_off: u64,
     /// The ring position last published to the meter.
     published_tail: u64,
 }
@@ -525,6 +535,7 @@ impl Recorder {
             records_wanted: false,
             records_tried: false,
             run_off: 0,
+            vmm_off: 0,
             published_tail: 0,
         }
     }
@@ -586,13 +597,14 @@ impl Recorder {
 
     /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
     /// current exit. Called inside a write section. At level full its on-CPU part is the wall
-    /// time less the off-CPU episodes the records show, or the thread CPU clock's delta.
+    /// time less the off-CPU episodes the records show (those the exit's drain found after
+    /// its stamp, and those that began before `s`), or the thread CPU clock's delta.
     #[inline]
     fn close_vmm(&mut self, s: Stamp) {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
         let records = if self.level == Level::Full {
-            self.drain(s.now)
+            self.drain([s.now, u64::MAX])
         } else {
             None
         };
@@ -600,10 +612,16 @@ impl Recorder {
             self.note_records(t, 0..2);
             self.run_off += t.off[1];
         }
+        let carried = std::mem::take(&mut self.vmm_off);
         let m = &*self.meter;
+        if carried != 0 {
+            m.vmm_off_drained.set(0);
+        }
         m.wall[MicroState::Vmm].add(h);
         match (self.level, records, s.cpu, self.cpu_since) {
-            (Level::Full, Some(t), _, _) => m.cpu_vmm_full.add(h.saturating_sub(t.off[0])),
+            (Level::Full, Some(t), _, _) => {
+                m.cpu_vmm_full.add(h.saturating_sub(t.off[0] + carried));
+            }
             (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
         }
@@ -679,14 +697,21 @@ impl Recorder {
         let r = reason.index();
         let timed = self.level != Level::Off;
         let run = s.now.saturating_sub(self.since);
+        // Episodes that began after the exit stamp `s` (a preemption before this drain) are the
+        // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
+        // episode would lose the difference and count it as on-CPU time.
         let records = if self.level == Level::Full {
-            self.drain(self.since)
+            self.drain([self.since, s.now.max(self.since)])
         } else {
             None
         };
         self.meter.begin();
         if let Some(t) = &records {
-            self.note_records(t, 1..2);
+            self.note_records(t, 1..3);
+            self.vmm_off = t.off[2];
+            if t.off[2] != 0 {
+                self.meter.vmm_off_drained.set(t.off[2]);
+            }
         }
         let m = &*self.meter;
         m.exits[r].add(1);
@@ -779,7 +804,7 @@ impl Recorder {
             return;
         };
         // The park measures itself (its stamps); its records are dropped.
-        let records = self.drain(u64::MAX);
+        let records = self.drain([u64::MAX, u64::MAX]);
         let wall = p.now.saturating_sub(start.now);
         self.meter.begin();
         if records.is_some() {

@@ -253,3 +253,54 @@ fn a_sleep_before_a_switch_to_full_is_not_taken_from_the_next_run() {
         "a run with 2 ms on the CPU lost it to a sleep before it began: {m:?}"
     );
 }
+
+#[test]
+fn a_sleep_after_the_exit_stamp_is_taken_from_the_handling_not_the_run() {
+    let control = Arc::new(AccountingControl::default());
+    control.set_level(Level::Full);
+    let meter = Arc::new(VcpuMeter::new(3, 2));
+    let now = || Stamp {
+        now: crate::sync::now_ns(),
+        cpu: None,
+    };
+    let mut r = Recorder::new(Arc::clone(&meter), control, now());
+    r.use_records();
+    r.begin(now());
+    if !r.has_records() {
+        // No perf here: full_level_with_records_takes_off_cpu_episodes_from_the_run fails
+        // with the reason.
+        return;
+    }
+    r.on_entry(now(), 0, Level::Full);
+    // A run with 2 ms on the CPU, then the thread is off its CPU for 3 ms after the exit stamp
+    // and before the recorder drains the records (as a preemption there would be).
+    let cpu0 = crate::accounting::host::thread_cpu_ns();
+    while crate::accounting::host::thread_cpu_ns() < cpu0 + 2_000_000 {
+        std::hint::spin_loop();
+    }
+    let exit = now();
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    r.on_exit(exit, ExitReason::MmioWrite);
+    let m = meter.read();
+    assert!(
+        m.cpu_guest_full >= 1_500_000,
+        "a run with 2 ms on the CPU lost it to a sleep after it ended: {m:?}"
+    );
+    assert!(
+        m.vmm_off_drained >= 3_000_000,
+        "published for readers: {m:?}"
+    );
+    r.on_entry(now(), 0, Level::Full);
+    let m = meter.read();
+    let vmm = m.wall[MicroState::Vmm];
+    assert!(
+        vmm >= 3_000_000 && m.cpu_vmm_full + 3_000_000 <= vmm,
+        "the sleep is off-CPU time of the handling: on-CPU {} of {vmm} ns: {m:?}",
+        m.cpu_vmm_full
+    );
+    assert_eq!(
+        m.vmm_off_drained, 0,
+        "consumed by the handling it belongs to"
+    );
+    assert_eq!(m.records_lost, 0);
+}

@@ -336,6 +336,14 @@ impl VcpuAccounting {
         if meter.since != 0 {
             let dt = at.saturating_sub(meter.since);
             let state = meter.micro_state();
+            if state.park_kind().is_none() && !meter.records_on {
+                // The meter's on-CPU figures of level full stop at the interval's start, and
+                // nothing here can see its on-CPU part so far (level basic, or full reading
+                // the thread CPU clock): the split takes on-CPU time from the clock. Without
+                // this, a busy vCPU that had not yet left its first KVM_RUN at level basic
+                // (no exit counted at any level) showed its whole on-CPU time as blocked too.
+                on_cpu_complete = false;
+            }
             if state.park_kind().is_none() && meter.records_on {
                 // Its on-CPU part so far, from the records not yet drained (retried if the
                 // vCPU thread drains them meanwhile: the meter moved on too).
@@ -394,10 +402,14 @@ impl VcpuAccounting {
         let ring = self.meter.ring.get()?;
         let (t, pairing) = ring.peek(meter.ring_tail, meter.ring_pairing)?;
         let mut l = InProgress {
-            off: t.off[0] + t.off[1],
+            off: t.off_total(),
             preempting: 0,
             blocking: 0,
         };
+        if meter.micro_state() == MicroState::Vmm {
+            // Episodes of this interval the exit's drain already took from the ring.
+            l.off += meter.vmm_off_drained;
+        }
         if let Some((out, preempted)) = pairing.pending() {
             let d = at.saturating_sub(out.max(meter.since));
             l.off += d;

@@ -8,8 +8,8 @@
 //! a switch-out, flagged when the thread was preempted (still runnable), and a switch-in. At
 //! each KVM_RUN boundary the recorder calls [`SwitchRing::drain`]: one load of the ring's
 //! head; when it moved, the records since the last drain are paired ([`Pairing`]) into
-//! off-CPU episodes and summed ([`Tally`]) on either side of a boundary time (the KVM_RUN
-//! entry), then the tail is given back. Readers (the sampler, `stats`) may look at the records
+//! off-CPU episodes and summed ([`Tally`]) on the sides of two boundary times (a KVM_RUN's
+//! entry and exit stamps), then the tail is given back. Readers (the sampler, `stats`) may look at the records
 //! not yet drained ([`RingView::peek`]) to see an episode still in progress, and check that
 //! the vCPU thread did not drain them meanwhile.
 //!
@@ -117,14 +117,23 @@ pub enum Record {
     Other,
 }
 
-/// Off-CPU time found by a drain, on each side of its boundary time: `[before, at or after]`
-/// (side 0: the VMM's handling before a KVM_RUN entry, side 1: inside KVM_RUN).
+/// Where a drain splits the episodes it completes, by their switch-out time: before
+/// `bounds[0]` (side 0), from there to before `bounds[1]` (side 1), from `bounds[1]` on (side 2).
+/// At a KVM_RUN exit the bounds are the run's entry and exit stamps: side 0 began in an interval
+/// measured otherwise, side 1 inside the run, side 2 after the exit stamp (the VMM's handling
+/// that follows). `bounds[0] <= bounds[1]`.
+pub type Bounds = [u64; 2];
+
+/// Bounds that put every episode on side 1 (a reader's look, the tests).
+pub const ALL_ON_SIDE_1: Bounds = [0, u64::MAX];
+
+/// Off-CPU time found by a drain, on each side of its [`Bounds`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
     /// Off-CPU ns of episodes that began on each side.
-    pub off: [u64; 2],
+    pub off: [u64; 3],
     /// The part of `off` in which the thread was preempted (runnable).
-    pub preempted: [u64; 2],
+    pub preempted: [u64; 3],
     /// Completed off-CPU episodes.
     pub episodes: u64,
     /// Records may be missing: the ring was nearly full, the kernel reported a loss, or the
@@ -135,12 +144,17 @@ pub struct Tally {
 impl Tally {
     /// Adds `other` to this tally.
     pub fn add(&mut self, other: &Tally) {
-        for side in 0..2 {
+        for side in 0..3 {
             self.off[side] += other.off[side];
             self.preempted[side] += other.preempted[side];
         }
         self.episodes += other.episodes;
         self.lost |= other.lost;
+    }
+
+    /// Off-CPU ns on every side.
+    pub fn off_total(&self) -> u64 {
+        self.off.iter().sum()
     }
 }
 
@@ -151,9 +165,9 @@ pub struct Pairing {
 }
 
 impl Pairing {
-    /// Feeds one record; completed episodes go to `tally` on the side of `boundary` their
+    /// Feeds one record; completed episodes go to `tally` on the side of `bounds` their
     /// switch-out fell on.
-    pub fn feed(&mut self, r: Record, boundary: u64, tally: &mut Tally) {
+    pub fn feed(&mut self, r: Record, bounds: Bounds, tally: &mut Tally) {
         match r {
             Record::Out { time, preempted } => {
                 if self.out.is_some() {
@@ -164,7 +178,7 @@ impl Pairing {
             Record::In { time } => match self.out.take() {
                 Some((out, preempted)) => {
                     let d = time.saturating_sub(out);
-                    let side = usize::from(out >= boundary);
+                    let side = usize::from(out >= bounds[0]) + usize::from(out >= bounds[1]);
                     tally.off[side] += d;
                     if preempted {
                         tally.preempted[side] += d;
@@ -291,7 +305,7 @@ impl RingView {
         }
         let mut p = pairing;
         let mut t = Tally::default();
-        self.walk(tail, head, |r| p.feed(r, 0, &mut t));
+        self.walk(tail, head, |r| p.feed(r, ALL_ON_SIDE_1, &mut t));
         (self.tail() == tail).then_some((t, p))
     }
 }
@@ -419,20 +433,20 @@ impl SwitchRing {
     }
 
     /// Reads the records the kernel added since the last drain into a tally, with episodes
-    /// split at `boundary`, and frees their space. Without new records it costs one load.
+    /// split at `bounds`, and frees their space. Without new records it costs one load.
     #[inline]
-    pub fn drain(&mut self, boundary: u64) -> Tally {
+    pub fn drain(&mut self, bounds: Bounds) -> Tally {
         let head = self.view.head();
         let mut t = Tally::default();
         if head == self.tail {
             return t;
         }
-        self.drain_slow(head, boundary, &mut t);
+        self.drain_slow(head, bounds, &mut t);
         t
     }
 
     #[cold]
-    fn drain_slow(&mut self, head: u64, boundary: u64, t: &mut Tally) {
+    fn drain_slow(&mut self, head: u64, bounds: Bounds, t: &mut Tally) {
         let used = head.wrapping_sub(self.tail);
         if used > self.view.data_size {
             // Not a position this consumer can have left: start again from the head.
@@ -444,7 +458,7 @@ impl SwitchRing {
             t.lost = true;
         }
         let mut p = self.pairing;
-        self.view.walk(self.tail, head, |r| p.feed(r, boundary, t));
+        self.view.walk(self.tail, head, |r| p.feed(r, bounds, t));
         self.pairing = p;
         self.tail = head;
         // Release: our reads of the records happen before the kernel may reuse their space.

@@ -24,25 +24,46 @@ fn episodes_are_summed_on_their_side_of_the_boundary() {
         out(140, true),
         inn(150),
     ] {
-        p.feed(r, 100, &mut t);
+        p.feed(r, [100, u64::MAX], &mut t);
     }
-    assert_eq!(t.off, [5, 40]);
-    assert_eq!(t.preempted, [5, 10]);
+    assert_eq!(t.off, [5, 40, 0]);
+    assert_eq!(t.preempted, [5, 10, 0]);
     assert_eq!(t.episodes, 3);
     assert!(!t.lost);
     assert_eq!(p.pending(), None);
 }
 
 #[test]
+fn episodes_from_the_second_bound_on_go_to_side_2() {
+    // A run entered at 100 and left at 200: a preemption after the exit stamp belongs to the
+    // handling that follows, not to the run.
+    let mut p = Pairing::default();
+    let mut t = Tally::default();
+    for r in [
+        out(10, true),
+        inn(15),
+        out(100, false),
+        inn(130),
+        out(200, true),
+        inn(260),
+    ] {
+        p.feed(r, [100, 200], &mut t);
+    }
+    assert_eq!(t.off, [5, 30, 60]);
+    assert_eq!(t.preempted, [5, 0, 60]);
+    assert_eq!(t.off_total(), 95);
+}
+
+#[test]
 fn an_episode_open_at_a_drain_completes_at_the_next() {
     let mut p = Pairing::default();
     let mut first = Tally::default();
-    p.feed(out(50, false), 0, &mut first);
+    p.feed(out(50, false), ALL_ON_SIDE_1, &mut first);
     assert_eq!(first, Tally::default());
     assert_eq!(p.pending(), Some((50, false)));
     let mut second = Tally::default();
-    p.feed(inn(80), 0, &mut second);
-    assert_eq!((second.off, second.preempted), ([0, 30], [0, 0]));
+    p.feed(inn(80), ALL_ON_SIDE_1, &mut second);
+    assert_eq!((second.off, second.preempted), ([0, 30, 0], [0, 0, 0]));
 }
 
 #[test]
@@ -55,7 +76,7 @@ fn records_that_do_not_pair_or_a_loss_flag_the_tally() {
         let mut p = Pairing::default();
         let mut t = Tally::default();
         for r in seq.clone() {
-            p.feed(r, 0, &mut t);
+            p.feed(r, ALL_ON_SIDE_1, &mut t);
         }
         assert!(t.lost, "{seq:?}");
     }
@@ -85,22 +106,22 @@ fn records_decode_by_type_and_flags() {
 #[test]
 fn tallies_add_up() {
     let mut a = Tally {
-        off: [1, 2],
-        preempted: [1, 0],
+        off: [1, 2, 0],
+        preempted: [1, 0, 0],
         episodes: 2,
         lost: false,
     };
     a.add(&Tally {
-        off: [3, 4],
-        preempted: [0, 4],
+        off: [3, 4, 5],
+        preempted: [0, 4, 5],
         episodes: 1,
         lost: true,
     });
     assert_eq!(
         a,
         Tally {
-            off: [4, 6],
-            preempted: [1, 4],
+            off: [4, 6, 5],
+            preempted: [1, 4, 5],
             episodes: 3,
             lost: true
         }
@@ -117,11 +138,11 @@ fn open() -> SwitchRing {
 fn a_sleep_is_one_blocked_episode_and_a_drain_without_switches_finds_nothing() {
     let mut ring = open();
     ring.set_enabled(true).unwrap();
-    assert_eq!(ring.drain(0), Tally::default());
+    assert_eq!(ring.drain(ALL_ON_SIDE_1), Tally::default());
     let before = crate::sync::now_ns();
     std::thread::sleep(std::time::Duration::from_millis(3));
     let after = crate::sync::now_ns();
-    let t = ring.drain(0);
+    let t = ring.drain(ALL_ON_SIDE_1);
     assert!(!t.lost, "{t:?}");
     assert!(t.episodes >= 1, "{t:?}");
     // The sleep's episode lies inside the two vDSO stamps (records use the same clock).
@@ -130,7 +151,7 @@ fn a_sleep_is_one_blocked_episode_and_a_drain_without_switches_finds_nothing() {
         t.preempted[1] < t.off[1],
         "a sleep is not a preemption: {t:?}"
     );
-    assert_eq!(ring.drain(0), Tally::default(), "drained once");
+    assert_eq!(ring.drain(ALL_ON_SIDE_1), Tally::default(), "drained once");
 }
 
 #[test]
@@ -161,7 +182,7 @@ fn a_thread_that_spins_beside_others_is_preempted() {
     let mut t = Tally::default();
     let end = crate::sync::now_ns() + 200_000_000;
     while crate::sync::now_ns() < end && t.preempted[1] == 0 {
-        t.add(&ring.drain(0));
+        t.add(&ring.drain(ALL_ON_SIDE_1));
     }
     stop.store(true, Ordering::Relaxed);
     for h in hogs {
@@ -179,7 +200,7 @@ fn a_reader_peeks_at_an_episode_in_progress_and_sees_a_drain() {
     let (tail, pairing) = ring.position();
     let (t, p) = view.peek(tail, pairing).expect("nothing drained meanwhile");
     assert!(t.episodes >= 1 && p.pending().is_none(), "{t:?} {p:?}");
-    ring.drain(0);
+    ring.drain(ALL_ON_SIDE_1);
     assert!(
         view.peek(tail, pairing).is_none(),
         "the drain moved the tail"
@@ -195,11 +216,15 @@ fn a_reader_peeks_at_an_episode_in_progress_and_sees_a_drain() {
 fn disabled_records_are_not_kept() {
     let mut ring = open();
     std::thread::sleep(std::time::Duration::from_millis(1));
-    assert_eq!(ring.drain(0), Tally::default(), "opened disabled");
+    assert_eq!(
+        ring.drain(ALL_ON_SIDE_1),
+        Tally::default(),
+        "opened disabled"
+    );
     ring.set_enabled(true).unwrap();
     ring.set_enabled(false).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1));
     ring.set_enabled(true).unwrap();
-    assert_eq!(ring.drain(0).episodes, 0);
+    assert_eq!(ring.drain(ALL_ON_SIDE_1).episodes, 0);
     assert!(ring.capacity() >= 4096);
 }

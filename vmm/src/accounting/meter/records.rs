@@ -3,7 +3,7 @@
 //! at KVM_RUN boundaries and publishing the ring position readers peek from. The records
 //! themselves (the ring, pairing, tallies) are `accounting::switches`.
 
-use super::super::switches::{SwitchRing, Tally};
+use super::super::switches::{Bounds, SwitchRing, Tally};
 use super::super::Level;
 use super::{MicroState, Recorder, Stamp};
 
@@ -11,7 +11,7 @@ impl Recorder {
     /// Starts the clocks at `start` (after `use_records`, whose cost is then nobody's time):
     /// the recorder is in state `vmm` from there, and records from before are dropped.
     pub fn begin(&mut self, start: Stamp) {
-        let _ = self.drain(u64::MAX);
+        let _ = self.drain([u64::MAX, u64::MAX]);
         self.since = start.now;
         self.cpu_since = start.cpu;
         self.meter.begin();
@@ -83,11 +83,11 @@ impl Recorder {
         (prev == Level::Full || next == Level::Full) && self.ring.is_none()
     }
 
-    /// The records since the last drain, split at `boundary` (None: no records in use).
+    /// The records since the last drain, split at `bounds` (None: no records in use).
     #[inline]
-    pub(super) fn drain(&mut self, boundary: u64) -> Option<Tally> {
+    pub(super) fn drain(&mut self, bounds: Bounds) -> Option<Tally> {
         // A disabled ring still holds what it recorded before it was disabled.
-        Some(self.ring.as_mut()?.drain(boundary))
+        Some(self.ring.as_mut()?.drain(bounds))
     }
 
     /// Counts what a drain found and publishes the ring position for readers' peeks (only
