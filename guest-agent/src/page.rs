@@ -504,7 +504,7 @@ mod tests {
         let e = check_header(&RegionHeader { major: 2, ..good() }, 65536).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "the region has layout 2.1; this agent writes layout 1.x only and leaves any other alone"
+            format!("the region has layout 2.{MINOR}; this agent writes layout 1.x only and leaves any other alone")
         );
         assert_eq!(
             check_header(&good(), 4096),

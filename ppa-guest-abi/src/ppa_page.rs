@@ -39,8 +39,8 @@ pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"PPAP");
 pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
-/// Minor version of this layout.
-pub const MINOR: u16 = 1;
+/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]).
+pub const MINOR: u16 = 2;
 /// [`MAJOR`] and [`MINOR`] as one word, major << 16 | minor (as the CPUID leaf gives it).
 pub const VERSION: u32 = ((MAJOR as u32) << 16) | MINOR as u32;
 /// "PPAA": magic of [`GuestAgent`].
@@ -121,8 +121,11 @@ pub struct HostVcpu {
     pub exits: u64,
     /// Runaway and overload detections.
     pub overloads: u64,
+    /// blocked_ns (layout 1.2; zero from a 1.1 writer, whose records then miss it in the
+    /// identity).
+    pub blocked_ns: u64,
     /// Reserved, zero.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 2],
 }
 
 /// The guest section's header, at `guest_offset`. Offsets here are relative to the guest
@@ -369,6 +372,7 @@ const _: () = {
     assert!(offset_of!(HostVcpu, steal_ns) == 48);
     assert!(offset_of!(HostVcpu, limited_ns) == 72);
     assert!(offset_of!(HostVcpu, overloads) == 96);
+    assert!(offset_of!(HostVcpu, blocked_ns) == 104);
     assert!(size_of::<GuestHeader>() == 64);
     assert!(offset_of!(GuestHeader, updated_ns) == 16);
     assert!(offset_of!(GuestHeader, threads_offset) == 24);

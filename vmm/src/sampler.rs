@@ -149,7 +149,8 @@ fn publish(page: &PpaPage, vm: &VmHandle, vcpus: &[Arc<VcpuShared>]) {
                 paused_ns: t.paused_ns,
                 exits: t.total_exits(),
                 overloads: t.overloads,
-                reserved: [0; 3],
+                blocked_ns: t.blocked_ns,
+                reserved: [0; 2],
             },
         );
     }

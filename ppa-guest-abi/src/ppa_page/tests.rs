@@ -46,9 +46,10 @@ fn golden_layout() {
             offset_of!(HostVcpu, paused_ns),
             offset_of!(HostVcpu, exits),
             offset_of!(HostVcpu, overloads),
+            offset_of!(HostVcpu, blocked_ns),
             offset_of!(HostVcpu, reserved),
         ],
-        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104]
+        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112]
     );
     assert_eq!(size_of::<GuestHeader>(), 64);
     assert_eq!(
@@ -149,7 +150,7 @@ fn golden_layout() {
     assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
     assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
     assert_eq!(AGENT_MAGIC.to_le_bytes(), *b"PPAA");
-    assert_eq!(VERSION, 0x0001_0001);
+    assert_eq!(VERSION, 0x0001_0002);
 }
 
 #[test]
