@@ -14,7 +14,9 @@
 # newer than it; PPA_AGENT= (empty) builds an image without one), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
 # NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
 # NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot),
-# NESTED_LOCK (/tmp/ppa-vmm-nested.lock: one nested host at a time on the machine).
+# NESTED_LOCK (/tmp/ppa-vmm-nested.lock: one nested host at a time on the machine),
+# NESTED_TRACE=1 (the nested host traces its KVM events; a failed ppa-vmm run sends the last 3000
+# lines back, saved beside the run's result as result-N.txt.lf.trace).
 # Inside, the Linux guest image is at /images/linux/vmlinuz and /images/linux/initrd.img.
 #
 # Exit codes: ppa-vmm's own; 124 no try finished in time (or the host died every time);
@@ -143,6 +145,7 @@ cat "$nested/initrd.img" "$run_dir/args.cpio" >"$run_dir/initrd.img"
 
 append="console=ttyS0 tsc=reliable panic=-1"
 [ -z "${NESTED_KVM_AMD:-}" ] || append+=" nested.kvm_amd=$NESTED_KVM_AMD"
+[ -z "${NESTED_TRACE:-}" ] || append+=" nested.trace=1"
 
 # Prints the lines of stream $2 in result file $1, decoded, to stdout; fails when the byte count
 # announced before them does not match.
@@ -221,6 +224,9 @@ while [ "$try" -le "$tries" ]; do
 		read -r _ rc vmm_start vmm_end <<<"$exit_line"
 		cat "$result.lf.stdout"
 		cat "$result.lf.stderr" >&2
+		if stream "$result.lf" trace; then
+			echo "nested-run: ppa-vmm failed; the last lines of the nested host's KVM trace are in $result.lf.trace" >&2
+		fi
 		inside=$(awk -v s="$vmm_start" -v e="$vmm_end" 'BEGIN { printf "%.1f", e - s }')
 		echo "$(date -u +%FT%TZ) try=$try ok elapsed_s=$elapsed rc=$rc" >>"$nested/history.log"
 		echo "nested-run: ppa-vmm exited with $rc after $try of $tries tries; this try took $elapsed s (ppa-vmm ran $inside s inside, from $vmm_start s of the host's uptime)" >&2
