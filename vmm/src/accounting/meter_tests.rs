@@ -214,18 +214,28 @@ fn full_level_with_records_takes_off_cpu_episodes_from_the_run() {
     assert_eq!(m.records_lost, 0);
 }
 
-#[test]
-fn a_sleep_before_a_switch_to_full_is_not_taken_from_the_next_run() {
-    let control = Arc::new(AccountingControl::default());
-    control.set_level(Level::Basic);
-    let meter = Arc::new(VcpuMeter::new(3, 2));
-    let now = || Stamp {
+/// Stamps on the vDSO clock, without the thread CPU clock (what a boundary with records reads).
+fn now() -> Stamp {
+    Stamp {
         now: crate::sync::now_ns(),
         cpu: None,
-    };
-    let mut r = Recorder::new(Arc::clone(&meter), Arc::clone(&control), now());
+    }
+}
+
+/// A recorder at `level` that wants context-switch records, its clocks started now.
+fn recorder_with_records(level: Level) -> (Recorder, Arc<VcpuMeter>) {
+    let control = Arc::new(AccountingControl::default());
+    control.set_level(level);
+    let meter = Arc::new(VcpuMeter::new(3, 2));
+    let mut r = Recorder::new(Arc::clone(&meter), control, now());
     r.use_records();
     r.begin(now());
+    (r, meter)
+}
+
+#[test]
+fn a_sleep_before_a_switch_to_full_is_not_taken_from_the_next_run() {
+    let (mut r, meter) = recorder_with_records(Level::Basic);
     r.on_entry(now(), 0, Level::Basic);
     r.on_exit(now(), ExitReason::MmioWrite);
     // The level goes to full while the VMM handles the exit; the records start, and the
@@ -256,16 +266,7 @@ fn a_sleep_before_a_switch_to_full_is_not_taken_from_the_next_run() {
 
 #[test]
 fn a_sleep_after_the_exit_stamp_is_taken_from_the_handling_not_the_run() {
-    let control = Arc::new(AccountingControl::default());
-    control.set_level(Level::Full);
-    let meter = Arc::new(VcpuMeter::new(3, 2));
-    let now = || Stamp {
-        now: crate::sync::now_ns(),
-        cpu: None,
-    };
-    let mut r = Recorder::new(Arc::clone(&meter), control, now());
-    r.use_records();
-    r.begin(now());
+    let (mut r, meter) = recorder_with_records(Level::Full);
     if !r.has_records() {
         // No perf here: full_level_with_records_takes_off_cpu_episodes_from_the_run fails
         // with the reason.
