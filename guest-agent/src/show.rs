@@ -32,8 +32,16 @@ pub fn table(records: &[Option<HostVcpu>], steal: Option<&[(u32, u64)]>) -> Stri
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}   {:>12}",
-        "vCPU", "WALL ms", "USED ms", "STEAL ms", "LMTD ms", "HALT ms", "PAUSED ms", "GUEST STEAL"
+        "{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}   {:>12}",
+        "vCPU",
+        "WALL ms",
+        "USED ms",
+        "STEAL ms",
+        "LMTD ms",
+        "HALT ms",
+        "PAUSED ms",
+        "BLKD ms",
+        "GUEST STEAL"
     );
     for (i, r) in records.iter().enumerate() {
         let g = steal
@@ -43,13 +51,14 @@ pub fn table(records: &[Option<HostVcpu>], steal: Option<&[(u32, u64)]>) -> Stri
             Some(h) => {
                 let _ = writeln!(
                     out,
-                    "{i:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}   {g:>12}",
+                    "{i:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}   {g:>12}",
                     ms(h.wall_ns),
                     ms(h.used_ns),
                     ms(h.steal_ns),
                     ms(h.limited_ns),
                     ms(h.halted_ns),
-                    ms(h.paused_ns)
+                    ms(h.paused_ns),
+                    ms(h.blocked_ns)
                 );
             }
             None => {
@@ -99,6 +108,7 @@ mod tests {
             used_ns: 1_500_000_000,
             steal_ns: 250_000_000,
             limited_ns: 100_000_000,
+            blocked_ns: 5_000_000,
             ..Default::default()
         };
         let t = table(&[Some(r), None], Some(&[(0, 240_000_000), (1, 0)]));
@@ -106,7 +116,7 @@ mod tests {
         assert_eq!(lines[0][0], "vCPU");
         assert_eq!(
             lines[1],
-            ["0", "2000.00", "1500.00", "250.00", "100.00", "0.00", "0.00", "240.00"]
+            ["0", "2000.00", "1500.00", "250.00", "100.00", "0.00", "0.00", "5.00", "240.00"]
         );
         assert!(t.lines().nth(2).unwrap().contains("stayed mid-update"));
         assert_eq!(lines[2].last(), Some(&"0.00"));
