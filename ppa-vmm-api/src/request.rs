@@ -31,6 +31,19 @@ impl RequestId {
         RequestId(raw("null"))
     }
 
+    /// The id to echo for `text` as a request wrote it: the same bytes, less any line break
+    /// between its tokens (a response is one line; JSON allows a raw CR or LF only as
+    /// whitespace between tokens, never inside a string, so dropping them keeps the value and
+    /// every other byte).
+    fn echoed(text: &RawValue) -> Self {
+        let t = text.get();
+        if t.contains(['\n', '\r']) {
+            RequestId(raw(&t.replace(['\n', '\r'], "")))
+        } else {
+            RequestId(text.to_owned())
+        }
+    }
+
     /// The id's JSON text, exactly as the client wrote it.
     pub fn get(&self) -> &str {
         self.0.get()
@@ -259,7 +272,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, (RequestId, ErrorBody)> {
         1 => members
             .iter()
             .find(|(k, _)| k == "id")
-            .map(|(_, v)| RequestId((*v).to_owned()))
+            .map(|(_, v)| RequestId::echoed(v))
             .unwrap_or_default(),
         _ => RequestId::null(),
     };

@@ -115,6 +115,34 @@ fn a_key_given_twice_is_refused() {
 }
 
 #[test]
+fn an_id_with_line_breaks_is_echoed_on_one_line() {
+    // Found by the request fuzzer: raw line breaks between an id's tokens (a handler given a
+    // request directly; the server splits lines at LF, but CR reaches it) were echoed, and the
+    // response was no longer one line.
+    for (id, echoed) in [
+        ("[\n\n1,{\"a\":true}]", "[1,{\"a\":true}]"),
+        ("[1,\r 2]", "[1, 2]"),
+        ("{\"k\" :\r\n\"v w\"}", "{\"k\" :\"v w\"}"),
+    ] {
+        let line = format!(r#"{{"id":{id},"cmd":"version"}}"#);
+        let r = parse(&line).unwrap_or_else(|e| panic!("{line:?}: {e:?}"));
+        assert_eq!(r.id.get(), echoed, "{line:?}");
+        assert_eq!(
+            r.id.to_value(),
+            serde_json::from_str::<serde_json::Value>(id).unwrap(),
+            "the same value"
+        );
+        let resp = Response::ok(r.id.clone(), json!(null)).to_line();
+        assert!(
+            resp.ends_with('\n') && !resp.trim_end_matches('\n').contains(['\n', '\r']),
+            "{resp:?}"
+        );
+        let bad = format!(r#"{{"id":{id},"cmd":"vcpu"}}"#);
+        assert_eq!(parse(&bad).unwrap_err().0.get(), echoed, "{bad:?}");
+    }
+}
+
+#[test]
 fn the_id_is_echoed_exactly() {
     for id in [
         "1",
