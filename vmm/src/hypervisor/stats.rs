@@ -353,14 +353,18 @@ pub enum KnownStat {
     HaltExits,
     /// Time blocked in a halt (`halt_wait_ns`).
     HaltWaitNs,
+    /// Whether the vCPU is blocked in KVM now, in a halt or waiting for its start-up IPI
+    /// (`blocking`, an instant boolean).
+    Blocking,
 }
 
 impl KnownStat {
     /// Every known statistic, in index order.
-    pub const ALL: [KnownStat; 3] = [
+    pub const ALL: [KnownStat; 4] = [
         KnownStat::Exits,
         KnownStat::HaltExits,
         KnownStat::HaltWaitNs,
+        KnownStat::Blocking,
     ];
 
     /// The statistic's name in KVM's binary stats.
@@ -369,6 +373,7 @@ impl KnownStat {
             KnownStat::Exits => "exits",
             KnownStat::HaltExits => "halt_exits",
             KnownStat::HaltWaitNs => "halt_wait_ns",
+            KnownStat::Blocking => "blocking",
         }
     }
 }
