@@ -194,3 +194,63 @@ fn thresholds_count_occurrences() {
     let hist = &v.histograms["guest_run"];
     assert_eq!(hist.count, exits, "one KVM_RUN per exit");
 }
+
+/// Spec section 4: every figure is non-decreasing between resets, live reads included. On 2
+/// host CPUs, 6 vCPUs wait for a CPU most of the time, so a read often finds a run-queue wait
+/// under way (schedstat counts it only when it ends); the exit-heavy and the periodic vCPUs
+/// also find halts, parks and exit handling in progress.
+#[test]
+fn live_figures_never_go_down() {
+    let _g = serial();
+    for level in [Level::Basic, Level::Full, Level::Off] {
+        let (handle, runner) = spawn_vm(
+            6,
+            &[
+                "0=busy:ms=1500",
+                "1=busy:ms=1500",
+                "2=busy:ms=1500",
+                "3=exits:n=40000,kind=mmio",
+                "4=periodic:run_us=300,period_us=2000,count=700",
+                "5=idle:ms=1200",
+            ],
+            level,
+        );
+        let mut last: Vec<Option<ppa_vmm_api::TimeSplit>> = vec![None; 6];
+        let (mut reads, mut drops) = (0u64, Vec::new());
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(1300) {
+            for (i, prev) in last.iter_mut().enumerate() {
+                let now = handle.times(i).unwrap().0.split();
+                if let Some(p) = prev {
+                    for (k, (a, b)) in p.values().iter().zip(now.values()).enumerate() {
+                        if b < *a {
+                            drops.push((i, ppa_vmm_api::TimeSplit::NAMES[k], *a - b));
+                        }
+                    }
+                }
+                reads += 1;
+                *prev = Some(now);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        let out = runner.join().unwrap();
+        assert_all_exited_ok(&out.report);
+        assert!(reads > 1000, "{level:?}: {reads} reads");
+        // The held live figures after the end still add up, like the report's exact ones.
+        for (i, v) in out.report.vcpus.iter().enumerate() {
+            let held = handle.times(i).unwrap().0;
+            assert!(held.identity_holds(true), "{level:?} vCPU {i}: {held:?}");
+            assert!(
+                v.times.identity_holds(true),
+                "{level:?} vCPU {i}: {:?}",
+                v.times
+            );
+        }
+        assert!(
+            drops.is_empty(),
+            "{level:?}: {} of {reads} reads went down (vCPU, figure, by ns), first: {:?}",
+            drops.len(),
+            &drops[..drops.len().min(12)]
+        );
+    }
+}

@@ -129,11 +129,9 @@ impl TimeSplit {
 
     /// Whether a part that only grows while the figures are not reset went down since
     /// `earlier`: the figures were reset in between. Those parts are the clocks the kernel and
-    /// the VMM keep (wall, used, steal and the parks); guest_ns and vmm_ns are not among them
-    /// (an estimated split may move a little time from one to the other), nor are halted_ns and
-    /// blocked_ns, which a live read derives from the rest: a run-queue wait or a halt still
-    /// under way is blocked time until it ends and moves to steal or halted
-    /// (docs/accounting.md).
+    /// the VMM keep (wall, used, steal and the parks); guest_ns, vmm_ns, halted_ns and
+    /// blocked_ns are derived from them (an estimated split, the residual), and the VMM holds
+    /// them from going down live (docs/accounting.md), but a reset is told by the clocks.
     pub fn went_down_from(&self, earlier: &TimeSplit) -> bool {
         let monotonic = |t: &TimeSplit| TimeSplit {
             guest_ns: 0,

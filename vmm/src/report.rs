@@ -319,7 +319,8 @@ pub struct Report {
 }
 
 fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
-    let (times, hist) = s.times();
+    // The thread's own final figures, exact, not held at what live readers were given.
+    let (times, hist) = s.times_exact();
     let (end, exit_code) = s
         .end()
         .map_or((VcpuEndKind::Stopped, None), VcpuEnd::kind_and_code);

@@ -402,6 +402,12 @@ impl VcpuMeter {
         r
     }
 
+    /// Start of the micro-state in progress (CLOCK_MONOTONIC; 0 before the first): one load,
+    /// no consistent reading.
+    pub fn since_ns(&self) -> u64 {
+        self.since.load(Ordering::Acquire)
+    }
+
     fn read_unchecked(&self) -> MeterReading {
         MeterReading {
             state: self.state.load(Ordering::Relaxed),

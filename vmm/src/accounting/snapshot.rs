@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::histogram::{HistogramJson, HistogramSnapshot};
-use super::host::{SchedStatFile, ThreadClock, TickTimes};
+use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
 use super::meter::{MeterReading, MicroState, ParkKind, VcpuMeter};
 use super::{Level, Threshold};
 use crate::exit::ExitReason;
@@ -29,6 +29,8 @@ pub struct LiveSources {
     pub clock: ThreadClock,
     /// Its schedstat file.
     pub sched: SchedStatFile,
+    /// Its stat file, for whether it is runnable now (None if it could not be opened).
+    pub state: Option<ThreadStateFile>,
 }
 
 /// What the vCPU thread read of itself as its loop ended (its /proc entries vanish with it).
@@ -166,6 +168,11 @@ pub struct RawSample {
     pub on_cpu_complete: bool,
     /// Of the KVM_RUN in progress, the time the thread has been blocked so far (records only).
     pub blocking_ns: u64,
+    /// Read from the running thread (false: its final readings, or before it started).
+    pub live: bool,
+    /// Start of the micro-state in progress as the sample began (live samples; the meter
+    /// reading's may be later: the thread can move on while the clocks are read).
+    pub began_in_ns: u64,
 }
 
 /// How many times a reader samples before it reads under the baseline lock (each retry
@@ -198,6 +205,8 @@ pub struct VcpuAccounting {
     /// The sample a reset took (shared, so a reader clones a pointer under the lock, not the
     /// sample).
     baseline: Mutex<Option<Arc<RawSample>>>,
+    /// The last split a reader returned ([`floor`]): readers only, held for a few additions.
+    floor: Mutex<Option<Floor>>,
 }
 
 fn sub_arr<const N: usize>(a: [u64; N], b: [u64; N]) -> [u64; N] {
@@ -233,6 +242,7 @@ impl VcpuAccounting {
             origin_kvm: OnceLock::new(),
             kvm_cumulative,
             baseline: Mutex::new(None),
+            floor: Mutex::new(None),
         }
     }
 
@@ -299,6 +309,7 @@ impl VcpuAccounting {
         if let Some(f) = self.finals.get() {
             return self.final_sample(f, start, hist);
         }
+        let began_in_ns = self.meter.since_ns();
         let at = now_ns();
         let (cpu0, delay0) = self.origin();
         let live = self.live.get().and_then(|l| {
@@ -327,6 +338,8 @@ impl VcpuAccounting {
                 ticks: None,
                 on_cpu_complete: true,
                 blocking_ns: 0,
+                live: false,
+                began_in_ns: 0,
             };
         };
         // Add the micro-state in progress, so live figures do not lag by one interval.
@@ -393,6 +406,8 @@ impl VcpuAccounting {
             ticks: None,
             on_cpu_complete,
             blocking_ns,
+            live: true,
+            began_in_ns,
         }
     }
 
@@ -435,6 +450,8 @@ impl VcpuAccounting {
             ticks: f.ticks,
             on_cpu_complete: true,
             blocking_ns: 0,
+            live: false,
+            began_in_ns: 0,
         }
     }
 
@@ -467,7 +484,48 @@ impl VcpuAccounting {
     /// The fields of spec section 4, with the histograms and the detail maps (KVM statistics
     /// by name, host CPUs, thresholds, exit handling times) only when `with_hist` (empty
     /// otherwise: `stats` on the control socket reads every vCPU often and needs neither).
+    ///
+    /// Held at or above what the previous reader was given ([`floor`]), so that no figure goes
+    /// down between resets.
     pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
+        let (epoch, cur, (mut times, hist)) = self.read(with_hist);
+        // Where the time in progress is going matters only if blocked grew since the last
+        // read (the thread's state is then read: one more system call).
+        let last = *self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        let grew = last.is_none_or(|p| p.epoch != epoch || times.blocked_ns > p.time.blocked_ns);
+        let hint = grew
+            .then(|| {
+                let runnable = || self.live.get()?.state.as_ref()?.runnable().ok();
+                floor::hint(&cur, self.kvm.as_ref(), runnable)
+            })
+            .flatten();
+        let mut f = self.floor.lock().unwrap_or_else(|e| e.into_inner());
+        let prev = match *f {
+            // A sample from before a reset that came in meanwhile: as it is.
+            Some(p) if p.epoch > epoch => return (times, hist),
+            Some(p) if p.epoch == epoch => p,
+            // The first read since the start or a reset holds at zero (its hint still routes
+            // the time in progress).
+            _ => Floor {
+                epoch,
+                time: TimeSplit::default(),
+            },
+        };
+        let held = floor::hold(&prev, times.split(), cur.at_ns, hint);
+        *f = Some(Floor { epoch, time: held });
+        drop(f);
+        set_split(&mut times, held);
+        (times, hist)
+    }
+
+    /// The fields of spec section 4 as sampled, not held at what earlier readers were given:
+    /// the final report's exact figures once the thread has ended.
+    pub fn times_exact(&self) -> (VcpuTimes, HistSnapshots) {
+        self.read(true).2
+    }
+
+    /// A sample and what it derives to, with the reset epoch it belongs to.
+    fn read(&self, with_hist: bool) -> (u64, RawSample, (VcpuTimes, HistSnapshots)) {
         // Each reader sees the state wholly before or wholly after a reset, without holding
         // the lock across its sample (system calls: a reader preempted there, such as the
         // sampler at nice 0 waiting 100 ms for a CPU behind 32 vCPU threads, held every other
@@ -479,13 +537,16 @@ impl VcpuAccounting {
             let cur = self.sample_with(with_hist);
             std::sync::atomic::fence(Ordering::Acquire);
             if self.meter.reset_epoch.load(Ordering::Relaxed) == epoch {
-                return self.derive(&cur, base.as_deref(), with_hist);
+                let d = self.derive(&cur, base.as_deref(), with_hist);
+                return (epoch, cur, d);
             }
         }
         // Resets kept coming (a client sending nothing else): read under the lock.
         let base = self.baseline();
+        let epoch = self.meter.reset_epoch.load(Ordering::Acquire);
         let cur = self.sample_with(with_hist);
-        self.derive(&cur, base.as_deref(), with_hist)
+        let d = self.derive(&cur, base.as_deref(), with_hist);
+        (epoch, cur, d)
     }
 
     fn baseline(&self) -> std::sync::MutexGuard<'_, Option<Arc<RawSample>>> {
@@ -538,6 +599,8 @@ pub fn derive(
                 ticks: None,
                 on_cpu_complete: true,
                 blocking_ns: 0,
+                live: false,
+                began_in_ns: 0,
             };
             &zero
         }
@@ -696,6 +759,24 @@ pub fn derive(
     (times, hist)
 }
 
+/// Puts a held split into `t`, with the figures derived from it.
+fn set_split(t: &mut VcpuTimes, s: TimeSplit) {
+    t.wall_ns = s.wall_ns;
+    t.used_ns = s.used_ns;
+    t.guest_ns = s.guest_ns;
+    t.vmm_ns = s.vmm_ns;
+    t.steal_ns = s.steal_ns;
+    t.halted_ns = s.halted_ns;
+    t.idle_ns = s.idle_ns;
+    t.limited_ns = s.limited_ns;
+    t.paused_ns = s.paused_ns;
+    t.blocked_ns = s.blocked_ns;
+    t.identity_error_ns = s.identity_error_ns();
+    t.guest_code_ns_estimate = t.kvm_ns_estimate.map(|k| s.guest_ns.saturating_sub(k));
+}
+
+mod floor;
+use floor::Floor;
 mod off_cpu;
 use off_cpu::{cur_kvm_stat, off_cpu_split, OffCpuInputs};
 

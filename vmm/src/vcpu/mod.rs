@@ -267,14 +267,26 @@ impl VcpuShared {
 
     /// The section 4 fields now, with the histograms and detail maps only when `with_hist`.
     pub fn times_with(&self, with_hist: bool) -> (VcpuTimes, HistSnapshots) {
-        let (mut t, h) = self.acct.times_with(with_hist);
+        let (t, h) = self.acct.times_with(with_hist);
+        (self.label(t), h)
+    }
+
+    /// `t` with this vCPU's id, thread, overloads and end.
+    fn label(&self, mut t: VcpuTimes) -> VcpuTimes {
         t.id = self.id;
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
         if self.state() == VcpuState::Finished {
             t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
-        (t, h)
+        t
+    }
+
+    /// The section 4 fields as sampled, not held at what earlier readers were given (the
+    /// final report's exact figures; docs/accounting.md).
+    pub fn times_exact(&self) -> (VcpuTimes, HistSnapshots) {
+        let (t, h) = self.acct.times_exact();
+        (self.label(t), h)
     }
 
     /// The overview of `stats`: the section 4 times and exit counts, without the histograms

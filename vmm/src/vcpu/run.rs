@@ -16,7 +16,7 @@ use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
 use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
 use crate::accounting::host::{
-    current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock,
+    current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
 };
 use crate::accounting::meter::{MicroState, ParkStamp, Recorder, Stamp};
 use crate::accounting::snapshot::{FinalReadings, LiveSources};
@@ -32,7 +32,12 @@ pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
     let tid = unsafe { libc::gettid() };
     shared.tid.store(tid, Ordering::Release);
     if let (Ok(clock), Ok(sched)) = (ThreadClock::current(), SchedStatFile::open(tid)) {
-        let _ = shared.acct.live.set(LiveSources { clock, sched });
+        let state = ThreadStateFile::open(tid).ok();
+        let _ = shared.acct.live.set(LiveSources {
+            clock,
+            sched,
+            state,
+        });
     }
     // SAFETY: `unbind_thread` runs below on this thread, before `v` (and its vCPU) is dropped
     // at the end of this function; the vCPU never leaves this thread in between.

@@ -86,6 +86,8 @@ fn sample(levels: [u64; 3], on_cpu_complete: bool) -> RawSample {
         ticks: None,
         on_cpu_complete,
         blocking_ns: 0,
+        live: true,
+        began_in_ns: 0,
     }
 }
 
