@@ -66,14 +66,16 @@ fn busy_workers_publish_what_the_guest_measured() {
         assert_eq!(cpu.times_ns[0], t.on_cpu_ns);
         let seen = seen_by_guest("steal_seen_ns");
         assert_eq!(cpu.times_ns[6], seen);
-        // The steal the guest saw is the host's figure as of a record it read: never ahead
-        // of the final figure. (How old that record was is the accuracy target's.)
+        // The steal the guest saw is the host's live figure as of a record it read: never
+        // ahead of the final figure but for a sleep inside KVM_RUN that the live read placed
+        // in steal (the thread was runnable again), which the final figures count as blocked
+        // (docs/abi.md). (How old that record was is the accuracy target's.)
         let (steal, wall) = (host("steal_ns"), host("wall_ns"));
         let seen_wall = seen_by_guest("steal_seen_wall_ns");
         assert!(steal > 0, "three busy vCPUs on two cores steal: {v}");
         assert!(
-            seen <= steal && seen_wall <= wall,
-            "vCPU {i}: {seen} {steal}"
+            seen <= steal + host("blocked_ns") && seen_wall <= wall,
+            "vCPU {i}: {seen} {steal} {v}"
         );
     }
 }
