@@ -629,3 +629,48 @@ fn the_docs_name_every_event_kind() {
         );
     }
 }
+
+#[test]
+fn a_bare_command_parses_as_the_general_path_does() {
+    use crate::request::{bare_command, parse_general};
+    for name in ["stats", "version", "threads", "groups", "guest", "metrics"] {
+        for line in [
+            format!(r#"{{"cmd":"{name}"}}"#),
+            format!(" \t{{\"cmd\":\"{name}\"}}\r"),
+        ] {
+            let general = parse_general(line.as_bytes()).unwrap();
+            assert!(bare_command(line.as_bytes()).is_some(), "{line:?}");
+            assert_eq!(parse(&line).unwrap(), general, "{line:?}");
+            assert!(general.id.is_null());
+        }
+    }
+    // Everything else takes the general path: ids, other spellings, arguments, commands that
+    // change state, unknown ones, and a repeated `cmd` (which is refused there).
+    for line in [
+        r#"{"id":1,"cmd":"stats"}"#,
+        r#"{ "cmd":"stats"}"#,
+        r#"{"cmd":"st\u0061ts"}"#,
+        r#"{"cmd":"vcpu"}"#,
+        r#"{"cmd":"shutdown"}"#,
+        r#"{"cmd":"pause"}"#,
+        r#"{"cmd":"stats"}}"#,
+        r#"{"cmd":"stats","cmd":"shutdown"}"#,
+        r#"{"cmd":"Stats"}"#,
+        r#"{"cmd":""}"#,
+    ] {
+        assert!(bare_command(line.as_bytes()).is_none(), "{line}");
+        assert_eq!(
+            format!("{:?}", parse(line)),
+            format!("{:?}", parse_general(line.as_bytes())),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        kind(r#"{"cmd":"stats","cmd":"shutdown"}"#),
+        ErrorKind::BadRequest
+    );
+    assert_eq!(
+        parse(r#"{"cmd":"st\u0061ts"}"#).unwrap().command,
+        Command::Stats {}
+    );
+}
