@@ -496,7 +496,8 @@ impl VcpuAccounting {
         let hint = grew
             .then(|| {
                 let runnable = || self.live.get()?.state.as_ref()?.runnable().ok();
-                floor::hint(&cur, self.kvm.as_ref(), runnable)
+                let blocking = cur_kvm_stat(self.kvm.as_ref(), &cur.kvm, KnownStat::Blocking);
+                floor::hint(&cur, blocking, runnable)
             })
             .flatten();
         let mut f = self.floor.lock().unwrap_or_else(|e| e.into_inner());

@@ -21,7 +21,7 @@
 use ppa_vmm_api::TimeSplit;
 
 use super::super::meter::MicroState;
-use super::{cur_kvm_stat, KnownStat, KvmStats, RawSample};
+use super::RawSample;
 
 /// Where the residual's growth during the KVM_RUN in progress is going.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +56,10 @@ pub(super) struct Floor {
 /// otherwise `runnable` (the thread's state now) says whether it waits for a CPU. None
 /// otherwise (a final sample, a park, records that saw it, a thread asleep in the kernel or
 /// whose state cannot be read: the residual stays blocked).
+/// `blocking` is the sample's KVM `blocking` statistic (None without it).
 pub(super) fn hint(
     cur: &RawSample,
-    kvm: Option<&KvmStats>,
+    blocking: Option<u64>,
     runnable: impl FnOnce() -> Option<bool>,
 ) -> Option<Hint> {
     let m = &cur.meter;
@@ -77,7 +78,7 @@ pub(super) fn hint(
         b => b.min(m.since),
     };
     let hint = |pending| Some(Hint { pending, since_ns });
-    if state == MicroState::Guest && cur_kvm_stat(kvm, &cur.kvm, KnownStat::Blocking) == Some(1) {
+    if state == MicroState::Guest && blocking == Some(1) {
         return hint(Pending::Halted);
     }
     match runnable() {

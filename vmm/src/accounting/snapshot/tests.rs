@@ -150,3 +150,71 @@ fn at_level_off_halted_is_kvms_halt_time() {
     let s = sample([5, 0, 0], true);
     assert_eq!(split_of(&s, 600, 0), (600, 0));
 }
+
+/// A live sample of a vCPU in `state` since 400 ns, its records (level full) seeing the
+/// interval in progress or not.
+fn live_in(state: MicroState, records_saw_it: bool) -> RawSample {
+    let mut s = sample([0, 1, 0], records_saw_it);
+    s.meter.state = state as u8;
+    s.meter.since = 400;
+    s.meter.records_on = records_saw_it;
+    s
+}
+
+#[test]
+fn the_time_in_progress_is_placed_only_where_the_sample_can_tell() {
+    use super::floor::{hint, Hint, Pending};
+    let at = |pending| {
+        Some(Hint {
+            pending,
+            since_ns: 400,
+        })
+    };
+    let guest = live_in(MicroState::Guest, false);
+    // Blocked in KVM inside KVM_RUN: a halt, whatever the thread's state says.
+    assert_eq!(
+        hint(&guest, Some(1), || unreachable!()),
+        at(Pending::Halted)
+    );
+    // Not blocked in KVM: runnable is a wait for a CPU; asleep or unknown stays blocked.
+    assert_eq!(hint(&guest, Some(0), || Some(true)), at(Pending::Steal));
+    assert_eq!(hint(&guest, None, || Some(true)), at(Pending::Steal));
+    assert_eq!(hint(&guest, Some(0), || Some(false)), None);
+    assert_eq!(hint(&guest, Some(0), || None), None);
+    // Handling an exit: KVM's statistic says nothing there.
+    let vmm = live_in(MicroState::Vmm, false);
+    assert_eq!(hint(&vmm, Some(1), || Some(false)), None);
+    assert_eq!(hint(&vmm, Some(1), || Some(true)), at(Pending::Steal));
+    // The micro-state began after the clocks were read: the earlier start bounds it.
+    let mut moved = live_in(MicroState::Guest, false);
+    moved.began_in_ns = 250;
+    assert_eq!(
+        hint(&moved, Some(0), || Some(true)).map(|h| h.since_ns),
+        Some(250)
+    );
+    // Nothing to place: a park (measured), records that saw the interval, a final sample,
+    // a thread that has not begun.
+    for (s, what) in [
+        (live_in(MicroState::Idle, false), "a park"),
+        (live_in(MicroState::Guest, true), "records"),
+        (
+            RawSample {
+                live: false,
+                ..live_in(MicroState::Guest, false)
+            },
+            "final",
+        ),
+        (
+            RawSample {
+                meter: MeterReading {
+                    since: 0,
+                    ..live_in(MicroState::Guest, false).meter
+                },
+                ..live_in(MicroState::Guest, false)
+            },
+            "not begun",
+        ),
+    ] {
+        assert_eq!(hint(&s, Some(1), || Some(true)), None, "{what}");
+    }
+}
