@@ -1,6 +1,7 @@
 //! Unit tests of the meter: what the recorder adds at each boundary, and readers' view.
 
 use super::*;
+use crate::accounting::AccountingControl;
 
 fn recorder(level: Level) -> Recorder {
     let control = Arc::new(AccountingControl::default());

@@ -1,0 +1,410 @@
+//! The vCPU thread's side of the meter ([`Recorder`]): its local state between boundaries,
+//! the clock readings it takes ([`Stamp`], [`ParkStamp`]), and the write sections that move
+//! the shared [`VcpuMeter`] counters at each KVM_RUN entry and exit and at each park. Readers
+//! never see this state; they read the counters (`meter.rs`). Context-switch records are
+//! `records.rs`.
+
+use std::sync::Arc;
+
+use super::super::switches::SwitchRing;
+use super::super::{AccountingControl, Level};
+use super::*;
+
+/// Clock readings taken at one boundary, as the level requires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// CLOCK_MONOTONIC ns (0 when not read).
+    pub now: u64,
+    /// Thread CPU ns, when read.
+    pub cpu: Option<u64>,
+}
+
+/// Readings at a park boundary: wall, thread CPU time and schedstat run_delay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParkStamp {
+    /// CLOCK_MONOTONIC ns.
+    pub now: u64,
+    /// Thread CPU ns, when read.
+    pub cpu: Option<u64>,
+    /// schedstat run_delay ns, when read.
+    pub run_delay: Option<u64>,
+}
+
+/// Histogram records waiting in the recorder: kept on the vCPU thread's own stack and applied
+/// in batches, so an exit touches the histograms' pages once per batch instead of three times
+/// per exit (each KVM_RUN round trip costs TLB entries on PVM hosts).
+const PENDING: usize = 64;
+
+/// Which histogram a pending record goes to.
+#[derive(Debug, Clone, Copy)]
+enum HistId {
+    GuestRun,
+    Exit(u8),
+    Wakeup,
+}
+
+/// The vCPU thread's side of the meter: local state plus the shared counters.
+#[derive(Debug)]
+pub struct Recorder {
+    pending: [(HistId, u64); PENDING],
+    pending_len: usize,
+    pub(super) meter: Arc<VcpuMeter>,
+    pub(super) control: Arc<AccountingControl>,
+    /// Level in force for the current interval.
+    pub(super) level: Level,
+    pub(super) since: u64,
+    pub(super) cpu_since: Option<u64>,
+    /// Host CPU of the last timed entry.
+    pub(super) host_cpu: Option<usize>,
+    /// KVM_RUN entries and wall time on `host_cpu` not yet added to the per-CPU arrays (applied
+    /// when the CPU changes and with the histogram batches: two fewer pages per exit).
+    pub(super) cpu_entries: u64,
+    pub(super) cpu_wall: u64,
+    /// The reset epoch the pending histogram records belong to.
+    pub(super) epoch: u64,
+    /// The exit being handled (None before the first exit).
+    pub(super) exit_reason: Option<usize>,
+    pub(super) exit_vmm_ns: u64,
+    pub(super) park: Option<(MicroState, ParkStamp)>,
+    pub(super) wakeup_from: Option<u64>,
+    /// The thread's context-switch records, when perf gives them (level full uses them
+    /// instead of the thread CPU clock).
+    pub(super) ring: Option<SwitchRing>,
+    /// Whether to try records at all, and whether opening them was tried.
+    pub(super) records_wanted: bool,
+    pub(super) records_tried: bool,
+    /// Off-CPU time inside the KVM_RUN in progress found by the drain at its entry.
+    pub(super) run_off: u64,
+    /// Off-CPU time of the `vmm` interval in progress found by the drain at the exit that began
+    /// it (a preemption between the exit stamp and that drain).
+    pub(super) vmm_off: u64,
+    /// The ring position last published to the meter.
+    pub(super) published_tail: u64,
+}
+
+impl Recorder {
+    /// A recorder for `meter`, starting in state `vmm` at `start`.
+    pub fn new(meter: Arc<VcpuMeter>, control: Arc<AccountingControl>, start: Stamp) -> Self {
+        let level = control.level();
+        meter.set_state(MicroState::Vmm, start.now);
+        Recorder {
+            pending: [(HistId::GuestRun, 0); PENDING],
+            pending_len: 0,
+            meter,
+            control,
+            level,
+            since: start.now,
+            cpu_since: start.cpu,
+            host_cpu: None,
+            cpu_entries: 0,
+            cpu_wall: 0,
+            epoch: 0,
+            exit_reason: None,
+            exit_vmm_ns: 0,
+            park: None,
+            wakeup_from: None,
+            ring: None,
+            records_wanted: false,
+            records_tried: false,
+            run_off: 0,
+            vmm_off: 0,
+            published_tail: 0,
+        }
+    }
+
+    /// The shared meter.
+    pub fn meter(&self) -> &VcpuMeter {
+        &self.meter
+    }
+
+    #[inline]
+    fn hist(&mut self, id: HistId, v: u64) {
+        self.pending[self.pending_len] = (id, v);
+        self.pending_len += 1;
+        if self.pending_len == PENDING {
+            self.flush();
+        }
+    }
+
+    /// Adds the pending per-CPU entries and wall time to the shared arrays.
+    fn flush_cpu(&mut self) {
+        if let Some(c) = self.host_cpu {
+            let m = &*self.meter;
+            m.entries_by_cpu[c].add(self.cpu_entries);
+            m.guest_wall_by_cpu[c].add(self.cpu_wall);
+        }
+        self.cpu_entries = 0;
+        self.cpu_wall = 0;
+    }
+
+    /// Applies the pending histogram records and per-CPU figures (at most [`PENDING`] − 1
+    /// records wait between flushes; the vCPU loop flushes before every park and at its end).
+    pub fn flush(&mut self) {
+        self.flush_cpu();
+        let h = &self.meter.hist;
+        for &(id, v) in &self.pending[..self.pending_len] {
+            match id {
+                HistId::GuestRun => h.guest_run.record(v),
+                HistId::Wakeup => h.wakeup_latency.record(v),
+                HistId::Exit(r) => {
+                    h.exit_handling[usize::from(r)].record(v);
+                    h.exit_handling_all.record(v);
+                }
+            }
+        }
+        self.pending_len = 0;
+    }
+
+    /// The level the next KVM_RUN entry will use (read from the VM's control).
+    #[inline]
+    pub fn next_level(&self) -> Level {
+        self.control.level()
+    }
+
+    /// Level of the interval in progress.
+    #[inline]
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
+    /// current exit. Called inside a write section. At level full its on-CPU part is the wall
+    /// time less the off-CPU episodes the records show (those the exit's drain found after
+    /// its stamp, and those that began before `s`), or the thread CPU clock's delta.
+    #[inline]
+    fn close_vmm(&mut self, s: Stamp) {
+        let h = s.now.saturating_sub(self.since);
+        self.exit_vmm_ns += h;
+        let records = if self.level == Level::Full {
+            self.drain([s.now, u64::MAX])
+        } else {
+            None
+        };
+        if let Some(t) = &records {
+            self.note_records(t, 0..2);
+            self.run_off += t.off[1];
+        }
+        let carried = std::mem::take(&mut self.vmm_off);
+        let m = &*self.meter;
+        if carried != 0 {
+            m.vmm_off_drained.set(0);
+        }
+        m.wall[MicroState::Vmm].add(h);
+        match (self.level, records, s.cpu, self.cpu_since) {
+            (Level::Full, Some(t), _, _) => {
+                m.cpu_vmm_full.add(h.saturating_sub(t.off[0] + carried));
+            }
+            (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
+            _ => m.vmm_wall_basic.add(h),
+        }
+    }
+
+    /// Just before KVM_RUN: closes the handling of the previous exit, applies a level switch,
+    /// and starts a `guest` interval on `host_cpu`. `s` holds what `level_for_entry` needs.
+    #[inline]
+    pub fn on_entry(&mut self, s: Stamp, host_cpu: usize, next: Level) {
+        let host_cpu = host_cpu.min(self.meter.entries_by_cpu.len() - 1);
+        let timed = self.level != Level::Off;
+        let epoch = self.meter.reset_epoch.load(Ordering::Relaxed);
+        if epoch != self.epoch {
+            // Records taken before a reset must not count after it.
+            self.pending_len = 0;
+            self.epoch = epoch;
+        }
+        let mut wakeup = None;
+        self.meter.begin();
+        if timed {
+            self.close_vmm(s);
+        }
+        let m = &*self.meter;
+        let handled = self.exit_reason.filter(|_| timed);
+        if let Some(r) = handled {
+            m.exit_ns[r].add(self.exit_vmm_ns);
+            let t = self.control.threshold(Threshold::ExitHandling);
+            if t != 0 && self.exit_vmm_ns > t {
+                m.exceeded[Threshold::ExitHandling].add(1);
+            }
+        }
+        if timed {
+            if let Some(rel) = self.wakeup_from {
+                let lat = s.now.saturating_sub(rel);
+                let t = self.control.threshold(Threshold::WakeupLatency);
+                if t != 0 && lat > t {
+                    m.exceeded[Threshold::WakeupLatency].add(1);
+                }
+                wakeup = Some(lat);
+            }
+        }
+        if next != Level::Off && self.host_cpu.is_some_and(|c| c != host_cpu) {
+            m.migrations.add(1);
+        }
+        m.set_state(
+            MicroState::Guest,
+            if next == Level::Off { 0 } else { s.now },
+        );
+        m.end();
+        if let Some(r) = handled {
+            self.hist(HistId::Exit(r as u8), self.exit_vmm_ns);
+        }
+        if let Some(lat) = wakeup {
+            self.hist(HistId::Wakeup, lat);
+        }
+        self.wakeup_from = None;
+        if next != Level::Off {
+            if self.host_cpu != Some(host_cpu) {
+                self.flush_cpu();
+                self.host_cpu = Some(host_cpu);
+            }
+            self.cpu_entries += 1;
+        }
+        self.level = next;
+        self.since = s.now;
+        self.cpu_since = s.cpu;
+    }
+
+    /// Just after KVM_RUN returned with `reason`: counts the exit and closes the `guest`
+    /// interval.
+    #[inline]
+    pub fn on_exit(&mut self, s: Stamp, reason: ExitReason) {
+        let r = reason.index();
+        let timed = self.level != Level::Off;
+        let run = s.now.saturating_sub(self.since);
+        // Episodes that began after the exit stamp `s` (a preemption before this drain) are the
+        // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
+        // episode would lose the difference and count it as on-CPU time.
+        let records = if self.level == Level::Full {
+            self.drain([self.since, s.now.max(self.since)])
+        } else {
+            None
+        };
+        self.meter.begin();
+        if let Some(t) = &records {
+            self.note_records(t, 1..3);
+            self.vmm_off = t.off[2];
+            if t.off[2] != 0 {
+                self.meter.vmm_off_drained.set(t.off[2]);
+            }
+        }
+        let m = &*self.meter;
+        m.exits[r].add(1);
+        m.exits_at_level[self.level].add(1);
+        if timed {
+            m.wall[MicroState::Guest].add(run);
+            match (self.level, records, s.cpu, self.cpu_since) {
+                (Level::Full, Some(t), _, _) => {
+                    // Side 0 began before this entry, in an interval measured otherwise (a
+                    // park, or VMM time at another level): not this run's.
+                    let off = self.run_off + t.off[1];
+                    m.cpu_guest_full.add(run.saturating_sub(off));
+                    m.records_runs.add(1);
+                }
+                (Level::Full, None, Some(c), Some(c0)) => {
+                    m.cpu_guest_full.add(c.saturating_sub(c0));
+                }
+                _ => {}
+            }
+            let t = self.control.threshold(Threshold::GuestRun);
+            if t != 0 && run > t {
+                m.exceeded[Threshold::GuestRun].add(1);
+            }
+        }
+        m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
+        m.end();
+        if timed {
+            self.cpu_wall += run;
+            self.hist(HistId::GuestRun, run);
+        }
+        self.exit_reason = Some(r);
+        self.exit_vmm_ns = 0;
+        self.run_off = 0;
+        self.since = s.now;
+        self.cpu_since = s.cpu;
+    }
+
+    /// The loop ended at `s`: closes the handling of the last exit and applies pending records.
+    pub fn finish(&mut self, s: Stamp) {
+        if self.level != Level::Off {
+            self.meter.begin();
+            self.close_vmm(s);
+            if let Some(r) = self.exit_reason {
+                self.meter.exit_ns[r].add(self.exit_vmm_ns);
+            }
+            self.meter.set_state(MicroState::Vmm, 0);
+            self.meter.end();
+            if let Some(r) = self.exit_reason {
+                self.hist(HistId::Exit(r as u8), self.exit_vmm_ns);
+            }
+        }
+        self.exit_reason = None;
+        self.flush();
+    }
+
+    /// The thread is about to park as `kind` (idle, limited or paused).
+    pub fn park_begin(&mut self, kind: MicroState, p: ParkStamp) {
+        self.flush();
+        self.meter.begin();
+        if self.level != Level::Off {
+            self.close_vmm(Stamp {
+                now: p.now,
+                cpu: p.cpu,
+            });
+        }
+        self.meter.set_state(kind, p.now);
+        self.meter.end();
+        self.run_off = 0;
+        self.park = Some((kind, p));
+    }
+
+    /// A run of a vCPU the guest had not started yet ended: `before` and `after` were taken
+    /// around it (wall, thread CPU, run_delay); the time the thread slept in it, neither on a
+    /// CPU nor runnable, was the wait for the start-up IPI.
+    pub fn start_wait(&mut self, before: ParkStamp, after: ParkStamp) {
+        if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
+            (before.cpu, after.cpu, before.run_delay, after.run_delay)
+        {
+            let wall = after.now.saturating_sub(before.now);
+            let slept = wall.saturating_sub(c1.saturating_sub(c0) + d1.saturating_sub(d0));
+            self.meter.begin();
+            self.meter.start_wait.add(slept);
+            self.meter.end();
+        }
+    }
+
+    /// The park ended; `release` is when it was released (its deadline, or the kick).
+    pub fn park_end(&mut self, p: ParkStamp, release: u64) {
+        let Some((kind, start)) = self.park.take() else {
+            return;
+        };
+        // The park measures itself (its stamps); its records are dropped.
+        let records = self.drain([u64::MAX, u64::MAX]);
+        let wall = p.now.saturating_sub(start.now);
+        self.meter.begin();
+        if records.is_some() {
+            self.publish_ring();
+        }
+        let m = &*self.meter;
+        m.parks.add(1);
+        m.wall[kind].add(wall);
+        if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
+            (start.cpu, p.cpu, start.run_delay, p.run_delay)
+        {
+            let dcpu = c1.saturating_sub(c0);
+            let ddelay = d1.saturating_sub(d0);
+            m.park_cpu.add(dcpu);
+            m.park_delay.add(ddelay);
+            if let Some(k) = kind.park_kind() {
+                m.blocked[k].add(wall.saturating_sub(dcpu + ddelay));
+            }
+        } else if let Some(k) = kind.park_kind() {
+            // Level off: only the wall time is known.
+            m.blocked[k].add(wall);
+        }
+        m.set_state(MicroState::Vmm, p.now);
+        m.end();
+        self.wakeup_from = Some(release.min(p.now));
+        self.since = p.now;
+        if p.cpu.is_some() {
+            self.cpu_since = p.cpu;
+        }
+    }
+}
