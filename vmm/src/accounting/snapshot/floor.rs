@@ -78,7 +78,7 @@ pub(super) fn hint(
         b => b.min(m.since),
     };
     let hint = |pending| Some(Hint { pending, since_ns });
-    if state == MicroState::Guest && blocking == Some(1) {
+    if state == MicroState::Guest && blocking.is_some_and(|b| b != 0) {
         return hint(Pending::Halted);
     }
     match runnable() {
