@@ -213,8 +213,64 @@ fn a_second_signal_exits_at_once_without_a_report() {
     assert!(err.contains("second stop signal"), "{err}");
     assert!(report.is_none(), "no report after a forced exit");
     assert!(!sock.exists(), "the forced exit removes our socket file");
-    // The forced exit runs no destructor: the PPA page file stays (docs/operations.md).
-    assert_eq!(others(dir.as_path(), &["page"]), Vec::<String>::new());
+    // The forced exit runs no destructor, but removes the files this VMM made: the socket
+    // and the PPA page file (docs/operations.md).
+    assert_eq!(others(dir.as_path(), &[]), Vec::<String>::new());
+}
+
+/// The trial's finding (issue 28): `--ppa-page-file` followed a symbolic link and overwrote
+/// its target, and overwrote (then removed) a regular file at the path. Both are refused
+/// before the VM is built, with exit code 2, and what was there stays as it was.
+#[test]
+fn a_page_file_path_that_exists_or_is_a_link_is_refused_and_left_whole() {
+    common::require_kvm();
+    let dir = temp_dir("sig-pagefile");
+    let victim = dir.as_path().join("victim.txt");
+    std::fs::write(&victim, b"the victim's own bytes").unwrap();
+    let link = dir.as_path().join("page.ppa");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    for (path, what) in [(&link, "a symbolic link"), (&victim, "a file")] {
+        let out = Command::new(bin())
+            .args([
+                "run",
+                "--vcpus",
+                "1",
+                "--workload",
+                "busy:ms=50",
+                "--report",
+                "none",
+            ])
+            .arg("--ppa-page-file")
+            .arg(path)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        assert!(err.contains(&format!("{what} is already there")), "{err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's own bytes");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    }
+    // A new path works, and the file is gone at the end.
+    let fresh = dir.as_path().join("fresh.ppa");
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--vcpus",
+            "1",
+            "--workload",
+            "busy:ms=50",
+            "--report",
+            "none",
+        ])
+        .arg("--ppa-page-file")
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!fresh.exists());
+    let mut left = others(dir.as_path(), &[]);
+    left.sort();
+    assert_eq!(left, ["page.ppa", "victim.txt"]);
 }
 
 #[test]

@@ -136,6 +136,9 @@ pub enum PageError {
         #[source]
         source: io::Error,
     },
+    /// The page file is not a regular file (a device, a FIFO, a directory).
+    #[error("the page file {0} is not a regular file")]
+    NotRegular(PathBuf),
     /// The page file cannot hold even a region header.
     #[error("the page file {path} has {size} bytes, too few for a region header (64)")]
     FileTooSmall {
@@ -230,21 +233,24 @@ impl Page {
         let write = access == Access::Publish;
         let (file, size, offset, what, lock_file) = match place {
             Place::File(path) => {
+                use std::os::unix::fs::OpenOptionsExt;
+                let open_err = |source| PageError::OpenFile {
+                    path: path.clone(),
+                    source,
+                };
+                // A symbolic link is never followed (ELOOP): a link planted at the path must
+                // not make a root agent write into the file it points to.
                 let f = OpenOptions::new()
                     .read(true)
                     .write(write)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                     .open(path)
-                    .map_err(|source| PageError::OpenFile {
-                        path: path.clone(),
-                        source,
-                    })?;
-                let size = f
-                    .metadata()
-                    .map_err(|source| PageError::OpenFile {
-                        path: path.clone(),
-                        source,
-                    })?
-                    .len();
+                    .map_err(open_err)?;
+                let meta = f.metadata().map_err(open_err)?;
+                if !meta.is_file() {
+                    return Err(PageError::NotRegular(path.clone()));
+                }
+                let size = meta.len();
                 if size < 64 {
                     return Err(PageError::FileTooSmall {
                         path: path.clone(),
@@ -283,10 +289,14 @@ impl Page {
                 // One agent per guest: the lock is a file of its own, where /run exists.
                 let lock_path = Path::new("/run/ppa-agent.lock");
                 let lock_file = if write {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    // Never through a symbolic link, never readable by others.
                     OpenOptions::new()
                         .write(true)
                         .create(true)
                         .truncate(false)
+                        .mode(0o600)
+                        .custom_flags(libc::O_NOFOLLOW)
                         .open(lock_path)
                         .ok()
                 } else {
@@ -443,15 +453,23 @@ pub fn vmm_header(size: u32, vcpus: u32) -> RegionHeader {
     }
 }
 
-/// Writes a zeroed region of `size` bytes with [`vmm_header`] to `path`.
+/// Writes a zeroed region of `size` bytes with [`vmm_header`] to a new file at `path` (mode
+/// 0600; a path where anything already is, a symbolic link included, is refused).
 pub fn write_region_file(path: &Path, size: u32, vcpus: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let h = vmm_header(size, vcpus);
     let mut bytes = vec![0u8; size as usize];
     // SAFETY: RegionHeader is 64 bytes of repr(C) integers (asserted in the ABI crate), so
     // viewing it as bytes is sound for as long as `h` lives.
     let raw = unsafe { std::slice::from_raw_parts((&h as *const RegionHeader).cast::<u8>(), 64) };
     bytes[..64].copy_from_slice(raw);
-    std::fs::write(path, bytes)
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(&bytes)
 }
 
 impl Drop for Page {
@@ -481,6 +499,37 @@ mod tests {
             host_refresh_ns: 10_000_000,
             reserved: [0; 3],
         }
+    }
+
+    #[test]
+    fn a_page_file_is_never_opened_through_a_link_nor_when_it_is_not_a_regular_file() {
+        let tmp = std::env::temp_dir().join(format!("ppa-agent-page-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).unwrap();
+        let real = tmp.join("real.ppa");
+        write_region_file(&real, 65536, 2).unwrap();
+        assert!(
+            write_region_file(&real, 65536, 2).is_err(),
+            "an existing file is not overwritten"
+        );
+        let link = tmp.join("link.ppa");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        for access in [Access::Publish, Access::Look] {
+            let e = Page::open(&Place::File(link.clone()), access).unwrap_err();
+            match e {
+                PageError::OpenFile { source, .. } => {
+                    assert_eq!(source.raw_os_error(), Some(libc::ELOOP))
+                }
+                other => panic!("{other}"),
+            }
+            let e = Page::open(&Place::File(tmp.clone()), access).unwrap_err();
+            assert!(
+                matches!(e, PageError::NotRegular(_) | PageError::OpenFile { .. }),
+                "{e}"
+            );
+        }
+        assert!(Page::open(&Place::File(real.clone()), Access::Look).is_ok());
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub(crate) mod hypervisor;
 pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod metrics;
+pub(crate) mod owned_files;
 pub mod payload;
 pub(crate) mod ppa_page;
 pub mod report;

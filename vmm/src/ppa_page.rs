@@ -11,7 +11,7 @@
 //! [`decode`] checks it on demand (`guest`, the final report) and
 //! `ppa_vmm_client::guest_view` prints it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -44,6 +44,19 @@ pub enum PpaPageError {
         size: u64,
         /// vCPUs.
         vcpus: usize,
+    },
+    /// Something is already at the page file's path: the VMM makes its page file itself and
+    /// never opens, follows or overwrites what it finds there.
+    #[error(
+        "--ppa-page-file {path}: {what} is already there; the VMM creates the page file itself \
+         (mode 0600) and never reuses, follows or overwrites a path: choose a new path, or \
+         remove the file if a VMM that was killed left it behind"
+    )]
+    Exists {
+        /// The path given.
+        path: PathBuf,
+        /// What is there ("a file", "a symbolic link", "a directory").
+        what: &'static str,
     },
     /// The backing file or memfd could not be made.
     #[error("cannot create the PPA page's backing {what}")]
@@ -104,8 +117,11 @@ pub fn layout(size: u64, vcpus: usize) -> Result<RegionHeader, PpaPageError> {
 }
 
 impl PpaPage {
-    /// Makes a zeroed region of `size` bytes for `vcpus` vCPUs, backed by `file` (created,
-    /// mode 0600, removed when the region is dropped) or by a memfd, and writes its header.
+    /// Makes a zeroed region of `size` bytes for `vcpus` vCPUs, backed by `file` or by a
+    /// memfd, and writes its header. The file is new (`owned_files::create_exclusive`: a
+    /// path where anything is already, a symbolic link included, is refused), mode 0600
+    /// whatever the umask, and removed when the region is dropped while the path still names
+    /// it.
     pub fn create(size: u64, vcpus: usize, file: Option<&Path>) -> Result<PpaPage, PpaPageError> {
         let header = layout(size, vcpus)?;
         let what = file.map_or("memfd".to_string(), |p| p.display().to_string());
@@ -114,17 +130,16 @@ impl PpaPage {
             source,
         };
         let backing_file = match file {
-            Some(path) => {
-                use std::os::unix::fs::OpenOptionsExt;
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(path)
-                    .map_err(backing)?
-            }
+            Some(path) => match crate::owned_files::create_exclusive(path, 0o600) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Err(PpaPageError::Exists {
+                        path: path.to_path_buf(),
+                        what: crate::owned_files::what_is_at(path).unwrap_or("a file"),
+                    })
+                }
+                Err(e) => return Err(backing(e)),
+            },
             None => memfd().map_err(backing)?,
         };
         // A file of `size` zero bytes: the mapping below never reaches past its end.
@@ -213,9 +228,10 @@ impl PpaPage {
 
 impl Drop for PpaPage {
     fn drop(&mut self) {
-        // The mapping goes with the last holder of `mapping`; the name goes now.
+        // The mapping goes with the last holder of `mapping`; the name goes now, if it is
+        // still the file this page made.
         if let Some(p) = &self.file {
-            let _ = std::fs::remove_file(p);
+            crate::owned_files::remove(p);
         }
     }
 }
@@ -277,6 +293,53 @@ mod tests {
         assert!(page.read_host(2, 4).is_none());
         drop(page);
         assert!(!path.exists(), "the file goes with the VM");
+    }
+
+    #[test]
+    fn a_page_file_path_that_exists_or_is_a_link_is_refused_and_nothing_is_written() {
+        // The trial's finding: `page.ppa -> victim.txt` truncated and filled the victim.
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let victim = dir.as_path().join("victim.txt");
+        std::fs::write(&victim, b"do not touch").unwrap();
+        let link = dir.as_path().join("page.ppa");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let e = PpaPage::create(65536, 1, Some(&link)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PpaPageError::Exists {
+                    what: "a symbolic link",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e
+            .to_string()
+            .contains("never reuses, follows or overwrites"));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"do not touch");
+        assert!(
+            std::fs::symlink_metadata(&link).unwrap().is_symlink(),
+            "the link stays"
+        );
+        // A regular file at the path: refused, left whole.
+        let e = PpaPage::create(65536, 1, Some(&victim)).unwrap_err();
+        assert!(
+            matches!(e, PpaPageError::Exists { what: "a file", .. }),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"do not touch");
+        // A new path: made 0600 and removed at the end.
+        let path = dir.as_path().join("new.ppa");
+        let page = PpaPage::create(8192, 1, Some(&path)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        // Replaced under the running VM by someone else's file: that file stays at the end.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"theirs").unwrap();
+        drop(page);
+        assert_eq!(std::fs::read(&path).unwrap(), b"theirs");
     }
 
     #[test]

@@ -171,10 +171,11 @@ impl StopSignals {
     }
 }
 
-/// The second stop signal: removes our socket files and exits without unwinding anything.
+/// The second stop signal: removes the files this process made (its socket files, a PPA page
+/// file) and exits without unwinding anything.
 fn force_exit(c: Caught) -> ! {
     let code = forced_exit_code(c.signo);
-    crate::api::unix::remove_own_socket_files();
+    crate::owned_files::remove_all();
     eprintln!(
         "ppa-vmm: error: a second stop signal ({} from pid {}): exiting at once with code {code}, \
          without the final report",

@@ -2,58 +2,22 @@
 //! socket file, refusing a live one), removing the socket file at the end only while it is
 //! still the one this process made, and reading a peer's uid (SO_PEERCRED).
 //!
-//! Data flow: [`bind_unix`] records the device and inode of each socket file it creates;
-//! [`remove_socket_file`] (the server's end) and [`remove_own_socket_files`] (a forced exit)
-//! unlink a path only while it still has that device and inode. A file at the same path that
-//! another VMM created after ours was removed is left alone.
+//! Data flow: [`bind_unix`] records the device and inode of each socket file it creates with
+//! `owned_files`; [`remove_socket_file`] (the server's end) and `owned_files::remove_all` (a
+//! forced exit) unlink a path only while it still has that device and inode. A file at the
+//! same path that another VMM created after ours was removed is left alone.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 
-/// Socket files this process created and has not removed: path, device and inode.
-static BOUND: Mutex<Vec<(PathBuf, u64, u64)>> = Mutex::new(Vec::new());
-
-/// Device and inode of the file at `path` (not following a symbolic link).
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino()))
-}
+use crate::owned_files;
 
 /// Removes the socket file at `path` if it is still the one [`bind_unix`] created there:
 /// true when it was removed.
 pub fn remove_socket_file(path: &Path) -> bool {
-    let mut bound = BOUND.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(i) = bound.iter().position(|(p, _, _)| p == path) else {
-        return false;
-    };
-    let (_, dev, ino) = bound.swap_remove(i);
-    if identity(path) != Some((dev, ino)) {
-        log::info!(
-            "control socket: {} is no longer ours (removed or replaced): left alone",
-            path.display()
-        );
-        return false;
-    }
-    std::fs::remove_file(path).is_ok()
-}
-
-/// Removes every socket file this process created that is still its own (the forced exit of
-/// a second stop signal, which does not stop the server).
-pub fn remove_own_socket_files() {
-    let paths: Vec<PathBuf> = BOUND
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(p, _, _)| p.clone())
-        .collect();
-    for p in paths {
-        remove_socket_file(&p);
-    }
+    owned_files::remove(path)
 }
 
 use super::server::SocketError;
@@ -121,16 +85,12 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, SocketError> {
     // Belt and braces: whatever the umask did, the file ends up 0600.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
-    let (dev, ino) = identity(path).ok_or_else(|| {
-        bind_err(io::Error::new(
+    if !owned_files::record(path) {
+        return Err(bind_err(io::Error::new(
             io::ErrorKind::NotFound,
             "the socket file vanished right after bind",
-        ))
-    })?;
-    let mut bound = BOUND.lock().unwrap_or_else(|e| e.into_inner());
-    // A stale file of ours at this path was replaced above.
-    bound.retain(|(p, _, _)| p != path);
-    bound.push((path.to_path_buf(), dev, ino));
+        )));
+    }
     // SAFETY: listen() on a bound socket we own.
     if unsafe { libc::listen(fd.as_raw_fd(), 256) } != 0 {
         return Err(bind_err(io::Error::last_os_error()));
@@ -205,7 +165,7 @@ mod tests {
         assert!(sock.exists(), "the other server's socket is left alone");
         // Never ours: left alone.
         assert!(!remove_socket_file(&tmp.as_path().join("other")));
-        // remove_own_socket_files (a forced exit) is tested end to end in tests/signals.rs:
+        // owned_files::remove_all (a forced exit) is tested end to end in tests/signals.rs:
         // here it would remove the sockets of unit tests running beside this one.
     }
 }

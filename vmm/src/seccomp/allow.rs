@@ -350,8 +350,8 @@ pub const API: &[Allow] = &[
     ),
 ];
 
-/// The `signals` thread's own: a second stop signal removes the socket files that are still
-/// this process's before it exits (`api::unix::remove_own_socket_files`).
+/// The `signals` thread's own: a second stop signal removes the files (socket files, a PPA page
+/// file) that are still this process's before it exits (`owned_files::remove_all`).
 pub const SIGNALS: &[Allow] = &[
     allow!(
         rt_sigtimedwait,
@@ -361,12 +361,12 @@ pub const SIGNALS: &[Allow] = &[
     allow!(
         unlink,
         Args::Any,
-        "the socket file removed on a forced exit (a second stop signal)"
+        "the socket and page files removed on a forced exit (a second stop signal)"
     ),
     allow!(
         unlinkat,
         Args::Any,
-        "the socket file removed on a forced exit (a second stop signal)"
+        "the socket and page files removed on a forced exit (a second stop signal)"
     ),
 ];
 
