@@ -23,6 +23,7 @@ pub mod bus;
 pub mod i8042;
 pub mod serial;
 pub mod tiny;
+pub mod virtio;
 
 pub use bus::{BusError, Buses};
 
@@ -54,14 +55,15 @@ pub enum VcpuRequest {
     Stop,
 }
 
-/// A notification a device wants without a userspace exit: when the guest writes `addr` (with
-/// the value `datamatch`, when given), the hypervisor signals `fd`, and the vCPU goes on.
+/// A notification a device wants without a userspace exit: when the guest writes `addr` (a
+/// 32-bit write of the value `datamatch`, when given; any write otherwise), the hypervisor
+/// signals `fd`, and the vCPU goes on.
 #[derive(Debug)]
 pub struct IoEvent<'a> {
     /// The address.
     pub addr: IoAddr,
-    /// The value to match, or None for any write.
-    pub datamatch: Option<u64>,
+    /// The 32-bit value to match, or None for any write.
+    pub datamatch: Option<u32>,
     /// The eventfd the device waits on.
     pub fd: &'a EventFd,
 }

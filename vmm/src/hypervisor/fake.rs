@@ -150,7 +150,7 @@ impl Vm for FakeVm {
         Ok(Arc::new(IrqLine::new(gsi, fd)))
     }
 
-    fn register_ioevent(&self, _: &EventFd, _: IoAddr, _: Option<u64>) -> Result<(), HvError> {
+    fn register_ioevent(&self, _: &EventFd, _: IoAddr, _: Option<u32>) -> Result<(), HvError> {
         Ok(())
     }
 

@@ -370,13 +370,13 @@ pub trait Vm: Send + Sync {
     /// An interrupt line for `gsi` (requires an in-kernel interrupt controller).
     fn irq_line(&self, gsi: u32) -> Result<Arc<IrqLine>, HvError>;
 
-    /// Signals `fd` when the guest writes `addr` (and the value equals `datamatch`, when
-    /// given) without a userspace exit.
+    /// Signals `fd` when the guest writes `addr` (a 32-bit write of `datamatch`, when given;
+    /// any write otherwise) without a userspace exit.
     fn register_ioevent(
         &self,
         fd: &EventFd,
         addr: IoAddr,
-        datamatch: Option<u64>,
+        datamatch: Option<u32>,
     ) -> Result<(), HvError>;
 
     /// Creates the PC platform in the hypervisor: interrupt controllers (PIC, IOAPIC, a LAPIC

@@ -129,7 +129,7 @@ impl Vm for KvmVm {
         &self,
         fd: &EventFd,
         addr: IoAddr,
-        datamatch: Option<u64>,
+        datamatch: Option<u32>,
     ) -> Result<(), HvError> {
         let addr = match addr {
             IoAddr::Pio(p) => IoEventAddress::Pio(u64::from(p)),
