@@ -27,8 +27,10 @@ pub mod ppa_page;
 pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
 /// Boot-info layout version: major in the high 16 bits, minor in the low 16 bits. Minor 1
 /// gave [`WorkloadDesc::flags`] its first bit ([`workload::FLAG_NO_PUBLISH`]); minor 2 added
-/// the `memtouch` workload ([`workload::MEMTOUCH`]) and its report keys.
-pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 2;
+/// the `memtouch` workload ([`workload::MEMTOUCH`]) and its report keys; minor 3 the network
+/// workloads ([`workload::NET_TX`], [`workload::NET_RX`], [`workload::NET_ECHO`]), the
+/// network device's window and RAM in [`BootInfo`] and their report keys.
+pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 3;
 /// Size of one boot-info record in guest memory.
 pub const BOOT_INFO_SIZE: usize = 256;
 
@@ -38,6 +40,9 @@ pub const DOORBELL_GPA: u64 = 0xD000_0000;
 pub const DOORBELL_SIZE: u64 = 0x1000;
 /// The port the `exits:kind=pio` workload writes to (a 32-bit `out`).
 pub const WORKLOAD_PIO_PORT: u16 = 0x0600;
+/// The EtherType of the tiny guest's frames: IEEE's "local experimental" 0x88B5, so that no
+/// host stack routes them anywhere.
+pub const NET_ETHERTYPE: u16 = 0x88B5;
 
 /// Offsets inside the doorbell page. Every doorbell is an 8-byte aligned register; the guest
 /// writes a little-endian value (1 to 8 bytes) to it.
@@ -92,9 +97,19 @@ pub mod report {
     pub const TOUCH_ERRORS: u64 = 12;
     /// `memtouch`: guest-physical address of the first byte touched.
     pub const TOUCH_BASE: u64 = 13;
+    /// Network workloads: frames the guest made available to transmit and the device gave
+    /// back (sent, or dropped by the device: the device's counters say which).
+    pub const NET_SENT: u64 = 14;
+    /// Network workloads: frames the guest found in its receive buffers.
+    pub const NET_RECEIVED: u64 = 15;
+    /// `net-echo`: frames the guest sent back (a subset of `net_sent`).
+    pub const NET_ECHOED: u64 = 16;
+    /// Network workloads: the device's status when the workload ended (0 when it never
+    /// started; the virtio status bits otherwise, 0x40 NEEDS_RESET).
+    pub const NET_STATUS: u64 = 17;
 
     /// Name of each key, index = key.
-    pub const NAMES: [&str; 14] = [
+    pub const NAMES: [&str; 18] = [
         "spin_ns",
         "lost_ns",
         "gaps",
@@ -109,6 +124,10 @@ pub mod report {
         "touched_bytes",
         "touch_errors",
         "touch_base",
+        "net_sent",
+        "net_received",
+        "net_echoed",
+        "net_status",
     ];
 }
 
@@ -133,6 +152,18 @@ pub mod workload {
     /// [`crate::report::TOUCHED_BYTES`], [`crate::report::TOUCH_ERRORS`] and
     /// [`crate::report::TOUCH_BASE`].
     pub const MEMTOUCH: u32 = 7;
+    /// `net-tx`: params = [packets, size]: sends `packets` frames of `size` bytes (Ethernet
+    /// header included, [`crate::NET_ETHERTYPE`]) through the virtio-net device at
+    /// [`crate::BootInfo::net_mmio_gpa`], polling its used ring; reports
+    /// [`crate::report::NET_SENT`].
+    pub const NET_TX: u32 = 8;
+    /// `net-rx`: params = [packets, ms]: receives until `packets` frames came or `ms` passed;
+    /// reports [`crate::report::NET_RECEIVED`].
+    pub const NET_RX: u32 = 9;
+    /// `net-echo`: params = [ms]: sends every frame it receives back to its sender for `ms`;
+    /// reports [`crate::report::NET_RECEIVED`], [`crate::report::NET_ECHOED`] and
+    /// [`crate::report::NET_SENT`].
+    pub const NET_ECHO: u32 = 10;
 
     /// [`crate::WorkloadDesc::flags`] bit: do not publish to the PPA page.
     pub const FLAG_NO_PUBLISH: u32 = 1;
@@ -207,8 +238,16 @@ pub struct BootInfo {
     pub gap_threshold_ns: u64,
     /// What this vCPU runs.
     pub workload: WorkloadDesc,
+    /// Guest-physical address of the first virtio-net device's MMIO window, 0 when none
+    /// (minor 3).
+    pub net_mmio_gpa: u64,
+    /// Guest-physical address of a RAM area the network workload may use for its rings and
+    /// buffers, 0 when none (minor 3).
+    pub net_ram_gpa: u64,
+    /// Size of that area (minor 3).
+    pub net_ram_size: u64,
     /// Zero; room for minor-version additions.
-    pub reserved: [u64; 20],
+    pub reserved: [u64; 17],
 }
 
 impl BootInfo {
@@ -229,7 +268,10 @@ impl BootInfo {
                 flags: 0,
                 params: [0; 4],
             },
-            reserved: [0; 20],
+            net_mmio_gpa: 0,
+            net_ram_gpa: 0,
+            net_ram_size: 0,
+            reserved: [0; 17],
         }
     }
 
@@ -254,6 +296,9 @@ impl BootInfo {
         for p in self.workload.params {
             w.u64(p);
         }
+        w.u64(self.net_mmio_gpa);
+        w.u64(self.net_ram_gpa);
+        w.u64(self.net_ram_size);
         for r in self.reserved {
             w.u64(r);
         }
@@ -292,7 +337,8 @@ const _: () = {
     assert!(core::mem::offset_of!(BootInfo, doorbell_gpa) == 24);
     assert!(core::mem::offset_of!(BootInfo, gap_threshold_ns) == 48);
     assert!(core::mem::offset_of!(BootInfo, workload) == 56);
-    assert!(core::mem::offset_of!(BootInfo, reserved) == 96);
+    assert!(core::mem::offset_of!(BootInfo, net_mmio_gpa) == 96);
+    assert!(core::mem::offset_of!(BootInfo, reserved) == 120);
     assert!(doorbell::REPORT_BASE + 8 * doorbell::REPORT_KEYS <= DOORBELL_SIZE);
     assert!(report::NAMES.len() as u64 <= doorbell::REPORT_KEYS);
 };

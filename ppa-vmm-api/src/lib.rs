@@ -16,16 +16,22 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod devices;
 mod event;
 mod names;
 mod request;
 mod time_split;
 mod types;
 
+pub use devices::{
+    DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, HostCpuSplit,
+    PerPacket, QueueStats,
+};
 pub use event::{Event, EventKind};
 pub use names::{
-    LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,
-    ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
+    SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
+    VcpuMicroState, VmEnd, VmState,
 };
 pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;

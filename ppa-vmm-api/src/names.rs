@@ -281,3 +281,63 @@ names! {
         Redistributed = "redistributed",
     }
 }
+
+names! {
+    /// A device's kind (`kind` of [`crate::DeviceStats`]).
+    pub enum DeviceKind ("a device kind") {
+        /// virtio-net on a tap.
+        Net = "net",
+        /// virtio-blk on a file.
+        Blk = "blk",
+    }
+}
+
+names! {
+    /// What a virtqueue carries (`kind` of [`crate::QueueStats`]).
+    pub enum QueueKind ("a queue kind") {
+        /// Frames to the guest.
+        Rx = "rx",
+        /// Frames from the guest.
+        Tx = "tx",
+        /// The network device's control queue (queue pairs in use).
+        Ctrl = "ctrl",
+        /// Block requests.
+        Req = "req",
+    }
+}
+
+names! {
+    /// A device's health (`status` of [`crate::DeviceStats`]).
+    pub enum DeviceHealth ("a device status") {
+        /// Working, or waiting for a driver.
+        Ok = "ok",
+        /// Stopped by an error (a malformed descriptor chain, a driver that broke the
+        /// initialisation rules) until the driver resets it.
+        NeedsReset = "needs_reset",
+        /// The driver gave up on it (e.g. the device refused a legacy driver's features).
+        Failed = "failed",
+    }
+}
+
+names! {
+    /// Why a device dropped a frame (keys of `drops` of [`crate::QueueStats`]).
+    #[derive(PartialOrd, Ord)]
+    pub enum DropReason ("a drop reason") {
+        /// The guest's receive queue was not set up, so a frame from the tap had nowhere to
+        /// go (a guest with buffers but none free makes the device wait, not drop).
+        NoRxBuffer = "no_rx_buffer",
+        /// The tap refused a frame for now (its queue full).
+        TapWouldBlock = "tap_would_block",
+        /// The chain that carried it was malformed (the device then needs a reset).
+        BadChain = "bad_chain",
+        /// Larger than the device takes (a transmit chain over 64 KiB of frame, or a
+        /// received frame larger than a receive chain without mergeable buffers).
+        OversizedFrame = "oversized_frame",
+        /// A frame read from the tap when the driver reset the device.
+        DeviceReset = "device_reset",
+        /// The tap was down or gone (EIO, ENODEV or EBADFD from it).
+        TapDown = "tap_down",
+        /// Another error from the tap.
+        TapError = "tap_error",
+    }
+}

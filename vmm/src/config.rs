@@ -76,6 +76,31 @@ pub enum ConfigError {
     /// A bad `--client-timeout` or `--idle-timeout`.
     #[error("--{0} must be a positive number of seconds (0 for --idle-timeout: never), not {1}")]
     ClientTimeout(&'static str, f64),
+    /// A bad `--net` value.
+    #[error("bad --net `{spec}`")]
+    Net {
+        /// The value as given (cut).
+        spec: String,
+        /// What is wrong with it.
+        #[source]
+        source: crate::devices::net::spec::NetSpecError,
+    },
+    /// A network device with more queue pairs than the VM has vCPUs.
+    #[error("--net tap={tap} asks for {queues} queue pairs but the VM has {vcpus} vCPUs (one pair per vCPU at most)")]
+    NetQueues {
+        /// The tap.
+        tap: String,
+        /// Queue pairs asked.
+        queues: u16,
+        /// vCPUs.
+        vcpus: usize,
+    },
+    /// More virtio devices than the memory map has windows for.
+    #[error("{0} virtio devices; a VM has room for 16")]
+    TooManyDevices(usize),
+    /// Two network devices with one id.
+    #[error("two network devices are called {0}")]
+    NetId(String),
     /// A bad workload spec.
     #[error("bad workload `{spec}`")]
     Workload {
@@ -144,6 +169,8 @@ pub struct VmConfig {
     pub ppa_page_file: Option<PathBuf>,
     /// Seccomp filters and capability drop after set-up (`none` here; `ppa-vmm run`: `kill`).
     pub seccomp: crate::seccomp::Mode,
+    /// Network devices (virtio-net on taps), `net0`, `net1`, … in this order.
+    pub net: Vec<crate::devices::net::spec::NetSpec>,
 }
 
 impl Default for VmConfig {
@@ -167,6 +194,7 @@ impl Default for VmConfig {
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
             ppa_page_file: None,
             seccomp: crate::seccomp::Mode::None,
+            net: Vec::new(),
         }
     }
 }
@@ -183,6 +211,20 @@ impl VmConfig {
         }
         if self.histogram_bits > MAX_FRAC_BITS {
             return Err(ConfigError::HistogramBits(self.histogram_bits));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, n) in self.net.iter().enumerate() {
+            if usize::from(n.queues) > self.vcpus {
+                return Err(ConfigError::NetQueues {
+                    tap: n.tap.clone(),
+                    queues: n.queues,
+                    vcpus: self.vcpus,
+                });
+            }
+            let id = n.id.clone().unwrap_or_else(|| format!("net{i}"));
+            if !ids.insert(id.clone()) {
+                return Err(ConfigError::NetId(id));
+            }
         }
         Ok(())
     }
@@ -333,6 +375,11 @@ pub struct RunOptions {
     /// filter stays on the thread that built the VM.
     #[arg(long, value_enum)]
     pub seccomp: Option<crate::seccomp::Mode>,
+    /// A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID]
+    /// (repeatable: net0, net1, …).
+    #[arg(long, value_name = "tap=NAME,...")]
+    #[serde(default)]
+    pub net: Vec<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -461,6 +508,11 @@ impl RunOptions {
             } else {
                 over.vcpu_group
             },
+            net: if over.net.is_empty() {
+                self.net
+            } else {
+                over.net
+            },
         }
     }
 
@@ -516,6 +568,16 @@ impl RunOptions {
             ),
         };
         let client_limits = client_limits(self.client_timeout, self.idle_timeout)?;
+        let net = self
+            .net
+            .iter()
+            .map(|spec| {
+                crate::devices::net::spec::NetSpec::parse(spec).map_err(|source| ConfigError::Net {
+                    spec: spec.chars().take(200).collect(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         // Before anything sized by it (the limits' checks): a count out of range is refused
         // as such, whatever else the config says.
@@ -564,6 +626,7 @@ impl RunOptions {
             ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
             ppa_page_file: self.ppa_page_file,
             seccomp: self.seccomp.unwrap_or_default(),
+            net,
         };
         config.validate()?;
         let report = ReportOptions {

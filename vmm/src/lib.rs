@@ -45,7 +45,7 @@ pub(crate) mod api;
 pub(crate) mod arch;
 pub mod bench;
 pub mod config;
-pub(crate) mod devices;
+pub mod devices;
 pub mod exit;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

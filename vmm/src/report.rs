@@ -250,6 +250,8 @@ pub struct VmReport {
     pub level: Level,
     /// CPU time of every non-vCPU thread of the VMM process.
     pub host_threads_ns: u64,
+    /// The VMM process's CPU: the vCPU threads, the device threads, the rest (service).
+    pub host_cpu_ns: ppa_vmm_api::HostCpuSplit,
     /// Time this host lost to its own hypervisor during the run, all CPUs (10 ms resolution);
     /// invisible to the thread clocks, so it may show as identity error.
     pub host_steal_ns: Option<u64>,
@@ -316,6 +318,8 @@ pub struct Report {
     /// What the guest published in the PPA page at the end, decoded (when there is a page).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest: Option<ppa_vmm_api::GuestView>,
+    /// Each device: its threads, queues, CPU and drops (spec section 10).
+    pub devices: Vec<ppa_vmm_api::DeviceStats>,
 }
 
 fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistSnapshots) {
@@ -409,6 +413,7 @@ impl Report {
                 end,
                 level: facts.level,
                 host_threads_ns: facts.host_threads_ns,
+                host_cpu_ns: Default::default(),
                 host_steal_ns: facts.host_steal_ns,
                 histograms: merge_all(&hists),
                 payload: vm_payload,
@@ -416,6 +421,7 @@ impl Report {
             vcpus,
             groups: Vec::new(),
             guest: None,
+            devices: Vec::new(),
         }
     }
 

@@ -7,9 +7,9 @@
 //!    address, the TSC frequency, the gap threshold and the [`WorkloadDesc`] from it. Nothing
 //!    else comes in; the image keeps no state outside the stack, so all vCPUs share it safely.
 //! 2. **Run:** vCPU 0 prints one console line (one CONSOLE doorbell write per byte), then each
-//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault`, `hostile` or
-//!    `memtouch`). The spin loops read the TSC back to back; a step between two reads longer
-//!    than the gap threshold means the vCPU was not running guest code, and is summed as lost
+//!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault`, `hostile`,
+//!    `memtouch`, or a network workload over virtio-net: [`net`]). The spin loops read the
+//!    TSC back to back; a step between two reads longer than the gap threshold means the vCPU was not running guest code, and is summed as lost
 //!    time.
 //! 3. **Publish** (unless the workload's `FLAG_NO_PUBLISH` is set): every 2 ms of TSC time the
 //!    vCPU writes its running measurements into the PPA page as a worker thread record and a
@@ -19,13 +19,15 @@
 //!    `doorbell_gpa + REPORT_BASE + 8 * key`, then the exit code goes to the EXIT doorbell.
 //!
 //! Exit codes: 0 done, `0xE1` bad boot info, `0xE2` unknown workload, `0xE3` a fault workload
-//! that did not fault, `0xE4` a hostile workload without a PPA page, `0xDEAD` panic.
+//! that did not fault, `0xE4` a hostile workload without a PPA page, `0xE5` a network workload
+//! without a usable virtio-net device, `0xDEAD` panic.
 #![no_std]
 #![no_main]
 
 mod hostile;
 mod mem;
 mod memtouch;
+mod net;
 mod ppa;
 
 use core::arch::asm;
@@ -44,6 +46,8 @@ const EXIT_BAD_WORKLOAD: u64 = 0xE2;
 const EXIT_NO_FAULT: u64 = 0xE3;
 /// Exit code: a `hostile` workload found no PPA page to write into.
 const EXIT_NO_PAGE: u64 = 0xE4;
+/// Exit code: a network workload found no virtio-net device, or could not start it.
+const EXIT_NO_NET: u64 = 0xE5;
 /// Exit code: the guest panicked.
 const EXIT_PANIC: u64 = 0xDEAD;
 /// Longest single halt of the `idle` workload.
@@ -368,6 +372,7 @@ fn kind_name(kind: u32) -> &'static [u8] {
         workload::BUSY => b"busy",
         workload::PERIODIC => b"periodic",
         workload::EXITS => b"exits",
+        workload::NET_TX | workload::NET_RX | workload::NET_ECHO => b"net",
         _ => b"worker",
     }
 }
@@ -418,6 +423,25 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
         workload::HOSTILE if params[1] <= workload::HOSTILE_ALL => {
             if !hostile::run(&mut ctx, params[0], params[1]) {
                 db.exit(EXIT_NO_PAGE)
+            }
+        }
+        workload::NET_TX | workload::NET_RX | workload::NET_ECHO => {
+            let Ok(mut nic) = net::Nic::init(b.net_mmio_gpa, b.net_ram_gpa, b.net_ram_size) else {
+                db.exit(EXIT_NO_NET)
+            };
+            let c = match kind {
+                workload::NET_TX => net::tx(&mut nic, clk, params[0], params[1]),
+                workload::NET_RX => net::rx(&mut nic, clk, params[0], params[1]),
+                _ => net::echo(&mut nic, clk, params[0]),
+            };
+            ctx.st.iterations = c.sent + c.received;
+            for (key, value) in [
+                (report::NET_SENT, c.sent),
+                (report::NET_RECEIVED, c.received),
+                (report::NET_ECHOED, c.echoed),
+                (report::NET_STATUS, u64::from(nic.status())),
+            ] {
+                db.write(doorbell::REPORT_BASE + 8 * key, value);
             }
         }
         workload::MEMTOUCH => match memtouch::run(params[1], params[0]) {

@@ -27,6 +27,7 @@ pub mod host;
 pub mod meter;
 pub mod snapshot;
 pub mod switches;
+pub mod worker;
 
 pub use ppa_vmm_api::{Level, Threshold, Thresholds};
 

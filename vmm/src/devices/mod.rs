@@ -13,14 +13,20 @@
 //!
 //! Devices: [`tiny`] (the tiny guest's doorbells, console, report registers and workload
 //! port); for Linux guests [`serial`] (a 16550 UART with its interrupt) and [`i8042`] (whose
-//! reset command stops the VM).
+//! reset command stops the VM); for every guest the virtio devices over MMIO ([`virtio`]:
+//! the transport; [`net`]: virtio-net on a tap), which have threads of their own
+//! ([`Device`]).
+
+use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::accounting::AccountingControl;
 use crate::hypervisor::IoAddr;
 
 pub mod bus;
 pub mod i8042;
+pub mod net;
 pub mod serial;
 pub mod tiny;
 pub mod virtio;
@@ -85,6 +91,23 @@ pub trait BusDevice: Send + Sync {
     fn vcpu_ended(&self, vcpu: usize) {
         let _ = vcpu;
     }
+}
+
+/// A device with threads of its own (the virtio devices), as the VM and readers see it: the
+/// VM starts its threads before the vCPUs and stops them after; readers take its figures.
+pub trait Device: Send + Sync {
+    /// Its id (`net0`).
+    fn id(&self) -> &str;
+    /// Starts its threads (`control` says how much they measure).
+    fn start(&self, control: &Arc<AccountingControl>) -> std::io::Result<()>;
+    /// Stops and joins its threads.
+    fn stop(&self);
+    /// Its figures now.
+    fn stats(&self) -> ppa_vmm_api::DeviceStats;
+    /// Its threads' names and host tids.
+    fn threads(&self) -> Vec<ppa_vmm_api::DeviceThreadInfo>;
+    /// Its threads' CPU time now.
+    fn cpu_ns(&self) -> u64;
 }
 
 /// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).

@@ -28,7 +28,7 @@ use linux_loader::loader::{load_cmdline, KernelLoader};
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{write, Load, PayloadError};
+use super::{write, Load, PayloadError, VirtioSlot};
 use crate::arch::x86_64::acpi;
 use crate::arch::x86_64::cpuid::{boot_msrs, guest_cpuid};
 use crate::arch::x86_64::layout::Region;
@@ -90,6 +90,8 @@ pub struct LinuxBoot {
     initrd_len: u64,
     console: Arc<ConsoleStats>,
     i8042: Arc<I8042>,
+    /// The virtio-mmio windows, for the DSDT.
+    virtio: Vec<VirtioSlot>,
 }
 
 /// The memory a bzImage's kernel needs from its load address while it decompresses and
@@ -118,6 +120,7 @@ impl LinuxBoot {
         vcpus: usize,
         ram: &[Region],
         ppa_page: Option<Region>,
+        virtio: &[VirtioSlot],
     ) -> Result<LinuxBoot, PayloadError> {
         let open = |p: &std::path::Path| {
             File::open(p).map_err(|source| PayloadError::ReadImage {
@@ -159,6 +162,16 @@ impl LinuxBoot {
         if let Some(p) = ppa_page {
             full.push_str(&format!(" ppa.page={:#x},{}", p.gpa, p.size));
         }
+        // For kernels built with CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES; the others (Debian's)
+        // find the same windows in the DSDT.
+        for v in virtio {
+            full.push_str(&format!(
+                " virtio_mmio.device={}K@{:#x}:{}",
+                v.window.size >> 10,
+                v.window.gpa,
+                v.gsi
+            ));
+        }
         if !cmdline.trim().is_empty() {
             full.push(' ');
             full.push_str(cmdline.trim());
@@ -181,6 +194,7 @@ impl LinuxBoot {
             initrd_len,
             console: Arc::new(ConsoleStats::default()),
             i8042: Arc::new(I8042::default()),
+            virtio: virtio.to_vec(),
         })
     }
 
@@ -287,7 +301,12 @@ impl LinuxBoot {
             boot::MPTABLE_GPA,
             &mptable(boot::MPTABLE_GPA, self.vcpus),
         )?;
-        for (gpa, table) in acpi::tables(self.vcpus) {
+        let windows: Vec<(u64, u64, u32)> = self
+            .virtio
+            .iter()
+            .map(|v| (v.window.gpa, v.window.size, v.gsi))
+            .collect();
+        for (gpa, table) in acpi::tables(self.vcpus, &windows) {
             write(mem, gpa, &table)?;
         }
 

@@ -30,6 +30,19 @@ use linux::LinuxBoot;
 use tiny::workload::{Assignment, WorkloadError};
 use tiny::{TinyBoot, TinyImage};
 
+/// A virtio device's place: its MMIO window and interrupt (`arch::x86_64::layout::virtio_slot`),
+/// what the payload tells its guest (Linux: the DSDT and the command line; the tiny guest: its
+/// boot-info record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtioSlot {
+    /// The MMIO window.
+    pub window: Region,
+    /// The interrupt (GSI).
+    pub gsi: u32,
+    /// What the device is.
+    pub kind: ppa_vmm_api::DeviceKind,
+}
+
 /// What the VM boots, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
@@ -166,6 +179,18 @@ pub enum PayloadError {
     /// The zero page could not be made.
     #[error(transparent)]
     Boot(#[from] crate::arch::x86_64::linux::BootError),
+    /// A network workload without a network device.
+    #[error("the network workloads (net-tx, net-rx, net-echo) need a network device: add --net tap=NAME")]
+    NoNetDevice,
+    /// More than one vCPU runs a network workload.
+    #[error("network workloads run on one vCPU of the tiny guest (it drives the first device's first queue pair); vCPUs {0:?} have one")]
+    NetVcpus(Vec<usize>),
+    /// No room in low RAM for the network workload's rings and buffers.
+    #[error("{memory_mib} MiB of guest memory leaves no room for the network workload's rings and buffers (2 MiB): give the VM more memory")]
+    NetNoRoom {
+        /// RAM given.
+        memory_mib: u64,
+    },
 }
 
 /// Writes `bytes` at `gpa` in guest memory, or says where it could not.
@@ -227,13 +252,14 @@ pub enum Boot {
 }
 
 impl Boot {
-    /// Reads and checks `payload` for a VM of `vcpus` vCPUs with RAM `ram` and, when it has
-    /// one, a PPA page at `ppa_page`.
+    /// Reads and checks `payload` for a VM of `vcpus` vCPUs with RAM `ram`, when it has
+    /// one a PPA page at `ppa_page`, and the virtio devices at `virtio`.
     pub fn prepare(
         payload: &Payload,
         vcpus: usize,
         ram: &[Region],
         ppa_page: Option<Region>,
+        virtio: &[VirtioSlot],
     ) -> Result<Boot, PayloadError> {
         match payload {
             Payload::Linux {
@@ -247,6 +273,7 @@ impl Boot {
                 vcpus,
                 ram,
                 ppa_page,
+                virtio,
             )?)),
             Payload::Tiny {
                 image,
@@ -258,6 +285,7 @@ impl Boot {
                 *gap_threshold_ns,
                 vcpus,
                 ram,
+                virtio,
             )?)),
         }
     }

@@ -173,6 +173,13 @@ const VCPU_IOCTLS: &[(&str, u64)] = &[
     ("PERF_EVENT_IOC_DISABLE", PERF_EVENT_IOC_DISABLE),
 ];
 
+/// The ioctls of a device thread: a multi-queue tap's queues attached and detached as the
+/// guest changes the queue pairs it uses, and the offloads the guest accepts.
+const DEVICE_IOCTLS: &[(&str, u64)] = &[
+    ("TUNSETQUEUE", libc::TUNSETQUEUE),
+    ("TUNSETOFFLOAD", libc::TUNSETOFFLOAD),
+];
+
 /// The ioctls of the api thread.
 const API_IOCTLS: &[(&str, u64)] = &[("FIONBIO", libc::FIONBIO)];
 
@@ -270,7 +277,11 @@ pub const WRITE: &[Allow] = &[
         Args::Any,
         "log lines on stderr; an eventfd signalled (events, interrupts)"
     ),
-    allow!(writev, Args::Any, "log lines on stderr"),
+    allow!(
+        writev,
+        Args::Any,
+        "log lines on stderr; a guest frame to its tap (device threads)"
+    ),
 ];
 
 /// Reading a file opened read-only.
@@ -350,6 +361,22 @@ pub const API: &[Allow] = &[
     ),
 ];
 
+/// A device thread's own (`devices::net::worker`): its event loop, and writing frames.
+pub const DEVICE: &[Allow] = &[
+    allow!(epoll_wait, Args::Any, "the event loop"),
+    allow!(epoll_pwait, Args::Any, "the event loop"),
+    allow!(
+        epoll_ctl,
+        Args::Any,
+        "the tap watched while the guest has room for frames"
+    ),
+    allow!(
+        ioctl,
+        Args::Ioctl(DEVICE_IOCTLS),
+        "tap queues attached and detached (the guest's queue pairs); the guest's offloads"
+    ),
+];
+
 /// The `signals` thread's own: a second stop signal removes the files (socket files, a PPA page
 /// file) that are still this process's before it exits (`owned_files::remove_all`).
 pub const SIGNALS: &[Allow] = &[
@@ -416,6 +443,7 @@ pub fn groups(kind: Kind) -> Vec<&'static [Allow]> {
         Kind::Vcpu => vec![VCPU],
         Kind::Api => vec![API],
         Kind::Signals => vec![SIGNALS],
+        Kind::Device => vec![DEVICE],
         Kind::ApiStats | Kind::Sampler | Kind::Limiter => vec![],
     };
     own.into_iter().chain(common).collect()

@@ -1,6 +1,6 @@
 //! Least privilege after set-up: each thread of the VMM, once its own set-up is done, drops the
 //! capabilities it no longer needs, sets `PR_SET_NO_NEW_PRIVS` and installs the seccomp filter
-//! of its kind ([`Kind`]: main, vCPU, api, api-stats, sampler, limiter, signals).
+//! of its kind ([`Kind`]: main, vCPU, api, api-stats, sampler, limiter, signals, device).
 //!
 //! Data flow: [`crate::vm::Vm::run`] arms the process's [`Mode`] (from `VmConfig::seccomp`)
 //! before it starts any thread; each thread calls [`enter`] with its kind at the point where its
@@ -78,11 +78,13 @@ pub enum Kind {
     Limiter,
     /// The `signals` thread: waits for SIGTERM, SIGINT and SIGHUP (`crate::signals`).
     Signals,
+    /// A device thread (`net0-qp0`): a virtio queue pair's event loop against its tap.
+    Device,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Main,
         Kind::Vcpu,
         Kind::Api,
@@ -90,6 +92,7 @@ impl Kind {
         Kind::Sampler,
         Kind::Limiter,
         Kind::Signals,
+        Kind::Device,
     ];
 
     /// The name used in logs, messages and docs/security.md.
@@ -102,6 +105,7 @@ impl Kind {
             Kind::Sampler => "sampler",
             Kind::Limiter => "limiter",
             Kind::Signals => "signals",
+            Kind::Device => "device",
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::report::{Report, VmInfo};
 use crate::sync::now_ns;
 use crate::vcpu::{VcpuError, VcpuShared};
 
+mod devices;
 mod run;
 
 /// Numbers the VMs of this process (names their cgroups apart).
@@ -79,6 +80,9 @@ pub enum VmError {
     /// A helper thread could not be started.
     #[error("cannot start the {0} thread")]
     Thread(&'static str, #[source] std::io::Error),
+    /// A network device could not be made.
+    #[error(transparent)]
+    Net(#[from] crate::devices::net::NetError),
 }
 
 /// A VM ready to run, on hypervisor `H`.
@@ -91,6 +95,7 @@ pub struct Vm<H: Hypervisor = Kvm> {
     control: Arc<AccountingControl>,
     boot: Boot,
     buses: Arc<Buses>,
+    devices: Vec<Arc<dyn crate::devices::Device>>,
     info: VmInfo,
     max_runtime: Option<std::time::Duration>,
     server_options: ServerOptions,
@@ -252,7 +257,8 @@ impl<H: Hypervisor> Vm<H> {
         let page = (config.ppa_page_size > 0)
             .then(|| ppa_page_region(config.ppa_page_size))
             .flatten();
-        let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page)?;
+        let virtio = devices::virtio_slots(&config)?;
+        let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page, &virtio)?;
         let exit_cost = hv.exit_cost();
         let hv_vm = create_vm(&hv, config.vcpus)?;
         let cpuid = if boot.needs_platform() {
@@ -276,6 +282,17 @@ impl<H: Hypervisor> Vm<H> {
             vcpus: &vcpus,
             buses: &mut buses,
         })?;
+        let devices = devices::build(
+            devices::Build {
+                config: &config,
+                vm: &hv_vm,
+                memory: ram.memory(),
+                slots: &virtio,
+                interrupts: boot.needs_platform(),
+            },
+            &mut buses,
+        )?;
+        devices::register_ioevents(&hv_vm, &buses);
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
         let control = Arc::new(AccountingControl::new(
             config.accounting,
@@ -306,6 +323,7 @@ impl<H: Hypervisor> Vm<H> {
             control,
             boot,
             buses: Arc::new(buses),
+            devices,
             max_runtime: config.max_runtime,
             server_options: ServerOptions {
                 api_sock: config.api_sock.clone(),

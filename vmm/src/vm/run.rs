@@ -49,6 +49,7 @@ struct Running {
     limiter: Arc<Limiter>,
     limiter_thread: Option<JoinHandle<()>>,
     server: Option<ApiServer>,
+    devices: Vec<Arc<dyn crate::devices::Device>>,
 }
 
 impl Running {
@@ -56,7 +57,8 @@ impl Running {
         self.shared.iter().for_each(|s| s.kick(REQ_STOP));
     }
 
-    /// Stops (if still running) and joins the vCPU threads, then the sampler and the limiter.
+    /// Stops (if still running) and joins the vCPU threads, then the device threads, the
+    /// sampler and the limiter.
     fn join_vcpus_and_helpers(&mut self) {
         if !self.vcpus.is_empty() {
             self.stop_all();
@@ -64,6 +66,9 @@ impl Running {
             for h in self.vcpus.drain(..) {
                 let _ = h.join();
             }
+        }
+        for d in &self.devices {
+            d.stop();
         }
         if let Some(s) = self.sampler.take() {
             s.stop();
@@ -171,6 +176,7 @@ where
             limiter: Arc::clone(&self.limiter),
             limiter_thread: None,
             server: None,
+            devices: self.devices.clone(),
         };
         run.server = ApiServer::start(
             self.server_options.clone(),
@@ -200,6 +206,10 @@ where
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );
+        for d in &run.devices {
+            d.start(&self.control)
+                .map_err(|e| VmError::Thread("device", e))?;
+        }
         let start = Instant::now();
         let start_realtime_ns = realtime_ns();
         let steal_at_start = host_steal_ns();
@@ -234,7 +244,16 @@ where
             .iter()
             .filter_map(|s| s.acct.finals.get().map(|f| f.cpu_ns))
             .sum();
-        let host_threads_ns = process_cpu_ns().saturating_sub(vcpu_cpu);
+        let process_cpu = process_cpu_ns();
+        let host_threads_ns = process_cpu.saturating_sub(vcpu_cpu);
+        let devices: Vec<ppa_vmm_api::DeviceStats> =
+            run.devices.iter().map(|d| d.stats()).collect();
+        let device_cpu: u64 = devices.iter().map(|d| d.cpu_ns).sum();
+        let host_cpu = ppa_vmm_api::HostCpuSplit {
+            vcpus: vcpu_cpu,
+            devices: device_cpu,
+            service: host_threads_ns.saturating_sub(device_cpu),
+        };
         let host_steal_ns = steal_at_start
             .zip(host_steal_ns())
             .map(|(a, b)| b.saturating_sub(a));
@@ -258,6 +277,8 @@ where
             },
         );
         report.groups = self.limiter.groups();
+        report.devices = devices;
+        report.vm.host_cpu_ns = host_cpu;
         report.guest = self
             .ppa_page
             .as_ref()

@@ -7,7 +7,11 @@
 //! fixed registers or legacy PIC; no VGA, no MSI, no 8042 to probe) → DSDT, whose one device is
 //! COM1 (PNP0501 at ports 0x3F8–0x3FF with GSI 4, edge, active high: a hardware-reduced guest
 //! has no legacy ISA IRQ numbers, so the UART's interrupt must be described here for Linux to
-//! map it); XSDT → MADT (one local APIC per vCPU, APIC ID = vCPU index, and the IOAPIC at
+//! map it), and one `LNRO0005` device per virtio-mmio window (its 4 KiB window as a
+//! Memory32Fixed and its GSI, edge, active high, in `_CRS`: what Linux's virtio_mmio module
+//! matches in its ACPI table, and the only way Debian's kernels, built without
+//! `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES`, find them); XSDT → MADT (one local APIC per vCPU,
+//! APIC ID = vCPU index, and the IOAPIC at
 //! 0xFEC0_0000 with GSI base 0). Built with the rust-vmm `acpi_tables` crate, which computes
 //! the checksums and encodes the AML.
 //!
@@ -34,7 +38,8 @@ pub const RSDP_GPA: u64 = 0xe_0000;
 const XSDT_GPA: u64 = 0xe_0040;
 const FADT_GPA: u64 = 0xe_0100;
 const DSDT_GPA: u64 = 0xe_0300;
-const MADT_GPA: u64 = 0xe_0400;
+// The DSDT grows with the virtio devices (about 80 bytes each): room for 7 KiB.
+const MADT_GPA: u64 = 0xe_2000;
 /// The end of the area the tables may use.
 #[cfg(test)]
 const END_GPA: u64 = 0xf_0000;
@@ -65,17 +70,42 @@ fn com1() -> Vec<u8> {
     bytes(&aml::Scope::new("\\_SB_".into(), vec![&dev]))
 }
 
+/// `Scope (\_SB) { Device (VNNN) { _HID "LNRO0005", _UID N, _CCA 1, _CRS { Memory32Fixed,
+/// Interrupt } } }` for each virtio-mmio window `(base, size, gsi)`, as AML.
+fn virtio_devices(windows: &[(u64, u64, u32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, &(base, size, gsi)) in windows.iter().enumerate() {
+        let mem = aml::Memory32Fixed::new(true, base as u32, size as u32);
+        let irq = aml::Interrupt::new(true, true, false, false, gsi);
+        let crs = aml::ResourceTemplate::new(vec![&mem, &irq]);
+        let hid: &'static str = "LNRO0005";
+        let uid = i as u32;
+        let (hid, uid, cca, crs) = (
+            aml::Name::new("_HID".into(), &hid),
+            aml::Name::new("_UID".into(), &uid),
+            aml::Name::new("_CCA".into(), &aml::ONE),
+            aml::Name::new("_CRS".into(), &crs),
+        );
+        let name = format!("V{i:03}");
+        let dev = aml::Device::new(name.as_str().into(), vec![&hid, &uid, &cca, &crs]);
+        out.extend(bytes(&aml::Scope::new("\\_SB_".into(), vec![&dev])));
+    }
+    out
+}
+
 fn bytes(t: &dyn Aml) -> Vec<u8> {
     let mut v = Vec::new();
     t.to_aml_bytes(&mut v);
     v
 }
 
-/// The ACPI tables of a VM with `vcpus` vCPUs, as `(guest address, bytes)`.
-pub fn tables(vcpus: usize) -> Vec<(u64, Vec<u8>)> {
+/// The ACPI tables of a VM with `vcpus` vCPUs and the virtio-mmio windows `virtio`
+/// (`(base, size, gsi)` each), as `(guest address, bytes)`.
+pub fn tables(vcpus: usize, virtio: &[(u64, u64, u32)]) -> Vec<(u64, Vec<u8>)> {
     let vcpus = vcpus.clamp(1, MAX_CPUS);
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, 1);
     dsdt.append_slice(&com1());
+    dsdt.append_slice(&virtio_devices(virtio));
     dsdt.update_checksum();
     let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, 1)
         .dsdt_64(DSDT_GPA)
@@ -130,7 +160,7 @@ mod tests {
     #[test]
     fn the_tables_chain_from_the_rsdp_and_checksum_to_zero() {
         for vcpus in [1usize, 2, 64, 254] {
-            let t = tables(vcpus);
+            let t = tables(vcpus, &[]);
             // Each table fits before the next and below the end of the area.
             for w in t.windows(2) {
                 assert!(
@@ -182,6 +212,37 @@ mod tests {
                 (1, 12, vcpus as u8)
             );
             assert_eq!(u32_at(madt, off + 4), 0xfec0_0000);
+        }
+    }
+
+    #[test]
+    fn each_virtio_window_is_an_lnro0005_device_with_its_memory_and_interrupt() {
+        let windows = [(0xC000_0000, 0x1000, 5), (0xC000_1000, 0x1000, 6)];
+        let t = tables(2, &windows);
+        let dsdt = &t.iter().find(|(a, _)| *a == DSDT_GPA).unwrap().1;
+        assert_eq!(sum(dsdt), 0);
+        assert_eq!(u32_at(dsdt, 4) as usize, dsdt.len());
+        let aml = &dsdt[36..];
+        let count = |needle: &[u8]| aml.windows(needle.len()).filter(|w| *w == needle).count();
+        assert_eq!(count(b"LNRO0005\0"), 2, "two devices: {aml:x?}");
+        assert_eq!(count(b"V000"), 1);
+        assert_eq!(count(b"V001"), 1);
+        for (base, size, gsi) in windows {
+            // Memory32Fixed: tag 0x86, length 9, read-write, base, size.
+            let mut m = vec![0x86, 9, 0, 1];
+            m.extend((base as u32).to_le_bytes());
+            m.extend((size as u32).to_le_bytes());
+            assert_eq!(count(&m), 1, "window at {base:#x}");
+            // Extended interrupt: consumer, edge, active high, exclusive; one GSI.
+            let mut i = vec![0x89, 6, 0, 0x03, 1];
+            i.extend(gsi.to_le_bytes());
+            assert_eq!(count(&i), 1, "GSI {gsi}");
+        }
+        // The tables still fit their area.
+        let (last, b) = t.last().unwrap();
+        assert!(last + b.len() as u64 <= END_GPA);
+        for w in t.windows(2) {
+            assert!(w[0].0 + w[0].1.len() as u64 <= w[1].0);
         }
     }
 }

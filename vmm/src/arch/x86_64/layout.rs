@@ -4,7 +4,8 @@
 //! ```text
 //! 0x0000_0000      RAM, up to MMIO_GAP_START (3 GiB)
 //! 0xC000_0000      MMIO gap (1 GiB), no RAM:
-//!   0xC000_0000      device window: MMIO devices of a VM (256 MiB)
+//!   0xC000_0000      device window: MMIO devices of a VM (256 MiB); virtio-mmio windows of
+//!                    4 KiB each from its start (device i at + i × 4 KiB, interrupt GSI 5 + i)
 //!   0xD000_0000      the tiny guest's doorbell page (ppa_guest_abi::DOORBELL_GPA)
 //!   0xFD00_0000      the PPA page, up to 16 MiB (a Linux guest sees it as e820 reserved)
 //!   0xFEC0_0000      IOAPIC, then HPET (0xFED0_0000), LAPIC (0xFEE0_0000), firmware
@@ -24,6 +25,13 @@ pub const MMIO_GAP_END: u64 = 1 << 32;
 pub const DEVICE_WINDOW_START: u64 = 0xC000_0000;
 /// Size of the device window.
 pub const DEVICE_WINDOW_SIZE: u64 = 0x1000_0000;
+/// Size of one virtio-mmio window.
+pub const VIRTIO_WINDOW: u64 = 0x1000;
+/// The most virtio devices a VM has (their interrupts take IOAPIC pins 5 to 20).
+pub const MAX_VIRTIO_DEVICES: usize = 16;
+/// The interrupt (GSI, IOAPIC pin) of virtio device 0; device i has `VIRTIO_GSI_BASE + i`.
+/// Pins 0 to 4 are the PC's (timer, keyboard, cascade, COM2, COM1).
+pub const VIRTIO_GSI_BASE: u32 = 5;
 /// Guest-physical address of the PPA page, in the gap, outside RAM.
 pub const PPA_PAGE_GPA: u64 = 0xFD00_0000;
 /// Most bytes the PPA page may take at [`PPA_PAGE_GPA`].
@@ -76,6 +84,19 @@ pub fn ram_regions(ram_bytes: u64) -> Vec<Region> {
         });
     }
     out
+}
+
+/// Virtio device `i`'s MMIO window and its interrupt, or None past the last one.
+pub fn virtio_slot(i: usize) -> Option<(Region, u32)> {
+    (i < MAX_VIRTIO_DEVICES).then(|| {
+        (
+            Region {
+                gpa: DEVICE_WINDOW_START + i as u64 * VIRTIO_WINDOW,
+                size: VIRTIO_WINDOW,
+            },
+            VIRTIO_GSI_BASE + i as u32,
+        )
+    })
 }
 
 /// The PPA page's region for a page of `size` bytes, or None when it does not fit.
@@ -133,6 +154,17 @@ mod tests {
             };
             assert!(!r.overlaps(&gap), "{r:?} overlaps the gap");
         }
+    }
+
+    #[test]
+    fn virtio_windows_are_in_the_device_window_with_pins_below_the_ioapic_limit() {
+        let (first, gsi) = virtio_slot(0).unwrap();
+        assert_eq!((first.gpa, first.size, gsi), (0xC000_0000, 0x1000, 5));
+        let (last, gsi) = virtio_slot(MAX_VIRTIO_DEVICES - 1).unwrap();
+        assert!(last.end() <= DEVICE_WINDOW_START + DEVICE_WINDOW_SIZE);
+        assert!(gsi < 24, "an IOAPIC has 24 pins");
+        assert!(virtio_slot(MAX_VIRTIO_DEVICES).is_none());
+        assert!(!last.overlaps(&first));
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub enum Direction {
     Read,
     /// The device writes (a receive buffer): every buffer must be device-writable.
     Write,
+    /// A request and its answer (a control command): device-readable buffers first, then
+    /// device-writable ones.
+    ReadThenWrite,
 }
 
 /// One checked buffer of a chain.
@@ -73,6 +76,8 @@ pub struct Segment {
 pub struct Segments {
     list: Vec<Segment>,
     total: u64,
+    /// How many of the buffers, from the start, are device-readable.
+    readable: usize,
     head: u16,
     max: usize,
 }
@@ -83,6 +88,7 @@ impl Segments {
         Segments {
             list: Vec::with_capacity(max_descriptors),
             total: 0,
+            readable: 0,
             head: 0,
             max: max_descriptors,
         }
@@ -103,13 +109,18 @@ impl Segments {
     {
         self.list.clear();
         self.total = 0;
+        self.readable = 0;
         self.head = chain.head_index();
         let mut ended = false;
+        let mut writing = dir == Direction::Write;
         for (n, d) in chain.enumerate() {
             if n >= self.max {
                 return Err(ChainError::Broken);
             }
-            if d.is_write_only() != (dir == Direction::Write) {
+            if dir == Direction::ReadThenWrite && d.is_write_only() {
+                writing = true;
+            }
+            if d.is_write_only() != writing {
                 return Err(ChainError::WrongDirection);
             }
             ended = !d.has_next();
@@ -124,6 +135,9 @@ impl Segments {
             }
             self.list.push(Segment { addr, len: d.len() });
             self.total += u64::from(d.len());
+            if !writing {
+                self.readable += 1;
+            }
         }
         if !ended {
             return Err(ChainError::Broken);
@@ -137,6 +151,11 @@ impl Segments {
     /// The buffers of the chain last loaded.
     pub fn list(&self) -> &[Segment] {
         &self.list
+    }
+
+    /// The device-readable buffers at the start of the chain, and the writable ones after.
+    pub fn split(&self) -> (&[Segment], &[Segment]) {
+        self.list.split_at(self.readable)
     }
 
     /// The chain's head index (for the used ring).

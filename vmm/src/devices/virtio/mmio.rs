@@ -155,13 +155,11 @@ impl MmioTransport {
             VIRTIO_MMIO_VERSION => VERSION,
             VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
             VIRTIO_MMIO_VENDOR_ID => VENDOR_ID,
-            VIRTIO_MMIO_DEVICE_FEATURES => {
-                match self.device_features_sel.load(Ordering::Relaxed) {
-                    0 => self.device.features() as u32,
-                    1 => (self.device.features() >> 32) as u32,
-                    _ => 0,
-                }
-            }
+            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel.load(Ordering::Relaxed) {
+                0 => self.device.features() as u32,
+                1 => (self.device.features() >> 32) as u32,
+                _ => 0,
+            },
             VIRTIO_MMIO_QUEUE_NUM_MAX => s
                 .max_size(self.queue_sel.load(Ordering::Relaxed) as usize)
                 .map_or(0, u32::from),
@@ -186,8 +184,12 @@ impl MmioTransport {
         let s = &self.shared;
         let st = s.status();
         match offset {
-            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel.store(value, Ordering::Relaxed),
-            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel.store(value, Ordering::Relaxed),
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => {
+                self.device_features_sel.store(value, Ordering::Relaxed)
+            }
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => {
+                self.driver_features_sel.store(value, Ordering::Relaxed)
+            }
             VIRTIO_MMIO_DRIVER_FEATURES => {
                 if st & status::FEATURES_OK != 0 {
                     s.record_violation(Violation::LateWrite);

@@ -31,7 +31,7 @@ pub mod status;
 use status::Violation;
 
 /// Number of [`Violation`] kinds (the size of the per-device counters).
-pub const VIOLATIONS: usize = 7;
+pub const VIOLATIONS: usize = 9;
 
 /// One queue's registers, as the driver wrote them through the transport.
 #[derive(Debug, Default)]
@@ -178,6 +178,8 @@ fn violation_index(v: Violation) -> usize {
         Violation::UnofferedFeatures => 4,
         Violation::BadQueue => 5,
         Violation::LateWrite => 6,
+        Violation::BadChain => 7,
+        Violation::AvailIndex => 8,
     }
 }
 
@@ -190,6 +192,8 @@ pub const ALL_VIOLATIONS: [Violation; VIOLATIONS] = [
     Violation::UnofferedFeatures,
     Violation::BadQueue,
     Violation::LateWrite,
+    Violation::BadChain,
+    Violation::AvailIndex,
 ];
 
 /// What a transport and its device's threads share.

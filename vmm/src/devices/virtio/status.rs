@@ -50,6 +50,10 @@ pub enum Violation {
     /// The driver wrote a register it may not write in the device's current state (queue or
     /// feature registers after FEATURES_OK or DRIVER_OK).
     LateWrite,
+    /// The driver made a malformed descriptor chain available (`chain::ChainError` says how).
+    BadChain,
+    /// The driver moved a queue's available index ahead by more than the queue holds.
+    AvailIndex,
 }
 
 impl Violation {
@@ -69,6 +73,10 @@ impl Violation {
             Violation::LateWrite => {
                 "the driver wrote a queue or feature register after the features were agreed"
             }
+            Violation::BadChain => "the driver made a malformed descriptor chain available",
+            Violation::AvailIndex => {
+                "the driver moved an available index ahead by more than the queue holds"
+            }
         }
     }
 
@@ -82,6 +90,8 @@ impl Violation {
             Violation::UnofferedFeatures => "unoffered_features",
             Violation::BadQueue => "bad_queue",
             Violation::LateWrite => "late_write",
+            Violation::BadChain => "bad_chain",
+            Violation::AvailIndex => "avail_index",
         }
     }
 }
@@ -201,7 +211,10 @@ mod tests {
             Transition::RefuseFeatures(Violation::UnofferedFeatures)
         );
         // Having read FEATURES_OK back as clear, the driver sets FAILED.
-        assert_eq!(on_write(s, s | FAILED, OFFERED, 0), Transition::Set(s | FAILED));
+        assert_eq!(
+            on_write(s, s | FAILED, OFFERED, 0),
+            Transition::Set(s | FAILED)
+        );
     }
 
     #[test]
@@ -216,7 +229,12 @@ mod tests {
             Transition::NeedsReset(Violation::OutOfOrder)
         );
         assert_eq!(
-            on_write(ACKNOWLEDGE | DRIVER, ACKNOWLEDGE | DRIVER | DRIVER_OK, OFFERED, V1),
+            on_write(
+                ACKNOWLEDGE | DRIVER,
+                ACKNOWLEDGE | DRIVER | DRIVER_OK,
+                OFFERED,
+                V1
+            ),
             Transition::NeedsReset(Violation::OutOfOrder)
         );
         assert_eq!(
@@ -233,7 +251,10 @@ mod tests {
     fn needs_reset_sticks_until_a_reset() {
         let s = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK | NEEDS_RESET;
         assert_eq!(on_write(s, ACKNOWLEDGE, OFFERED, V1), Transition::Set(s));
-        assert_eq!(on_write(s, s | FAILED, OFFERED, V1), Transition::Set(s | FAILED));
+        assert_eq!(
+            on_write(s, s | FAILED, OFFERED, V1),
+            Transition::Set(s | FAILED)
+        );
         assert_eq!(on_write(s, 0, OFFERED, V1), Transition::Reset);
     }
 
@@ -247,10 +268,15 @@ mod tests {
             Violation::UnofferedFeatures,
             Violation::BadQueue,
             Violation::LateWrite,
+            Violation::BadChain,
+            Violation::AvailIndex,
         ];
         let names: std::collections::BTreeSet<_> = all.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), all.len());
-        assert!(all.iter().all(|v| v.describe().starts_with("the driver")
-            || v.describe().starts_with("a queue")));
+        assert!(
+            all.iter()
+                .all(|v| v.describe().starts_with("the driver")
+                    || v.describe().starts_with("a queue"))
+        );
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ppa_guest_abi::{BootInfo, DOORBELL_GPA};
 
-use super::{write, Load, PayloadError};
+use super::{write, Load, PayloadError, VirtioSlot};
 use crate::arch::x86_64::cpl3::{entry_regs, tss};
 use crate::arch::x86_64::layout::{Region, MMIO_GAP_END};
 use crate::arch::x86_64::regs::Fpu;
@@ -60,7 +60,53 @@ pub struct TinyBoot {
     low_end: u64,
     map_gib: u64,
     touch: Option<Region>,
+    /// The first network device's window and the RAM its driver uses, when a vCPU runs a
+    /// network workload.
+    net: Option<(Region, Region)>,
     board: Arc<TinyBoard>,
+}
+
+/// Bytes of RAM the network workloads' driver gets (its rings and 512 buffers of 2 KiB).
+const NET_RAM: u64 = 2 << 20;
+
+/// The network workload's place: the first network device's window and, for its driver, a
+/// 2 MiB-aligned window of low RAM above the image and any memtouch window, below the stacks.
+fn net_window(
+    workloads: &[VcpuWorkload],
+    virtio: &[VirtioSlot],
+    free_from: u64,
+    stacks: u64,
+    ram: &[Region],
+) -> Result<Option<(Region, Region)>, PayloadError> {
+    let users: Vec<usize> = workloads
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.workload.uses_net())
+        .map(|(i, _)| i)
+        .collect();
+    if users.is_empty() {
+        return Ok(None);
+    }
+    if users.len() > 1 {
+        return Err(PayloadError::NetVcpus(users));
+    }
+    let dev = virtio
+        .iter()
+        .find(|s| s.kind == ppa_vmm_api::DeviceKind::Net)
+        .ok_or(PayloadError::NoNetDevice)?;
+    let start = free_from.next_multiple_of(2 << 20);
+    if start + NET_RAM > stacks {
+        return Err(PayloadError::NetNoRoom {
+            memory_mib: ram.iter().map(|r| r.size).sum::<u64>() >> 20,
+        });
+    }
+    Ok(Some((
+        dev.window,
+        Region {
+            gpa: start,
+            size: NET_RAM,
+        },
+    )))
 }
 
 /// The RAM range `memtouch` writes: from 4 GiB when the VM has RAM there, else the free low
@@ -89,14 +135,15 @@ fn touch_window(
 }
 
 impl TinyBoot {
-    /// Reads and checks `image` for a VM of `vcpus` vCPUs with RAM `ram`, and resolves the
-    /// workloads.
+    /// Reads and checks `image` for a VM of `vcpus` vCPUs with RAM `ram` and the virtio
+    /// devices `virtio`, and resolves the workloads.
     pub fn prepare(
         image: &TinyImage,
         workloads: &[Assignment],
         gap_threshold_ns: u64,
         vcpus: usize,
         ram: &[Region],
+        virtio: &[VirtioSlot],
     ) -> Result<TinyBoot, PayloadError> {
         let workloads = resolve(workloads, vcpus)?;
         let (bytes, label): (Cow<'static, [u8]>, String) = match image {
@@ -142,6 +189,11 @@ impl TinyBoot {
             .max()
             .map(|bytes| touch_window(ram, image_end, stacks, bytes))
             .transpose()?;
+        let free_from = match touch {
+            Some(t) if t.gpa < MMIO_GAP_END => t.end(),
+            _ => image_end,
+        };
+        let net = net_window(&workloads, virtio, free_from, stacks, ram)?;
         Ok(TinyBoot {
             label,
             bytes,
@@ -151,6 +203,7 @@ impl TinyBoot {
             low_end,
             map_gib,
             touch,
+            net,
             board: TinyBoard::new(vcpus),
         })
     }
@@ -203,6 +256,11 @@ impl TinyBoot {
                 info.ppa_page_gpa = p.gpa;
                 info.ppa_page_size = p.size;
             }
+            if let (true, Some((window, ram))) = (w.workload.uses_net(), self.net) {
+                info.net_mmio_gpa = window.gpa;
+                info.net_ram_gpa = ram.gpa;
+                info.net_ram_size = ram.size;
+            }
             write(mem, layout::boot_info_gpa(index), &info.to_bytes())?;
             vcpu.set_sregs(&tables.special_regs())?;
             vcpu.set_regs(&entry_regs(
@@ -252,6 +310,47 @@ mod tests {
     }
 
     #[test]
+    fn a_network_workload_needs_a_device_one_vcpu_and_room() {
+        let slot = VirtioSlot {
+            window: Region {
+                gpa: 0xC000_0000,
+                size: 0x1000,
+            },
+            gsi: 5,
+            kind: ppa_vmm_api::DeviceKind::Net,
+        };
+        let prep = |mib: u64, vcpus: usize, w: &[&str], virtio: &[VirtioSlot]| {
+            let a: Vec<Assignment> = w.iter().map(|s| Assignment::parse(s).unwrap()).collect();
+            TinyBoot::prepare(
+                &TinyImage::Embedded,
+                &a,
+                2000,
+                vcpus,
+                &ram_regions(mib << 20),
+                virtio,
+            )
+        };
+        let t = prep(32, 2, &["busy:ms=1", "1=net-tx"], &[slot]).unwrap();
+        let (window, ram) = t.net.unwrap();
+        assert_eq!(window.gpa, 0xC000_0000);
+        assert_eq!((ram.gpa % (2 << 20), ram.size), (0, NET_RAM));
+        assert!(ram.end() <= layout::stacks_bottom(2, 32 << 20));
+        assert!(matches!(
+            prep(32, 1, &["net-rx"], &[]),
+            Err(PayloadError::NoNetDevice)
+        ));
+        assert!(matches!(
+            prep(32, 2, &["net-echo"], &[slot]),
+            Err(PayloadError::NetVcpus(v)) if v == vec![0, 1]
+        ));
+        assert!(matches!(
+            prep(3, 1, &["net-tx"], &[slot]),
+            Err(PayloadError::NetNoRoom { .. })
+        ));
+        assert!(prep(32, 1, &["busy"], &[]).unwrap().net.is_none());
+    }
+
+    #[test]
     fn prepare_checks_memory_and_workloads() {
         let prep = |ram_mib: u64, vcpus: usize, w: &[&str]| {
             let a: Vec<Assignment> = w.iter().map(|s| Assignment::parse(s).unwrap()).collect();
@@ -261,6 +360,7 @@ mod tests {
                 2000,
                 vcpus,
                 &ram_regions(ram_mib << 20),
+                &[],
             )
         };
         let t = prep(5 << 10, 2, &["memtouch:mib=1024"]).unwrap();
@@ -291,6 +391,7 @@ mod tests {
             2000,
             1,
             &ram_regions(32 << 20),
+            &[],
         );
         assert!(matches!(missing, Err(PayloadError::ReadImage { .. })));
     }

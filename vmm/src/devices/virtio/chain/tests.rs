@@ -87,14 +87,18 @@ fn an_index_past_the_table_is_broken() {
 #[test]
 fn buffers_outside_ram_are_refused() {
     for (addr, len) in [
-        (0x10_0000 - 4, 8),          // runs past the first region
-        (0x18_0000, 8),              // in the hole
-        (0x40_0000, 8),              // past the end of RAM
-        (0x1000, u32::MAX),          // a 4 GiB length
-        (u64::MAX - 2, 8),           // wraps around
+        (0x10_0000 - 4, 8), // runs past the first region
+        (0x18_0000, 8),     // in the hole
+        (0x40_0000, 8),     // past the end of RAM
+        (0x1000, u32::MAX), // a 4 GiB length
+        (u64::MAX - 2, 8),  // wraps around
     ] {
         let e = load(&[d(addr, len, 0, 0)], Direction::Read, 1);
-        assert_eq!(e.unwrap_err(), ChainError::OutsideMemory, "{addr:#x}+{len:#x}");
+        assert_eq!(
+            e.unwrap_err(),
+            ChainError::OutsideMemory,
+            "{addr:#x}+{len:#x}"
+        );
     }
     // The second region is RAM too.
     assert!(load(&[d(0x20_0000, 64, 0, 0)], Direction::Read, 1).is_ok());
@@ -145,7 +149,8 @@ fn an_indirect_table_longer_than_the_queue_is_broken() {
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(&m).unwrap().next().unwrap();
         let mut s = Segments::with_capacity(16);
-        s.load(chain, &m, Direction::Read, 1).map(|()| s.list().len())
+        s.load(chain, &m, Direction::Read, 1)
+            .map(|()| s.list().len())
     };
     // Within the queue size: loads (a driver may use indirect tables; the device offers them).
     assert_eq!(run(8), Ok(8));
@@ -178,4 +183,28 @@ fn copies_go_through_the_buffers_in_order() {
     assert_eq!(&out, b"\0\0abcdefgh");
     // More than fits: stops at the chain's end.
     assert_eq!(s.write_at(&m, 0, &[7u8; 200]), 104);
+}
+
+#[test]
+fn a_request_with_its_answer_is_readable_then_writable() {
+    let s = load(
+        &[
+            d(0x1000, 2, NEXT, 1),
+            d(0x2000, 2, NEXT, 2),
+            d(0x3000, 1, WRITE, 0),
+        ],
+        Direction::ReadThenWrite,
+        1,
+    )
+    .unwrap();
+    let (r, w) = s.split();
+    assert_eq!((r.len(), w.len()), (2, 1));
+    assert_eq!(w[0].addr, 0x3000);
+    // A readable buffer after a writable one is refused.
+    let e = load(
+        &[d(0x1000, 2, WRITE | NEXT, 1), d(0x2000, 2, 0, 0)],
+        Direction::ReadThenWrite,
+        1,
+    );
+    assert_eq!(e.unwrap_err(), ChainError::WrongDirection);
 }

@@ -36,8 +36,7 @@ impl VirtioDevice for Probe {
     fn epoch_changed(&self) {
         self.epoch_changes.fetch_add(1, Ordering::Relaxed);
         if !self.lag.load(Ordering::Relaxed) {
-            self.served
-                .store(self.shared.epoch().0, Ordering::Relaxed);
+            self.served.store(self.shared.epoch().0, Ordering::Relaxed);
         }
     }
     fn caught_up(&self) -> bool {
@@ -59,13 +58,14 @@ const BASE: u64 = 0xC000_0000;
 
 impl Rig {
     fn new() -> Rig {
-        let mem = Arc::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap(),
-        );
+        let mem =
+            Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap());
         let shared = Arc::new(VirtioShared::new("probe0".into(), &[16, 16], None));
         let dev = Arc::new(Probe {
             shared: Arc::clone(&shared),
-            kicks: (0..2).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect(),
+            kicks: (0..2)
+                .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+                .collect(),
             epoch_changes: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             lag: false.into(),
@@ -100,9 +100,21 @@ impl Rig {
         self.w(VIRTIO_MMIO_QUEUE_SEL, i);
         self.w(VIRTIO_MMIO_QUEUE_NUM, 16);
         for (lo, hi, a) in [
-            (VIRTIO_MMIO_QUEUE_DESC_LOW, VIRTIO_MMIO_QUEUE_DESC_HIGH, vq.desc_table_addr()),
-            (VIRTIO_MMIO_QUEUE_AVAIL_LOW, VIRTIO_MMIO_QUEUE_AVAIL_HIGH, vq.avail_addr()),
-            (VIRTIO_MMIO_QUEUE_USED_LOW, VIRTIO_MMIO_QUEUE_USED_HIGH, vq.used_addr()),
+            (
+                VIRTIO_MMIO_QUEUE_DESC_LOW,
+                VIRTIO_MMIO_QUEUE_DESC_HIGH,
+                vq.desc_table_addr(),
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+                VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
+                vq.avail_addr(),
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_USED_LOW,
+                VIRTIO_MMIO_QUEUE_USED_HIGH,
+                vq.used_addr(),
+            ),
         ] {
             self.w(lo, a.0 as u32);
             self.w(hi, (a.0 >> 32) as u32);
@@ -191,14 +203,26 @@ fn a_driver_that_follows_the_rules_activates_the_device_once() {
 fn a_legacy_driver_is_refused_and_the_device_reports_failed() {
     let rig = Rig::new();
     // Without VERSION_1: FEATURES_OK does not stick.
-    assert_eq!(rig.negotiate(0b10_0000), status::ACKNOWLEDGE | status::DRIVER);
+    assert_eq!(
+        rig.negotiate(0b10_0000),
+        status::ACKNOWLEDGE | status::DRIVER
+    );
     assert_eq!(rig.shared.last_violation(), Some(Violation::NoVersion1));
     // The driver gives up.
-    rig.w(VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE | status::DRIVER | status::FAILED);
+    rig.w(
+        VIRTIO_MMIO_STATUS,
+        status::ACKNOWLEDGE | status::DRIVER | status::FAILED,
+    );
     assert_eq!(rig.shared.health(), Health::Failed);
     // Features the device never offered are refused too.
-    assert_eq!(rig.negotiate(V1 | 1 << 40), status::ACKNOWLEDGE | status::DRIVER);
-    assert_eq!(rig.shared.last_violation(), Some(Violation::UnofferedFeatures));
+    assert_eq!(
+        rig.negotiate(V1 | 1 << 40),
+        status::ACKNOWLEDGE | status::DRIVER
+    );
+    assert_eq!(
+        rig.shared.last_violation(),
+        Some(Violation::UnofferedFeatures)
+    );
 }
 
 #[test]
@@ -267,7 +291,10 @@ fn out_of_order_status_sets_needs_reset_and_raises_a_config_interrupt_once_runni
     assert_eq!(rig.r(VIRTIO_MMIO_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
     rig.shared.needs_reset(Violation::BadQueue);
     assert_eq!(
-        rig.shared.counters.config_interrupts.load(Ordering::Relaxed),
+        rig.shared
+            .counters
+            .config_interrupts
+            .load(Ordering::Relaxed),
         1,
         "once"
     );

@@ -1,0 +1,168 @@
+//! Result types of devices (spec section 10): each device's threads, queues, CPU and drops,
+//! in `stats`, the `device` command and the final report; and the VM's host CPU split.
+//!
+//! The VMM fills them from the device threads' single-writer counters and meters on reader
+//! threads. Every field is defined in docs/accounting.md ("Devices").
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DeviceHealth, DeviceKind, DropReason, QueueKind};
+
+/// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceThreadStats {
+    /// Thread name (`net0-qp0`).
+    pub name: String,
+    /// Host thread id (0 before the thread started).
+    pub host_tid: i32,
+    /// Time since the thread started (to its end once it ended).
+    pub wall_ns: u64,
+    /// Its CPU clock.
+    pub used_ns: u64,
+    /// Runnable but waiting for a host CPU (schedstat run_delay).
+    pub steal_ns: u64,
+    /// Asleep in its event loop, waiting for work.
+    pub waiting_ns: u64,
+    /// Asleep anywhere else.
+    pub blocked_ns: u64,
+    /// `wall − (used + steal + waiting + blocked)`.
+    pub identity_error_ns: i64,
+}
+
+/// One virtqueue's counts (each written by the one thread that serves the queue).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueStats {
+    /// Queue index (rx0 = 0, tx0 = 1, rx1 = 2, …, the control queue last).
+    pub index: u16,
+    /// `rx`, `tx`, `ctrl` or `req`.
+    pub kind: QueueKind,
+    /// Guest kicks of this queue (each a write of its index to QueueNotify: an ioeventfd
+    /// signal, or a userspace exit where the host has no MMIO ioeventfd).
+    pub notifications: u64,
+    /// Used-buffer interrupts raised for this queue.
+    pub interrupts: u64,
+    /// Interrupts not raised because the driver did not ask for them (EVENT_IDX's used_event,
+    /// or VRING_AVAIL_F_NO_INTERRUPT).
+    pub interrupts_suppressed: u64,
+    /// Descriptor chains taken from the queue.
+    pub chains: u64,
+    /// Frames carried (written to the tap for tx, to the guest for rx).
+    pub packets: u64,
+    /// Bytes of those frames (the virtio header excluded).
+    pub bytes: u64,
+    /// Frames dropped, by reason (reasons with at least one drop).
+    pub drops: BTreeMap<DropReason, u64>,
+}
+
+/// A device's CPU per packet, ns (null while no packet went that way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerPacket {
+    /// CPU of the transmit work over frames sent.
+    pub tx: Option<u64>,
+    /// CPU of the receive work over frames delivered.
+    pub rx: Option<u64>,
+}
+
+/// A device's CPU by kind of work, ns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceCpu {
+    /// Transmit queues' work.
+    pub tx: u64,
+    /// Receive queues' work.
+    pub rx: u64,
+    /// The control queue's work.
+    pub ctrl: u64,
+    /// The rest: the event loops' own cost (waits, wake-ups, following the driver's resets).
+    pub other: u64,
+}
+
+/// What the device's driver did (register accesses, counted on vCPU threads).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriverStats {
+    /// Features the driver accepted (a bit mask).
+    pub features: u64,
+    /// Times the driver started the device (DRIVER_OK).
+    pub activations: u64,
+    /// Resets it asked for.
+    pub resets: u64,
+    /// Kicks that reached the VMM as userspace exits (0 where ioeventfds catch them).
+    pub notify_exits: u64,
+    /// Rules the driver broke, by name.
+    pub violations: BTreeMap<String, u64>,
+}
+
+/// One device (an element of `devices`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceStats {
+    /// Device id (`net0`).
+    pub id: String,
+    /// `net` or `blk`.
+    pub kind: DeviceKind,
+    /// Its backend: the tap's name, or the disk's path.
+    pub backend: String,
+    /// The guest's MAC address (net).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Guest-physical base of its MMIO window.
+    pub mmio_base: u64,
+    /// Its interrupt (GSI), when the guest has an interrupt controller.
+    pub gsi: Option<u32>,
+    /// `ok`, `needs_reset` or `failed`.
+    pub status: DeviceHealth,
+    /// Why it is not `ok`, in a sentence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_reason: Option<String>,
+    /// Its threads.
+    pub threads: Vec<DeviceThreadStats>,
+    /// Its queues.
+    pub queues: Vec<QueueStats>,
+    /// CPU of all its threads.
+    pub cpu_ns: u64,
+    /// That CPU by kind of work.
+    pub cpu: DeviceCpu,
+    /// CPU per frame, each way (net).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns_per_packet: Option<PerPacket>,
+    /// The driver's side.
+    pub driver: DriverStats,
+}
+
+/// Where the VMM process's CPU went: every thread in one of the three (`host_cpu_ns`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCpuSplit {
+    /// The vCPU threads' CPU clocks.
+    pub vcpus: u64,
+    /// The device threads' CPU clocks.
+    pub devices: u64,
+    /// Every other thread of the process (main, api, sampler, limiter, signals, ended
+    /// helpers): the process CPU clock less the two above.
+    pub service: u64,
+}
+
+impl HostCpuSplit {
+    /// All three.
+    pub fn total(&self) -> u64 {
+        self.vcpus + self.devices + self.service
+    }
+}
+
+/// One device thread in `threads`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceThreadInfo {
+    /// Device id.
+    pub device: String,
+    /// Thread name.
+    pub name: String,
+    /// Host thread id (0 before it started).
+    pub host_tid: i32,
+}

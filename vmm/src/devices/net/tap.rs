@@ -1,0 +1,257 @@
+//! A tap interface opened by name, one file descriptor per queue pair: frames with a virtio
+//! network header in front (`IFF_VNET_HDR`, the 12-byte header of virtio 1.x), non-blocking.
+//!
+//! Data flow: [`Tap::open`] attaches to the tap `NAME` (or creates it, where the kernel lets
+//! this process: CAP_NET_ADMIN; a tap created so goes away with the VMM and starts down) with
+//! `IFF_MULTI_QUEUE` when there are several queue pairs; each queue pair's thread then owns one
+//! [`Tap`]: it reads frames the host sends to the guest and writes the guest's frames with
+//! `writev` straight from guest memory. [`Tap::set_offload`] tells the kernel which offloads
+//! the guest accepts on what it receives; [`Tap::enable`] attaches or detaches a queue when the
+//! guest changes how many queue pairs it uses.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::path::Path;
+
+use thiserror::Error;
+
+/// Length of the virtio 1.x network header in front of every frame.
+pub const VNET_HDR_LEN: usize = 12;
+/// Longest interface name (IFNAMSIZ less the NUL).
+pub const MAX_NAME: usize = 15;
+
+/// Why a tap could not be opened or set up.
+#[derive(Debug, Error)]
+pub enum TapError {
+    /// No /dev/net/tun.
+    #[error("there is no /dev/net/tun (load the tun module: modprobe tun)")]
+    NoTunDevice(#[source] io::Error),
+    /// /dev/net/tun could not be opened.
+    #[error("cannot open /dev/net/tun")]
+    OpenTun(#[source] io::Error),
+    /// The tap does not exist and this VMM may not create it.
+    #[error(
+        "the tap {name} does not exist and this VMM may not create it (that takes CAP_NET_ADMIN); \
+         create it first: ip tuntap add dev {name} mode tap vnet_hdr{mq} user $(id -u) && ip link set {name} up"
+    )]
+    MayNotCreate {
+        /// Interface name.
+        name: String,
+        /// " multi_queue" when several queues were asked.
+        mq: &'static str,
+    },
+    /// The tap exists but belongs to another user or group.
+    #[error("the tap {name} exists but this VMM may not attach to it (it was made for another user or group)")]
+    NotOurs {
+        /// Interface name.
+        name: String,
+    },
+    /// Busy: another process holds a single-queue tap, or the flags do not match it.
+    #[error("the tap {name} is in use or was made with other flags (a tun device, or without multi_queue when several queues are asked)")]
+    Busy {
+        /// Interface name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Another ioctl failed.
+    #[error("cannot {what} the tap {name}")]
+    Ioctl {
+        /// What was being done.
+        what: &'static str,
+        /// Interface name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `struct ifreq` with the name and flags member (the rest of the union is padding here).
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// One queue of a tap.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+}
+
+/// Whether an interface `name` exists in this network namespace now.
+pub fn exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+impl Tap {
+    /// Opens `queues` queues of the tap `name` (checked by the caller: 1 to 15 bytes, no `/`).
+    pub fn open(name: &str, queues: usize) -> Result<Vec<Tap>, TapError> {
+        (0..queues.max(1))
+            .map(|_| Tap::open_one(name, queues > 1))
+            .collect()
+    }
+
+    fn open_one(name: &str, multi_queue: bool) -> Result<Tap, TapError> {
+        // SAFETY: the path is a NUL-terminated literal; the result is checked.
+        let fd = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.kind() {
+                io::ErrorKind::NotFound => TapError::NoTunDevice(e),
+                _ => TapError::OpenTun(e),
+            });
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
+            _pad: [0; 22],
+        };
+        if multi_queue {
+            req.flags |= libc::IFF_MULTI_QUEUE as libc::c_short;
+        }
+        for (d, s) in req.name.iter_mut().zip(name.bytes().take(MAX_NAME)) {
+            *d = s as libc::c_char;
+        }
+        let existed = exists(name);
+        // SAFETY: TUNSETIFF reads (and writes back the name into) an ifreq, which `req` is,
+        // valid for the call; the result is checked.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            let name = name.to_string();
+            return Err(match (e.raw_os_error(), existed) {
+                (Some(libc::EPERM), false) => TapError::MayNotCreate {
+                    name,
+                    mq: if multi_queue { " multi_queue" } else { "" },
+                },
+                (Some(libc::EPERM), true) => TapError::NotOurs { name },
+                _ => TapError::Busy { name, source: e },
+            });
+        }
+        let tap = Tap {
+            file,
+            name: name.to_string(),
+        };
+        let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        tap.ioctl_int("set the header size of", libc::TUNSETVNETHDRSZ, &hdr)?;
+        Ok(tap)
+    }
+
+    fn ioctl_int<T>(&self, what: &'static str, req: libc::Ioctl, arg: &T) -> Result<(), TapError> {
+        // SAFETY: the tap ioctls used here read one integer through the pointer, which points
+        // at a live value of the size the ioctl expects; the result is checked.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), req, arg as *const T) };
+        if rc < 0 {
+            return Err(TapError::Ioctl {
+                what,
+                name: self.name.clone(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Which offloads the guest takes on received frames (`TUN_F_*`): the kernel then sends
+    /// checksum-less and segmentation-offloaded frames only where the guest said it can.
+    pub fn set_offload(&self, flags: libc::c_uint) -> Result<(), TapError> {
+        // TUNSETOFFLOAD takes the flags as the argument itself, not a pointer.
+        // SAFETY: TUNSETOFFLOAD reads its integer argument by value; the result is checked.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETOFFLOAD,
+                libc::c_ulong::from(flags),
+            )
+        };
+        if rc < 0 {
+            return Err(TapError::Ioctl {
+                what: "set the offloads of",
+                name: self.name.clone(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Attaches (true) or detaches (false) this queue of a multi-queue tap: the kernel spreads
+    /// frames for the guest only over attached queues.
+    pub fn enable(&self, on: bool) -> Result<(), TapError> {
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            flags: if on {
+                libc::IFF_ATTACH_QUEUE
+            } else {
+                libc::IFF_DETACH_QUEUE
+            } as libc::c_short,
+            _pad: [0; 22],
+        };
+        // SAFETY: TUNSETQUEUE reads an ifreq, which `req` is; the result is checked.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETQUEUE, &mut req) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            // Attaching an attached queue or detaching a detached one says EINVAL: no change.
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(TapError::Ioctl {
+                    what: if on {
+                        "attach a queue of"
+                    } else {
+                        "detach a queue of"
+                    },
+                    name: self.name.clone(),
+                    source: e,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one frame (with its header) into `buf`; `WouldBlock` when none is waiting.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for writes of its length for the call; the result is checked.
+        let n = unsafe { libc::read(self.file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Writes one frame (header first) gathered from `iov`.
+    ///
+    /// # Safety
+    /// Every `iovec` must describe memory valid for reads of its length for the call (guest
+    /// memory may change under the kernel's copy: that is the guest's business, not UB here,
+    /// since the kernel reads it, not Rust).
+    pub unsafe fn writev(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let cnt = iov.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // SAFETY: the caller's contract covers every iovec; `cnt` is at most their number.
+        let n = unsafe { libc::writev(self.file.as_raw_fd(), iov.as_ptr(), cnt) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// The interface name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl AsRawFd for Tap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}

@@ -1,0 +1,171 @@
+//! Frames sent from mock transmit queues into a sink that records them or fails as a tap can.
+
+use std::cell::RefCell;
+
+use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress};
+
+use super::*;
+use crate::devices::virtio::chain::ChainError;
+
+const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const WRITE: u16 = VRING_DESC_F_WRITE as u16;
+
+/// Records each frame written, or fails with `errno`.
+#[derive(Default)]
+struct Sink {
+    frames: RefCell<Vec<Vec<u8>>>,
+    errno: Option<i32>,
+}
+
+impl FrameSink for Sink {
+    unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        if let Some(e) = self.errno {
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        let mut f = Vec::new();
+        for v in iov {
+            // SAFETY: the caller guarantees each iovec is valid for reads of its length.
+            f.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+            });
+        }
+        let n = f.len();
+        self.frames.borrow_mut().push(f);
+        Ok(n)
+    }
+}
+
+fn mem() -> GuestMemoryMmap {
+    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap()
+}
+
+fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+}
+
+#[test]
+fn frames_go_out_whole_and_are_counted() {
+    let m = mem();
+    m.write_slice(&[0xaa; 12], GuestAddress(0x1_0000)).unwrap();
+    m.write_slice(&[0xbb; 64], GuestAddress(0x2_0000)).unwrap();
+    let vq = MockSplitQueue::new(&m, 16);
+    // Two frames: header and data in two buffers, then all in one.
+    vq.add_desc_chains(
+        &[
+            d(0x1_0000, 12, NEXT, 1),
+            d(0x2_0000, 64, 0, 0),
+            d(0x3_0000, 12 + 100, 0, 0),
+        ],
+        0,
+    )
+    .unwrap();
+    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let sink = Sink::default();
+    let c = QueueCounters::default();
+    let pass = tx.run(&m, &sink, &c);
+    assert_eq!(
+        pass,
+        TxPass {
+            chains: 2,
+            fault: None
+        }
+    );
+    let frames = sink.frames.borrow();
+    assert_eq!(frames.len(), 2);
+    assert_eq!(&frames[0][..12], &[0xaa; 12]);
+    assert_eq!(&frames[0][12..], &[0xbb; 64]);
+    assert_eq!(frames[1].len(), 112);
+    assert_eq!(
+        (c.chains.get(), c.packets.get(), c.bytes.get()),
+        (2, 2, 164)
+    );
+    assert_eq!(vq.used().idx().load(), 2, "both chains given back");
+}
+
+#[test]
+fn a_refusing_tap_drops_with_its_reason() {
+    for (errno, why) in [
+        (libc::EAGAIN, DropReason::TapWouldBlock),
+        (libc::EIO, DropReason::TapDown),
+        (libc::EBADFD, DropReason::TapDown),
+        (libc::EINVAL, DropReason::TapError),
+    ] {
+        let m = mem();
+        let vq = MockSplitQueue::new(&m, 16);
+        vq.add_desc_chains(&[d(0x1_0000, 80, 0, 0)], 0).unwrap();
+        let mut tx = TxQueue::new(vq.create_queue().unwrap());
+        let sink = Sink {
+            errno: Some(errno),
+            ..Default::default()
+        };
+        let c = QueueCounters::default();
+        assert_eq!(tx.run(&m, &sink, &c).chains, 1);
+        assert_eq!((c.packets.get(), c.drops(why)), (0, 1), "{why}");
+        assert_eq!(vq.used().idx().load(), 1, "the chain is given back anyway");
+    }
+}
+
+#[test]
+fn an_oversized_frame_is_dropped_and_the_next_one_still_goes() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(
+        &[d(0x1_0000, 12 + 65_536, 0, 0), d(0x3_0000, 12 + 10, 0, 0)],
+        0,
+    )
+    .unwrap();
+    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let sink = Sink::default();
+    let c = QueueCounters::default();
+    assert_eq!(tx.run(&m, &sink, &c).chains, 2);
+    assert_eq!(c.drops(DropReason::OversizedFrame), 1);
+    assert_eq!(c.packets.get(), 1);
+}
+
+#[test]
+fn a_malformed_chain_stops_the_queue_with_a_fault() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(
+        &[
+            d(0x1_0000, 80, 0, 0),
+            d(0x2_0000, 80, WRITE, 0), // writable in a transmit chain
+            d(0x3_0000, 80, 0, 0),
+        ],
+        0,
+    )
+    .unwrap();
+    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let sink = Sink::default();
+    let c = QueueCounters::default();
+    let pass = tx.run(&m, &sink, &c);
+    assert_eq!(
+        pass,
+        TxPass {
+            chains: 1,
+            fault: Some(QueueFault::Chain(ChainError::WrongDirection))
+        }
+    );
+    assert_eq!(c.drops(DropReason::BadChain), 1);
+    assert_eq!(sink.frames.borrow().len(), 1, "nothing after the bad chain");
+    // A chain shorter than the header is malformed too.
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(&[d(0x1_0000, 4, 0, 0)], 0).unwrap();
+    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    assert_eq!(
+        tx.run(&m, &sink, &c).fault,
+        Some(QueueFault::Chain(ChainError::Empty))
+    );
+    // A buffer outside RAM.
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(&[d(0x7000_0000, 100, 0, 0)], 0).unwrap();
+    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    assert_eq!(
+        tx.run(&m, &sink, &c).fault,
+        Some(QueueFault::Chain(ChainError::OutsideMemory))
+    );
+}
