@@ -24,6 +24,8 @@ fi
 need_debs=()
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_debs+=(qemu-system-x86)
 command -v cpio >/dev/null 2>&1 || need_debs+=(cpio)
+# The network tests (tests/net.rs) make a namespace and a tap with `ip` (iproute2).
+command -v ip >/dev/null 2>&1 || need_debs+=(iproute2)
 command -v lz4 >/dev/null 2>&1 || need_debs+=(lz4)
 command -v gcc >/dev/null 2>&1 || need_debs+=(gcc)
 # The fuzz targets (scripts/fuzz.sh, docs/fuzzing.md): libfuzzer-sys compiles libFuzzer, C++.

@@ -130,6 +130,12 @@ pub enum Command {
     Shutdown {},
     /// The Prometheus/OpenMetrics text exposition.
     Metrics {},
+    /// One device's figures (spec section 10). The argument is `name`, since `id` is the
+    /// request's own.
+    Device {
+        /// Device id (`net0`).
+        name: String,
+    },
     /// Streams events on this connection.
     Subscribe {
         /// Which events; every kind when empty.
@@ -139,7 +145,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 16] = [
+pub const COMMANDS: [&str; 17] = [
     "version",
     "stats",
     "vcpu",
@@ -156,6 +162,7 @@ pub const COMMANDS: [&str; 16] = [
     "shutdown",
     "metrics",
     "subscribe",
+    "device",
 ];
 
 /// Commands of the specification that later versions add (told apart from misspellings in
@@ -178,6 +185,8 @@ pub enum ErrorKind {
     NoSuchVcpu,
     /// The histogram does not exist.
     NoSuchHistogram,
+    /// The device does not exist.
+    NoSuchDevice,
     /// The command cannot apply in the VM's state (pausing a finished VM).
     InvalidState,
     /// The peer's uid is neither the VMM's nor root.

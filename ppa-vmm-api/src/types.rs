@@ -413,6 +413,9 @@ pub struct VmStats {
     pub thresholds: Thresholds,
     /// CPU time of every non-vCPU thread of the VMM process.
     pub host_threads_ns: u64,
+    /// The process's CPU: vCPU threads, device threads, the rest.
+    #[serde(default)]
+    pub host_cpu_ns: crate::HostCpuSplit,
 }
 
 /// Result of `stats`.
@@ -425,6 +428,9 @@ pub struct Stats {
     pub vcpus: Vec<VcpuSummary>,
     /// CPU-limit groups, the VM-wide limit (named `vm`) first when there is one.
     pub groups: Vec<GroupStats>,
+    /// Each device (spec section 10).
+    #[serde(default)]
+    pub devices: Vec<crate::DeviceStats>,
 }
 
 /// One CPU limit (a vCPU group's, or the VM's as group `vm`) and what it did.
@@ -497,6 +503,9 @@ pub struct Threads {
     pub pid: u32,
     /// Each vCPU thread.
     pub vcpus: Vec<ThreadInfo>,
+    /// Each device thread.
+    #[serde(default)]
+    pub devices: Vec<crate::DeviceThreadInfo>,
 }
 
 /// One guest thread as decoded from the PPA page (result of `guest`).

@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 16] = [
+pub const COMMANDS: [CommandHelp; 17] = [
     row(
         "version",
         "",
@@ -54,7 +54,11 @@ pub const COMMANDS: [CommandHelp; 16] = [
         "[exit_handling_ns=NS] [guest_run_ns=NS] [wakeup_latency_ns=NS] [steal_window_ns=NS]",
         "changes the thresholds given (0: off); the others stay",
     ),
-    row("threads", "", "each vCPU's host thread id"),
+    row(
+        "threads",
+        "",
+        "each vCPU's and device thread's host thread id",
+    ),
     row(
         "set-limit",
         "group=NAME limit=N%|QUOTA/PERIOD|none",
@@ -78,6 +82,11 @@ pub const COMMANDS: [CommandHelp; 16] = [
         "subscribe",
         "[events=KIND,...]",
         "streams events of these kinds (all when none is given)",
+    ),
+    row(
+        "device",
+        "name=ID",
+        "one device's threads, queues, CPU and drops (e.g. name=net0)",
     ),
 ];
 
@@ -140,6 +149,7 @@ mod tests {
             Command::Shutdown {} => "shutdown",
             Command::Metrics {} => "metrics",
             Command::Subscribe { .. } => "subscribe",
+            Command::Device { .. } => "device",
         }
     }
 
@@ -151,6 +161,7 @@ mod tests {
             "histogram" => &["name=guest_run"],
             "set-level" => &["level=full"],
             "set-limit" => &["group=vm", "limit=50%"],
+            "device" => &["name=net0"],
             _ => &[],
         };
         a.iter().map(|s| s.to_string()).collect()

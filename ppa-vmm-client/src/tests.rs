@@ -156,9 +156,11 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
             level: Level::Full,
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
+            host_cpu_ns: Default::default(),
         },
         vcpus: vcpus.iter().cloned().map(Into::into).collect(),
         groups: Vec::new(),
+        devices: Vec::new(),
     }
 }
 

@@ -61,6 +61,12 @@ impl Vmm {
         Self::spawn(tag, args, false)
     }
 
+    /// As [`Vmm::start`], inside the network namespace `netns` (`ip netns exec`, which execs
+    /// the VMM: the child is the VMM itself).
+    pub fn start_in(netns: &str, tag: &str, args: &[&str]) -> Vmm {
+        Self::spawn_with(Some(netns), tag, args, false)
+    }
+
     /// As [`Vmm::start`], with the PPA page exposed as the file [`Vmm::page`].
     pub fn with_page(tag: &str, args: &[&str]) -> Vmm {
         Self::spawn(tag, args, true)
@@ -72,10 +78,21 @@ impl Vmm {
     }
 
     fn spawn(tag: &str, args: &[&str], page: bool) -> Vmm {
+        Self::spawn_with(None, tag, args, page)
+    }
+
+    fn spawn_with(netns: Option<&str>, tag: &str, args: &[&str], page: bool) -> Vmm {
         super::require_kvm();
         let dir = temp_dir(tag);
         let sock = dir.as_path().join("api.sock");
-        let mut cmd = Command::new(bin());
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin()]);
+                c
+            }
+            None => Command::new(bin()),
+        };
         cmd.arg("run").arg("--api-sock").arg(&sock).args([
             "--report",
             "json",

@@ -75,6 +75,7 @@ pub struct VmHandle {
     status: Arc<VmStatus>,
     limiter: Arc<Limiter>,
     ppa_page: Option<Arc<PpaPage>>,
+    devices: Arc<[Arc<dyn crate::devices::Device>]>,
 }
 
 impl VmHandle {
@@ -93,7 +94,24 @@ impl VmHandle {
             status,
             limiter,
             ppa_page,
+            devices: Arc::new([]),
         }
+    }
+
+    /// The same handle with the VM's devices (those with threads of their own).
+    pub fn with_devices(mut self, devices: Vec<Arc<dyn crate::devices::Device>>) -> Self {
+        self.devices = devices.into();
+        self
+    }
+
+    /// The VM's devices.
+    pub fn devices(&self) -> &[Arc<dyn crate::devices::Device>] {
+        &self.devices
+    }
+
+    /// Every device's figures now.
+    pub fn device_stats(&self) -> Vec<ppa_vmm_api::DeviceStats> {
+        self.devices.iter().map(|d| d.stats()).collect()
     }
 
     /// The PPA page, when the VM has one.
@@ -162,6 +180,22 @@ impl VmHandle {
             level: self.level(),
             thresholds: self.thresholds(),
             host_threads_ns: self.host_threads_ns(),
+            host_cpu_ns: self.host_cpu_ns(),
+        }
+    }
+
+    /// The process's CPU now: the vCPU threads, the device threads, the rest.
+    pub fn host_cpu_ns(&self) -> ppa_vmm_api::HostCpuSplit {
+        let vcpus: u64 = self
+            .vcpus
+            .iter()
+            .filter_map(|v| v.acct.thread_cpu_ns())
+            .sum();
+        let devices: u64 = self.devices.iter().map(|d| d.cpu_ns()).sum();
+        ppa_vmm_api::HostCpuSplit {
+            vcpus,
+            devices,
+            service: process_cpu_ns().saturating_sub(vcpus + devices),
         }
     }
 

@@ -24,12 +24,13 @@
 //! `_info` family.
 
 mod buckets;
+mod devices;
 mod exporter;
 mod families;
 mod process;
 mod text;
 
-use ppa_vmm_api::{GroupStats, VcpuTimes, VmStats};
+use ppa_vmm_api::{DeviceStats, GroupStats, VcpuTimes, VmStats};
 
 use crate::accounting::snapshot::HistSnapshots;
 pub use exporter::Exporter;
@@ -64,6 +65,8 @@ pub struct Detailed {
     pub vcpus: Vec<VcpuDetail>,
     /// Every CPU limit.
     pub groups: Vec<GroupStats>,
+    /// Every device.
+    pub devices: Vec<DeviceStats>,
     /// The VMM process itself (`None`: no `process_*` families).
     pub process: Option<ProcessReading>,
 }
@@ -84,6 +87,7 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_vm_uptime_seconds", Gauge, "Time since the vCPUs were started."),
         d("ppa_vm_vcpus", Gauge, "Number of vCPUs."),
         d("ppa_vm_host_threads_seconds_total", Counter, "CPU time of every non-vCPU thread of the VMM process."),
+        d("ppa_vm_host_cpu_seconds_total", Counter, "CPU time of the VMM process by part: vcpus (the vCPU threads), devices (the device threads), service (every other thread)."),
         d("ppa_vm_threshold_seconds", Gauge, "Threshold in force, by name; 0 means off."),
         d("ppa_vm_exit_handling_duration_seconds", Histogram, "Userspace handling time of one exit, every vCPU, by reason (parks excluded)."),
         d("ppa_vcpu_info", Gauge, "Always 1; the label host_tid gives the host thread id of the vCPU thread (0 before it started)."),
@@ -125,6 +129,17 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_group_overshoot_seconds", Histogram, "Overshoot of one period (used - quota), for the periods that overshot."),
         d("ppa_group_stops_total", Counter, "Stops of the limit's members since it was set, by who stopped them: the members' own kick timers, or the limiter thread's kick (every stop without timers, else the fallback when a timer was late)."),
         d("ppa_group_timer_rearms_total", Counter, "Kick-timer firings after which a member had CPU left (it had been preempted or idle) and re-armed its timer instead of stopping."),
+        d("ppa_device_status", Gauge, "1 for the device's status (ok, needs_reset, failed), 0 for the others."),
+        d("ppa_device_cpu_seconds_total", Counter, "CPU time of a device thread (its thread CPU clock); queue is its queue pair."),
+        d("ppa_device_thread_seconds_total", Counter, "Where a device thread's wall time went: used, steal (runnable, waiting for a CPU), waiting (asleep in its event loop), blocked (asleep elsewhere)."),
+        d("ppa_device_work_cpu_seconds_total", Counter, "A device's CPU by kind of work: tx, rx, ctrl (its control queue), other (its event loops)."),
+        d("ppa_device_notifications_total", Counter, "Guest kicks of a virtqueue."),
+        d("ppa_device_interrupts_total", Counter, "Used-buffer interrupts raised for a virtqueue."),
+        d("ppa_device_interrupts_suppressed_total", Counter, "Interrupts not raised because the driver did not want them (EVENT_IDX or its flags)."),
+        d("ppa_device_chains_total", Counter, "Descriptor chains taken from a virtqueue."),
+        d("ppa_device_packets_total", Counter, "Frames a virtqueue carried (to the tap for tx, to the guest for rx)."),
+        d("ppa_device_bytes_total", Counter, "Bytes of those frames, virtio header excluded."),
+        d("ppa_device_drops_total", Counter, "Frames dropped, by reason."),
         d("process_cpu_seconds_total", Counter, "User and system CPU time of the VMM process, every thread (vCPU threads and threads that ended included)."),
         d("process_resident_memory_bytes", Gauge, "Resident memory of the VMM process (guest memory it touched included)."),
         d("process_virtual_memory_bytes", Gauge, "Virtual memory of the VMM process (guest memory included)."),
@@ -132,7 +147,7 @@ pub const FAMILIES: &[Decl] = {
         d("process_max_fds", Gauge, "Limit on open file descriptors (RLIMIT_NOFILE, soft)."),
         d("process_start_time_seconds", Gauge, "Start time of the VMM process since the Unix epoch."),
         d("process_threads", Gauge, "Threads of the VMM process."),
-        d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, other), threads that ended included."),
+        d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, device, other), threads that ended included."),
     ]
 };
 
@@ -149,6 +164,10 @@ pub fn render(stats: &Detailed) -> String {
     for g in &stats.groups {
         families::add_group(&mut f, vm, g);
     }
+    devices::add_host_cpu(&mut f, vm, &stats.vm.host_cpu_ns);
+    for d in &stats.devices {
+        devices::add_device(&mut f, vm, d);
+    }
     if let Some(p) = &stats.process {
         families::add_process(&mut f, vm, p);
     }
@@ -157,6 +176,8 @@ pub fn render(stats: &Detailed) -> String {
 
 #[cfg(test)]
 mod buckets_tests;
+#[cfg(test)]
+mod devices_tests;
 #[cfg(test)]
 mod exporter_tests;
 #[cfg(test)]

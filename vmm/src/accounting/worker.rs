@@ -298,8 +298,14 @@ mod tests {
         // The 20 ms sleep was in the loop's wait: off CPU, asleep there or waking up. (On a
         // host that is itself a VM, time its hypervisor takes from the running thread is in
         // neither clock and lands in `blocked`: it stays small beside the sleep.)
-        assert!(t.waiting_ns + t.steal_ns + t.blocked_ns >= 20_000_000, "{t:?}");
-        assert!(t.waiting_ns > t.blocked_ns, "the sleep is waiting, not blocked: {t:?}");
+        assert!(
+            t.waiting_ns + t.steal_ns + t.blocked_ns >= 20_000_000,
+            "{t:?}"
+        );
+        assert!(
+            t.waiting_ns > t.blocked_ns,
+            "the sleep is waiting, not blocked: {t:?}"
+        );
         assert_eq!(t.identity_error_ns(), 0, "{t:?}");
     }
 }

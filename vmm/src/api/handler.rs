@@ -79,6 +79,7 @@ pub fn fresh_stats(vm: &VmHandle) -> Stats {
         vm: vm.vm_stats(),
         vcpus,
         groups: vm.limiter().groups(),
+        devices: vm.device_stats(),
     }
 }
 
@@ -241,7 +242,27 @@ impl Handler {
                         },
                     })
                     .collect(),
+                devices: vm.devices().iter().flat_map(|d| d.threads()).collect(),
             }),
+            Command::Device { name: id } => match vm.devices().iter().find(|d| d.id() == id) {
+                Some(d) => to_value(&d.stats()),
+                None => Err(ErrorBody::new(
+                    ErrorKind::NoSuchDevice,
+                    format!(
+                        "the VM has no device {} (it has: {})",
+                        id.chars().take(64).collect::<String>(),
+                        if vm.devices().is_empty() {
+                            "none".to_string()
+                        } else {
+                            vm.devices()
+                                .iter()
+                                .map(|d| d.id().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    ),
+                )),
+            },
             Command::Pause {} | Command::Resume {} | Command::Shutdown {} if vm.finished() => Err(
                 ErrorBody::new(ErrorKind::InvalidState, "every vCPU has already ended"),
             ),

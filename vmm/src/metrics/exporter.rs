@@ -289,6 +289,7 @@ pub fn collect(vm: &VmHandle, threads: &mut ThreadCpu) -> Detailed {
         vm: vm.vm_stats(),
         vcpus,
         groups: vm.limiter().groups(),
+        devices: vm.device_stats(),
         process: Some(ProcessReading::read(threads)),
     }
 }

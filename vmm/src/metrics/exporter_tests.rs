@@ -21,9 +21,11 @@ fn figures(at_ns: u64) -> Detailed {
             level: Level::Basic,
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
+            host_cpu_ns: Default::default(),
         },
         vcpus: Vec::new(),
         groups: Vec::new(),
+        devices: Vec::new(),
         process: None,
     }
 }
@@ -176,6 +178,10 @@ fn thread_kinds_from_names() {
     assert_eq!(kind(106, "sampler"), ThreadKind::Sampler);
     assert_eq!(kind(107, "limiter"), ThreadKind::Limiter);
     assert_eq!(kind(108, "kvm-nx-lpage-re"), ThreadKind::Other);
+    assert_eq!(kind(109, "net0-qp0"), ThreadKind::Device);
+    assert_eq!(kind(110, "uplink-qp15"), ThreadKind::Device);
+    assert_eq!(kind(111, "-qp1"), ThreadKind::Other);
+    assert_eq!(kind(112, "net0-qp"), ThreadKind::Other);
 }
 
 /// Per-kind CPU time never decreases: a thread that ends, a tid reused by a new thread, a
@@ -184,7 +190,9 @@ fn thread_kinds_from_names() {
 fn thread_cpu_per_kind_stays_monotonic() {
     use ThreadKind::{Api, Main, Other, Vcpu};
     let mut t = ThreadCpu::default();
-    let at = |k: ThreadKind, v: [u64; 6]| v[ThreadKind::ALL.iter().position(|x| *x == k).unwrap()];
+    let at = |k: ThreadKind, v: [u64; ThreadKind::ALL.len()]| {
+        v[ThreadKind::ALL.iter().position(|x| *x == k).unwrap()]
+    };
     let r = t.update([(1, Main, 10), (2, Vcpu, 100), (3, Vcpu, 200)]);
     assert_eq!((at(Main, r), at(Vcpu, r)), (10, 300));
     // vCPU 3 ended: its 200 stay.

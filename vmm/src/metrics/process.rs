@@ -37,18 +37,21 @@ pub enum ThreadKind {
     Sampler,
     /// The CPU limiter (`limiter`).
     Limiter,
+    /// A device's queue-pair thread (`net0-qp0`).
+    Device,
     /// Any other thread.
     Other,
 }
 
 impl ThreadKind {
     /// Every kind, in output order.
-    pub const ALL: [ThreadKind; 6] = [
+    pub const ALL: [ThreadKind; 7] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Api,
         ThreadKind::Sampler,
         ThreadKind::Limiter,
+        ThreadKind::Device,
         ThreadKind::Other,
     ];
 
@@ -60,6 +63,7 @@ impl ThreadKind {
             ThreadKind::Api => "api",
             ThreadKind::Sampler => "sampler",
             ThreadKind::Limiter => "limiter",
+            ThreadKind::Device => "device",
             ThreadKind::Other => "other",
         }
     }
@@ -79,6 +83,12 @@ impl ThreadKind {
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
             {
                 ThreadKind::Vcpu
+            }
+            c if c.rsplit_once("-qp").is_some_and(|(d, n)| {
+                !d.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+            }) =>
+            {
+                ThreadKind::Device
             }
             _ => ThreadKind::Other,
         }

@@ -139,11 +139,11 @@ fn process() -> ProcessReading {
         max_fds: Some(1024),
         start_time_ns: Some(1_795_000_000_250_000_000),
         threads: 8,
-        thread_cpu_ns: [10, 2_000_000_000, 30, 40, 50, 0],
+        thread_cpu_ns: [10, 2_000_000_000, 30, 40, 50, 60, 0],
     }
 }
 
-fn stats() -> Detailed {
+pub(super) fn stats() -> Detailed {
     Detailed {
         vm: VmStats {
             name: VM_NAME.into(),
@@ -157,23 +157,29 @@ fn stats() -> Detailed {
                 ..Thresholds::default()
             },
             host_threads_ns: 42_000_000,
+            host_cpu_ns: ppa_vmm_api::HostCpuSplit {
+                vcpus: 4_500_000_000,
+                devices: 300_000_000,
+                service: 12_000_000,
+            },
         },
         vcpus: vec![vcpu(0, None, Some(7_000_000)), vcpu(1, Some(3), None)],
         groups: vec![group()],
+        devices: vec![super::devices_tests::device()],
         process: Some(process()),
     }
 }
 
 /// One parsed sample line.
 #[derive(Debug)]
-struct Sample {
-    name: String,
+pub(super) struct Sample {
+    pub(super) name: String,
     labels: Vec<(String, String)>,
-    value: f64,
+    pub(super) value: f64,
 }
 
 impl Sample {
-    fn label(&self, name: &str) -> Option<&str> {
+    pub(super) fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
             .find(|(k, _)| k == name)
@@ -233,7 +239,7 @@ fn parse_sample(line: &str) -> Sample {
 }
 
 /// Every sample of `text`.
-fn samples(text: &str) -> Vec<Sample> {
+pub(super) fn samples(text: &str) -> Vec<Sample> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .map(parse_sample)
@@ -606,10 +612,13 @@ fn every_sample_parses_and_is_unique() {
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1;
     // The group: 7 figures, its histogram, stops by 2 paths and re-arms; the process: 7
-    // figures and 6 thread kinds.
+    // figures and 7 thread kinds.
     let group = 7 + h + 2 + 1;
-    let process = 7 + 6;
-    assert_eq!(n, vm + vcpus + group + process, "{text}");
+    let process = 7 + 7;
+    // Host CPU by 3 parts; the device: 3 statuses, 4 kinds of work, its thread's CPU and 4
+    // states, and per queue (2) 6 counts and one drop reason.
+    let devices = 3 + 3 + 4 + 1 + 4 + 2 * (6 + 1);
+    assert_eq!(n, vm + vcpus + group + process + devices, "{text}");
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
 }
 

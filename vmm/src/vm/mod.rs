@@ -349,6 +349,7 @@ impl<H: Hypervisor> Vm<H> {
             Arc::clone(&self.limiter),
             self.ppa_page.clone(),
         )
+        .with_devices(self.devices.clone())
     }
 
     /// The hypervisor's VM (tests inspect the fake one).
