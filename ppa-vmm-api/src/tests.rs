@@ -63,6 +63,12 @@ fn parses_every_command() {
                 events: vec![EventKind::VcpuExit, EventKind::Threshold],
             },
         ),
+        (
+            r#"{"cmd":"device","name":"net0"}"#,
+            Command::Device {
+                name: "net0".into(),
+            },
+        ),
     ];
     let mut names: Vec<String> = cases
         .iter()
