@@ -244,7 +244,14 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
     }
     if command == "stats" {
         if let Ok(stats) = serde_json::from_value::<Stats>(result.clone()) {
-            return stats_table(&stats);
+            let mut t = stats_table(&stats);
+            t.push_str(&crate::devices::devices_text(&stats.devices));
+            return t;
+        }
+    }
+    if command == "device" {
+        if let Ok(d) = serde_json::from_value::<ppa_vmm_api::DeviceStats>(result.clone()) {
+            return crate::devices::devices_text(std::slice::from_ref(&d));
         }
     }
     if command == "groups" || command == "set-limit" {

@@ -29,6 +29,7 @@ use thiserror::Error;
 
 pub mod commands;
 pub mod ctl;
+pub mod devices;
 pub mod guest_view;
 pub mod top;
 

@@ -473,7 +473,8 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
             Err(SampleError::Fail(code)) => return code,
         };
         let r = rows(&prev, &cur);
-        let table = render(&r, &total(&r), &cur.vm, opts.sort);
+        let mut table = render(&r, &total(&r), &cur.vm, opts.sort);
+        table.push_str(&devices::device_rows(&prev, &cur));
         let screen = if opts.once {
             table
         } else {
@@ -534,6 +535,8 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
     let _ = writeln!(err, "{PREFIX}: {message}");
     code
 }
+
+mod devices;
 
 #[cfg(test)]
 mod tests;

@@ -564,6 +564,12 @@ impl Report {
                 g.kicks.limiter,
             );
         }
+        out.push_str(&ppa_vmm_client::devices::devices_text(&self.devices));
+        if !self.devices.is_empty() {
+            out.push_str(&ppa_vmm_client::devices::host_cpu_line(
+                &self.vm.host_cpu_ns,
+            ));
+        }
         let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self
             .vcpus
             .iter()
