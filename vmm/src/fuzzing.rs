@@ -27,21 +27,24 @@ use crate::payload::tiny::workload::{resolve, Assignment, Spec, VcpuWorkload, Wo
 use crate::payload::Payload;
 
 mod ppa_page;
+mod virtqueue;
 
 pub use ppa_page::{ppa_page, ppa_page_words};
+pub use virtqueue::virtqueue;
 
 /// A check function: the input, as libFuzzer or a file gives it.
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target: its name (the file `fuzz/fuzz_targets/NAME.rs` and the folders of its
 /// seeds and regressions) and its check function.
-pub const TARGETS: [(&str, Check); 6] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("request", request),
     ("config", config),
     ("workload", workload),
     ("limit", limit),
     ("http_head", http_head),
     ("ppa_page", ppa_page),
+    ("virtqueue", virtqueue),
 ];
 
 /// A handler over a synthetic VM of two vCPUs that never ran (no KVM), with no `stats` reuse.
