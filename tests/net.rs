@@ -117,7 +117,7 @@ fn frames_from_the_host_reach_the_guest_and_every_one_is_accounted() {
     let passed_before = ns.tap_counter("tx_packets");
     let sock = vmm.sock.clone();
     let sent = ns.within(move || {
-        let s = PacketSocket::open("tap0", 100);
+        let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
         let mut c = common::vmm::Conn::new(std::os::unix::net::UnixStream::connect(&sock).unwrap());
         let delivered = |c: &mut common::vmm::Conn| {
             let d = c.ok(json!({"cmd": "device", "name": "net0"}));
@@ -169,7 +169,7 @@ fn the_guest_echoes_frames_back_to_their_sender() {
     );
     wait_active(&vmm);
     let (sent, echoed) = ns.within(|| {
-        let s = PacketSocket::open("tap0", 2000);
+        let s = PacketSocket::open("tap0", 2000).expect("a packet socket on the tap");
         let mut buf = [0u8; 2048];
         let mut echoed = 0u64;
         for seq in 0..200u64 {

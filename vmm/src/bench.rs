@@ -12,6 +12,7 @@ use serde::Serialize;
 
 mod hogs;
 pub mod limit;
+pub mod net;
 pub mod socket;
 
 use crate::accounting::Level;

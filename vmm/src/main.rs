@@ -81,6 +81,12 @@ struct BenchArgs {
     /// Run beside one spinning process per CPU (limit).
     #[arg(long)]
     hogs: bool,
+    /// Frames per transmit run (net).
+    #[arg(long, default_value_t = 200_000)]
+    packets: u64,
+    /// Echo round trips (net).
+    #[arg(long, default_value_t = 2000)]
+    echoes: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -92,6 +98,9 @@ enum BenchKind {
     /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy
     /// vCPU, in interleaved rounds with the host's steal and the kicks' lateness.
     Limit,
+    /// virtio-net: the tiny guest's frames through the device into a tap against a host loop
+    /// writing the same frames, echo round trips, and an idle device's cost to exits.
+    Net,
 }
 
 /// The config file named by `--config`, with the command line laid over it.
@@ -230,6 +239,16 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             })?,
             args.json,
             limit::LimitResult::to_text,
+        )?,
+        BenchKind::Net => print_result(
+            &ppa_vmm::bench::net::net(ppa_vmm::bench::net::NetOptions {
+                packets: args.packets,
+                rounds: args.rounds.unwrap_or(5),
+                echoes: args.echoes,
+                exits: args.exits.unwrap_or(20_000),
+            })?,
+            args.json,
+            ppa_vmm::bench::net::NetResult::to_text,
         )?,
         BenchKind::Socket if args.exits.is_some() => {
             return Err(
