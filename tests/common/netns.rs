@@ -110,4 +110,5 @@ impl Drop for NetNs {
     }
 }
 
+#[allow(unused_imports, reason = "used by the network tests only")]
 pub use ppa_vmm::bench::net::packet::{test_frame, PacketSocket};
