@@ -242,11 +242,14 @@ impl VmHandle {
         })
     }
 
-    /// Restarts the figures of one vCPU, or of all, from zero.
+    /// Restarts the figures of one vCPU, or of all (and of every device), from zero.
     pub fn reset(&self, vcpu: Option<usize>) -> Result<(), HandleError> {
         match vcpu {
             Some(i) => self.vcpu(i)?.acct.reset(),
-            None => self.vcpus.iter().for_each(|v| v.acct.reset()),
+            None => {
+                self.vcpus.iter().for_each(|v| v.acct.reset());
+                self.devices.iter().for_each(|d| d.reset());
+            }
         }
         Ok(())
     }
