@@ -43,10 +43,19 @@ fn nested(args: &[&str]) -> Output {
 
 /// [`nested`] with `kvm_amd` parameters for the nested host's kvm-amd (`NESTED_KVM_AMD`).
 fn nested_with(args: &[&str], kvm_amd: Option<&str>) -> Output {
+    nested_tap(args, kvm_amd, None)
+}
+
+/// [`nested_with`], the nested host making the tap `tap` (`NAME=IP/PREFIX`) first.
+fn nested_tap(args: &[&str], kvm_amd: Option<&str>, tap: Option<&str>) -> Output {
     let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
     require_qemu();
     let mut cmd = Command::new(repo_path("scripts/nested-run.sh"));
-    cmd.args(["--timeout", TRY_TIMEOUT_S, "--"])
+    cmd.args(["--timeout", TRY_TIMEOUT_S]);
+    if let Some(t) = tap {
+        cmd.args(["--tap", t]);
+    }
+    cmd.arg("--")
         .args(args)
         .env("PPA_VMM", env!("CARGO_BIN_EXE_ppa-vmm"));
     match kvm_amd {
@@ -397,4 +406,115 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
         guest_ns >= guest_cpu,
         "the vCPUs' guest time {guest_ns} ns is below what the guest's threads ran {guest_cpu} ns"
     );
+}
+
+/// `KEY=VALUE` fields of the first console line starting with `tag`.
+fn fields(console: &str, tag: &str) -> Vec<(String, String)> {
+    console
+        .lines()
+        .find_map(|l| l.strip_prefix(tag))
+        .unwrap_or_else(|| panic!("no {tag} line in the console:\n{console}"))
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn field(f: &[(String, String)], key: &str) -> u64 {
+    f.iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric {key} in {f:?}"))
+}
+
+#[test]
+fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_counted() {
+    let count = 100u64;
+    let out = nested_tap(
+        &[
+            "run",
+            "--kernel",
+            "/images/linux/vmlinuz",
+            "--initrd",
+            "/images/linux/initrd.img",
+            "--vcpus",
+            "2",
+            "--memory-mib",
+            "512",
+            "--net",
+            "tap=tap0",
+            "--cmdline",
+            &format!("ppa.net=10.0.0.2/24 ppa.workload=udp-ping:to=10.0.0.1,count={count},size=64"),
+            "--report",
+            "json",
+        ],
+        Some("npt=0"),
+        Some("tap0=10.0.0.1/24"),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    let console: String = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("[ttyS0] "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(console.contains("PPA-NET eth0=up"), "{console}");
+    let r = report(&out);
+    let dev = &r["devices"][0];
+    assert_eq!(dev["status"], "ok", "{dev}");
+    assert_eq!(
+        dev["gsi"], 5,
+        "the guest has an IOAPIC: the device has its line"
+    );
+    let q = |i: usize, k: &str| {
+        dev["queues"][i][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{dev}"))
+    };
+    let drops = |i: usize| {
+        dev["queues"][i]["drops"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>())
+    };
+    // Every datagram answered, or its loss counted by the device.
+    let ping = fields(&console, "PPA-UDP-PING ");
+    assert_eq!(field(&ping, "sent"), count, "{ping:?}");
+    assert!(
+        field(&ping, "lost") <= drops(0) + drops(1),
+        "a lost datagram with no drop to show for it: {ping:?} {dev}"
+    );
+    // The guest's own counters of eth0 are the device's.
+    let netdev = fields(&console, "PPA-NETDEV eth0 ");
+    assert_eq!(
+        field(&netdev, "tx_packets"),
+        q(1, "packets"),
+        "{netdev:?} {dev}"
+    );
+    assert_eq!(
+        field(&netdev, "rx_packets"),
+        q(0, "packets"),
+        "{netdev:?} {dev}"
+    );
+    // And the nested host's tap saw the same frames from the other side.
+    let tap = err
+        .lines()
+        .find_map(|l| l.strip_prefix("nested: tap tap0 "))
+        .unwrap_or_else(|| panic!("no tap counters in stderr: {err}"));
+    let tap: Vec<(String, String)> = tap
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(field(&tap, "rx_packets"), q(1, "packets"), "{tap:?} {dev}");
+    assert_eq!(
+        field(&tap, "tx_packets"),
+        q(0, "packets") + drops(0),
+        "{tap:?} {dev}"
+    );
+    // A Linux driver kicks and takes interrupts.
+    assert!(q(1, "notifications") > 0 && q(0, "interrupts") > 0, "{dev}");
+    for t in dev["threads"].as_array().unwrap() {
+        assert_eq!(t["identity_error_ns"], 0, "{t}");
+        assert!(t["used_ns"].as_u64().unwrap() > 0, "{t}");
+    }
 }

@@ -69,7 +69,7 @@ install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
 # this order; virtio_mmio binds the LNRO0005 devices of the DSDT, virtio_net makes eth0.
 modules_dir=$(find "$kernel_dir/lib/modules" -maxdepth 1 -mindepth 1 -type d | head -n 1)
 mkdir -p "$staging/lib/modules"
-for m in virtio virtio_ring virtio_mmio failover net_failover virtio_net; do
+for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net; do
 	ko=$(find "$modules_dir/kernel" -name "$m.ko" | head -n 1)
 	if [ -n "$ko" ]; then
 		cp "$ko" "$staging/lib/modules/$m.ko"

@@ -411,15 +411,17 @@ pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
             t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
             t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
             t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
-            t.identity_error_ns = t.wall_ns as i64
-                - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
+            t.identity_error_ns =
+                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
         }
     }
     for q in &mut cur.queues {
         if let Some(b) = base.queues.iter().find(|b| b.index == q.index) {
             q.notifications = q.notifications.saturating_sub(b.notifications);
             q.interrupts = q.interrupts.saturating_sub(b.interrupts);
-            q.interrupts_suppressed = q.interrupts_suppressed.saturating_sub(b.interrupts_suppressed);
+            q.interrupts_suppressed = q
+                .interrupts_suppressed
+                .saturating_sub(b.interrupts_suppressed);
             q.chains = q.chains.saturating_sub(b.chains);
             q.packets = q.packets.saturating_sub(b.packets);
             q.bytes = q.bytes.saturating_sub(b.bytes);

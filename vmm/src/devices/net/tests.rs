@@ -103,7 +103,10 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
     assert_eq!((t.wall_ns, t.used_ns, t.waiting_ns), (300, 30, 240));
     assert_eq!(t.identity_error_ns, 0);
     let q = &d.queues[0];
-    assert_eq!((q.packets, q.bytes, q.drops[&DropReason::TapWouldBlock]), (6, 384, 3));
+    assert_eq!(
+        (q.packets, q.bytes, q.drops[&DropReason::TapWouldBlock]),
+        (6, 384, 3)
+    );
     assert_eq!((d.cpu_ns, d.cpu.tx), (30, 24));
     assert_eq!(d.cpu_ns_per_packet.unwrap().tx, Some(4));
     // Nothing since: drops that did not move are left out, rates have no frame.
