@@ -8,7 +8,8 @@
 #   --timeout S   hard limit of one try, boot included (default 90; NESTED_TIMEOUT)
 #   --tries N     tries when the nested host hangs or dies (default 3; NESTED_TRIES); a run that
 #                 reaches its end is never retried, whatever ppa-vmm's exit code
-#   --tap T=A     before ppa-vmm starts, the nested host makes the tap T (tun.ko, tunctl), gives
+#   --tap T=A     before ppa-vmm starts, the nested host makes the tap T (tun.ko; multi-queue with
+#                 NESTED_TAP_QUEUES=N for --net ...,queues=N), gives
 #                 it the address A and answers UDP echo (port 7) on it with ppa-workload, so a
 #                 Linux guest with --net tap=T can reach it. The nested host has no NIC
 #                 (-nodefaults): nothing the guest sends leaves the emulated machine.
@@ -163,7 +164,7 @@ cat "$nested/initrd.img" "$run_dir/args.cpio" >"$run_dir/initrd.img"
 append="console=ttyS0 tsc=reliable panic=-1"
 [ -z "${NESTED_KVM_AMD:-}" ] || append+=" nested.kvm_amd=$NESTED_KVM_AMD"
 [ -z "${NESTED_TRACE:-}" ] || append+=" nested.trace=1"
-[ -z "$tap" ] || append+=" nested.tap=$tap"
+[ -z "$tap" ] || append+=" nested.tap=$tap nested.tapq=${NESTED_TAP_QUEUES:-1}"
 
 # Prints the lines of stream $2 in result file $1, decoded, to stdout; fails when the byte count
 # announced before them does not match.

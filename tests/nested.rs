@@ -47,13 +47,19 @@ fn nested_with(args: &[&str], kvm_amd: Option<&str>) -> Output {
 }
 
 /// [`nested_with`], the nested host making the tap `tap` (`NAME=IP/PREFIX`) first.
-fn nested_tap(args: &[&str], kvm_amd: Option<&str>, tap: Option<&str>) -> Output {
+fn nested_tap(args: &[&str], kvm_amd: Option<&str>, tap: Option<(&str, u16)>) -> Output {
     let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
     require_qemu();
     let mut cmd = Command::new(repo_path("scripts/nested-run.sh"));
     cmd.args(["--timeout", TRY_TIMEOUT_S]);
-    if let Some(t) = tap {
-        cmd.args(["--tap", t]);
+    match tap {
+        Some((t, queues)) => {
+            cmd.args(["--tap", t])
+                .env("NESTED_TAP_QUEUES", queues.to_string());
+        }
+        None => {
+            cmd.env_remove("NESTED_TAP_QUEUES");
+        }
     }
     cmd.arg("--")
         .args(args)
@@ -429,6 +435,8 @@ fn field(f: &[(String, String)], key: &str) -> u64 {
 
 #[test]
 fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_counted() {
+    // Two queue pairs on a multi-queue tap: Linux negotiates MQ and asks for both through the
+    // control queue (one pair per vCPU).
     let count = 100u64;
     let out = nested_tap(
         &[
@@ -442,14 +450,14 @@ fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_cou
             "--memory-mib",
             "512",
             "--net",
-            "tap=tap0",
+            "tap=tap0,queues=2",
             "--cmdline",
             &format!("ppa.net=10.0.0.2/24 ppa.workload=udp-ping:to=10.0.0.1,count={count},size=64"),
             "--report",
             "json",
         ],
         Some("npt=0"),
-        Some("tap0=10.0.0.1/24"),
+        Some(("tap0=10.0.0.1/24", 2)),
     );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "stderr: {err}");
@@ -466,33 +474,51 @@ fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_cou
         dev["gsi"], 5,
         "the guest has an IOAPIC: the device has its line"
     );
-    let q = |i: usize, k: &str| {
-        dev["queues"][i][k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{dev}"))
+    let queues = dev["queues"].as_array().expect("queues");
+    assert_eq!(queues.len(), 5, "two pairs and the control queue: {dev}");
+    let sum = |kind: &str, key: &str| -> u64 {
+        queues
+            .iter()
+            .filter(|q| q["kind"] == kind)
+            .map(|q| q[key].as_u64().unwrap())
+            .sum()
     };
-    let drops = |i: usize| {
-        dev["queues"][i]["drops"]
+    let drops = |kind: &str| -> u64 {
+        queues
+            .iter()
+            .filter(|q| q["kind"] == kind)
+            .filter_map(|q| q["drops"].as_object())
+            .flat_map(|m| m.values().filter_map(|v| v.as_u64()))
+            .sum()
+    };
+    // The driver asked for both pairs through the control queue, and broke no rule.
+    assert!(
+        sum("ctrl", "packets") >= 1,
+        "no control request answered: {dev}"
+    );
+    assert!(
+        dev["driver"]["violations"]
             .as_object()
-            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>())
-    };
+            .is_none_or(|m| m.is_empty()),
+        "{dev}"
+    );
     // Every datagram answered, or its loss counted by the device.
     let ping = fields(&console, "PPA-UDP-PING ");
     assert_eq!(field(&ping, "sent"), count, "{ping:?}");
     assert!(
-        field(&ping, "lost") <= drops(0) + drops(1),
+        field(&ping, "lost") <= drops("rx") + drops("tx"),
         "a lost datagram with no drop to show for it: {ping:?} {dev}"
     );
     // The guest's own counters of eth0 are the device's.
     let netdev = fields(&console, "PPA-NETDEV eth0 ");
     assert_eq!(
         field(&netdev, "tx_packets"),
-        q(1, "packets"),
+        sum("tx", "packets"),
         "{netdev:?} {dev}"
     );
     assert_eq!(
         field(&netdev, "rx_packets"),
-        q(0, "packets"),
+        sum("rx", "packets"),
         "{netdev:?} {dev}"
     );
     // And the nested host's tap saw the same frames from the other side.
@@ -505,15 +531,24 @@ fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_cou
         .filter_map(|w| w.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    assert_eq!(field(&tap, "rx_packets"), q(1, "packets"), "{tap:?} {dev}");
+    assert_eq!(
+        field(&tap, "rx_packets"),
+        sum("tx", "packets"),
+        "{tap:?} {dev}"
+    );
     assert_eq!(
         field(&tap, "tx_packets"),
-        q(0, "packets") + drops(0),
+        sum("rx", "packets") + drops("rx"),
         "{tap:?} {dev}"
     );
     // A Linux driver kicks and takes interrupts.
-    assert!(q(1, "notifications") > 0 && q(0, "interrupts") > 0, "{dev}");
-    for t in dev["threads"].as_array().unwrap() {
+    assert!(
+        sum("tx", "notifications") > 0 && sum("rx", "interrupts") > 0,
+        "{dev}"
+    );
+    let threads = dev["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "a thread per pair: {dev}");
+    for t in threads {
         assert_eq!(t["identity_error_ns"], 0, "{t}");
         assert!(t["used_ns"].as_u64().unwrap() > 0, "{t}");
     }

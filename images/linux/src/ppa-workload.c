@@ -211,7 +211,7 @@ int main(int argc, char **argv)
 				"udp-echo:port=P,ms=M | udp-ping:to=IP,count=N,size=B\n");
 		return 2;
 	}
-	if (strncmp(argv[1], "udp-", 4) == 0)
+	if (strncmp(argv[1], "udp-", 4) == 0 || strncmp(argv[1], "mktap", 5) == 0)
 		return udp_main(argv[1]);
 	struct spec s;
 	char err[256];

@@ -11,10 +11,18 @@
  *       `PPA-UDP-PING to=IP sent=N received=N lost=N p50_us=X p99_us=Y max_us=Z`
  *       (round trips of the answered ones, from CLOCK_MONOTONIC).
  *
+ *   mktap:name=NAME,queues=N
+ *       makes the persistent tap NAME (with IFF_MULTI_QUEUE when N > 1), for a nested test host
+ *       whose busybox `tunctl` cannot make a multi-queue one; prints `PPA-MKTAP name=NAME`.
+ *
  * Exit codes: 0 done (lost datagrams are reported, not failures), 2 bad spec or socket error.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/if.h>
+#include <linux/if_tun.h>
+#include <sys/ioctl.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -155,7 +163,27 @@ static int ping(const char *to, uint64_t port, uint64_t count, uint64_t size, ui
 	return 0;
 }
 
-/* Runs `udp-echo:...` or `udp-ping:...`; returns the exit code. */
+static int mktap(const char *name, uint64_t queues)
+{
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof(ifr));
+	if (strlen(name) >= IFNAMSIZ) {
+		fprintf(stderr, "ppa-workload: tap name '%s' too long\n", name);
+		return 2;
+	}
+	strcpy(ifr.ifr_name, name);
+	ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | (queues > 1 ? IFF_MULTI_QUEUE : 0);
+	int fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC);
+	if (fd < 0 || ioctl(fd, TUNSETIFF, &ifr) < 0 || ioctl(fd, TUNSETPERSIST, 1) < 0) {
+		fprintf(stderr, "ppa-workload: cannot make the tap %s: %s\n", name, strerror(errno));
+		return 2;
+	}
+	close(fd);
+	printf("PPA-MKTAP name=%s queues=%" PRIu64 "\n", name, queues);
+	return 0;
+}
+
+/* Runs `udp-echo:...`, `udp-ping:...` or `mktap:...`; returns the exit code. */
 int udp_main(const char *text)
 {
 	char buf[256], to[64] = "";
@@ -169,6 +197,27 @@ int udp_main(const char *text)
 	if (colon)
 		*colon = '\0';
 	int is_ping = strcmp(buf, "udp-ping") == 0;
+	if (strcmp(buf, "mktap") == 0) {
+		char name[IFNAMSIZ + 1] = "";
+		uint64_t queues = 1;
+		for (char *save = NULL, *item = strtok_r(params, ",", &save); item;
+		     item = strtok_r(NULL, ",", &save)) {
+			int r = num(item, "queues", &queues);
+			if (!r && strncmp(item, "name=", 5) == 0 && strlen(item + 5) < sizeof(name)) {
+				strcpy(name, item + 5);
+				r = 1;
+			}
+			if (r <= 0) {
+				fprintf(stderr, "ppa-workload: bad parameter '%s' for mktap\n", item);
+				return 2;
+			}
+		}
+		if (!name[0] || queues < 1 || queues > 16) {
+			fprintf(stderr, "ppa-workload: mktap needs name= and 1..16 queues\n");
+			return 2;
+		}
+		return mktap(name, queues);
+	}
 	uint64_t port = 7, ms = 10000, count = 100, size = 64, timeout_ms = 1000;
 	for (char *save = NULL, *item = strtok_r(params, ",", &save); item;
 	     item = strtok_r(NULL, ",", &save)) {
