@@ -18,6 +18,7 @@ use serde_json::Value;
 
 mod event;
 mod names;
+mod pressure;
 mod request;
 mod time_split;
 mod types;
@@ -26,6 +27,10 @@ pub use event::{Event, EventKind};
 pub use names::{
     LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,
     ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+};
+pub use pressure::{
+    GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,
+    TRIGGER_MAX_WINDOW_US, TRIGGER_MIN_WINDOW_US,
 };
 pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
@@ -126,14 +131,19 @@ pub enum Command {
     Metrics {},
     /// Streams events on this connection.
     Subscribe {
-        /// Which events; every kind when empty.
+        /// Which events; every kind when empty (`pressure` only with a trigger).
         #[serde(default)]
         events: Vec<EventKind>,
+        /// The pressure trigger of `pressure` events.
+        #[serde(default)]
+        pressure: Option<PressureTrigger>,
     },
+    /// CPU pressure of the VM and of each vCPU group (PSI's some/full).
+    Pressure {},
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 16] = [
+pub const COMMANDS: [&str; 17] = [
     "version",
     "stats",
     "vcpu",
@@ -150,6 +160,7 @@ pub const COMMANDS: [&str; 16] = [
     "shutdown",
     "metrics",
     "subscribe",
+    "pressure",
 ];
 
 /// Commands of the specification that later versions add (told apart from misspellings in

@@ -61,6 +61,7 @@ fn parses_every_command() {
             r#"{"cmd":"subscribe","events":["vcpu-exit","threshold"]}"#,
             Command::Subscribe {
                 events: vec![EventKind::VcpuExit, EventKind::Threshold],
+                pressure: None,
             },
         ),
     ];

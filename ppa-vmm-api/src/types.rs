@@ -413,6 +413,9 @@ pub struct VmStats {
     pub thresholds: Thresholds,
     /// CPU time of every non-vCPU thread of the VMM process.
     pub host_threads_ns: u64,
+    /// CPU pressure of the VM (docs/accounting.md, "Pressure"), as of the last 8 ms refresh.
+    #[serde(default)]
+    pub pressure: crate::Pressure,
 }
 
 /// Result of `stats`.

@@ -156,6 +156,7 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
             level: Level::Full,
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
+            pressure: Default::default(),
         },
         vcpus: vcpus.iter().cloned().map(Into::into).collect(),
         groups: Vec::new(),
@@ -207,7 +208,10 @@ fn next_line_streams_events_then_ends() {
     let mut client = Client::connect(server.path()).unwrap();
     assert!(
         client
-            .call(Command::Subscribe { events: vec![] })
+            .call(Command::Subscribe {
+                events: vec![],
+                pressure: None,
+            })
             .unwrap()
             .ok
     );

@@ -58,6 +58,7 @@ pub(crate) mod metrics;
 pub(crate) mod owned_files;
 pub mod payload;
 pub(crate) mod ppa_page;
+pub mod pressure;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;

@@ -290,5 +290,6 @@ pub fn collect(vm: &VmHandle, threads: &mut ThreadCpu) -> Detailed {
         vcpus,
         groups: vm.limiter().groups(),
         process: Some(ProcessReading::read(threads)),
+        pressure_groups: vm.pressure().report().groups,
     }
 }

@@ -21,10 +21,12 @@ fn figures(at_ns: u64) -> Detailed {
             level: Level::Basic,
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
+            pressure: Default::default(),
         },
         vcpus: Vec::new(),
         groups: Vec::new(),
         process: None,
+        pressure_groups: vec![],
     }
 }
 

@@ -189,14 +189,13 @@ where
         );
         run.sampler = Some(
             Sampler::start(
-                run.shared.clone(),
+                handle.clone(),
                 Arc::clone(&self.control),
                 self.overload.enabled().then(|| crate::sampler::Overload {
                     config: self.overload.clone(),
                     vm: handle.clone(),
                     hub: Arc::clone(&self.hub),
                 }),
-                self.ppa_page.clone().map(|p| (p, handle.clone())),
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );
@@ -258,6 +257,7 @@ where
             },
         );
         report.groups = self.limiter.groups();
+        report.vm.pressure = Some(handle.pressure().report());
         report.guest = self
             .ppa_page
             .as_ref()
