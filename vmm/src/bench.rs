@@ -13,6 +13,7 @@ use serde::Serialize;
 mod hogs;
 pub mod limit;
 pub mod socket;
+pub mod start;
 
 use crate::accounting::Level;
 use crate::config::RunOptions;

@@ -144,6 +144,9 @@ pub struct VmConfig {
     pub ppa_page_file: Option<PathBuf>,
     /// Seccomp filters and capability drop after set-up (`none` here; `ppa-vmm run`: `kill`).
     pub seccomp: crate::seccomp::Mode,
+    /// Where KVM's measured exit cost is kept for the next VM on this host (the run
+    /// directory's `calibration.json`; `None`: measured every time).
+    pub calibration_cache: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -167,6 +170,7 @@ impl Default for VmConfig {
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
             ppa_page_file: None,
             seccomp: crate::seccomp::Mode::None,
+            calibration_cache: None,
         }
     }
 }
@@ -277,9 +281,15 @@ pub struct RunOptions {
     #[arg(long, value_name = "NAME=NS")]
     #[serde(default)]
     pub threshold: Vec<String>,
-    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
+    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`). With a name the
+    /// VM registers in the run directory (docs/operations.md, "Many VMs on one host").
     #[arg(long)]
     pub name: Option<String>,
+    /// The run directory where the VM puts `NAME.sock` (unless --api-sock says otherwise) and
+    /// its descriptor `NAME.json` (default /run/ppa-vmm, or $XDG_RUNTIME_DIR/ppa-vmm for users
+    /// other than root; used when --name or --run-dir is given).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
     /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
@@ -443,6 +453,7 @@ impl RunOptions {
             max_runtime: over.max_runtime.or(self.max_runtime),
             kvm_device: over.kvm_device.or(self.kvm_device),
             name: over.name.or(self.name),
+            run_dir: over.run_dir.or(self.run_dir),
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             client_timeout: over.client_timeout.or(self.client_timeout),
@@ -564,6 +575,7 @@ impl RunOptions {
             ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
             ppa_page_file: self.ppa_page_file,
             seccomp: self.seccomp.unwrap_or_default(),
+            calibration_cache: None,
         };
         config.validate()?;
         let report = ReportOptions {
