@@ -28,7 +28,15 @@ impl Drop for Killed {
 fn start(dir: &Path, name: &str) -> Killed {
     common::require_kvm();
     let child = Command::new(bin())
-        .args(["run", "--guest", "tiny", "--vcpus", "1", "--memory-mib", "16"])
+        .args([
+            "run",
+            "--guest",
+            "tiny",
+            "--vcpus",
+            "1",
+            "--memory-mib",
+            "16",
+        ])
         .args(["--prefault", "false", "--workload", "idle:ms=120000"])
         .args(["--report", "none", "--max-runtime", "120", "--name", name])
         .arg("--run-dir")
@@ -53,7 +61,11 @@ fn host(args: &[&str]) -> (i32, String, String) {
 fn list(dir: &Path) -> Vec<Value> {
     let (code, out, err) = host(&["list", "--json", "--run-dir", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    serde_json::from_str::<Value>(&out).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 #[test]
@@ -94,17 +106,32 @@ fn three_vms_are_listed_with_their_pids_and_a_killed_one_leaves_nothing_behind()
     let rows = list(&dir);
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["a", "c"]);
-    assert!(!dir.join("b.json").exists(), "the stale descriptor is removed");
+    assert!(
+        !dir.join("b.json").exists(),
+        "the stale descriptor is removed"
+    );
     assert!(!dir.join("b.sock").exists(), "the stale socket is removed");
     assert!(dir.join("a.sock").exists() && dir.join("c.json").exists());
     // A second VM may not take a live one's name.
     let o = Command::new(bin())
-        .args(["run", "--guest", "tiny", "--report", "none", "--name", "a", "--run-dir"])
+        .args([
+            "run",
+            "--guest",
+            "tiny",
+            "--report",
+            "none",
+            "--name",
+            "a",
+            "--run-dir",
+        ])
         .arg(&dir)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("already running"), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("already running"),
+        "{o:?}"
+    );
 }
 
 #[test]
@@ -114,12 +141,24 @@ fn a_world_writable_run_directory_is_refused_with_a_sentence() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let o = Command::new(bin())
-        .args(["run", "--guest", "tiny", "--report", "none", "--name", "x", "--run-dir"])
+        .args([
+            "run",
+            "--guest",
+            "tiny",
+            "--report",
+            "none",
+            "--name",
+            "x",
+            "--run-dir",
+        ])
         .arg(&dir)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("world-writable"), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("world-writable"),
+        "{o:?}"
+    );
     let (code, _, err) = host(&["list", "--run-dir", dir.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("world-writable"), "{err}");
@@ -158,7 +197,11 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     std::fs::create_dir(&dir).unwrap();
     let a = start(&dir, "a");
     let mut b = start(&dir, "b");
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let _serve = Killed(
         Command::new(bin())
             .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
@@ -181,14 +224,22 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     let text = body.expect("host serve answers");
     promtool_accepts(&text);
     for vm in ["a", "b"] {
-        assert!(text.contains(&format!("ppa_vm_uptime_seconds{{vm=\"{vm}\"}}")), "{vm}");
+        assert!(
+            text.contains(&format!("ppa_vm_uptime_seconds{{vm=\"{vm}\"}}")),
+            "{vm}"
+        );
         assert!(text.contains(&format!("ppa_host_vm_up{{vm=\"{vm}\"}} 1")));
         assert!(text.contains(&format!(
             "kubevirt_vmi_vcpu_seconds_total{{name=\"{vm}\",namespace=\"\",id=\"0\",state=\"running\"}}"
         )));
-        assert!(text.contains(&format!("libvirt_domain_vcpu_delay_seconds_total{{domain=\"{vm}\",vcpu=\"0\"}}")));
+        assert!(text.contains(&format!(
+            "libvirt_domain_vcpu_delay_seconds_total{{domain=\"{vm}\",vcpu=\"0\"}}"
+        )));
     }
-    assert_eq!(text.matches("# TYPE ppa_vm_uptime_seconds gauge").count(), 1);
+    assert_eq!(
+        text.matches("# TYPE ppa_vm_uptime_seconds gauge").count(),
+        1
+    );
     assert!(text.contains("ppa_host_vms 2\n"));
     // b dies during the scrapes: the next scrape succeeds without it.
     b.0.kill().unwrap();
@@ -196,7 +247,10 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     let (status, text) = get(port).unwrap();
     assert_eq!(status, "HTTP/1.1 200 OK");
     promtool_accepts(&text);
-    assert!(!text.contains("vm=\"b\"") && !text.contains("name=\"b\""), "{text}");
+    assert!(
+        !text.contains("vm=\"b\"") && !text.contains("name=\"b\""),
+        "{text}"
+    );
     assert!(text.contains("ppa_vm_uptime_seconds{vm=\"a\"}"));
     assert!(text.contains("ppa_host_vms 1\n"));
     drop(a);
@@ -208,11 +262,21 @@ fn ready_arrives_on_the_notify_socket_after_the_vcpus_start() {
     let d = temp_dir("host-notify");
     let notify = d.as_path().join("notify");
     let server = UnixDatagram::bind(&notify).unwrap();
-    server.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let sock = d.as_path().join("api.sock");
     let child = Killed(
         Command::new(bin())
-            .args(["run", "--guest", "tiny", "--vcpus", "2", "--workload", "idle:ms=60000"])
+            .args([
+                "run",
+                "--guest",
+                "tiny",
+                "--vcpus",
+                "2",
+                "--workload",
+                "idle:ms=60000",
+            ])
             .args(["--report", "none", "--max-runtime", "60", "--api-sock"])
             .arg(&sock)
             .env("NOTIFY_SOCKET", &notify)
