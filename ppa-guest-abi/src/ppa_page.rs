@@ -107,7 +107,7 @@ impl RegionHeader {
         let end = self.vm_offset.checked_add(self.vm_size)?;
         (self.minor >= 3
             && self.vm_offset != 0
-            && self.vm_offset % 8 == 0
+            && self.vm_offset.is_multiple_of(8)
             && self.vm_size >= min
             && end <= self.guest_offset
             && end <= self.total_size)

@@ -116,11 +116,15 @@ impl<const N: usize> Averages<N> {
         let period = now.saturating_sub(self.last_update + missed * PERIOD_NS);
         self.last_update = now;
         let missed = u32::try_from(missed).unwrap_or(u32::MAX);
-        for s in 0..N {
+        for ((total, avg_total), avg) in totals
+            .iter()
+            .zip(self.avg_total.iter_mut())
+            .zip(self.avg.iter_mut())
+        {
             // Linux keeps the sample in a u32 of ns; a period is 2 s, so it fits.
-            let sample = totals[s].saturating_sub(self.avg_total[s]).min(period);
-            self.avg_total[s] += sample;
-            calc_avgs(&mut self.avg[s], missed, sample, period);
+            let sample = total.saturating_sub(*avg_total).min(period);
+            *avg_total += sample;
+            calc_avgs(avg, missed, sample, period);
         }
     }
 

@@ -119,7 +119,7 @@ fn repeat(pattern: &[(S, usize)], total: usize) -> Vec<S> {
 fn one_vcpu_some_and_full_are_its_steal_and_limited_time() {
     // A capped busy vCPU: runs 25 ms, held 75 ms, with a little steal; 8 ms ticks.
     let seq = repeat(&[(S::Run, 20), (S::Steal, 5), (S::Limited, 75)], 2_000);
-    let (some, full) = exact(&[seq.clone()]);
+    let (some, full) = exact(std::slice::from_ref(&seq));
     assert_eq!((some, full), (1_600 * MS, 1_600 * MS));
     let got = tracked(&[seq], 8);
     assert_eq!((got.some, got.full), (some, full));
