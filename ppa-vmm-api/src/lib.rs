@@ -19,6 +19,7 @@ use serde_json::Value;
 mod devices;
 mod event;
 mod names;
+mod pressure;
 mod request;
 mod time_split;
 mod types;
@@ -32,6 +33,10 @@ pub use names::{
     DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
     SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
     VcpuMicroState, VmEnd, VmState,
+};
+pub use pressure::{
+    GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,
+    TRIGGER_MAX_WINDOW_US, TRIGGER_MIN_WINDOW_US,
 };
 pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
@@ -138,14 +143,19 @@ pub enum Command {
     },
     /// Streams events on this connection.
     Subscribe {
-        /// Which events; every kind when empty.
+        /// Which events; every kind when empty (`pressure` only with a trigger).
         #[serde(default)]
         events: Vec<EventKind>,
+        /// The pressure trigger of `pressure` events.
+        #[serde(default)]
+        pressure: Option<PressureTrigger>,
     },
+    /// CPU pressure of the VM and of each vCPU group (PSI's some/full).
+    Pressure {},
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 17] = [
+pub const COMMANDS: [&str; 18] = [
     "version",
     "stats",
     "vcpu",
@@ -163,6 +173,7 @@ pub const COMMANDS: [&str; 17] = [
     "metrics",
     "subscribe",
     "device",
+    "pressure",
 ];
 
 /// Commands of the specification that later versions add (told apart from misspellings in

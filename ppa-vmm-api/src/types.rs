@@ -416,6 +416,9 @@ pub struct VmStats {
     /// The process's CPU: vCPU threads, device threads, the rest.
     #[serde(default)]
     pub host_cpu_ns: crate::HostCpuSplit,
+    /// CPU pressure of the VM (docs/accounting.md, "Pressure"), as of the last 8 ms refresh.
+    #[serde(default)]
+    pub pressure: crate::Pressure,
 }
 
 /// Result of `stats`.

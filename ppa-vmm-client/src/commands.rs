@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 17] = [
+pub const COMMANDS: [CommandHelp; 18] = [
     row(
         "version",
         "",
@@ -80,13 +80,19 @@ pub const COMMANDS: [CommandHelp; 17] = [
     row("metrics", "", "the Prometheus text of GET /metrics"),
     row(
         "subscribe",
-        "[events=KIND,...]",
-        "streams events of these kinds (all when none is given)",
+        "[events=KIND,...] [pressure=TRIGGER]",
+        "streams events of these kinds (all when none is given); TRIGGER is \
+         {\"kind\":\"some\"|\"full\",\"threshold_us\":T,\"window_us\":W}",
     ),
     row(
         "device",
         "name=ID",
         "one device's threads, queues, CPU and drops (e.g. name=net0)",
+    ),
+    row(
+        "pressure",
+        "",
+        "CPU pressure of the VM and each vCPU group (PSI's some/full, avg10/60/300)",
     ),
 ];
 
@@ -150,6 +156,7 @@ mod tests {
             Command::Metrics {} => "metrics",
             Command::Subscribe { .. } => "subscribe",
             Command::Device { .. } => "device",
+            Command::Pressure {} => "pressure",
         }
     }
 

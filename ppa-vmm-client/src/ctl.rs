@@ -134,7 +134,7 @@ pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write)
     // The vm-exit event tells the VM's end from a lost VMM: ask for it too, show it only when
     // it was asked for.
     let mut hide_vm_exit = false;
-    if let Command::Subscribe { events } = &mut command {
+    if let Command::Subscribe { events, .. } = &mut command {
         if !events.is_empty() && !events.contains(&EventKind::VmExit) {
             events.push(EventKind::VmExit);
             hide_vm_exit = true;

@@ -31,6 +31,8 @@ pub mod commands;
 pub mod ctl;
 pub mod devices;
 pub mod guest_view;
+pub mod host;
+pub mod rundir;
 pub mod top;
 
 /// Exit code of `ctl subscribe` and `top` when the VMM closed the connection without ending

@@ -157,6 +157,7 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
             host_cpu_ns: Default::default(),
+            pressure: Default::default(),
         },
         vcpus: vcpus.iter().cloned().map(Into::into).collect(),
         groups: Vec::new(),
@@ -209,7 +210,10 @@ fn next_line_streams_events_then_ends() {
     let mut client = Client::connect(server.path()).unwrap();
     assert!(
         client
-            .call(Command::Subscribe { events: vec![] })
+            .call(Command::Subscribe {
+                events: vec![],
+                pressure: None,
+            })
             .unwrap()
             .ok
     );

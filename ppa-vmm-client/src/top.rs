@@ -377,12 +377,15 @@ fn cells(row: &Row) -> Vec<String> {
 /// `sort`, and the total line.
 pub fn render(rows: &[Row], total: &Row, header: &VmStats, sort: SortKey) -> String {
     let mut s = format!(
-        "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}\n\n",
+        "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}  \
+         pressure some {:.2} % full {:.2} % (avg10)\n\n",
         header.name,
         header.state,
         header.level,
         header.uptime_ns as f64 / 1e9,
-        header.vcpus
+        header.vcpus,
+        header.pressure.some.avg10,
+        header.pressure.full.avg10
     );
     let titles: Vec<String> = COLUMNS.iter().map(|(t, _)| t.to_string()).collect();
     s.push_str(&line(&titles));
@@ -447,6 +450,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
     // end, tells that end from a VMM that was killed.
     match client.call(Command::Subscribe {
         events: vec![EventKind::VmExit],
+        pressure: None,
     }) {
         Ok(r) if r.ok => {}
         Ok(r) => {

@@ -14,6 +14,7 @@ mod hogs;
 pub mod limit;
 pub mod net;
 pub mod socket;
+pub mod start;
 
 use crate::accounting::Level;
 use crate::config::RunOptions;

@@ -171,6 +171,9 @@ pub struct VmConfig {
     pub seccomp: crate::seccomp::Mode,
     /// Network devices (virtio-net on taps), `net0`, `net1`, … in this order.
     pub net: Vec<crate::devices::net::spec::NetSpec>,
+    /// Where KVM's measured exit cost is kept for the next VM on this host (the run
+    /// directory's `calibration.json`; `None`: measured every time).
+    pub calibration_cache: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -195,6 +198,7 @@ impl Default for VmConfig {
             ppa_page_file: None,
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
+            calibration_cache: None,
         }
     }
 }
@@ -319,9 +323,15 @@ pub struct RunOptions {
     #[arg(long, value_name = "NAME=NS")]
     #[serde(default)]
     pub threshold: Vec<String>,
-    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
+    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`). With a name the
+    /// VM registers in the run directory (docs/operations.md, "Many VMs on one host").
     #[arg(long)]
     pub name: Option<String>,
+    /// The run directory where the VM puts `NAME.sock` (unless --api-sock says otherwise) and
+    /// its descriptor `NAME.json` (default /run/ppa-vmm, or $XDG_RUNTIME_DIR/ppa-vmm for users
+    /// other than root; used when --name or --run-dir is given).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
     /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
@@ -490,6 +500,7 @@ impl RunOptions {
             max_runtime: over.max_runtime.or(self.max_runtime),
             kvm_device: over.kvm_device.or(self.kvm_device),
             name: over.name.or(self.name),
+            run_dir: over.run_dir.or(self.run_dir),
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             client_timeout: over.client_timeout.or(self.client_timeout),
@@ -627,6 +638,7 @@ impl RunOptions {
             ppa_page_file: self.ppa_page_file,
             seccomp: self.seccomp.unwrap_or_default(),
             net,
+            calibration_cache: None,
         };
         config.validate()?;
         let report = ReportOptions {

@@ -120,7 +120,7 @@ pub fn request(data: &[u8]) {
         REFUSER.with(|h| h.borrow_mut().handle_line(data))
     };
     let (line, mask) = match &outcome {
-        Outcome::Subscribe(_, m) => (outcome.line(), Some(*m)),
+        Outcome::Subscribe(_, m, _) => (outcome.line(), Some(*m)),
         _ => (outcome.line(), None),
     };
     assert!(

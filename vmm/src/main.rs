@@ -22,6 +22,8 @@ use ppa_vmm::signals::{Caught, StopSignals};
 use ppa_vmm::vm::Vm;
 use ppa_vmm_client::ctl::CtlOptions;
 use ppa_vmm_client::describe;
+use ppa_vmm_client::host::HostOptions;
+use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
 use ppa_vmm_client::top::TopOptions;
 
 #[derive(Parser)]
@@ -47,6 +49,8 @@ enum Command {
     Ctl(CtlOptions),
     /// A live per-vCPU table of a running VMM, like esxtop.
     Top(TopOptions),
+    /// Every VM of the run directory: list, top, one metrics endpoint.
+    Host(HostOptions),
 }
 
 #[derive(Args)]
@@ -101,6 +105,9 @@ enum BenchKind {
     /// virtio-net: the tiny guest's frames through the device into a tap against a host loop
     /// writing the same frames, echo round trips, and an idle device's cost to exits.
     Net,
+    /// Start time: exec of `ppa-vmm run` until its control socket answers, with a cold and
+    /// a warm calibration cache.
+    Start,
 }
 
 /// The config file named by `--config`, with the command line laid over it.
@@ -168,15 +175,53 @@ fn emit(
     Ok(())
 }
 
+/// With `--name` or `--run-dir`: the run directory, checked (made when missing), and the
+/// name and socket path the VM takes there.
+fn run_dir_plan(opts: &mut RunOptions) -> Result<Option<RunDir>, Box<dyn std::error::Error>> {
+    if opts.name.is_none() && opts.run_dir.is_none() {
+        return Ok(None);
+    }
+    let dir = RunDir::open(opts.run_dir.as_deref(), true)?;
+    let name = opts
+        .name
+        .get_or_insert_with(|| format!("ppa-vmm-{}", std::process::id()))
+        .clone();
+    if opts.api_sock.is_none() {
+        opts.api_sock = Some(dir.socket_path(&name)?);
+    }
+    Ok(Some(dir))
+}
+
 /// Builds and runs the VM with the stop signals watched; prints or writes the report.
 fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::error::Error>> {
     opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
-    let (config, report_opts) = opts.into_config()?;
+    let run_dir = run_dir_plan(&mut opts)?;
+    let (mut config, report_opts) = opts.into_config()?;
+    // KVM's exit cost is kept per host in the run directory: that of this VM, else the
+    // default one when it is there and usable (never made only for this).
+    config.calibration_cache = run_dir
+        .clone()
+        .or_else(|| RunDir::open(None, false).ok())
+        .map(|d| d.path().join("calibration.json"));
     check_outputs(&report_opts)?;
+    let _registration: Option<Registration> = match &run_dir {
+        Some(dir) => Some(dir.register(&Descriptor::of_self(
+            config.name.as_deref().unwrap_or_default(),
+            config.vcpus,
+            config.api_sock.clone(),
+        ))?),
+        None => None,
+    };
+    // Opened now, with every privilege and before any filter; Vm::run only writes to it.
+    let notifier = ppa_vmm::notify::Notifier::from_env()
+        .map_err(|e| format!("cannot reach NOTIFY_SOCKET: {e}"))?;
     // Armed before the `signals` thread starts, which enters its kind at once (Vm::run arms
     // the same mode again for the others).
     ppa_vmm::seccomp::arm(config.seccomp);
-    let vm = Vm::try_from(config)?;
+    let mut vm = Vm::try_from(config)?;
+    if let Some(n) = notifier {
+        vm.set_notifier(n);
+    }
     // The `signals` thread outlives the run: it holds the VM's handle only until the run
     // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
     let handle = Arc::new(Mutex::new(Some(vm.handle())));
@@ -257,6 +302,13 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
                     .into(),
             )
         }
+        BenchKind::Start => print_result(
+            &ppa_vmm::bench::start::start(ppa_vmm::bench::start::StartOptions {
+                rounds: args.rounds.unwrap_or(10),
+            })?,
+            args.json,
+            ppa_vmm::bench::start::StartResult::to_text,
+        )?,
         BenchKind::Socket => print_result(
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
@@ -308,6 +360,7 @@ fn main() -> ExitCode {
     let opts = match cli.command {
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
         Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
+        Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
         Command::Bench(args) => {

@@ -257,6 +257,10 @@ pub struct VmReport {
     pub host_steal_ns: Option<u64>,
     /// Histograms merged over every vCPU.
     pub histograms: BTreeMap<String, HistogramJson>,
+    /// CPU pressure of the VM and its vCPU groups over the run (docs/accounting.md,
+    /// "Pressure"), as the sampler last computed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<ppa_vmm_api::PressureReport>,
     /// The payload's fields (a Linux guest: command line, console, resets).
     #[serde(flatten)]
     pub payload: PayloadVmReport,
@@ -416,6 +420,7 @@ impl Report {
                 host_cpu_ns: Default::default(),
                 host_steal_ns: facts.host_steal_ns,
                 histograms: merge_all(&hists),
+                pressure: None,
                 payload: vm_payload,
             },
             vcpus,
@@ -483,6 +488,23 @@ impl Report {
             vm.level,
             ms(vm.host_threads_ns),
         );
+        if let Some(p) = &vm.pressure {
+            let line = |l: &ppa_vmm_api::PressureLine| {
+                format!(
+                    "avg10={:.2} avg60={:.2} avg300={:.2} total={:.1} ms",
+                    l.avg10,
+                    l.avg60,
+                    l.avg300,
+                    l.total_us as f64 / 1e3
+                )
+            };
+            let _ = writeln!(
+                out,
+                "PRESSURE some {}; full {}",
+                line(&p.vm.some),
+                line(&p.vm.full)
+            );
+        }
         let _ = writeln!(
             out,
             "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",

@@ -46,6 +46,7 @@ fn parses_commands_and_values() {
 fn subscribe_takes_json_or_comma_lists() {
     let both = Command::Subscribe {
         events: vec![EventKind::VcpuExit, EventKind::Threshold],
+        pressure: None,
     };
     assert_eq!(
         parse_command("subscribe", &args(&[r#"events=["vcpu-exit","threshold"]"#])).unwrap(),
@@ -58,12 +59,16 @@ fn subscribe_takes_json_or_comma_lists() {
     assert_eq!(
         parse_command("subscribe", &args(&["events=vm-exit"])).unwrap(),
         Command::Subscribe {
-            events: vec![EventKind::VmExit]
+            events: vec![EventKind::VmExit],
+            pressure: None,
         }
     );
     assert_eq!(
         parse_command("subscribe", &[]).unwrap(),
-        Command::Subscribe { events: vec![] }
+        Command::Subscribe {
+            events: vec![],
+            pressure: None,
+        }
     );
     assert!(parse_command("subscribe", &args(&["events=vcpu-exit,bogus"])).is_err());
 }
@@ -235,7 +240,7 @@ fn subscribe_streams_until_close() {
 /// and, when `end`, the vm-exit event, then closes.
 fn subscribe_server(end: bool) -> FakeServer {
     FakeServer::start(move |req, _| {
-        let Command::Subscribe { events } = &req.command else {
+        let Command::Subscribe { events, .. } = &req.command else {
             panic!("{req:?}")
         };
         let mut lines = vec![

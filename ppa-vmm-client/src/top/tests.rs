@@ -170,12 +170,17 @@ fn sort_rows_by_each_kind_of_column() {
 fn render_has_a_line_per_vcpu_and_the_total() {
     let (prev, mut cur) = samples();
     cur.vcpus[1] = vcpu(1, 500 * MS, 400 * MS, &[]).into();
+    cur.vm.pressure.some.avg10 = 12.5;
     let r = rows(&prev, &cur);
     let text = render(&r, &total(&r), &cur.vm, SortKey::Used);
     println!("{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2 + 1 + 2 + 1, "{text}");
     assert!(lines[0].contains("vm test") && lines[0].contains("vcpus 2"));
+    assert!(
+        lines[0].contains("pressure some 12.50 % full 0.00 % (avg10)"),
+        "{text}"
+    );
     assert!(lines[0].contains("level full") && lines[0].contains("uptime 11.000 s"));
     assert!(lines[2].starts_with("VCPU") && lines[2].ends_with("TOP-EXIT"));
     assert!(

@@ -13,8 +13,8 @@
 //! take CPU from the guests. Commands that change what `stats` shows drop it.
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, Response, Stats,
-    ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
+    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, PressureTrigger,
+    Response, Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -41,8 +41,8 @@ pub enum Outcome {
     /// go from the board to the socket without being copied into a line first.
     Stats(String, Arc<Snapshot>),
     /// Send this response line, then stream the events whose kinds are in the mask
-    /// (bit `1 << kind as u8`).
-    Subscribe(String, u8),
+    /// (bit `1 << kind as u8`); with a pressure trigger, check it every 10 ms.
+    Subscribe(String, u8, Option<PressureTrigger>),
 }
 
 /// The tail of a `stats` answer after the snapshot's text.
@@ -53,7 +53,7 @@ impl Outcome {
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn line(&self) -> String {
         match self {
-            Outcome::Reply(r) | Outcome::Subscribe(r, _) => r.clone(),
+            Outcome::Reply(r) | Outcome::Subscribe(r, _, _) => r.clone(),
             Outcome::Stats(head, snap) => format!("{head}{}{STATS_TAIL}", snap.text),
         }
     }
@@ -103,6 +103,36 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, ErrorBody> {
     })
 }
 
+/// The kinds a `subscribe` asks for and its pressure trigger, checked: a trigger needs
+/// `pressure` among the kinds (or no kinds: then it adds it), and `pressure` needs a trigger.
+fn subscription(
+    events: Vec<EventKind>,
+    pressure: Option<PressureTrigger>,
+) -> Result<(Vec<EventKind>, Option<PressureTrigger>), ErrorBody> {
+    let bad = |m: String| ErrorBody::new(ErrorKind::BadRequest, m);
+    let mut kinds = if events.is_empty() {
+        EventKind::ALL.to_vec()
+    } else {
+        events
+    };
+    let wants = kinds.contains(&EventKind::Pressure);
+    match pressure {
+        Some(t) => {
+            t.validate().map_err(bad)?;
+            if !wants {
+                kinds.push(EventKind::Pressure);
+            }
+        }
+        None if wants => {
+            return Err(bad(
+                "`pressure` events need a trigger: add \"pressure\": {\"kind\": \"some\", \"threshold_us\": T, \"window_us\": W}".into(),
+            ))
+        }
+        None => {}
+    }
+    Ok((kinds, pressure))
+}
+
 impl Handler {
     /// A handler over `vm` that reuses `stats` snapshots for at most `max_age_ns`.
     #[cfg(test)]
@@ -137,16 +167,14 @@ impl Handler {
                 let head = format!("{{\"id\":{},\"ok\":true,\"result\":", id.get());
                 Outcome::Stats(head, self.stats())
             }
-            Command::Subscribe { events } => {
-                let kinds = if events.is_empty() {
-                    EventKind::ALL.to_vec()
-                } else {
-                    events
-                };
-                let mask = kinds.iter().fold(0, |m, k| m | kind_bit(*k));
-                let result = serde_json::json!({ "events": kinds });
-                Outcome::Subscribe(Response::ok(id, result).to_line(), mask)
-            }
+            Command::Subscribe { events, pressure } => match subscription(events, pressure) {
+                Ok((kinds, trigger)) => {
+                    let mask = kinds.iter().fold(0, |m, k| m | kind_bit(*k));
+                    let result = serde_json::json!({ "events": kinds, "pressure": trigger });
+                    Outcome::Subscribe(Response::ok(id, result).to_line(), mask, trigger)
+                }
+                Err(e) => Outcome::Reply(Response::err(id, e).to_line()),
+            },
             cmd => Outcome::Reply(match self.run(cmd) {
                 Ok(v) => Response::ok(id, v).to_line(),
                 Err(e) => Response::err(id, e).to_line(),
@@ -293,6 +321,7 @@ impl Handler {
                 to_value(&vm.limiter().groups())
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
+            Command::Pressure {} => to_value(&vm.pressure().report()),
             Command::Guest {} => match vm.ppa_page() {
                 Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(

@@ -38,6 +38,7 @@ use super::listen::{
 use super::server::EventHub;
 use crate::accounting::meter::Counter;
 use crate::accounting::{PerThreshold, Threshold};
+use crate::pressure::trigger::Trigger;
 use crate::sync::now_ns;
 
 pub(super) const TOKEN_API: u32 = 0;
@@ -106,6 +107,8 @@ struct Conn {
     out: OutQueue,
     /// Subscribed event kinds (bit per kind).
     mask: u8,
+    /// The pressure trigger, checked with the threshold timer.
+    trigger: Option<Trigger>,
     /// Close once `out` is written (an HTTP answer, or the server stopping).
     closing: bool,
     /// The peer sent all it will send; close once its requests are answered and written.
@@ -159,6 +162,7 @@ impl Conn {
             input: LineBuffer::default(),
             out: OutQueue::default(),
             mask: 0,
+            trigger: None,
             closing: false,
             eof: false,
             interest,
@@ -413,10 +417,14 @@ impl Serve {
                         snap.text.as_bytes(),
                         STATS_TAIL.as_bytes(),
                     ]),
-                    Outcome::Subscribe(r, mask) => {
+                    Outcome::Subscribe(r, mask, trigger) => {
                         conn.send(&r);
                         conn.mask |= mask;
-                        if mask & kind_bit(EventKind::Threshold) != 0 && !self.timer_armed {
+                        if let Some(t) = trigger {
+                            conn.trigger = Some(Trigger::new(t, now_ns()));
+                        }
+                        let timed = kind_bit(EventKind::Threshold) | kind_bit(EventKind::Pressure);
+                        if mask & timed != 0 && !self.timer_armed {
                             let every = Duration::from_millis(10);
                             self.timer_armed = self.timer.reset(every, Some(every)).is_ok();
                         }
@@ -645,6 +653,44 @@ impl Serve {
             *seen = now;
         }
         self.broadcast(&events, ops);
+        self.check_triggers(ops);
+    }
+
+    /// Checks each connection's pressure trigger against the board's history; a firing is an
+    /// event for that connection alone.
+    fn check_triggers(&mut self, ops: &mut EventOps) {
+        if !self.conns.values().any(|c| c.trigger.is_some()) {
+            return;
+        }
+        let vm = self.handler.vm().clone();
+        let uptime_ns = vm.uptime_ns();
+        let history = vm.pressure().lock().history.clone();
+        let fired: Vec<(u32, String)> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(token, c)| {
+                let t = c.trigger.as_mut()?;
+                let f = t.check(&history)?;
+                let e = Event::Pressure {
+                    uptime_ns,
+                    kind: t.spec.kind,
+                    threshold_us: t.spec.threshold_us,
+                    window_us: t.spec.window_us,
+                    stall_us: f.stall_us,
+                };
+                Some((*token, e.to_line()))
+            })
+            .collect();
+        for (token, line) in fired {
+            if let Some(c) = self.conns.get_mut(&token) {
+                let before = c.out.len();
+                if !c.out.push_event(&line, EVENT_QUEUE_BYTES) {
+                    self.stats.on_events_dropped(1);
+                }
+                self.queued += c.out.len() - before;
+            }
+            self.flush(token, ops);
+        }
     }
 
     fn on_stop(&mut self, ops: &mut EventOps) {
