@@ -445,6 +445,11 @@ pub struct GroupStats {
     pub period_ns: u64,
     /// Periods completed since the limit was set.
     pub periods: u64,
+    /// Length of those periods, summed: the time `used_ns` was measured over (the periods of
+    /// a limit changed at run time need not all have the same length, and a removed limit has
+    /// a `period_ns` of 0 but keeps its periods).
+    #[serde(default)]
+    pub periods_ns: u64,
     /// Periods in which a member had to stop.
     pub throttled_periods: u64,
     /// CPU time the members used in completed periods.
@@ -457,6 +462,14 @@ pub struct GroupStats {
     pub overshoot: HistogramJson,
     /// How the members were stopped.
     pub kicks: LimitKicks,
+}
+
+impl GroupStats {
+    /// What the members used over the completed periods, in percent of one CPU
+    /// (`used_ns` / `periods_ns`); `None` before a period has completed.
+    pub fn used_percent(&self) -> Option<f64> {
+        (self.periods_ns > 0).then(|| self.used_ns as f64 * 100.0 / self.periods_ns as f64)
+    }
 }
 
 /// How a limit's members were stopped since the limit was set (`kicks` of [`GroupStats`]).

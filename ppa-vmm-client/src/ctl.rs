@@ -350,12 +350,9 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
         .iter()
         .map(|g| {
             let over = &g.overshoot;
-            let span = u128::from(g.periods) * u128::from(g.period_ns);
-            let pct = if span == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.2}", g.used_ns as f64 * 100.0 / span as f64)
-            };
+            let pct = g
+                .used_percent()
+                .map_or("-".to_string(), |p| format!("{p:.2}"));
             let vcpus: Vec<String> = g.vcpus.iter().map(usize::to_string).collect();
             vec![
                 g.name.clone(),

@@ -58,12 +58,17 @@ pub fn temp_dir(tag: &str) -> TempDir {
 impl Vmm {
     /// Starts `ppa-vmm run --api-sock DIR/api.sock --report json ARGS` and waits for the socket.
     pub fn start(tag: &str, args: &[&str]) -> Vmm {
-        Self::spawn(tag, args, false)
+        Self::spawn(tag, args, false, "json")
+    }
+
+    /// As [`Vmm::start`], with the report in `format` (read it with [`Vmm::shutdown_output`]).
+    pub fn with_report(tag: &str, format: &str, args: &[&str]) -> Vmm {
+        Self::spawn(tag, args, false, format)
     }
 
     /// As [`Vmm::start`], with the PPA page exposed as the file [`Vmm::page`].
     pub fn with_page(tag: &str, args: &[&str]) -> Vmm {
-        Self::spawn(tag, args, true)
+        Self::spawn(tag, args, true, "json")
     }
 
     /// The `--ppa-page-file` of a VMM made by [`Vmm::with_page`].
@@ -71,14 +76,14 @@ impl Vmm {
         self.dir.as_path().join("page")
     }
 
-    fn spawn(tag: &str, args: &[&str], page: bool) -> Vmm {
+    fn spawn(tag: &str, args: &[&str], page: bool, report: &str) -> Vmm {
         super::require_kvm();
         let dir = temp_dir(tag);
         let sock = dir.as_path().join("api.sock");
         let mut cmd = Command::new(bin());
         cmd.arg("run").arg("--api-sock").arg(&sock).args([
             "--report",
-            "json",
+            report,
             "--max-runtime",
             "120",
         ]);
@@ -115,6 +120,13 @@ impl Vmm {
         let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
         assert_eq!(r["ok"], json!(true), "{r}");
         self.wait()
+    }
+
+    /// Shuts the VM down through the socket and returns what the VMM printed.
+    pub fn shutdown_output(mut self) -> Output {
+        let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
+        assert_eq!(r["ok"], json!(true), "{r}");
+        self.child.take().unwrap().wait_with_output().unwrap()
     }
 
     /// Waits for the child to end by itself; returns its exit status and report.

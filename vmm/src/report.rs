@@ -549,7 +549,7 @@ impl Report {
                 g.throttled_periods,
                 g.periods,
                 ms(g.used_ns),
-                g.used_ns as f64 * 100.0 / (g.periods * g.period_ns).max(1) as f64,
+                g.used_percent().unwrap_or(0.0),
                 ms(g.limited_ns),
                 g.overshoot_max_ns as f64 / 1e3,
                 g.kicks.path,

@@ -287,6 +287,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
         quota_ns: 50_000_000,
         period_ns: 100_000_000,
         periods: 10,
+        periods_ns: 1_000_000_000,
         throttled_periods: 9,
         used_ns: 500_123_000,
         limited_ns: 400_000_000,

@@ -74,6 +74,8 @@ struct Entity {
     stopped: Vec<bool>,
     stopped_this_period: bool,
     periods: u64,
+    /// Length of the completed periods, summed.
+    periods_ns: u64,
     throttled_periods: u64,
     used_ns: u64,
     overshoot: Histogram,
@@ -157,6 +159,7 @@ impl Entity {
             stopped: vec![false; n],
             stopped_this_period: false,
             periods: 0,
+            periods_ns: 0,
             throttled_periods: 0,
             used_ns: 0,
             overshoot: Histogram::new(3).expect("3 fractional bits are valid"),
@@ -233,6 +236,7 @@ impl Entity {
             quota_ns,
             period_ns,
             periods: self.periods,
+            periods_ns: self.periods_ns,
             throttled_periods: self.throttled_periods,
             used_ns: self.used_ns,
             limited_ns,
@@ -511,6 +515,7 @@ impl Limiter {
                 })
                 .collect();
             e.periods += 1;
+            e.periods_ns += l.period_ns;
             e.used_ns += used;
             if e.log.len() < PERIOD_LOG {
                 e.log.push(used);
@@ -781,5 +786,44 @@ mod tests {
         assert_eq!(groups[0].quota_ns, 150_000_000);
         assert_eq!(groups[1].limit, "50%", "a change waits for the boundary");
         l.set_limit("vm", "none").unwrap();
+    }
+
+    /// Issue 28: after a limit was changed or removed, what its periods covered is the sum of
+    /// their lengths (the text report divided by `periods` × the current `period_ns`, 0 once
+    /// removed, and printed 32947357800 % of one CPU).
+    #[test]
+    fn periods_ns_sums_the_length_of_every_completed_period() {
+        let vm = crate::api::tests_support::handle(2);
+        let cfg = LimitConfig {
+            vm: None,
+            groups: vec![GroupSpec::parse("a:0-1:50%").unwrap()],
+            backend: Backend::Vmm,
+            kick: KickMode::Timer,
+        };
+        let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
+        let close = |n: usize, every: u64, t: &mut u64| {
+            for _ in 0..n {
+                *t += every;
+                let mut es = l.lock();
+                l.end_period(&mut es[0], *t, *t);
+            }
+        };
+        let mut t = 1_000_000_000;
+        close(2, 100_000_000, &mut t);
+        // Applies at the next boundary: the period in progress is still one of 100 ms.
+        l.set_limit("a", "3ms/10ms").unwrap();
+        close(1, 100_000_000, &mut t);
+        close(3, 10_000_000, &mut t);
+        l.set_limit("a", "none").unwrap();
+        close(1, 10_000_000, &mut t);
+        // Without a limit no period is counted.
+        close(5, 10_000_000, &mut t);
+        let g = &l.groups()[0];
+        assert_eq!(g.limit, "none");
+        assert_eq!((g.periods, g.period_ns), (7, 0), "{g:?}");
+        assert_eq!(g.periods_ns, 3 * 100_000_000 + 4 * 10_000_000, "{g:?}");
+        let mut removed = g.clone();
+        removed.used_ns = 34_000_000;
+        assert_eq!(removed.used_percent(), Some(10.0));
     }
 }
