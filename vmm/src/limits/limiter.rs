@@ -46,7 +46,8 @@ pub use super::{Backend, LimitConfig};
 const MIN_MARGIN_NS: i64 = 5_000;
 const MAX_MARGIN_NS: i64 = 2_000_000;
 
-/// Per-period CPU use kept for `bench limit` (the most recent periods).
+/// Per-period CPU use kept per limit once [`Limiter::keep_period_log`] asked for it (`bench
+/// limit`): the first periods, at most this many.
 const PERIOD_LOG: usize = 100_000;
 
 /// With kick timers, how long after a member's deadline the thread looks at it: time for its
@@ -83,7 +84,8 @@ struct Entity {
     /// Members' limited time when the limit was set.
     limited_base: Vec<u64>,
     next_look: Option<u64>,
-    /// CPU time used in each closed period, most recent last.
+    /// CPU time used in each closed period, most recent last; kept only while
+    /// [`Limiter::keep_period_log`] asks for it (a VM that runs for days must not grow it).
     log: Vec<u64>,
     /// The stop margin, learnt: after each period in which members were stopped, it moves
     /// by half the period's error shared among them, so the mean error tends to zero.
@@ -118,6 +120,8 @@ pub struct Limiter {
     host_cpus: usize,
     /// Lateness of the looks the thread planned: woken at its deadline, how long after it.
     look_lateness: Histogram,
+    /// Keep each limit's per-period use (`bench limit`); off otherwise.
+    keep_log: AtomicBool,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -307,6 +311,7 @@ impl Limiter {
             // The vCPU threads inherit the affinity of the thread that builds the VM.
             host_cpus: crate::sched::allowed_cpus().len(),
             look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
+            keep_log: AtomicBool::new(false),
         }
     }
 
@@ -340,7 +345,14 @@ impl Limiter {
         cg.place(&tids)
     }
 
-    /// CPU time used in each closed period of limit `name`, oldest first (VMM backend).
+    /// Keeps each limit's per-period use from now on, for [`Limiter::period_log`] (`bench
+    /// limit`; off by default, so that a long run does not grow a log nobody reads).
+    pub fn keep_period_log(&self) {
+        self.keep_log.store(true, Ordering::Relaxed);
+    }
+
+    /// CPU time used in each closed period of limit `name`, oldest first (VMM backend), since
+    /// [`Limiter::keep_period_log`].
     pub fn period_log(&self, name: &str) -> Vec<u64> {
         self.lock()
             .iter()
@@ -517,7 +529,7 @@ impl Limiter {
             e.periods += 1;
             e.periods_ns += l.period_ns;
             e.used_ns += used;
-            if e.log.len() < PERIOD_LOG {
+            if e.log.len() < PERIOD_LOG && self.keep_log.load(Ordering::Relaxed) {
                 e.log.push(used);
             }
             if e.stopped_this_period {
@@ -822,6 +834,14 @@ mod tests {
         assert_eq!(g.limit, "none");
         assert_eq!((g.periods, g.period_ns), (7, 0), "{g:?}");
         assert_eq!(g.periods_ns, 3 * 100_000_000 + 4 * 10_000_000, "{g:?}");
+        assert!(
+            l.period_log("a").is_empty(),
+            "no per-period log unless asked for (issue 28: it grew for the whole run)"
+        );
+        l.keep_period_log();
+        l.set_limit("a", "10%").unwrap();
+        close(3, 100_000_000, &mut t);
+        assert_eq!(l.period_log("a").len(), 3);
         let mut removed = g.clone();
         removed.used_ns = 34_000_000;
         assert_eq!(removed.used_percent(), Some(10.0));
