@@ -16,12 +16,14 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod clip;
 mod event;
 mod names;
 mod request;
 mod time_split;
 mod types;
 
+pub use clip::{clip, clip_middle, MESSAGE_MAX, QUOTE_MAX};
 pub use event::{Event, EventKind};
 pub use names::{
     LimitBackend, LimitKick, OverloadKind, SplitKind, SplitSource, ThreadState, Threshold,

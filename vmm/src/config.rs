@@ -24,6 +24,8 @@ pub use crate::limits::KickMode;
 
 /// The most vCPUs a VM may have.
 pub const MAX_VCPUS: usize = 256;
+/// The largest config file read (a config has a few dozen short fields).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Guest memory of a Linux guest when `--memory-mib` is not given.
 pub const LINUX_DEFAULT_MEMORY_MIB: u64 = 512;
 
@@ -41,7 +43,7 @@ pub enum ConfigError {
     )]
     Memory(u64),
     /// `--guest` names an unknown guest.
-    #[error("unknown guest `{0}` (the embedded guest is `tiny`; use --tiny-image PATH for a tiny-guest ELF file)")]
+    #[error("unknown guest `{q}` (the embedded guest is `tiny`; use --tiny-image PATH for a tiny-guest ELF file)", q = ppa_vmm_api::clip(.0))]
     UnknownGuest(String),
     /// More than one of `--guest`, `--tiny-image` and `--kernel`.
     #[error("give one of --guest, --tiny-image and --kernel, not several")]
@@ -56,13 +58,13 @@ pub enum ConfigError {
     #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
     HistogramBits(u8),
     /// A `--threshold` that is not NAME=NS with a known name.
-    #[error("`{0}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)")]
+    #[error("`{q}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)", q = ppa_vmm_api::clip(.0))]
     Threshold(String),
     /// A VM name that is empty, too long or has control characters.
-    #[error("the VM name must be 1 to 128 printable characters, not {0:?}")]
+    #[error("the VM name must be 1 to 128 printable characters, not {q:?}", q = ppa_vmm_api::clip(.0))]
     Name(String),
     /// A metrics address that is not IP:PORT.
-    #[error("`{0}` is not an address to serve metrics on (IP:PORT, e.g. 127.0.0.1:9464)")]
+    #[error("`{q}` is not an address to serve metrics on (IP:PORT, e.g. 127.0.0.1:9464)", q = ppa_vmm_api::clip(.0))]
     MetricsAddr(String),
     /// An empty socket path.
     #[error("the control socket path is empty")]
@@ -71,13 +73,13 @@ pub enum ConfigError {
     #[error(transparent)]
     Limit(#[from] crate::limits::LimitError),
     /// A bad max runtime.
-    #[error("the maximum run time must be a positive number of seconds, not {0}")]
+    #[error("the maximum run time must be {rule}, not {0}", rule = seconds_rule(*.0))]
     MaxRuntime(f64),
     /// A bad `--client-timeout` or `--idle-timeout`.
-    #[error("--{0} must be a positive number of seconds (0 for --idle-timeout: never), not {1}")]
+    #[error("--{0} must be {rule} (0 for --idle-timeout: never), not {1}", rule = seconds_rule(*.1))]
     ClientTimeout(&'static str, f64),
     /// A bad workload spec.
-    #[error("bad workload `{spec}`")]
+    #[error("bad workload `{q}`", q = ppa_vmm_api::clip(.spec))]
     Workload {
         /// The spec as given.
         spec: String,
@@ -94,6 +96,12 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The config file is larger than any config needs.
+    #[error("the config file {path} is over {max} bytes; a config has a few dozen fields", max = MAX_CONFIG_BYTES)]
+    FileTooLarge {
+        /// Path.
+        path: PathBuf,
+    },
     /// The config file is not valid.
     #[error("the config file {path} is not valid")]
     ParseFile {
@@ -103,6 +111,19 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// Longest time, in seconds, a time option takes (about 31 years).
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// What a time option in seconds must be, said of the value `s` that was refused: too large
+/// is said as such.
+fn seconds_rule(s: f64) -> String {
+    if s >= MAX_SECONDS {
+        format!("below {MAX_SECONDS} seconds (about 31 years)")
+    } else {
+        "a positive number of seconds".to_string()
+    }
 }
 
 /// Everything the core needs to build a VM.
@@ -215,7 +236,10 @@ pub struct ReportOptions {
 /// (serde, the same names with `_` for `-`) in one struct. Every field is optional; unset fields
 /// take the defaults of [`VmConfig`].
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object of run options, the flags of `ppa-vmm run` with `_` for `-` (docs/operations.md)"
+)]
 pub struct RunOptions {
     /// JSON config file with the same fields as the flags (flags win).
     #[arg(long, value_name = "FILE.json")]
@@ -381,7 +405,7 @@ fn client_limits(
     idle_timeout: Option<f64>,
 ) -> Result<crate::api::ClientLimits, ConfigError> {
     let secs = |name, s: f64, zero_ok: bool| {
-        if s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s < 1e9 {
+        if s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s < MAX_SECONDS {
             Ok(Duration::from_secs_f64(s))
         } else {
             Err(ConfigError::ClientTimeout(name, s))
@@ -400,10 +424,22 @@ fn client_limits(
 impl RunOptions {
     /// Reads a JSON config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        use std::io::Read;
+        let read = |source| ConfigError::ReadFile {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .map_err(read)?
+            .take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::FileTooLarge {
+                path: path.to_path_buf(),
+            });
+        }
         Self::from_json(&text).map_err(|source| ConfigError::ParseFile {
             path: path.to_path_buf(),
             source,
@@ -483,7 +519,9 @@ impl RunOptions {
         }
         let max_runtime = match self.max_runtime {
             None => None,
-            Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
+            Some(s) if s.is_finite() && s > 0.0 && s < MAX_SECONDS => {
+                Some(Duration::from_secs_f64(s))
+            }
             Some(s) => return Err(ConfigError::MaxRuntime(s)),
         };
         let workloads = self

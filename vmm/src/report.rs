@@ -287,6 +287,9 @@ pub struct VcpuReport {
     /// The time split and counts of spec section 4.
     #[serde(flatten)]
     pub times: VcpuTimes,
+    /// Whether a `reset` restarted this vCPU's figures during the run: they count from the
+    /// last reset, /proc's ticks and the VM's uptime from the start.
+    pub reset: bool,
     /// Histograms (exit_handling by reason only where it has samples).
     pub histograms: BTreeMap<String, HistogramJson>,
     /// The same histograms as snapshots, for the kstats text form.
@@ -343,6 +346,7 @@ fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistS
         exit_code,
         failure,
         times,
+        reset: s.acct.meter.reset_epoch.load(Ordering::Acquire) > 0,
         histograms: hist.to_json(),
         hist: hist.clone(),
     };
@@ -508,13 +512,14 @@ impl Report {
             };
             let mut w = v.tiny().map_or(String::new(), |t| t.workload.clone());
             w.truncate(24);
+            let wall = format!("{:.2}{}", ms(t.wall_ns), if v.reset { "*" } else { "" });
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
-                ms(t.wall_ns),
+                wall,
                 ms(t.used_ns),
                 ms(t.guest_ns),
                 ms(t.vmm_ns),
@@ -531,13 +536,19 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {} (from {}). BLKD: asleep in the kernel outside parks, not halted. \
+             GUEST/VMM split: {}. BLKD: asleep in the kernel outside parks, not halted. \
              IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
-            self.vcpus.first().map_or("-", |v| v.times.split.as_str()),
             self.vcpus
                 .first()
-                .map_or("-", |v| v.times.split_source.as_str())
+                .map_or("-".to_string(), |v| v.times.split.legend(v.times.split_source)),
         );
+        if self.vcpus.iter().any(|v| v.reset) {
+            let _ = writeln!(
+                out,
+                "* reset during the run: that vCPU's figures count from its last reset, its \
+                 /proc ms and the VM's uptime from the start."
+            );
+        }
         for g in &self.groups {
             let _ = writeln!(
                 out,
