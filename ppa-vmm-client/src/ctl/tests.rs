@@ -439,7 +439,7 @@ fn refusals_quote_long_input_cut() {
     let long = "x".repeat(60_000);
     for e in [
         parse_command(&long, &[]).unwrap_err(),
-        parse_command("vcpu", &[long.clone()]).unwrap_err(),
+        parse_command("vcpu", std::slice::from_ref(&long)).unwrap_err(),
         parse_command("vcpu", &[format!("vcpu=\"{long}\"")]).unwrap_err(),
         parse_command("stats", &[format!("{long}=1")]).unwrap_err(),
     ] {

@@ -18,7 +18,8 @@ use std::time::Duration;
 use crate::metrics::{self, ServerCounters};
 
 /// Connections the control socket serves at once (from its owner or root; other uids are
-/// refused before they count).
+/// refused before they count). When it is full, a new connection closes the longest-idle
+/// one of its own uid, so that the owner always gets in.
 pub const API_MAX_CLIENTS: usize = 256;
 /// Connections the HTTP /metrics endpoint serves at once. When it is full, a new connection
 /// evicts the oldest one that has not sent its whole request head yet.
@@ -103,8 +104,9 @@ indexed_enum! {
         Full = "full",
         /// The peer's uid may not use the control socket.
         Permission = "permission",
-        /// An HTTP connection that had not sent its whole request head, closed to make room
-        /// for a new one.
+        /// Closed to make room for a new connection: on the HTTP side one that had not sent
+        /// its whole request head; on the control socket the new peer's own connection (same
+        /// uid; root: any) that was quiet longest, else the one whose last request is oldest.
         Evicted = "evicted",
         /// A request begun and not finished within the client timeout (slowloris).
         HeaderTimeout = "header_timeout",

@@ -102,6 +102,8 @@ impl Stream {
 
 struct Conn {
     stream: Stream,
+    /// The peer's uid (control socket; `u32::MAX` for HTTP).
+    uid: u32,
     input: LineBuffer,
     out: OutQueue,
     /// Subscribed event kinds (bit per kind).
@@ -116,6 +118,8 @@ struct Conn {
     since: u64,
     /// The last byte read or written.
     active_at: u64,
+    /// When its last request was answered (at accept: the accept).
+    request_at: u64,
     /// Since when a request has been begun and not finished.
     partial_since: Option<u64>,
     /// Since when answers have waited without the client taking any.
@@ -153,9 +157,10 @@ impl Conn {
         }
     }
 
-    fn new(stream: Stream, interest: EventSet, now: u64) -> Self {
+    fn new(stream: Stream, uid: u32, interest: EventSet, now: u64) -> Self {
         Conn {
             stream,
+            uid,
             input: LineBuffer::default(),
             out: OutQueue::default(),
             mask: 0,
@@ -164,6 +169,7 @@ impl Conn {
             interest,
             since: now,
             active_at: now,
+            request_at: now,
             partial_since: None,
             stalled_since: None,
             ready: false,
@@ -172,6 +178,11 @@ impl Conn {
 
     fn is_http(&self) -> bool {
         matches!(self.stream, Stream::Http(_))
+    }
+
+    /// Nothing in flight (no input, no output queued) and no subscription.
+    fn is_quiet(&self) -> bool {
+        self.mask == 0 && self.out.is_empty() && self.input.is_empty()
     }
 
     /// Whether the server reads this connection's socket now: it is waiting for bytes to
@@ -406,6 +417,7 @@ impl Serve {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
+                conn.request_at = now_ns();
                 match self.handler.handle_line(&line) {
                     Outcome::Reply(r) => conn.send(&r),
                     Outcome::Stats(head, snap) => conn.send_parts([
@@ -573,8 +585,7 @@ impl Serve {
                 } else if c.partial_since.is_some_and(|s| past(s, timeout)) {
                     DropReason::HeaderTimeout
                 } else {
-                    let quiet = c.mask == 0 && c.out.is_empty() && c.input.is_empty();
-                    let limit = idle.filter(|_| quiet && !c.closing)?;
+                    let limit = idle.filter(|_| c.is_quiet() && !c.closing)?;
                     past(c.active_at, limit).then_some(DropReason::Idle)?
                 };
                 Some((*t, reason))

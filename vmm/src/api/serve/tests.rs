@@ -126,14 +126,26 @@ fn each_listener_has_its_own_cap_and_http_evicts_the_oldest_idle() {
     let mut a = f.api();
     let mut b = f.api();
     assert!(version_ok(&mut a) && version_ok(&mut b));
+    // Full: a third connection closes the longest-idle one of the same uid (issue 28: it was
+    // refused, and the owner locked out), which is told why.
     let mut c = f.api();
-    let r = line(&mut c);
+    assert!(version_ok(&mut c));
+    let r = line(&mut a);
     assert_eq!(
         r["error"]["kind"],
         serde_json::json!("too-many-clients"),
         "{r}"
     );
-    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 1);
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("closed to make room for a new client"),
+        "{r}"
+    );
+    assert_eq!(f.dropped(Listener::Api, DropReason::Evicted), 1);
+    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 0);
+    assert!(version_ok(&mut b), "the other one stays");
     // A scrape evicts an idle connection and is served.
     let mut s = f.tcp();
     s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
@@ -141,6 +153,34 @@ fn each_listener_has_its_own_cap_and_http_evicts_the_oldest_idle() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     drop(idle);
+}
+
+/// Issue 28: 400 control connections held by the owner's own uid (a leaking script) took all
+/// 256 places and the operator's `ctl version` got `too-many-clients` until the idle timeout.
+/// Each new connection now closes the owner's longest-idle one: the operator always gets in.
+#[test]
+fn the_owner_always_gets_in_past_its_own_leaked_connections() {
+    let f = Fixture::new(limits());
+    let max = ClientLimits::default().api_max_clients;
+    let mut held: Vec<UnixStream> = (0..400).map(|_| f.api()).collect();
+    wait_until("the cap is reached with the rest evicted", || {
+        f.connected(Listener::Api) == max as u64
+            && f.dropped(Listener::Api, DropReason::Evicted) == (400 - max) as u64
+    });
+    // One of the held ones asks something: it is no longer the longest idle.
+    let mut busy = held.pop().unwrap();
+    assert!(version_ok(&mut busy));
+    let mut operator = f.api();
+    assert!(version_ok(&mut operator), "the operator's request gets in");
+    assert!(version_ok(&mut busy), "the one that asked last stays");
+    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 0);
+    assert_eq!(
+        f.dropped(Listener::Api, DropReason::Evicted),
+        (400 - max + 1) as u64
+    );
+    // The evicted ones were the oldest, and were told.
+    let r = line(&mut held[0]);
+    assert_eq!(r["error"]["kind"], serde_json::json!("too-many-clients"));
 }
 
 #[test]
@@ -286,7 +326,7 @@ fn a_response_is_written_at_once_or_queued_behind_what_waits() {
     use event_manager::EventSet;
     let (ours, mut peer) = UnixStream::pair().unwrap();
     ours.set_nonblocking(true).unwrap();
-    let mut conn = Conn::new(Stream::Api(ours), EventSet::IN, 0);
+    let mut conn = Conn::new(Stream::Api(ours), 0, EventSet::IN, 0);
     conn.send("first\n");
     assert!(conn.out.is_empty(), "written at once, nothing queued");
     // In three parts (a `stats` answer's head, snapshot and tail), larger than the socket
