@@ -20,6 +20,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::board::{Board, Snapshot};
+use super::listen::{ChangeBudget, CHANGES_PER_SEC, CHANGE_BURST};
 use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::snapshot::HistSnapshots;
 use crate::handle::{HandleError, VmHandle};
@@ -57,6 +58,21 @@ impl Outcome {
             Outcome::Stats(head, snap) => format!("{head}{}{STATS_TAIL}", snap.text),
         }
     }
+}
+
+/// Whether `cmd` changes the VM's state or its accounting (what a client's
+/// [`ChangeBudget`] bounds).
+pub fn changes_state(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Reset { .. }
+            | Command::SetLevel { .. }
+            | Command::SetThresholds { .. }
+            | Command::SetLimit { .. }
+            | Command::Pause {}
+            | Command::Resume {}
+            | Command::Shutdown {}
+    )
 }
 
 /// Bit of `kind` in a subscription mask.
@@ -126,11 +142,36 @@ impl Handler {
 
     /// Handles one request line (without its newline).
     pub fn handle_line(&mut self, line: &[u8]) -> Outcome {
+        self.handle(line, None)
+    }
+
+    /// Handles one request line of a client whose state-changing requests draw on `budget`:
+    /// one past it is refused with `rate-limited` and changes nothing.
+    pub fn handle_line_from(&mut self, line: &[u8], budget: &mut ChangeBudget) -> Outcome {
+        self.handle(line, Some(budget))
+    }
+
+    fn handle(&mut self, line: &[u8], budget: Option<&mut ChangeBudget>) -> Outcome {
         let req = match parse_request(line) {
             Ok(r) => r,
             Err((id, e)) => return Outcome::Reply(Response::err(id, e).to_line()),
         };
         let id = req.id;
+        if let (true, Some(b)) = (changes_state(&req.command), budget) {
+            if let Err(wait) = b.take(now_ns()) {
+                let e = ErrorBody::new(
+                    ErrorKind::RateLimited,
+                    format!(
+                        "this client made more state-changing requests (reset, set-level, \
+                         set-thresholds, set-limit, pause, resume, shutdown) than the \
+                         {CHANGES_PER_SEC} a second, in bursts of {CHANGE_BURST}, that the VMM \
+                         takes from one client; nothing changed; retry in {:.0} ms",
+                        wait.as_secs_f64() * 1e3
+                    ),
+                );
+                return Outcome::Reply(Response::err(id, e).to_line());
+            }
+        }
         match req.command {
             Command::Stats {} => {
                 let head = format!("{{\"id\":{},\"ok\":true,\"result\":", id.get());

@@ -12,8 +12,12 @@
 //! connection, and the turns of the ready list take at most [`ROUND_NS`] before epoll is
 //! asked again, so a new client or request waits about a round at most. A client
 //! whose queue holds more than [`CLIENT_OUT_PAUSE`] gets no more answers, and its socket is
-//! not read, until it reads; the kernel's socket buffer holds what it sends meanwhile. Every
-//! [`DropReason`] is applied here, and counted in [`ListenerStats`].
+//! not read, until it reads; the kernel's socket buffer holds what it sends meanwhile. Each
+//! answer's time is charged to its client's [`WorkBudget`]: a client past its share of the
+//! thread rests (not read, not answered) until the rest timer wakes it, and its
+//! state-changing requests draw on its [`ChangeBudget`] (both in [`super::listen`]), so that
+//! one client's storm is bounded whatever it asks. Every [`DropReason`] is applied here, and
+//! counted in [`ListenerStats`].
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -32,8 +36,8 @@ use super::conn::{LineBuffer, Next, OutQueue};
 use super::handler::{kind_bit, Handler, Outcome, STATS_TAIL};
 use super::http::{http_head, http_reply, http_response, Head, MAX_HTTP_HEAD};
 use super::listen::{
-    ClientLimits, DropReason, FdReserve, Listener, ListenerStats, CLIENT_OUT_PAUSE,
-    EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
+    ChangeBudget, ClientLimits, DropReason, FdReserve, Listener, ListenerStats, WorkBudget,
+    CLIENT_OUT_PAUSE, EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
 };
 use super::server::EventHub;
 use crate::accounting::meter::Counter;
@@ -47,6 +51,7 @@ pub(super) const TOKEN_TIMER: u32 = 3;
 pub(super) const TOKEN_STOP: u32 = 4;
 pub(super) const TOKEN_SWEEP: u32 = 5;
 pub(super) const TOKEN_KICK: u32 = 6;
+pub(super) const TOKEN_REST: u32 = 7;
 const FIRST_CONN: u32 = 16;
 /// Connections accepted per listener wake-up; epoll reports the rest.
 const ACCEPTS_PER_WAKE: usize = 64;
@@ -126,6 +131,12 @@ struct Conn {
     stalled_since: Option<u64>,
     /// In the ready list.
     ready: bool,
+    /// What is left of its state-changing requests.
+    changes: ChangeBudget,
+    /// Its share of the thread's time.
+    work: WorkBudget,
+    /// Past its share: neither read nor answered until then.
+    resting_until: Option<u64>,
 }
 
 impl Conn {
@@ -173,6 +184,9 @@ impl Conn {
             partial_since: None,
             stalled_since: None,
             ready: false,
+            changes: ChangeBudget::default(),
+            work: WorkBudget::default(),
+            resting_until: None,
         }
     }
 
@@ -188,7 +202,7 @@ impl Conn {
     /// Whether the server reads this connection's socket now: it is waiting for bytes to
     /// complete a request, and the client has read its answers.
     fn wants_input(&self) -> bool {
-        if self.closing || self.eof {
+        if self.closing || self.eof || self.resting_until.is_some() {
             return false;
         }
         if self.is_http() {
@@ -200,6 +214,7 @@ impl Conn {
     /// Whether complete requests wait and may be answered now.
     fn can_answer(&self) -> bool {
         !self.closing
+            && self.resting_until.is_none()
             && !self.is_http()
             && self.out.len() <= CLIENT_OUT_PAUSE
             && self.input.has_line()
@@ -253,6 +268,10 @@ pub(super) struct Serve {
     sweep_armed: bool,
     /// Written when the ready list gains a connection.
     kick: EventFd,
+    /// Fires when the earliest resting connection may be answered again.
+    rest: TimerFd,
+    /// When `rest` fires (`None`: disarmed).
+    rest_at: Option<u64>,
     ready: VecDeque<u32>,
     reserve: FdReserve,
     limits: ClientLimits,
@@ -284,6 +303,8 @@ impl Serve {
             sweep: TimerFd::new()?,
             sweep_armed: false,
             kick: EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?,
+            rest: TimerFd::new()?,
+            rest_at: None,
             ready: VecDeque::new(),
             reserve: FdReserve::new()?,
             limits: p.limits,
@@ -418,7 +439,11 @@ impl Serve {
                     continue;
                 }
                 conn.request_at = now_ns();
-                match self.handler.handle_line(&line) {
+                let began = now_ns();
+                let outcome = self.handler.handle_line_from(&line, &mut conn.changes);
+                let done = now_ns();
+                conn.work.charge(done, done - began);
+                match outcome {
                     Outcome::Reply(r) => conn.send(&r),
                     Outcome::Stats(head, snap) => conn.send_parts([
                         head.as_bytes(),
@@ -433,6 +458,16 @@ impl Serve {
                             self.timer_armed = self.timer.reset(every, Some(every)).is_ok();
                         }
                     }
+                }
+            }
+            if let Some(until) = conn.work.rest_until(now_ns()) {
+                // Past its share of the thread: it rests (its socket unread, its requests
+                // unanswered) until the share is back.
+                conn.resting_until = Some(until);
+                self.stats.on_rest();
+                if self.rest_at.is_none_or(|t| until < t) {
+                    let wait = Duration::from_nanos(until.saturating_sub(now_ns()).max(1));
+                    self.rest_at = self.rest.reset(wait, None).is_ok().then_some(until);
                 }
             }
             // A line over the limit without its newline is found only by looking.
@@ -559,6 +594,33 @@ impl Serve {
         }
         if !self.ready.is_empty() {
             let _ = self.kick.write(1);
+        }
+    }
+
+    /// Wakes the connections whose rest is over: they are read and answered again.
+    fn on_rest(&mut self, ops: &mut EventOps) {
+        let _ = self.rest.wait();
+        let now = now_ns();
+        self.rest_at = None;
+        let mut next: Option<u64> = None;
+        let mut woken = Vec::new();
+        for (t, c) in self.conns.iter_mut() {
+            match c.resting_until {
+                Some(u) if u <= now => {
+                    c.resting_until = None;
+                    woken.push(*t);
+                }
+                Some(u) => next = Some(next.map_or(u, |n| n.min(u))),
+                None => {}
+            }
+        }
+        if let Some(until) = next {
+            let wait = Duration::from_nanos(until.saturating_sub(now).max(1));
+            self.rest_at = self.rest.reset(wait, None).is_ok().then_some(until);
+        }
+        for t in woken {
+            self.answer(t, ops);
+            self.flush(t, ops);
         }
     }
 
@@ -691,6 +753,7 @@ impl MutEventSubscriber for Serve {
             TOKEN_STOP => self.on_stop(ops),
             TOKEN_SWEEP => self.on_sweep(ops),
             TOKEN_KICK => self.on_kick(ops),
+            TOKEN_REST => self.on_rest(ops),
             token => {
                 if set.contains(EventSet::ERROR) || set.contains(EventSet::HANG_UP) {
                     self.close(token, ops);
@@ -724,6 +787,7 @@ impl MutEventSubscriber for Serve {
         add(self.stop.as_raw_fd(), TOKEN_STOP);
         add(self.sweep.as_raw_fd(), TOKEN_SWEEP);
         add(self.kick.as_raw_fd(), TOKEN_KICK);
+        add(self.rest.as_raw_fd(), TOKEN_REST);
     }
 }
 
