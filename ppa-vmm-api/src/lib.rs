@@ -44,7 +44,9 @@ pub const API_VERSION: u32 = 1;
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// Histogram export form.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramFormat {
     /// [`HistogramJson`].
@@ -55,7 +57,7 @@ pub enum HistogramFormat {
 }
 
 /// A command and its arguments (the request without its `id`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Command {
     /// Server and protocol versions.
@@ -159,7 +161,7 @@ pub const COMMANDS: [&str; 16] = [
 pub const LATER_COMMANDS: [&str; 0] = [];
 
 /// Classes of error responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// The request line is longer than [`MAX_REQUEST_BYTES`].
@@ -190,7 +192,7 @@ pub enum ErrorKind {
 }
 
 /// The `error` member of a failed response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     /// Class.
@@ -210,7 +212,7 @@ impl ErrorBody {
 }
 
 /// One response line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
     /// The request's id, as the request wrote it (null when the request had none or could

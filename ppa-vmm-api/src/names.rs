@@ -36,7 +36,7 @@ macro_rules! names {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
         pub enum $name {
             $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )+
         }

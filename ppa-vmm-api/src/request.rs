@@ -120,6 +120,19 @@ impl Serialize for RequestId {
     }
 }
 
+/// Any JSON value: the schema says so.
+impl schemars::JsonSchema for RequestId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RequestId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Any JSON value the client chose; the response echoes its exact text (null when the request had none or could not be read)."
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for RequestId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Box::<RawValue>::deserialize(d).map(RequestId)

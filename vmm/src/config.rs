@@ -210,7 +210,7 @@ impl VmConfig {
 }
 
 /// Final report format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportFormat {
     /// One JSON object on stdout (or the report file).
@@ -235,7 +235,7 @@ pub struct ReportOptions {
 /// The options of `ppa-vmm run`: the command line's flags (clap) and the config file's keys
 /// (serde, the same names with `_` for `-`) in one struct. Every field is optional; unset fields
 /// take the defaults of [`VmConfig`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args, schemars::JsonSchema)]
 #[serde(
     deny_unknown_fields,
     expecting = "a JSON object of run options, the flags of `ppa-vmm run` with `_` for `-` (docs/operations.md)"

@@ -182,7 +182,7 @@ pub(crate) fn guest_view(page: &PpaPage, vcpus: &[Arc<VcpuShared>]) -> GuestView
 }
 
 /// VM facts fixed at build time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmInfo {
     /// vCPU count.
     pub vcpus: usize,
@@ -222,7 +222,7 @@ pub struct RunFacts {
 }
 
 /// Per-VM part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmReport {
     /// The VM's name (`--name`; `ppa-vmm-PID` by default).
     pub name: String,
@@ -261,7 +261,7 @@ pub struct VmReport {
 }
 
 /// A failed vCPU's cause.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct FailureReport {
     /// One sentence.
     pub reason: String,
@@ -273,7 +273,7 @@ pub struct FailureReport {
 }
 
 /// Per-vCPU part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VcpuReport {
     /// The payload's fields (tiny guest: `workload`, `doorbells`, `guest_reported`).
     #[serde(flatten)]
@@ -308,7 +308,7 @@ impl VcpuReport {
 }
 
 /// The final report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Report {
     /// The VM.
     pub vm: VmReport,

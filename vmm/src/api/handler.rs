@@ -140,7 +140,8 @@ impl Handler {
         &self.vm
     }
 
-    /// Handles one request line (without its newline).
+    /// Handles one request line (without its newline), with no budget (tests, fuzzing).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn handle_line(&mut self, line: &[u8]) -> Outcome {
         self.handle(line, None)
     }

@@ -242,6 +242,36 @@ fn too_long(n: usize) -> String {
     Response::err(serde_json::Value::Null, e).to_line()
 }
 
+/// Answers an HTTP connection's request once its head is whole (its one answer, after which
+/// the connection closes).
+fn answer_http(conn: &mut Conn, handler: &mut Handler) {
+    if !conn.closing {
+        let reply = match http_head(&mut conn.input) {
+            Head::Pending => None,
+            Head::TooLarge => {
+                // What the client sent beyond is thrown away, so that closing does
+                // not reset the connection before it reads the answer.
+                let mut sink = [0u8; 4096];
+                for _ in 0..16 {
+                    if !matches!(conn.stream.read(&mut sink), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
+                Some(http_response(
+                    "431 Request Header Fields Too Large",
+                    "text/plain",
+                    "request too large\n",
+                ))
+            }
+            Head::Complete(target) => Some(http_reply(&target, handler)),
+        };
+        if let Some(r) = reply {
+            conn.out.push_response(&r);
+            conn.closing = true;
+        }
+    }
+}
+
 /// What the loop needs besides the connections.
 pub(super) struct ServeParts {
     pub handler: Handler,
@@ -395,31 +425,7 @@ impl Serve {
         };
         let before = conn.out.len();
         if conn.is_http() {
-            if !conn.closing {
-                let reply = match http_head(&mut conn.input) {
-                    Head::Pending => None,
-                    Head::TooLarge => {
-                        // What the client sent beyond is thrown away, so that closing does
-                        // not reset the connection before it reads the answer.
-                        let mut sink = [0u8; 4096];
-                        for _ in 0..16 {
-                            if !matches!(conn.stream.read(&mut sink), Ok(n) if n > 0) {
-                                break;
-                            }
-                        }
-                        Some(http_response(
-                            "431 Request Header Fields Too Large",
-                            "text/plain",
-                            "request too large\n",
-                        ))
-                    }
-                    Head::Complete(target) => Some(http_reply(&target, &mut self.handler)),
-                };
-                if let Some(r) = reply {
-                    conn.out.push_response(&r);
-                    conn.closing = true;
-                }
-            }
+            answer_http(conn, &mut self.handler);
         } else {
             let turn_end = now_ns() + TURN_NS;
             let mut answered = 0;

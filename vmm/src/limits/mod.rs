@@ -117,7 +117,17 @@ pub enum LimitError {
 pub use ppa_vmm_api::LimitBackend as Backend;
 
 /// How the VMM backend stops a member that must stop (`--limit-kick`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KickMode {
     /// Each vCPU's kick timer, armed by the vCPU thread for the CPU its runway allows and
