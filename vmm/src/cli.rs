@@ -158,7 +158,13 @@ impl SchemaKind {
         use ppa_vmm_api as api;
         use schemars::schema_for;
         let s = match self {
-            SchemaKind::Request => schema_for!(RequestLine),
+            SchemaKind::Request => {
+                let mut s = schema_for!(RequestLine);
+                // Each command refuses unknown members; with `id` beside the flattened
+                // command, only unevaluatedProperties can say so (draft 2020-12).
+                s.insert("unevaluatedProperties".into(), false.into());
+                s
+            }
             SchemaKind::Response => schema_for!(api::Response),
             SchemaKind::Event => schema_for!(api::Event),
             SchemaKind::Version => schema_for!(api::VersionInfo),
