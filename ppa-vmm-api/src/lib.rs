@@ -184,9 +184,6 @@ pub enum ErrorKind {
     TooManyClients,
     /// A limit or group the command names is invalid or does not exist.
     BadLimit,
-    /// The client made more state-changing requests than the server takes from one client;
-    /// the request had no effect.
-    RateLimited,
     /// The server failed; the request had no effect.
     Internal,
 }

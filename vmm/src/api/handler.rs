@@ -20,7 +20,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::board::{Board, Snapshot};
-use super::listen::{ChangeBudget, CHANGES_PER_SEC, CHANGE_BURST};
+use super::listen::ChangeBudget;
 use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::snapshot::HistSnapshots;
 use crate::handle::{HandleError, VmHandle};
@@ -44,6 +44,9 @@ pub enum Outcome {
     /// Send this response line, then stream the events whose kinds are in the mask
     /// (bit `1 << kind as u8`).
     Subscribe(String, u8),
+    /// Nothing was run: the client's state-changing requests are past its budget. Hand the
+    /// same line in again after this long.
+    Wait(std::time::Duration),
 }
 
 /// The tail of a `stats` answer after the snapshot's text.
@@ -55,6 +58,7 @@ impl Outcome {
     pub fn line(&self) -> String {
         match self {
             Outcome::Reply(r) | Outcome::Subscribe(r, _) => r.clone(),
+            Outcome::Wait(_) => String::new(),
             Outcome::Stats(head, snap) => format!("{head}{}{STATS_TAIL}", snap.text),
         }
     }
@@ -147,7 +151,7 @@ impl Handler {
     }
 
     /// Handles one request line of a client whose state-changing requests draw on `budget`:
-    /// one past it is refused with `rate-limited` and changes nothing.
+    /// one past it is not run, and the answer is [`Outcome::Wait`].
     pub fn handle_line_from(&mut self, line: &[u8], budget: &mut ChangeBudget) -> Outcome {
         self.handle(line, Some(budget))
     }
@@ -160,17 +164,7 @@ impl Handler {
         let id = req.id;
         if let (true, Some(b)) = (changes_state(&req.command), budget) {
             if let Err(wait) = b.take(now_ns()) {
-                let e = ErrorBody::new(
-                    ErrorKind::RateLimited,
-                    format!(
-                        "this client made more state-changing requests (reset, set-level, \
-                         set-thresholds, set-limit, pause, resume, shutdown) than the \
-                         {CHANGES_PER_SEC} a second, in bursts of {CHANGE_BURST}, that the VMM \
-                         takes from one client; nothing changed; retry in {:.0} ms",
-                        wait.as_secs_f64() * 1e3
-                    ),
-                );
-                return Outcome::Reply(Response::err(id, e).to_line());
+                return Outcome::Wait(wait);
             }
         }
         match req.command {

@@ -137,6 +137,8 @@ struct Conn {
     work: WorkBudget,
     /// Past its share: neither read nor answered until then.
     resting_until: Option<u64>,
+    /// A request taken from `input` and not run yet (its state change waits for the budget).
+    held: Option<Vec<u8>>,
 }
 
 impl Conn {
@@ -187,6 +189,7 @@ impl Conn {
             changes: ChangeBudget::default(),
             work: WorkBudget::default(),
             resting_until: None,
+            held: None,
         }
     }
 
@@ -196,7 +199,7 @@ impl Conn {
 
     /// Nothing in flight (no input, no output queued) and no subscription.
     fn is_quiet(&self) -> bool {
-        self.mask == 0 && self.out.is_empty() && self.input.is_empty()
+        self.mask == 0 && self.out.is_empty() && self.input.is_empty() && self.held.is_none()
     }
 
     /// Whether the server reads this connection's socket now: it is waiting for bytes to
@@ -208,7 +211,7 @@ impl Conn {
         if self.is_http() {
             return self.input.len() <= MAX_HTTP_HEAD;
         }
-        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line()
+        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line() && self.held.is_none()
     }
 
     /// Whether complete requests wait and may be answered now.
@@ -217,7 +220,7 @@ impl Conn {
             && self.resting_until.is_none()
             && !self.is_http()
             && self.out.len() <= CLIENT_OUT_PAUSE
-            && self.input.has_line()
+            && (self.input.has_line() || self.held.is_some())
     }
 
     /// The largest read that keeps the input within what the protocol needs to see.
@@ -269,6 +272,14 @@ fn answer_http(conn: &mut Conn, handler: &mut Handler) {
             conn.out.push_response(&r);
             conn.closing = true;
         }
+    }
+}
+
+/// Arms the rest timer for `until` unless it fires before.
+fn arm_rest(timer: &mut TimerFd, at: &mut Option<u64>, until: u64) {
+    if at.is_none_or(|t| until < t) {
+        let wait = Duration::from_nanos(until.saturating_sub(now_ns()).max(1));
+        *at = timer.reset(wait, None).is_ok().then_some(until);
     }
 }
 
@@ -433,13 +444,16 @@ impl Serve {
                 && (answered == 0 || (answered < REQUESTS_PER_TURN && now_ns() < turn_end))
             {
                 answered += 1;
-                let line = match conn.input.next_line(MAX_REQUEST_BYTES) {
-                    Next::Pending => break,
-                    Next::TooLong(n) => {
-                        conn.out.push_response(&too_long(n));
-                        continue;
-                    }
-                    Next::Line(l) => l,
+                let line = match conn.held.take() {
+                    Some(l) => l,
+                    None => match conn.input.next_line(MAX_REQUEST_BYTES) {
+                        Next::Pending => break,
+                        Next::TooLong(n) => {
+                            conn.out.push_response(&too_long(n));
+                            continue;
+                        }
+                        Next::Line(l) => l,
+                    },
                 };
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
@@ -450,6 +464,15 @@ impl Serve {
                 let done = now_ns();
                 conn.work.charge(done, done - began);
                 match outcome {
+                    Outcome::Wait(wait) => {
+                        // Past its budget of state changes: the request waits, in order.
+                        conn.held = Some(line);
+                        let until = done + wait.as_nanos() as u64;
+                        conn.resting_until = Some(until);
+                        self.stats.on_rest();
+                        arm_rest(&mut self.rest, &mut self.rest_at, until);
+                        break;
+                    }
                     Outcome::Reply(r) => conn.send(&r),
                     Outcome::Stats(head, snap) => conn.send_parts([
                         head.as_bytes(),
@@ -469,12 +492,10 @@ impl Serve {
             if let Some(until) = conn.work.rest_until(now_ns()) {
                 // Past its share of the thread: it rests (its socket unread, its requests
                 // unanswered) until the share is back.
+                let until = until.max(conn.resting_until.unwrap_or(0));
                 conn.resting_until = Some(until);
                 self.stats.on_rest();
-                if self.rest_at.is_none_or(|t| until < t) {
-                    let wait = Duration::from_nanos(until.saturating_sub(now_ns()).max(1));
-                    self.rest_at = self.rest.reset(wait, None).is_ok().then_some(until);
-                }
+                arm_rest(&mut self.rest, &mut self.rest_at, until);
             }
             // A line over the limit without its newline is found only by looking.
             if !conn.input.has_line() && conn.input.len() > MAX_REQUEST_BYTES {
@@ -621,8 +642,7 @@ impl Serve {
             }
         }
         if let Some(until) = next {
-            let wait = Duration::from_nanos(until.saturating_sub(now).max(1));
-            self.rest_at = self.rest.reset(wait, None).is_ok().then_some(until);
+            arm_rest(&mut self.rest, &mut self.rest_at, until);
         }
         for t in woken {
             self.answer(t, ops);
