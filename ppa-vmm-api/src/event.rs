@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{OverloadKind, PressureKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd};
 
 /// The kinds a client can subscribe to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventKind {
     /// A vCPU thread ended.
@@ -39,7 +39,7 @@ impl EventKind {
 }
 
 /// One event line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Event {
     /// A vCPU thread ended.

@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod clip;
 mod devices;
 mod event;
 mod names;
@@ -24,6 +25,7 @@ mod request;
 mod time_split;
 mod types;
 
+pub use clip::{clip, clip_middle, MESSAGE_MAX, QUOTE_MAX};
 pub use devices::{
     DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, HostCpuSplit,
     PerPacket, QueueStats,
@@ -53,7 +55,9 @@ pub const API_VERSION: u32 = 1;
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// Histogram export form.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramFormat {
     /// [`HistogramJson`].
@@ -64,7 +68,7 @@ pub enum HistogramFormat {
 }
 
 /// A command and its arguments (the request without its `id`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Command {
     /// Server and protocol versions.
@@ -181,7 +185,7 @@ pub const COMMANDS: [&str; 18] = [
 pub const LATER_COMMANDS: [&str; 0] = [];
 
 /// Classes of error responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// The request line is longer than [`MAX_REQUEST_BYTES`].
@@ -211,7 +215,7 @@ pub enum ErrorKind {
 }
 
 /// The `error` member of a failed response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     /// Class.
@@ -231,7 +235,7 @@ impl ErrorBody {
 }
 
 /// One response line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
     /// The request's id, as the request wrote it (null when the request had none or could

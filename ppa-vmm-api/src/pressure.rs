@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Which of PSI's two figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PressureKind {
     /// At least one non-idle vCPU stalled.
@@ -25,7 +25,7 @@ impl PressureKind {
 }
 
 /// One line of a PSI file: the running averages and the total.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PressureLine {
     /// Share of the last ~10 s stalled, percent (two decimals, as Linux prints it).
@@ -52,7 +52,7 @@ impl PressureLine {
 }
 
 /// `some` and `full` of one VM or group.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Pressure {
     /// At least one non-idle vCPU stalled.
@@ -72,7 +72,7 @@ impl Pressure {
 }
 
 /// One vCPU group's pressure.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupPressure {
     /// The group's name (`--vcpu-group NAME:...`).
@@ -85,7 +85,7 @@ pub struct GroupPressure {
 }
 
 /// Result of `pressure`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PressureReport {
     /// VM uptime when the figures were computed, ns (they are refreshed every 8 ms).
@@ -103,7 +103,7 @@ pub const TRIGGER_MAX_WINDOW_US: u64 = 10_000_000;
 
 /// A pressure trigger (`subscribe`'s `pressure` member): a `pressure` event when the stall of
 /// `kind` within a window of `window_us` exceeds `threshold_us`, at most one per window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PressureTrigger {
     /// `some` or `full`.

@@ -96,6 +96,10 @@ pub const COMMANDS: [CommandHelp; 18] = [
     ),
 ];
 
+/// Argument keys whose values are always text (a limit, a group or histogram name): `ctl`
+/// sends `limit=150` as the string `"150"`, never as a number.
+pub const TEXT_ARGS: [&str; 3] = ["group", "limit", "name"];
+
 /// Width of the usage column of [`help`]; a longer usage puts its description on the next line.
 const USAGE_WIDTH: usize = 30;
 

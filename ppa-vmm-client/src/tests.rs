@@ -329,6 +329,8 @@ fn links_no_kvm_code() {
         "thiserror",
         "clap",
         "libc",
+        // The protocol types' JSON Schemas (pure Rust, no KVM).
+        "schemars",
     ];
     let own = dependencies(include_str!("../Cargo.toml"));
     let api = dependencies(include_str!("../../ppa-vmm-api/Cargo.toml"));

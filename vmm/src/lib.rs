@@ -16,7 +16,7 @@
 macro_rules! indexed_enum {
     ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
         $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
         $vis enum $name {
             $($(#[$vm])* #[serde(rename = $s)] $v,)*
         }
@@ -45,6 +45,7 @@ pub(crate) mod api;
 pub(crate) mod arch;
 pub mod bench;
 pub(crate) mod calibration_cache;
+pub mod cli;
 pub mod config;
 pub mod devices;
 pub mod exit;

@@ -15,100 +15,14 @@
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
+use ppa_vmm::cli::{BenchArgs, BenchKind, Cli, Command};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::{Caught, StopSignals};
 use ppa_vmm::vm::Vm;
-use ppa_vmm_client::ctl::CtlOptions;
 use ppa_vmm_client::describe;
-use ppa_vmm_client::host::HostOptions;
 use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
-use ppa_vmm_client::top::TopOptions;
-
-#[derive(Parser)]
-#[command(
-    name = "ppa-vmm",
-    version,
-    about = "A KVM VMM for precise CPU accounting of VMs"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Boot a VM and run it until every vCPU has exited.
-    Run(Box<RunOptions>),
-    /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
-    Demo,
-    /// Measure the VMM itself.
-    Bench(BenchArgs),
-    /// Send one request to a running VMM's control socket and print the result.
-    Ctl(CtlOptions),
-    /// A live per-vCPU table of a running VMM, like esxtop.
-    Top(TopOptions),
-    /// Every VM of the run directory: list, top, one metrics endpoint.
-    Host(HostOptions),
-}
-
-#[derive(Args)]
-struct BenchArgs {
-    /// What to measure.
-    #[arg(value_enum)]
-    which: BenchKind,
-    /// Print one JSON object whose last key is "verdict".
-    #[arg(long)]
-    json: bool,
-    /// Exits per run (overhead; default 40000).
-    #[arg(long)]
-    exits: Option<u64>,
-    /// Length of each run's measured window, ms (socket).
-    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
-    window_ms: u64,
-    /// Rounds of alternated runs (default 3; limit and socket: 5).
-    #[arg(long)]
-    rounds: Option<usize>,
-    /// vCPUs of the VM (socket).
-    #[arg(long, default_value_t = 64)]
-    vcpus: usize,
-    /// `stats` requests per second in the loaded runs (socket).
-    #[arg(long, default_value_t = 1000)]
-    rate: u32,
-    /// Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE).
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
-    client_nice: i32,
-    /// Periods per run (limit).
-    #[arg(long, default_value_t = 50)]
-    periods: u64,
-    /// Run beside one spinning process per CPU (limit).
-    #[arg(long)]
-    hogs: bool,
-    /// Frames per transmit run (net).
-    #[arg(long, default_value_t = 200_000)]
-    packets: u64,
-    /// Echo round trips (net).
-    #[arg(long, default_value_t = 2000)]
-    echoes: u64,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum BenchKind {
-    /// Exit throughput: raw KVM_RUN loop vs accounting off, basic, full.
-    Overhead,
-    /// Control socket: stats latency with 64 vCPUs, and guest throughput under 1000 stats/s.
-    Socket,
-    /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy
-    /// vCPU, in interleaved rounds with the host's steal and the kicks' lateness.
-    Limit,
-    /// virtio-net: the tiny guest's frames through the device into a tap against a host loop
-    /// writing the same frames, echo round trips, and an idle device's cost to exits.
-    Net,
-    /// Start time: exec of `ppa-vmm run` until its control socket answers, with a cold and
-    /// a warm calibration cache.
-    Start,
-}
 
 /// The config file named by `--config`, with the command line laid over it.
 fn options(cli: RunOptions) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -324,6 +238,19 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     Ok(0)
 }
 
+/// Prints generated text to stdout (quiet when the reader went away): exit code 0, or 2 when
+/// stdout cannot be written.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("ppa-vmm: error: cannot write to stdout: {e}");
+            ExitCode::from(2)
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
 /// Log records to stderr as `ppa-vmm: LEVEL: message`, at the level `PPA_VMM_LOG` names
 /// (error, warn, info, debug, trace; default warn).
 struct StderrLog;
@@ -363,6 +290,17 @@ fn main() -> ExitCode {
         Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
+        Command::Completions { shell } => return print_out(&ppa_vmm::cli::completions(shell)),
+        Command::Man => {
+            return match ppa_vmm::cli::man_page() {
+                Ok(page) => print_out(&page),
+                Err(e) => {
+                    eprintln!("ppa-vmm: error: cannot render the man page: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Schema { which } => return print_out(&which.schema()),
         Command::Bench(args) => {
             return match bench(args) {
                 Ok(code) => ExitCode::from(code as u8),

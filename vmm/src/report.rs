@@ -182,7 +182,7 @@ pub(crate) fn guest_view(page: &PpaPage, vcpus: &[Arc<VcpuShared>]) -> GuestView
 }
 
 /// VM facts fixed at build time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmInfo {
     /// vCPU count.
     pub vcpus: usize,
@@ -222,7 +222,7 @@ pub struct RunFacts {
 }
 
 /// Per-VM part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmReport {
     /// The VM's name (`--name`; `ppa-vmm-PID` by default).
     pub name: String,
@@ -267,7 +267,7 @@ pub struct VmReport {
 }
 
 /// A failed vCPU's cause.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct FailureReport {
     /// One sentence.
     pub reason: String,
@@ -279,7 +279,7 @@ pub struct FailureReport {
 }
 
 /// Per-vCPU part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VcpuReport {
     /// The payload's fields (tiny guest: `workload`, `doorbells`, `guest_reported`).
     #[serde(flatten)]
@@ -293,6 +293,9 @@ pub struct VcpuReport {
     /// The time split and counts of spec section 4.
     #[serde(flatten)]
     pub times: VcpuTimes,
+    /// Whether a `reset` restarted this vCPU's figures during the run: they count from the
+    /// last reset, /proc's ticks and the VM's uptime from the start.
+    pub reset: bool,
     /// Histograms (exit_handling by reason only where it has samples).
     pub histograms: BTreeMap<String, HistogramJson>,
     /// The same histograms as snapshots, for the kstats text form.
@@ -311,7 +314,7 @@ impl VcpuReport {
 }
 
 /// The final report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Report {
     /// The VM.
     pub vm: VmReport,
@@ -351,6 +354,7 @@ fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistS
         exit_code,
         failure,
         times,
+        reset: s.acct.meter.reset_epoch.load(Ordering::Acquire) > 0,
         histograms: hist.to_json(),
         hist: hist.clone(),
     };
@@ -536,13 +540,14 @@ impl Report {
             };
             let mut w = v.tiny().map_or(String::new(), |t| t.workload.clone());
             w.truncate(24);
+            let wall = format!("{:.2}{}", ms(t.wall_ns), if v.reset { "*" } else { "" });
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
-                ms(t.wall_ns),
+                wall,
                 ms(t.used_ns),
                 ms(t.guest_ns),
                 ms(t.vmm_ns),
@@ -559,13 +564,19 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {} (from {}). BLKD: asleep in the kernel outside parks, not halted. \
+             GUEST/VMM split: {}. BLKD: asleep in the kernel outside parks, not halted. \
              IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
-            self.vcpus.first().map_or("-", |v| v.times.split.as_str()),
             self.vcpus
                 .first()
-                .map_or("-", |v| v.times.split_source.as_str())
+                .map_or("-".to_string(), |v| v.times.split.legend(v.times.split_source)),
         );
+        if self.vcpus.iter().any(|v| v.reset) {
+            let _ = writeln!(
+                out,
+                "* reset during the run: that vCPU's figures count from its last reset, its \
+                 /proc ms and the VM's uptime from the start."
+            );
+        }
         for g in &self.groups {
             let _ = writeln!(
                 out,
@@ -577,7 +588,7 @@ impl Report {
                 g.throttled_periods,
                 g.periods,
                 ms(g.used_ns),
-                g.used_ns as f64 * 100.0 / (g.periods * g.period_ns).max(1) as f64,
+                g.used_percent().unwrap_or(0.0),
                 ms(g.limited_ns),
                 g.overshoot_max_ns as f64 / 1e3,
                 g.kicks.path,

@@ -287,6 +287,27 @@ fn run_once_and_until_the_vm_ends() {
     assert!(text.ends_with("The VM has ended (completed).\n"), "{text}");
 }
 
+/// Issue 28: `top` wrote screen escape codes into a pipe; off a terminal its tables follow
+/// each other as plain text.
+#[test]
+fn off_a_terminal_the_tables_are_plain_text() {
+    let (prev, cur) = samples();
+    let (cur2, _) = samples();
+    let server = fake_vmm(vec![prev, cur, cur2], true);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_on(
+        top_opts(server.path(), false, 10, SortKey::Vcpu),
+        &mut out,
+        &mut err,
+        Screen::Plain,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let text = String::from_utf8_lossy(&out);
+    assert!(!text.contains('\x1b'), "{text:?}");
+    assert!(text.starts_with("ppa-vmm top - "), "{text}");
+    assert!(text.contains("\n\nppa-vmm top - "), "{text}");
+}
+
 #[test]
 fn a_killed_vmm_is_an_error() {
     let (prev, cur) = samples();

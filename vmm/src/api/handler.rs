@@ -20,6 +20,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::board::{Board, Snapshot};
+use super::listen::ChangeBudget;
 use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::snapshot::HistSnapshots;
 use crate::handle::{HandleError, VmHandle};
@@ -43,6 +44,9 @@ pub enum Outcome {
     /// Send this response line, then stream the events whose kinds are in the mask
     /// (bit `1 << kind as u8`); with a pressure trigger, check it every 10 ms.
     Subscribe(String, u8, Option<PressureTrigger>),
+    /// Nothing was run: the client's state-changing requests are past its budget. Hand the
+    /// same line in again after this long.
+    Wait(std::time::Duration),
 }
 
 /// The tail of a `stats` answer after the snapshot's text.
@@ -54,9 +58,25 @@ impl Outcome {
     pub fn line(&self) -> String {
         match self {
             Outcome::Reply(r) | Outcome::Subscribe(r, _, _) => r.clone(),
+            Outcome::Wait(_) => String::new(),
             Outcome::Stats(head, snap) => format!("{head}{}{STATS_TAIL}", snap.text),
         }
     }
+}
+
+/// Whether `cmd` changes the VM's state or its accounting (what a client's
+/// [`ChangeBudget`] bounds).
+pub fn changes_state(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Reset { .. }
+            | Command::SetLevel { .. }
+            | Command::SetThresholds { .. }
+            | Command::SetLimit { .. }
+            | Command::Pause {}
+            | Command::Resume {}
+            | Command::Shutdown {}
+    )
 }
 
 /// Bit of `kind` in a subscription mask.
@@ -155,13 +175,29 @@ impl Handler {
         &self.vm
     }
 
-    /// Handles one request line (without its newline).
+    /// Handles one request line (without its newline), with no budget (tests, fuzzing).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn handle_line(&mut self, line: &[u8]) -> Outcome {
+        self.handle(line, None)
+    }
+
+    /// Handles one request line of a client whose state-changing requests draw on `budget`:
+    /// one past it is not run, and the answer is [`Outcome::Wait`].
+    pub fn handle_line_from(&mut self, line: &[u8], budget: &mut ChangeBudget) -> Outcome {
+        self.handle(line, Some(budget))
+    }
+
+    fn handle(&mut self, line: &[u8], budget: Option<&mut ChangeBudget>) -> Outcome {
         let req = match parse_request(line) {
             Ok(r) => r,
             Err((id, e)) => return Outcome::Reply(Response::err(id, e).to_line()),
         };
         let id = req.id;
+        if let (true, Some(b)) = (changes_state(&req.command), budget) {
+            if let Err(wait) = b.take(now_ns()) {
+                return Outcome::Wait(wait);
+            }
+        }
         match req.command {
             Command::Stats {} => {
                 let head = format!("{{\"id\":{},\"ok\":true,\"result\":", id.get());

@@ -116,6 +116,7 @@ fn group() -> GroupStats {
         quota_ns: 50_000_000,
         period_ns: 100_000_000,
         periods: 12,
+        periods_ns: 1_200_000_000,
         throttled_periods: 11,
         used_ns: 600_000_000,
         limited_ns: 1_100_000_000,
