@@ -182,11 +182,16 @@ fn thresholds_count_occurrences() {
     let (config, _) = vm_opts.into_config().unwrap();
     let out = ppa_vmm::vm::Vm::try_from(config).unwrap().run().unwrap();
     let v = &out.report.vcpus[0];
-    // Every period spins ~300 µs inside one KVM_RUN: above 100 µs.
+    // Every period spins ~300 µs inside one KVM_RUN and halts to the next period: a run
+    // above 100 µs per halt. A period that steal stretched past its end does not halt (the
+    // guest goes straight on), and its spin joins the next one's run: so the halts, not the
+    // 50 periods, are what the count must match on a loaded host.
     let runs_above = v.times.thresholds["guest_run_ns"];
+    let halts = v.times.parks;
+    assert!(halts >= 1 && halts <= 50, "halts: {halts}");
     assert!(
-        (45..=60).contains(&runs_above),
-        "guest runs above 100 µs: {runs_above}"
+        (halts.saturating_sub(2)..=halts + 12).contains(&runs_above),
+        "guest runs above 100 µs: {runs_above}, halts {halts}"
     );
     // Every exit's handling takes more than 1 ns.
     let exits: u64 = v.times.exits.values().sum();

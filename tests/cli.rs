@@ -402,7 +402,11 @@ fn refusals_quote_long_input_cut() {
         ),
         (&["run", "--workload", &spec], "bad workload"),
         (&["run", "--cpu-limit", &limit], "is not a CPU limit"),
-        (&["run", "--name", arg], "the VM name must be"),
+        // The run directory's rule (64 characters) refuses it before the config's (128).
+        (
+            &["run", "--name", arg],
+            "cannot name files in the run directory",
+        ),
     ];
     for (args, needle) in cases {
         let o = ppa_vmm(args);

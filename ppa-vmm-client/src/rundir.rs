@@ -76,8 +76,9 @@ pub enum RunDirError {
     },
     /// A name that cannot be a file name in it.
     #[error(
-        "the VM name {0:?} cannot name files in the run directory: use letters, digits and \
-         . _ - + @ : only, not starting with a dot"
+        "the VM name {q:?} cannot name files in the run directory: use 1 to 64 letters, \
+         digits and . _ - + @ : only, not starting with a dot",
+        q = ppa_vmm_api::clip(.0)
     )]
     BadName(String),
     /// The socket path would be too long for a Unix socket.
