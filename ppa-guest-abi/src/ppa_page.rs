@@ -1,5 +1,5 @@
 //! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
-//! share, layout version 1.1. The VMM writes the host section (each vCPU's section 4 figures,
+//! share, layout version 1.3. The VMM writes the host section (each vCPU's section 4 figures,
 //! so a guest sees its own steal and limited time); the guest writes the guest section
 //! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
 //! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
@@ -39,8 +39,12 @@ pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"PPAP");
 pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
-/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]).
-pub const MINOR: u16 = 2;
+/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVcpu::kvm_ns`] and
+/// [`HostVcpu::interrupted_ns`]).
+pub const MINOR: u16 = 3;
+
+/// A [`HostVcpu`] figure the host does not measure (`kvm_ns`, `interrupted_ns`).
+pub const NOT_MEASURED: u64 = u64::MAX;
 /// [`MAJOR`] and [`MINOR`] as one word, major << 16 | minor (as the CPUID leaf gives it).
 pub const VERSION: u32 = ((MAJOR as u32) << 16) | MINOR as u32;
 /// "PPAA": magic of [`GuestAgent`].
@@ -124,8 +128,26 @@ pub struct HostVcpu {
     /// blocked_ns (layout 1.2; zero from a 1.1 writer, whose records then miss it in the
     /// identity).
     pub blocked_ns: u64,
-    /// Reserved, zero.
-    pub reserved: [u64; 2],
+    /// kvm_ns: time the host's KVM spent handling this vCPU's exits in the kernel (layout
+    /// 1.3), part of guest_ns's complement in used_ns; [`NOT_MEASURED`] where the host cannot
+    /// split it out. Zero from a 1.2 writer: read it with [`HostVcpu::kvm`].
+    pub kvm_ns: u64,
+    /// interrupted_ns: time the host spent in its own interrupts while this vCPU's thread was
+    /// current (layout 1.3), part of used_ns; [`NOT_MEASURED`] where not measured. Read it
+    /// with [`HostVcpu::interrupted`].
+    pub interrupted_ns: u64,
+}
+
+impl HostVcpu {
+    /// kvm_ns, if the record's writer (a region of minor `minor`) measured it.
+    pub fn kvm(&self, minor: u16) -> Option<u64> {
+        (minor >= 3 && self.kvm_ns != NOT_MEASURED).then_some(self.kvm_ns)
+    }
+
+    /// interrupted_ns, if the record's writer (a region of minor `minor`) measured it.
+    pub fn interrupted(&self, minor: u16) -> Option<u64> {
+        (minor >= 3 && self.interrupted_ns != NOT_MEASURED).then_some(self.interrupted_ns)
+    }
 }
 
 /// The guest section's header, at `guest_offset`. Offsets here are relative to the guest
@@ -373,6 +395,8 @@ const _: () = {
     assert!(offset_of!(HostVcpu, limited_ns) == 72);
     assert!(offset_of!(HostVcpu, overloads) == 96);
     assert!(offset_of!(HostVcpu, blocked_ns) == 104);
+    assert!(offset_of!(HostVcpu, kvm_ns) == 112);
+    assert!(offset_of!(HostVcpu, interrupted_ns) == 120);
     assert!(size_of::<GuestHeader>() == 64);
     assert!(offset_of!(GuestHeader, updated_ns) == 16);
     assert!(offset_of!(GuestHeader, threads_offset) == 24);

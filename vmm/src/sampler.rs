@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ppa_guest_abi::ppa_page::HostVcpu;
+use ppa_guest_abi::ppa_page::{HostVcpu, NOT_MEASURED};
 use ppa_vmm_api::{Event, OverloadKind};
 
 use crate::accounting::meter::MicroState;
@@ -150,7 +150,8 @@ fn publish(page: &PpaPage, vm: &VmHandle, vcpus: &[Arc<VcpuShared>]) {
                 exits: t.total_exits(),
                 overloads: t.overloads,
                 blocked_ns: t.blocked_ns,
-                reserved: [0; 2],
+                kvm_ns: t.kvm_ns.unwrap_or(NOT_MEASURED),
+                interrupted_ns: t.interrupted_ns.unwrap_or(NOT_MEASURED),
             },
         );
     }
