@@ -288,6 +288,16 @@ fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
         );
         assert!(t.identity_holds(true), "vCPU {}: {t:?}", t.id);
         assert_eq!(t.records_lost, 0, "vCPU {}", t.id);
+        // What ran inside KVM_RUN, as the records measured it run by run, against the split's
+        // parts measured apart (interrupted_ns also holds the interrupts of exit handling).
+        let in_run = t.kvm_run_cpu_ns.expect("a run at level full");
+        let parts = t.guest_ns + t.kvm_ns.unwrap_or(0) + irq;
+        let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(t.wall_ns, true);
+        assert!(
+            parts + tol >= in_run && parts <= in_run + irq + tol,
+            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN",
+            t.id
+        );
         match kvm_backend() {
             Some("kvm_pvm") => {
                 assert_eq!(t.kvm_ns, None, "vCPU {}", t.id);

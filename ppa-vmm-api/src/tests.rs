@@ -504,6 +504,7 @@ fn times() -> VcpuTimes {
         migrations: 0,
         thresholds: [(Threshold::GuestRun.to_string(), 9)].into(),
         kvm_run_wall_ns: 0,
+        kvm_run_cpu_ns: Some(6),
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
@@ -527,7 +528,7 @@ fn vcpu_figures_keep_their_json() {
          \"kvm_exit_ns\":{\"npf\":700},\"kvm_exits_to_user\":5,\"interrupts\":{\"local_timer\":2},\
          \"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
-         \"kvm_run_wall_ns\":0,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
+         \"kvm_run_wall_ns\":0,\"kvm_run_cpu_ns\":6,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
          \"steal_before_start_ns\":5}"
     );
     let summary = VcpuSummary::from(t);

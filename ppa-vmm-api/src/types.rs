@@ -255,9 +255,9 @@ pub struct VcpuTimes {
     /// Their handling time on a CPU (interrupts excluded), by reason.
     #[serde(default)]
     pub kvm_exit_ns: BTreeMap<String, u64>,
-    /// VM exits that reached userspace, as KVM's tracepoints saw them (userspace exits less
-    /// those that came back before the guest ran: a kick before entry). With `kvm_exits`
-    /// they sum to KVM's `exits` statistic over the runs traced.
+    /// VM exits KVM forwarded to userspace, as its tracepoints saw them (one per userspace
+    /// exit other than `intr`). With `kvm_exits` they sum to KVM's `exits` statistic over the
+    /// runs traced.
     #[serde(default)]
     pub kvm_exits_to_user: u64,
     /// Host interrupts taken while the vCPU thread was current, by kind (level full).
@@ -273,6 +273,11 @@ pub struct VcpuTimes {
     pub thresholds: BTreeMap<String, u64>,
     /// Wall time inside KVM_RUN (timed levels).
     pub kvm_run_wall_ns: u64,
+    /// On-CPU time inside KVM_RUN during level full, as the records (or the thread CPU clock)
+    /// measured it per KVM_RUN; null when no KVM_RUN ran at level full. Where the split is
+    /// `tracepoints` it is guest + kvm + the interrupts taken inside KVM_RUN.
+    #[serde(default)]
+    pub kvm_run_cpu_ns: Option<u64>,
     /// On-CPU time around parks (part of vmm_ns).
     pub park_cpu_ns: u64,
     /// Tick-based utime + stime from /proc (final reports only).

@@ -143,6 +143,7 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         host_cpus: Vec::new(),
         migrations: 0,
         thresholds: BTreeMap::new(),
+        kvm_run_cpu_ns: None,
         kvm_run_wall_ns: 0,
         park_cpu_ns: 0,
         proc_ticks: None,

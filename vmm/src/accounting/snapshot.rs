@@ -720,6 +720,8 @@ pub fn derive(
         migrations: m.migrations.saturating_sub(bm.migrations),
         thresholds,
         kvm_run_wall_ns: m.wall[MicroState::Guest].saturating_sub(bm.wall[MicroState::Guest]),
+        kvm_run_cpu_ns: (levels[Level::Full] > 0)
+            .then(|| m.cpu_guest_full.saturating_sub(bm.cpu_guest_full)),
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,

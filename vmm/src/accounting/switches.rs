@@ -368,20 +368,26 @@ impl SwitchRing {
     /// `bounds`, and frees their space. Without new records it costs one load.
     #[inline]
     pub fn drain(&mut self, bounds: Bounds) -> Tally {
-        self.drain_to(bounds, &mut (), false)
+        self.drain_to(bounds, &mut (), None)
     }
 
     /// [`SwitchRing::drain`], giving completed in-kernel exits and interrupts to `sink`;
-    /// `end_run`: the drain follows a KVM_RUN's return (see [`Pairing::end_run`]).
+    /// `end_run`: the drain follows a KVM_RUN's return, for a signal or not (see
+    /// [`Pairing::end_run`]; the run ended at `bounds[1]`).
     #[inline]
-    pub fn drain_to(&mut self, bounds: Bounds, sink: &mut impl TraceSink, end_run: bool) -> Tally {
+    pub fn drain_to(
+        &mut self,
+        bounds: Bounds,
+        sink: &mut impl TraceSink,
+        end_run: Option<bool>,
+    ) -> Tally {
         let head = self.view.head();
         let mut t = Tally::default();
         if head != self.tail {
             self.drain_slow(head, bounds, &mut t, sink);
         }
-        if end_run {
-            self.pairing.end_run(&mut t);
+        if let Some(intr) = end_run {
+            self.pairing.end_run(&mut t, bounds[1], intr, sink);
         }
         t
     }

@@ -120,6 +120,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
             .iter()
             .map(|t| (t.to_string(), t.index() as u64))
             .collect(),
+        kvm_run_cpu_ns: None,
         kvm_run_wall_ns: 1_300_000_000,
         park_cpu_ns: 20_000,
         proc_ticks: None,

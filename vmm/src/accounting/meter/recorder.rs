@@ -200,7 +200,7 @@ impl Recorder {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
         let records = if self.level == Level::Full {
-            self.drain([s.now, u64::MAX], false)
+            self.drain([s.now, u64::MAX], None)
         } else {
             None
         };
@@ -306,7 +306,10 @@ impl Recorder {
         // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
         // episode would lose the difference and count it as on-CPU time.
         let records = if self.level == Level::Full {
-            self.drain([self.since, s.now.max(self.since)], true)
+            self.drain(
+                [self.since, s.now.max(self.since)],
+                Some(reason == ExitReason::Intr),
+            )
         } else {
             None
         };

@@ -103,13 +103,17 @@ impl Recorder {
     }
 
     /// Publishes where KVM's and the interrupt tracepoints stand: each unavailable with its
-    /// reason, or opened (KVM's: not yet seen to fire; the interrupts': on).
+    /// reason, or opened (KVM's: firing on a VMX or SVM host, whose KVM traces every entry and
+    /// exit, else not yet seen to fire; the interrupts': on).
     fn set_trace_states(&mut self, kvm: Option<String>, irq: Option<String>) {
         let m = &*self.meter;
         self.kvm_state = match kvm {
             Some(why) => {
                 let _ = m.kvm_trace_why.set(why);
                 TraceState::Unavailable
+            }
+            None if matches!(self.control.trace_backend(), Some("kvm_intel" | "kvm_amd")) => {
+                TraceState::Firing
             }
             None => TraceState::Unknown,
         };
@@ -127,18 +131,21 @@ impl Recorder {
         m.end();
     }
 
-    /// What a KVM_RUN's records say about KVM's tracepoints while that is not known: a
-    /// `kvm_entry` record means they fire; a run that reached the guest (an MMIO, port or HLT
-    /// exit) with none, and no record lost, means this host's KVM does not fire them. Returns
-    /// whether they were just found silent (the caller closes them after its write section).
+    /// What a KVM_RUN's records say about KVM's tracepoints: a `kvm_entry` record means they
+    /// fire; a run that reached the guest (an MMIO, port or HLT exit) with none, and no record
+    /// lost, means this host's KVM does not fire them (found at the first such run; on a VMX
+    /// or SVM host, which is taken to fire them from the start, never). Returns whether they
+    /// were just found silent (the caller closes them after its write section).
     #[inline]
     pub(super) fn learn_kvm(&mut self, t: &Tally, reason: ExitReason) -> bool {
-        if self.kvm_state != TraceState::Unknown {
+        if !matches!(self.kvm_state, TraceState::Unknown | TraceState::Firing) {
             return false;
         }
         if t.kvm_entries > 0 {
-            self.kvm_state = TraceState::Firing;
-            self.meter.kvm_trace.set(TraceState::Firing as u64);
+            if self.kvm_state == TraceState::Unknown {
+                self.kvm_state = TraceState::Firing;
+                self.meter.kvm_trace.set(TraceState::Firing as u64);
+            }
             return false;
         }
         let ran_guest = matches!(
@@ -183,9 +190,9 @@ impl Recorder {
 
     /// The records since the last drain, split at `bounds` (None: no records in use), their
     /// in-kernel exits and interrupts held for publication; `end_run`: the drain follows a
-    /// KVM_RUN's return.
+    /// KVM_RUN's return, for a signal (`Some(true)`) or not.
     #[inline]
-    pub(super) fn drain(&mut self, bounds: Bounds, end_run: bool) -> Option<Tally> {
+    pub(super) fn drain(&mut self, bounds: Bounds, end_run: Option<bool>) -> Option<Tally> {
         // A disabled ring still holds what it recorded before it was disabled.
         Some(self.ring.as_mut()?.drain_to(bounds, &mut self.acc, end_run))
     }

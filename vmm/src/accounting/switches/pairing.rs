@@ -10,7 +10,8 @@
 //! completed in-kernel exit and each interrupt also goes to a [`TraceSink`] (per reason,
 //! per kind, histograms), which the vCPU thread's recorder implements. The run that a drain
 //! at a KVM_RUN exit closes ends with [`Pairing::end_run`]: an exit still open then is the
-//! one that returned to userspace, not an in-kernel one.
+//! one KVM forwarded to userspace (MMIO, port I/O, ...), not an in-kernel one, unless the run
+//! ended for a signal (`intr`): then KVM handled that exit itself and found the signal after.
 //!
 //! Time on a CPU inside a KVM_RUN is then guest mode (entry to exit), interrupts (outermost
 //! entry to exit), and the rest, which is KVM's (the ioctl's way in, each exit's handling, the
@@ -283,7 +284,7 @@ pub struct Tally {
     pub kvm_exits: u64,
     /// Their handling time: on a CPU, less interrupts.
     pub kvm_exit_ns: u64,
-    /// Exits that ended their KVM_RUN ([`Pairing::end_run`]): the VM exits that reached
+    /// Exits that ended their KVM_RUN ([`Pairing::end_run`]) and that KVM forwarded to
     /// userspace.
     pub kvm_to_user: u64,
     /// Interrupts that began.
@@ -470,13 +471,26 @@ impl Pairing {
         }
     }
 
-    /// The KVM_RUN whose records were just fed returned to userspace: an exit still open is
-    /// the one that did (counted in `kvm_to_user`, not as an in-kernel exit). The thread is in
+    /// The KVM_RUN whose records were just fed returned to userspace at `end` (its exit
+    /// stamp). An exit still open is the last VM exit of the run: KVM forwarded it to userspace
+    /// (counted in `kvm_to_user`, not as an in-kernel exit), unless the run returned for a
+    /// signal (`intr`: a kick, the ring's own wakeup), in which case KVM handled that exit in
+    /// the kernel and then found the signal, and its handling ends at `end`. The thread is in
     /// userspace and on its CPU, so nothing else can be open: a guest-mode segment or an
     /// interrupt still open means records were lost.
-    pub fn end_run(&mut self, t: &mut Tally) {
-        if self.exit.take().is_some() {
-            t.kvm_to_user += 1;
+    pub fn end_run(&mut self, t: &mut Tally, end: u64, intr: bool, sink: &mut impl TraceSink) {
+        if let Some(e) = self.exit.take() {
+            if intr {
+                let ns = end
+                    .saturating_sub(e.time)
+                    .saturating_sub(e.off)
+                    .saturating_sub(e.irq);
+                t.kvm_exits += 1;
+                t.kvm_exit_ns += ns;
+                sink.kvm_exit(e.code, ns);
+            } else {
+                t.kvm_to_user += 1;
+            }
         }
         if self.guest_since.take().is_some() || self.irq_depth != 0 {
             t.lost = true;

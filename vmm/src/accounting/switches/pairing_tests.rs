@@ -42,16 +42,21 @@ impl TraceSink for Seen {
     }
 }
 
-/// Feeds `records` as one KVM_RUN entered at `bounds[0]` and left at `bounds[1]`, drained
-/// once after it.
-fn run(p: &mut Pairing, bounds: Bounds, records: &[Record]) -> (Tally, Seen) {
+/// Feeds `records` as one KVM_RUN entered at `bounds[0]` and left at `bounds[1]` (for a
+/// signal: `intr`), drained once after it.
+fn run_to(p: &mut Pairing, bounds: Bounds, intr: bool, records: &[Record]) -> (Tally, Seen) {
     let mut t = Tally::default();
     let mut seen = Seen::default();
     for r in records {
         p.feed_to(*r, bounds, &mut t, &mut seen);
     }
-    p.end_run(&mut t);
+    p.end_run(&mut t, bounds[1], intr, &mut seen);
     (t, seen)
+}
+
+/// [`run_to`] of a run that returned for its last exit (MMIO, port I/O, ...).
+fn run(p: &mut Pairing, bounds: Bounds, records: &[Record]) -> (Tally, Seen) {
+    run_to(p, bounds, false, records)
 }
 
 #[test]
@@ -144,7 +149,7 @@ fn interrupts_are_counted_on_the_side_they_began_on() {
     ] {
         p.feed_to(r, [100, 200], &mut t, &mut ());
     }
-    p.end_run(&mut t);
+    p.end_run(&mut t, 200, false, &mut ());
     assert_eq!(t.irq, [10, 0, 3]);
     assert_eq!(t.guest, [0, 30, 0]);
 }
@@ -188,6 +193,30 @@ fn an_exit_without_its_entry_after_a_ring_overflow_is_lost_but_still_paired_onwa
     // entry at 600.
     assert_eq!(seen.exits, vec![(NPF, 80)]);
     assert_eq!(t.kvm_to_user, 1);
+}
+
+#[test]
+fn a_run_that_returned_for_a_signal_ends_with_an_exit_kvm_handled_itself() {
+    // CPUID exits at 200 and 300; KVM emulated the second, found a kick pending and returned
+    // at 340 instead of entering again: both were in-kernel exits, none reached userspace.
+    let cpuid = ExitCode { isa: 2, code: 0x72 };
+    let mut p = Pairing::default();
+    let (t, seen) = run_to(
+        &mut p,
+        [50, 340],
+        true,
+        &[entry(100), exit(200, cpuid), entry(230), exit(300, cpuid)],
+    );
+    assert_eq!(seen.exits, vec![(cpuid, 30), (cpuid, 40)]);
+    assert_eq!((t.kvm_exits, t.kvm_to_user), (2, 0));
+    // The same run ended by an MMIO exit forwards its last exit.
+    let (t, _) = run_to(
+        &mut p,
+        [50, 340],
+        false,
+        &[entry(100), exit(200, cpuid), entry(230), exit(300, IO)],
+    );
+    assert_eq!((t.kvm_exits, t.kvm_to_user), (1, 1));
 }
 
 #[test]
