@@ -318,7 +318,7 @@ impl Handler {
             return Err(ErrorBody::new(
                 ErrorKind::NoSuchHistogram,
                 format!(
-                    "there is no histogram `{name}` (there are: {})",
+                    "there is no histogram `{name}` (there are: {}, kvm_exit_handling.REASON)",
                     HistSnapshots::names().join(", ")
                 ),
             ));
