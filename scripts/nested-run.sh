@@ -4,10 +4,15 @@
 # initramfs, loads kvm-amd for a /dev/kvm, and runs `ppa-vmm ARGS...` there. Its stdout, stderr
 # and exit code become this script's own. For hosts whose KVM cannot boot Linux (docs/linux.md).
 #
-# Usage: scripts/nested-run.sh [--timeout SECONDS] [--tries N] [--prepare] -- ARGS...
+# Usage: scripts/nested-run.sh [--timeout SECONDS] [--tries N] [--tap NAME=IP/PREFIX] [--prepare] -- ARGS...
 #   --timeout S   hard limit of one try, boot included (default 90; NESTED_TIMEOUT)
 #   --tries N     tries when the nested host hangs or dies (default 3; NESTED_TRIES); a run that
 #                 reaches its end is never retried, whatever ppa-vmm's exit code
+#   --tap T=A     before ppa-vmm starts, the nested host makes the tap T (tun.ko; multi-queue with
+#                 NESTED_TAP_QUEUES=N for --net ...,queues=N), gives
+#                 it the address A and answers UDP echo (port 7) on it with ppa-workload, so a
+#                 Linux guest with --net tap=T can reach it. The nested host has no NIC
+#                 (-nodefaults): nothing the guest sends leaves the emulated machine.
 #   --prepare     only build the outer machine's image (cached in target/nested/)
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (the guest image's agent;
 # default target/release/ppa-agent when it was built: the image is rebuilt when the agent is
@@ -31,8 +36,11 @@ nested="$root/target/nested"
 timeout_s=${NESTED_TIMEOUT:-90}
 tries=${NESTED_TRIES:-3}
 prepare_only=
+tap=
 while [ $# -gt 0 ]; do
 	case "$1" in
+	--tap) tap=${2:?--tap needs NAME=IP/PREFIX}; shift 2 ;;
+	--tap=*) tap=${1#--tap=}; shift ;;
 	--timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
 	--timeout=*) timeout_s=${1#--timeout=}; shift ;;
 	--tries) tries=${2:?--tries needs a number}; shift 2 ;;
@@ -44,6 +52,10 @@ while [ $# -gt 0 ]; do
 	esac
 done
 case "$timeout_s$tries" in *[!0-9]*) echo "nested-run: --timeout and --tries take whole numbers" >&2; exit 125 ;; esac
+case "$tap" in
+'' | [a-z]*=[0-9]*.[0-9]*.[0-9]*.[0-9]*/[0-9]*) ;;
+*) echo "nested-run: --tap takes NAME=IPv4/PREFIX (e.g. tap0=10.0.0.1/24), not '$tap'" >&2; exit 125 ;;
+esac
 [ "$tries" -ge 1 ] || tries=1
 
 export PPA_CACHE="$root/target/linux-image"
@@ -102,9 +114,13 @@ ko() {
 ko_irqbypass=$(ko irqbypass)
 ko_kvm=$(ko kvm)
 ko_kvm_amd=$(ko kvm-amd)
+ko_tun=$(ko tun)
+# The workload runner the guest image carries, also the nested host's UDP echo (--tap).
+workload_bin="$PPA_CACHE/ppa-workload"
+[ -x "$workload_bin" ] || ppa_die "no $workload_bin: images/linux/build.sh builds it"
 
 inputs=("$vmm" "$root/scripts/nested/init" "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img"
-	"$vmlinuz" "$ko_irqbypass" "$ko_kvm" "$ko_kvm_amd" "$(ppa_busybox)")
+	"$vmlinuz" "$ko_irqbypass" "$ko_kvm" "$ko_kvm_amd" "$ko_tun" "$workload_bin" "$(ppa_busybox)")
 guest_elf=
 if [ -n "${NESTED_GUEST_ELF:-}" ]; then
 	guest_elf="$guest_dir/out/vmlinux"
@@ -120,6 +136,8 @@ if [ ! -f "$nested/initrd.img" ] || [ "$(cat "$nested/initrd.stamp" 2>/dev/null)
 	cp "$ko_irqbypass" "$staging/lib/modules/irqbypass.ko"
 	cp "$ko_kvm" "$staging/lib/modules/kvm.ko"
 	cp "$ko_kvm_amd" "$staging/lib/modules/kvm-amd.ko"
+	cp "$ko_tun" "$staging/lib/modules/tun.ko"
+	install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
 	ppa_install_with_libs "$vmm" "$staging" /usr/bin/ppa-vmm
 	cp "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img" "$staging/images/linux/"
 	if [ -n "$guest_elf" ]; then cp "$guest_elf" "$staging/images/linux/"; fi
@@ -146,6 +164,7 @@ cat "$nested/initrd.img" "$run_dir/args.cpio" >"$run_dir/initrd.img"
 append="console=ttyS0 tsc=reliable panic=-1"
 [ -z "${NESTED_KVM_AMD:-}" ] || append+=" nested.kvm_amd=$NESTED_KVM_AMD"
 [ -z "${NESTED_TRACE:-}" ] || append+=" nested.trace=1"
+[ -z "$tap" ] || append+=" nested.tap=$tap nested.tapq=${NESTED_TAP_QUEUES:-1}"
 
 # Prints the lines of stream $2 in result file $1, decoded, to stdout; fails when the byte count
 # announced before them does not match.

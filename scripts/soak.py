@@ -38,6 +38,11 @@ from array import array
 HANG_S = 10.0  # a request unanswered this long is a hang
 GROWTH_FACTOR = 1.5  # RSS or fds at the end above this times the value at 10 % of the run: FAIL
 REF_FRACTION = 0.10
+# Memory after warm-up (issue 28): the RSS slope over the second half of the run, KiB per
+# minute, above which the soak fails (8 KiB/min is 11.5 MB a day), judged on runs of at least
+# SLOPE_MIN_RUN_S (a shorter second half is too few pages to tell a slope from noise).
+RSS_SLOPE_MAX = 8.0
+SLOPE_MIN_RUN_S = 600
 LIMIT_CYCLE = [
     ("soak", "10%"),
     ("soak", "30%"),
@@ -508,7 +513,9 @@ def series(samples, key, ref_t):
     first, last = vals[0][1], vals[-1][1]
     return {"first": first, "at_10pct": ref, "max": max(v for _, v in vals), "last": last,
             "last_over_10pct": round(last / ref, 3) if ref else None,
-            "slope_per_min_after_10pct": slope_per_min([(t, v) for t, v in vals if t >= ref_t])}
+            "slope_per_min_after_10pct": slope_per_min([(t, v) for t, v in vals if t >= ref_t]),
+            "slope_per_min_second_half": slope_per_min(
+                [(t, v) for t, v in vals if t >= vals[-1][0] / 2])}
 
 
 def summarize(args, st, ctx):
@@ -525,6 +532,10 @@ def summarize(args, st, ctx):
         elif s["last"] > GROWTH_FACTOR * s["at_10pct"]:
             fails.append(f"{name} grew: {s['last']} at the end > {GROWTH_FACTOR} x "
                          f"{s['at_10pct']} at 10 % of the run")
+    half = (rss or {}).get("slope_per_min_second_half")
+    if ctx["ran_s"] >= SLOPE_MIN_RUN_S and half is not None and half > RSS_SLOPE_MAX:
+        fails.append(f"RSS still grows after warm-up: {half} KiB/min over the second half of "
+                     f"the run > {RSS_SLOPE_MAX}")
     # Latency over time: p99 of each tenth of the run, to see a trend.
     tenths = []
     if ctx["ran_s"] > 0:
@@ -601,7 +612,9 @@ def summarize(args, st, ctx):
         "failures": fails,
         "rules": {
             "growth": f"FAIL if the last RSS or fd sample > {GROWTH_FACTOR} x the first sample "
-                      f"at or after {int(REF_FRACTION * 100)} % of the run",
+                      f"at or after {int(REF_FRACTION * 100)} % of the run, or (runs of "
+                      f"{SLOPE_MIN_RUN_S} s or more) the RSS slope over the second half of the "
+                      f"run > {RSS_SLOPE_MAX} KiB/min",
             "identity": "FAIL if a vCPU's |identity_error_ns| in the final report > "
                         "max(wall_ns / 200, 200000) (ppa-vmm-api identity_within, stopped)",
             "vmm": "FAIL if the VMM dies, does not exit 0 within 60 s of `shutdown`, or the "
@@ -649,7 +662,8 @@ def text(sm):
     h, i, v = sm["host"], sm["identity"], sm["vmm"]
     line = lambda d: (f"first {d.get('first')}  at 10 % {d.get('at_10pct')}  max {d.get('max')}"  # noqa: E731
                       f"  last {d.get('last')}  (last / at 10 % = {d.get('last_over_10pct')}; "
-                      f"{d.get('slope_per_min_after_10pct')}/min after 10 %)")
+                      f"{d.get('slope_per_min_after_10pct')}/min after 10 %, "
+                      f"{d.get('slope_per_min_second_half')}/min over the second half)")
     out = [
         f"ppa-vmm soak: {sm['verdict']}  ({sm['ran_s']} s, {sm['settings']['vcpus']} vCPUs mixed, "
         f"{sm['settings']['clients']} clients x {sm['settings']['rate']} Hz)",

@@ -33,7 +33,8 @@ Runs the soak and prints a summary; exit code 0 on PASS, 1 on FAIL, 2 on bad usa
   -h, --help            this text
 
 Pass rules (docs/soak.md): the VMM's last RSS and fd count are at most 1.5 x their value at
-10 % of the run; every vCPU's identity error in the final report is within
+10 % of the run, and (runs of 600 s or more) its RSS grows by at most 8 KiB a minute over the
+second half of the run; every vCPU's identity error in the final report is within
 max(0.5 % of wall, 200 us); the VMM stays up and exits 0 after \`shutdown\` with its report;
 no stats request goes unanswered for 10 s; no error answers, failed scrapes or connects.
 EOF

@@ -64,8 +64,30 @@ fn run_prints_a_json_report_on_stdout() {
         Some(0),
         "no groups without limits"
     );
-    // The guest console goes to stderr, never into the report.
-    assert!(stderr(&o).contains("tiny: 2 vcpus"));
+    // The tiny guest's console (its greeting) is not printed by default (issue 28: every run
+    // printed `[vcpu0] tiny: N vcpus`)...
+    assert!(!stderr(&o).contains("tiny:"), "{}", stderr(&o));
+    // ... and goes to stderr, never into the report, at PPA_VMM_LOG=info.
+    let o = Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
+        .args([
+            "run",
+            "--vcpus",
+            "2",
+            "--workload",
+            "busy:ms=1",
+            "--report",
+            "json",
+        ])
+        .env("PPA_VMM_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("[vcpu0] tiny: 2 vcpus"),
+        "{}",
+        stderr(&o)
+    );
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("stdout is the report alone");
 }
 
 #[test]
@@ -238,6 +260,7 @@ fn bad_input_is_refused_clearly() {
     bz[0x202..0x206].copy_from_slice(b"HdrS");
     let bzimage = temp_file(&dir, "bzImage", &bz);
     let bad_cfg = temp_file(&dir, "bad.json", br#"{"vcpus": 2, "cpus": 4}"#);
+    let list_cfg = temp_file(&dir, "list.json", b"[]");
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--tiny-image", "/nonexistent/image.elf"],
@@ -293,6 +316,19 @@ fn bad_input_is_refused_clearly() {
             "/nonexistent/vm.json",
         ),
         (&["run", "--max-runtime=-3"], "maximum run time"),
+        (&["run", "--max-runtime", "1e9"], "below 1000000000 seconds"),
+        (
+            &["run", "--client-timeout", "1e10"],
+            "below 1000000000 seconds",
+        ),
+        (
+            &["run", "--api-sock", "/nonexistent/dir/x.sock"],
+            "the directory /nonexistent/dir does not exist",
+        ),
+        (
+            &["run", "--config", list_cfg.to_str().unwrap()],
+            "expected a JSON object of run options",
+        ),
         (&["run", "--max-runtime", "0"], "maximum run time"),
         (
             &["run", "--kvm-device", "/nonexistent/kvm"],
@@ -325,6 +361,86 @@ fn bad_input_is_refused_clearly() {
     refused(&["run", "--vcpus", "two"], "two");
 }
 
+/// Issue 28: refusals quoted their input whole (a 50 MB `name` in a config went to stderr whole,
+/// a 200 k-character workload twice); they quote a few hundred bytes and `…`, and a config
+/// file over 1 MiB is refused as such.
+#[test]
+fn refusals_quote_long_input_cut() {
+    let dir = temp_dir("cli-long");
+    let long = "x".repeat(200_000);
+    let name_cfg = temp_file(
+        &dir,
+        "name.json",
+        format!(r#"{{"name": "{long}"}}"#).as_bytes(),
+    );
+    let huge = temp_file(
+        &dir,
+        "huge.json",
+        format!(r#"{{"name": "{}"}}"#, "y".repeat(2 << 20)).as_bytes(),
+    );
+    let type_cfg = temp_file(
+        &dir,
+        "type.json",
+        format!(r#"{{"vcpus": "{long}"}}"#).as_bytes(),
+    );
+    // One argument of a command line is at most 128 KiB.
+    let arg = &long[..100_000];
+    let spec = format!("busy:{arg}=1");
+    let limit = format!("{arg}%");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "--config", name_cfg.to_str().unwrap()],
+            "the VM name must be",
+        ),
+        (
+            &["run", "--config", huge.to_str().unwrap()],
+            "is over 1048576 bytes",
+        ),
+        (
+            &["run", "--config", type_cfg.to_str().unwrap()],
+            "invalid type",
+        ),
+        (&["run", "--workload", &spec], "bad workload"),
+        (&["run", "--cpu-limit", &limit], "is not a CPU limit"),
+        (&["run", "--name", arg], "the VM name must be"),
+    ];
+    for (args, needle) in cases {
+        let o = ppa_vmm(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err:.500}");
+        assert!(err.contains(needle), "{err:.500} lacks {needle}");
+        assert!(err.len() < 2000, "{} bytes: {err:.500}", err.len());
+        // The file too large to read quotes nothing of it.
+        assert!(err.contains('…') || needle.contains("over"), "{err:.500}");
+    }
+}
+
+/// Issue 28: the text report's legend said `GUEST/VMM split: estimated (from none)`.
+#[test]
+fn the_text_report_says_how_the_split_was_made() {
+    require_kvm();
+    let _g = serial();
+    let o = ppa_vmm(&["run", "--workload", "busy:ms=5", "--report", "text"]);
+    assert!(o.status.success(), "stderr: {}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("(from none)"), "{text}");
+    assert!(
+        text.contains("GUEST/VMM split: estimated from wall time at level basic"),
+        "{text}"
+    );
+    let o = ppa_vmm(&[
+        "run",
+        "--workload",
+        "busy:ms=5",
+        "--report",
+        "text",
+        "--accounting",
+        "full",
+    ]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("GUEST/VMM split: measured exactly"), "{text}");
+}
+
 /// On this machine's KVM (the PVM backend) a Linux kernel cannot boot: `--kernel` is refused
 /// before any vCPU runs, with a sentence saying why and where to go instead. On VMX/SVM hosts
 /// the Linux boot itself is tested (tests/nested.rs runs it inside an emulated SVM host).
@@ -348,4 +464,32 @@ fn a_linux_kernel_on_a_pvm_host_is_refused_with_the_reason() {
         &["run", "--kernel", bzimage.to_str().unwrap()],
         "docs/linux.md",
     );
+}
+
+/// Issue 28: after a `reset` the text report's table mixed since-reset WALL with /proc ms and
+/// an uptime that were not reset, without a marker; the reset vCPU's WALL is marked `*` and
+/// the legend says what counts from where.
+#[test]
+fn a_reset_vcpu_is_marked_in_the_text_report() {
+    let _g = serial();
+    let vmm = common::vmm::Vmm::with_report(
+        "cli-reset",
+        "text",
+        &["--vcpus", "2", "--workload", "busy:ms=60000"],
+    );
+    let mut c = vmm.connect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    c.ok(serde_json::json!({"cmd": "reset", "vcpu": 1}));
+    let out = vmm.shutdown_output();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = |id: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_else(|| panic!("no row {id}:\n{text}"))
+            .to_string()
+    };
+    let wall = |id: &str| row(id).split_whitespace().nth(3).unwrap().to_string();
+    assert!(wall("1").ends_with('*'), "{text}");
+    assert!(!wall("0").ends_with('*'), "{text}");
+    assert!(text.contains("* reset during the run"), "{text}");
 }

@@ -184,6 +184,44 @@ fn limits_change_at_run_time_through_the_socket() {
     assert!(report["groups"][0]["throttled_periods"].as_u64().unwrap() >= 15);
 }
 
+/// Issue 28: a limit set and then removed at run time kept its periods but its `period_ns`
+/// went to 0, and the text report divided by it (`used 329.47 ms = 32947357800.00 % of one
+/// CPU`). The share is of the periods' summed length, `periods_ns`.
+#[test]
+fn a_removed_limit_reports_its_share_over_the_periods_it_had() {
+    let _g = common::serial();
+    let vmm = Vmm::with_report(
+        "limit-removed",
+        "text",
+        &["--vcpus", "2", "--workload", "busy:ms=60000"],
+    );
+    let mut c = vmm.connect();
+    c.ok(json!({"cmd": "set-limit", "group": "vm", "limit": "30%"}));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    c.ok(json!({"cmd": "set-limit", "group": "vm", "limit": "none"}));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let g: Vec<ppa_vmm_api::GroupStats> =
+        serde_json::from_value(c.ok(json!({"cmd": "groups"}))).unwrap();
+    let g = &g[0];
+    assert_eq!((g.limit.as_str(), g.period_ns), ("none", 0), "{g:?}");
+    assert!(g.periods >= 5, "{g:?}");
+    assert_eq!(g.periods_ns, g.periods * 100_000_000, "{g:?}");
+    let out = vmm.shutdown_output();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("LIMIT vm "))
+        .unwrap_or_else(|| panic!("no LIMIT line in:\n{text}"));
+    let pct: f64 = line
+        .split(" ms = ")
+        .nth(1)
+        .and_then(|r| r.split(" %").next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {line}"));
+    // Two busy vCPUs held to 30 % of one CPU (a little more in the period of the change).
+    assert!(pct > 0.0 && pct <= 200.0, "{line}");
+}
+
 #[test]
 fn the_cgroup_backend_reports_the_cgroups_own_figures() {
     let _g = common::serial();

@@ -117,7 +117,7 @@ fn frames_from_the_host_reach_the_guest_and_every_one_is_accounted() {
     let passed_before = ns.tap_counter("tx_packets");
     let sock = vmm.sock.clone();
     let sent = ns.within(move || {
-        let s = PacketSocket::open("tap0", 100);
+        let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
         let mut c = common::vmm::Conn::new(std::os::unix::net::UnixStream::connect(&sock).unwrap());
         let delivered = |c: &mut common::vmm::Conn| {
             let d = c.ok(json!({"cmd": "device", "name": "net0"}));
@@ -169,7 +169,7 @@ fn the_guest_echoes_frames_back_to_their_sender() {
     );
     wait_active(&vmm);
     let (sent, echoed) = ns.within(|| {
-        let s = PacketSocket::open("tap0", 2000);
+        let s = PacketSocket::open("tap0", 2000).expect("a packet socket on the tap");
         let mut buf = [0u8; 2048];
         let mut echoed = 0u64;
         for seq in 0..200u64 {
@@ -268,4 +268,104 @@ fn bad_net_values_are_refused_before_any_vcpu_runs() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("tiny:"), "no vCPU ran: {err}");
     }
+}
+
+#[test]
+fn with_two_queue_pairs_a_driver_without_mq_gets_every_frame_on_the_first_pair() {
+    let _g = common::serial();
+    let ns = NetNs::new(true);
+    let vmm = Vmm::start_in(
+        &ns.name,
+        "net-mq",
+        &[
+            "--vcpus",
+            "2",
+            "--net",
+            "tap=tap0,queues=2",
+            "--workload",
+            "0=net-rx:packets=2000,ms=60000",
+            "--workload",
+            "1=idle:ms=100",
+        ],
+    );
+    wait_active(&vmm);
+    let sock = vmm.sock.clone();
+    ns.within(move || {
+        let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
+        let mut c = common::vmm::Conn::new(std::os::unix::net::UnixStream::connect(&sock).unwrap());
+        let mut sent = 0u64;
+        while sent < 2000 {
+            let d = c.ok(json!({"cmd": "device", "name": "net0"}));
+            if sent >= n(&d["queues"][0]["packets"]) + 256 {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            // Different flows, so that an attached second queue would be given some.
+            let mut f = test_frame([0xff; 6], s.mac, 64, sent);
+            f[6] = (sent % 251) as u8 & 0xfe;
+            if s.send(&f) {
+                sent += 1;
+            }
+        }
+    });
+    let mut vmm = vmm;
+    let (code, r) = vmm.wait();
+    assert_eq!(code, 0, "{r}");
+    let dev = device(&r);
+    let queues = dev["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 5, "rx0 tx0 rx1 tx1 ctrl: {dev}");
+    assert_eq!(queues[4]["kind"], "ctrl");
+    assert_eq!(n(&queue(dev, 0)["packets"]), 2000, "{dev}");
+    assert_eq!(
+        n(&queue(dev, 2)["packets"]) + drops(queue(dev, 2)),
+        0,
+        "{dev}"
+    );
+    assert_eq!(n(&r["vcpus"][0]["guest_reported"]["net_received"]), 2000);
+    assert_eq!(dev["threads"].as_array().unwrap().len(), 2);
+    assert_threads(dev);
+}
+
+/// Each device thread's CPU in `device` agrees with its own schedstat (read from /proc just
+/// before and just after the request), to 1 % or 200 µs.
+#[test]
+fn a_device_threads_cpu_is_its_own_schedstat() {
+    let _g = common::serial();
+    let ns = NetNs::new(false);
+    let vmm = Vmm::start_in(
+        &ns.name,
+        "net-cpu",
+        &[
+            "--net",
+            "tap=tap0",
+            "--workload",
+            "net-tx:packets=3000000,size=64",
+        ],
+    );
+    wait_active(&vmm);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = vmm.connect();
+    let tid = c.ok(json!({"cmd": "threads"}))["devices"][0]["host_tid"]
+        .as_i64()
+        .unwrap();
+    let path = format!("/proc/{}/task/{tid}/schedstat", vmm.pid());
+    let exec = || -> u64 {
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = exec();
+    let d = c.ok(json!({"cmd": "device", "name": "net0"}));
+    let after = exec();
+    let used = n(&d["threads"][0]["used_ns"]);
+    let slack = (after / 100).max(200_000);
+    assert!(
+        used + slack >= before && used <= after + slack,
+        "used_ns {used} against schedstat {before}..{after}"
+    );
+    vmm.shutdown();
 }

@@ -28,7 +28,7 @@ fn the_host_section_is_mapped_by_a_host_tool_and_keeps_being_refreshed() {
         for (i, prev) in prev_wall.iter_mut().enumerate() {
             let rec = page.record(i);
             assert_eq!(rec.vcpu as usize, i);
-            // Level basic measures neither (1.3: u64::MAX, not zero).
+            // Level basic measures neither (1.4: u64::MAX, not zero).
             assert_eq!(rec.kvm(h.minor), None, "{rec:?}");
             assert_eq!(rec.interrupted(h.minor), None, "{rec:?}");
             // Refreshed: each sample (100 ms apart) shows a later record than the last.
@@ -115,8 +115,20 @@ fn the_guest_command_decodes_and_survives_garbage_written_into_the_page() {
     // A hostile writer (here through the file; a guest would write the same memory):
     // garbage over the guest section, many times, while the VMM is asked to decode it.
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-    let guest_offset = 64 + 2 * 128;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    // From the region header (layout 1.3 puts the VM record before the guest section).
+    let mut word = [0u8; 4];
+    f.read_exact_at(&mut word, 28).unwrap();
+    let guest_offset = u64::from(u32::from_le_bytes(word));
+    assert_eq!(
+        guest_offset,
+        64 + 3 * 128,
+        "two vCPU records and the VM record"
+    );
     let mut x = 0x1234_5678_9abc_def0u64;
     let used0 = call("stats")["result"]["vcpus"][0]["used_ns"]
         .as_u64()

@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use ppa_guest_abi::ppa_page::{
-    read_record, HostVcpu, ReadError, RegionHeader, MAJOR, REGION_MAGIC,
+    read_record, HostVcpu, HostVm, ReadError, RegionHeader, MAJOR, REGION_MAGIC,
 };
 use thiserror::Error;
 
@@ -361,7 +361,9 @@ impl Page {
                 guest_offset: 0,
                 guest_size: 0,
                 host_refresh_ns: 0,
-                reserved: [0; 3],
+                vm_offset: 0,
+                vm_size: 0,
+                reserved: [0; 2],
             },
             at: what,
             _file: file,
@@ -421,6 +423,17 @@ impl Page {
         })
     }
 
+    /// The VM-wide host record (layout 1.3), read with the sequence protocol (`None` when the
+    /// region has none: a 1.2 VMM, or a header whose record does not fit before the guest
+    /// section).
+    pub fn host_vm(&self, tries: u32) -> Option<Result<HostVm, ReadError>> {
+        let (off, _) = self.header.vm_record()?;
+        // SAFETY: `vm_record` put the record inside the region (before the guest section,
+        // within `total_size`, which `check_header` held to the mapping) and 8-byte aligned;
+        // the VMM writes it under the sequence protocol and any bits are a valid `HostVm`.
+        Some(unsafe { read_record(self.ptr.add(off as usize).cast::<HostVm>(), tries) })
+    }
+
     /// Bytes mapped.
     pub fn len(&self) -> usize {
         self.len
@@ -433,10 +446,11 @@ impl Page {
 }
 
 /// The region header a VMM writes for a region of `size` bytes and `vcpus` vCPUs (the host
-/// records after the header, the guest section after them): for the benchmark and tests,
-/// which publish into a file of their own.
+/// records after the header, the VM-wide host record after them, the guest section last):
+/// for the benchmark and tests, which publish into a file of their own.
 pub fn vmm_header(size: u32, vcpus: u32) -> RegionHeader {
-    let host_end = 64 + 128 * vcpus;
+    let vm_offset = 64 + 128 * vcpus;
+    let host_end = vm_offset + 128;
     RegionHeader {
         magic: REGION_MAGIC,
         major: MAJOR,
@@ -449,7 +463,9 @@ pub fn vmm_header(size: u32, vcpus: u32) -> RegionHeader {
         guest_offset: host_end,
         guest_size: size.saturating_sub(host_end),
         host_refresh_ns: 10_000_000,
-        reserved: [0; 3],
+        vm_offset,
+        vm_size: 128,
+        reserved: [0; 2],
     }
 }
 
@@ -494,10 +510,12 @@ mod tests {
             host_offset: 64,
             host_count: 2,
             host_record_size: 128,
-            guest_offset: 320,
-            guest_size: 65536 - 320,
+            guest_offset: 448,
+            guest_size: 65536 - 448,
             host_refresh_ns: 10_000_000,
-            reserved: [0; 3],
+            vm_offset: 320,
+            vm_size: 128,
+            reserved: [0; 2],
         }
     }
 

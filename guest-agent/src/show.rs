@@ -5,11 +5,12 @@
 //!
 //! Data flow: discovery and a read-only mapping as `--probe` makes them; each host record is
 //! read with the sequence protocol (8 tries; one that stays mid-update is shown as such);
-//! `/proc/stat` is read once; one line per vCPU goes to stdout.
+//! `/proc/stat` is read once; one line per vCPU goes to stdout, then (layout 1.3) one line
+//! of the VM-wide host record: the VM's CPU pressure as the host computed it.
 
 use std::fmt::Write as _;
 
-use ppa_guest_abi::ppa_page::HostVcpu;
+use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, VM_PRESSURE};
 
 use crate::agent::AgentError;
 use crate::config::Config;
@@ -69,6 +70,29 @@ pub fn table(records: &[Option<HostVcpu>], steal: Option<&[(u32, u64)]>) -> Stri
     out
 }
 
+/// The VM-wide line: pressure when the host filled it, else why there is none.
+pub fn vm_line(vm: Option<Option<HostVm>>) -> String {
+    let pct = |h: u32| format!("{}.{:02}", h / 100, h % 100);
+    match vm {
+        None => "VM pressure: not in this page (a VMM before layout 1.3)".to_string(),
+        Some(None) => "VM pressure: the host record stayed mid-update".to_string(),
+        Some(Some(v)) if v.flags & VM_PRESSURE == 0 => {
+            "VM pressure: not filled by this VMM".to_string()
+        }
+        Some(Some(v)) => format!(
+            "VM pressure: some avg10={} avg60={} avg300={} total={} us; full avg10={} avg60={} avg300={} total={} us",
+            pct(v.pressure_some_avg[0]),
+            pct(v.pressure_some_avg[1]),
+            pct(v.pressure_some_avg[2]),
+            v.pressure_some_total_us,
+            pct(v.pressure_full_avg[0]),
+            pct(v.pressure_full_avg[1]),
+            pct(v.pressure_full_avg[2]),
+            v.pressure_full_total_us
+        ),
+    }
+}
+
 /// Prints the table; returns the exit code.
 pub fn show(cfg: &Config) -> Result<(), AgentError> {
     let d = Discovery::run(cfg.page_file.as_deref());
@@ -91,6 +115,7 @@ pub fn show(cfg: &Config) -> Result<(), AgentError> {
         .collect();
     let steal = guest_steal();
     print!("{}", table(&records, steal.as_deref()));
+    println!("{}", vm_line(page.host_vm(8).map(Result::ok)));
     println!(
         "STEAL and LMTD: time the vCPU was runnable but the host ran something else, and time the host held it back under a CPU limit (the host's figures); GUEST STEAL: what this kernel counts as steal for that CPU"
     );
@@ -125,5 +150,24 @@ mod tests {
             t.lines().nth(1).unwrap().split_whitespace().last(),
             Some("-")
         );
+    }
+
+    #[test]
+    fn the_vm_line_prints_pressure_as_psi_files_do_and_says_why_when_there_is_none() {
+        let v = HostVm {
+            flags: VM_PRESSURE,
+            pressure_some_total_us: 1234,
+            pressure_some_avg: [8647, 105, 7],
+            pressure_full_avg: [0, 0, 1],
+            ..Default::default()
+        };
+        assert_eq!(
+            vm_line(Some(Some(v))),
+            "VM pressure: some avg10=86.47 avg60=1.05 avg300=0.07 total=1234 us; full avg10=0.00 avg60=0.00 avg300=0.01 total=0 us"
+        );
+        assert!(vm_line(None).contains("before layout 1.3"));
+        assert!(vm_line(Some(None)).contains("mid-update"));
+        let empty = HostVm::default();
+        assert!(vm_line(Some(Some(empty))).contains("not filled"));
     }
 }

@@ -118,10 +118,10 @@ fn pages_the_agent_does_not_understand_are_left_alone() {
         },
         65536,
     );
-    refused(&p, 4, "the guest section (70000 bytes at offset 320)");
+    refused(&p, 4, "the guest section (70000 bytes at offset 448)");
 
-    // 30 vCPUs' host records leave a 4 KiB page's guest section 192 bytes.
-    let p = page_with(&d, "full", &vmm_header(4096, 30), 4096);
+    // 29 vCPUs' host records and the VM record leave a 4 KiB page's guest section 192 bytes.
+    let p = page_with(&d, "full", &vmm_header(4096, 29), 4096);
     refused(&p, 1, "the guest section has 192 bytes; the agent needs");
 
     // A newer minor version of the same major is read and published into.
@@ -129,7 +129,7 @@ fn pages_the_agent_does_not_understand_are_left_alone() {
     let (c, err, _) = run(&["--once", "--page-file", p.to_str().unwrap()]);
     assert_eq!(c, 0, "{err}");
     let bytes = std::fs::read(&p).unwrap();
-    let magic = u32::from_le_bytes(bytes[320 + 4..320 + 8].try_into().unwrap());
+    let magic = u32::from_le_bytes(bytes[448 + 4..448 + 8].try_into().unwrap());
     assert_eq!(magic, GUEST_MAGIC, "a guest header was published");
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -204,7 +204,7 @@ fn agent(page: &Path, extra: &[&str]) -> Child {
     cmd.spawn().unwrap()
 }
 
-/// The guest header and agent record now in the page file (guest section at 320); `None`
+/// The guest header and agent record now in the page file (guest section at 448, after the host records and the VM record); `None`
 /// when the copy caught either mid-write.
 fn published(page: &Path) -> Option<(GuestHeader, GuestAgent)> {
     let bytes = std::fs::read(page).unwrap();
@@ -216,8 +216,8 @@ fn published(page: &Path) -> Option<(GuestHeader, GuestAgent)> {
     // SAFETY: `words` is 8-aligned and holds the whole file; nobody writes this copy.
     unsafe {
         Some((
-            read_record(base.add(320).cast::<GuestHeader>(), 1).ok()?,
-            read_record(base.add(320 + 64).cast::<GuestAgent>(), 1).ok()?,
+            read_record(base.add(448).cast::<GuestHeader>(), 1).ok()?,
+            read_record(base.add(448 + 64).cast::<GuestAgent>(), 1).ok()?,
         ))
     }
 }
@@ -292,7 +292,7 @@ fn another_writer_in_the_guest_header_stops_the_agent() {
     let f = std::fs::OpenOptions::new().write(true).open(&page).unwrap();
     let mut child = child;
     for _ in 0..100 {
-        f.write_all_at(&(h.seq.wrapping_add(1000) & !1).to_le_bytes(), 320)
+        f.write_all_at(&(h.seq.wrapping_add(1000) & !1).to_le_bytes(), 448)
             .unwrap();
         if child.try_wait().unwrap().is_some() {
             break;

@@ -52,8 +52,10 @@ vmlinuz=$(find "$kernel_dir/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n 1)
 
 # The workload runner: a static C program, so the initramfs needs no libc of its own.
 workload_bin="$PPA_CACHE/ppa-workload"
-if [ ! -x "$workload_bin" ] || [ "$here/src/ppa-workload.c" -nt "$workload_bin" ]; then
-	gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$workload_bin.tmp" "$here/src/ppa-workload.c" ||
+if [ ! -x "$workload_bin" ] || [ "$here/src/ppa-workload.c" -nt "$workload_bin" ] ||
+	[ "$here/src/udp.c" -nt "$workload_bin" ]; then
+	gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$workload_bin.tmp" \
+		"$here/src/ppa-workload.c" "$here/src/udp.c" ||
 		ppa_die "cannot build ppa-workload statically (is libc6-dev installed?)"
 	mv "$workload_bin.tmp" "$workload_bin"
 fi
@@ -63,6 +65,19 @@ trap 'rm -rf "$staging"' EXIT
 ppa_busybox_root "$staging"
 install -m 755 "$here/init" "$staging/init"
 install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
+# The virtio network stack, as modules in Debian's kernels (docs/linux.md): init loads them in
+# this order; virtio_mmio binds the LNRO0005 devices of the DSDT, virtio_net makes eth0.
+modules_dir=$(find "$kernel_dir/lib/modules" -maxdepth 1 -mindepth 1 -type d | head -n 1)
+mkdir -p "$staging/lib/modules"
+for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net; do
+	ko=$(find "$modules_dir/kernel" -name "$m.ko" | head -n 1)
+	if [ -n "$ko" ]; then
+		cp "$ko" "$staging/lib/modules/$m.ko"
+	elif [ -n "$(find "$modules_dir/kernel" -name "$m.ko.*" | head -n 1)" ]; then
+		ppa_die "$m is compressed in $kernel_pkg; busybox insmod needs it decompressed first"
+	fi
+	# Not found at all: built into this kernel.
+done
 if [ -n "$agent" ]; then
 	ppa_install_with_libs "$agent" "$staging" /usr/bin/ppa-agent
 fi

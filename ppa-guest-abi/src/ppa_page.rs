@@ -1,5 +1,5 @@
 //! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
-//! share, layout version 1.3. The VMM writes the host section (each vCPU's section 4 figures,
+//! share, layout version 1.4. The VMM writes the host section (each vCPU's section 4 figures,
 //! so a guest sees its own steal and limited time); the guest writes the guest section
 //! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
 //! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
@@ -14,6 +14,7 @@
 //! ```text
 //! 0                      RegionHeader (64)            written once by the VMM
 //! host_offset            host_count × HostVcpu (128)  VMM writes, guest reads
+//! vm_offset              HostVm (128), 1.3            VMM writes, guest reads
 //! guest_offset           GuestHeader (64)             guest writes, VMM reads
 //!   + 64                 GuestAgent (192), optional   1.1: a guest agent's own record
 //!   + threads_offset     threads_count × GuestThread (192)
@@ -25,6 +26,16 @@
 //! [`agent_record_fits`], and recognised by its magic), and meanings for the first two
 //! reserved words of [`GuestThread`] (flags, state, on-CPU time in the last interval: see
 //! [`GuestThread::flags`]). A reader takes them from a guest header of minor 1 or more only.
+//!
+//! Minor 3 (1.3) added the VM-wide host record [`HostVm`] (pressure, the VMM's host CPU,
+//! network counters), between the host vCPU records and the guest section; the region
+//! header's first reserved word became `vm_offset` and `vm_size` ([`RegionHeader::vm_offset`]),
+//! both zero from a 1.2 writer. A 1.2 reader never looks there: it finds the guest section
+//! at `guest_offset` as before.
+//!
+//! Minor 4 (1.4) gave the last two reserved words of [`HostVcpu`] meanings: `kvm_ns` and
+//! `interrupted_ns`, [`NOT_MEASURED`] where the host does not measure them. A 1.3 writer left
+//! them zero, so a reader takes them from a region of minor 4 or more only ([`HostVcpu::kvm`]).
 //!
 //! Extending the ABI: records only grow at their end, into their reserved words or by a larger
 //! `*_record_size` (readers use the size given in the header, never their own); a new field
@@ -39,9 +50,9 @@ pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"PPAP");
 pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
-/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVcpu::kvm_ns`] and
-/// [`HostVcpu::interrupted_ns`]).
-pub const MINOR: u16 = 3;
+/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVm`]; 4:
+/// [`HostVcpu::kvm_ns`] and [`HostVcpu::interrupted_ns`]).
+pub const MINOR: u16 = 4;
 
 /// A [`HostVcpu`] figure the host does not measure (`kvm_ns`, `interrupted_ns`).
 pub const NOT_MEASURED: u64 = u64::MAX;
@@ -88,8 +99,76 @@ pub struct RegionHeader {
     pub guest_size: u32,
     /// Nominal refresh interval of the host section, ns.
     pub host_refresh_ns: u32,
+    /// Offset of the [`HostVm`] record (1.3; 0 when the region has none: a 1.2 writer).
+    pub vm_offset: u32,
+    /// Size of the [`HostVm`] record (128 in 1.3; 0 when there is none).
+    pub vm_size: u32,
     /// Reserved, zero.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 2],
+}
+
+impl RegionHeader {
+    /// Where the [`HostVm`] record is, when this header has one that lies inside the region
+    /// before the guest section and is at least as large as a 1.3 record: `(offset, size)`.
+    pub fn vm_record(&self) -> Option<(u32, u32)> {
+        let min = core::mem::size_of::<HostVm>() as u32;
+        let end = self.vm_offset.checked_add(self.vm_size)?;
+        (self.minor >= 3
+            && self.vm_offset != 0
+            && self.vm_offset.is_multiple_of(8)
+            && self.vm_size >= min
+            && end <= self.guest_offset
+            && end <= self.total_size)
+            .then_some((self.vm_offset, self.vm_size))
+    }
+}
+
+/// [`HostVm::flags`] bit: the pressure fields are filled.
+pub const VM_PRESSURE: u32 = 1;
+/// [`HostVm::flags`] bit: the host CPU fields are filled.
+pub const VM_HOST_CPU: u32 = 2;
+/// [`HostVm::flags`] bit: the network fields are filled.
+pub const VM_NET: u32 = 4;
+
+/// The VM-wide host record (1.3), at the header's `vm_offset`, refreshed with the host vCPU
+/// records. Times are ns (pressure totals µs) since the VM started; averages are in
+/// hundredths of a percent (`8647` is 86.47 %), as Linux's PSI files print them.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostVm {
+    /// Sequence counter, odd while the VMM writes.
+    pub seq: u32,
+    /// `VM_*` bits: which groups of fields are filled.
+    pub flags: u32,
+    /// VM uptime when the figures were taken, ns.
+    pub updated_ns: u64,
+    /// Host CPU time of the vCPU threads (Σ used_ns), ns.
+    pub host_cpu_vcpus_ns: u64,
+    /// Host CPU time of the device threads, ns.
+    pub host_cpu_devices_ns: u64,
+    /// Host CPU time of the VMM's other threads (control socket, sampler, limiter), ns.
+    pub host_cpu_service_ns: u64,
+    /// Packets sent by the guest's network devices.
+    pub net_tx_packets: u64,
+    /// Packets received.
+    pub net_rx_packets: u64,
+    /// Bytes sent.
+    pub net_tx_bytes: u64,
+    /// Bytes received.
+    pub net_rx_bytes: u64,
+    /// Packets dropped, either way.
+    pub net_drops: u64,
+    /// Time at least one non-idle vCPU was stalled (runnable and waiting, or held by a
+    /// limit), µs.
+    pub pressure_some_total_us: u64,
+    /// Time every non-idle vCPU was stalled (at least one being non-idle), µs.
+    pub pressure_full_total_us: u64,
+    /// `some` averages over 10 s, 60 s and 300 s, hundredths of a percent.
+    pub pressure_some_avg: [u32; 3],
+    /// `full` averages, likewise.
+    pub pressure_full_avg: [u32; 3],
+    /// Reserved, zero.
+    pub reserved: u64,
 }
 
 /// One vCPU's host-side figures (spec section 4), refreshed by the VMM at least every 10 ms.
@@ -129,11 +208,11 @@ pub struct HostVcpu {
     /// identity).
     pub blocked_ns: u64,
     /// kvm_ns: time the host's KVM spent handling this vCPU's exits in the kernel (layout
-    /// 1.3), part of guest_ns's complement in used_ns; [`NOT_MEASURED`] where the host cannot
-    /// split it out. Zero from a 1.2 writer: read it with [`HostVcpu::kvm`].
+    /// 1.4), part of guest_ns's complement in used_ns; [`NOT_MEASURED`] where the host cannot
+    /// split it out. Zero from a 1.3 writer: read it with [`HostVcpu::kvm`].
     pub kvm_ns: u64,
     /// interrupted_ns: time the host spent in its own interrupts while this vCPU's thread was
-    /// current (layout 1.3), part of used_ns; [`NOT_MEASURED`] where not measured. Read it
+    /// current (layout 1.4), part of used_ns; [`NOT_MEASURED`] where not measured. Read it
     /// with [`HostVcpu::interrupted`].
     pub interrupted_ns: u64,
 }
@@ -141,12 +220,12 @@ pub struct HostVcpu {
 impl HostVcpu {
     /// kvm_ns, if the record's writer (a region of minor `minor`) measured it.
     pub fn kvm(&self, minor: u16) -> Option<u64> {
-        (minor >= 3 && self.kvm_ns != NOT_MEASURED).then_some(self.kvm_ns)
+        (minor >= 4 && self.kvm_ns != NOT_MEASURED).then_some(self.kvm_ns)
     }
 
     /// interrupted_ns, if the record's writer (a region of minor `minor`) measured it.
     pub fn interrupted(&self, minor: u16) -> Option<u64> {
-        (minor >= 3 && self.interrupted_ns != NOT_MEASURED).then_some(self.interrupted_ns)
+        (minor >= 4 && self.interrupted_ns != NOT_MEASURED).then_some(self.interrupted_ns)
     }
 }
 
@@ -388,7 +467,19 @@ const _: () = {
     assert!(offset_of!(RegionHeader, total_size) == 8);
     assert!(offset_of!(RegionHeader, host_offset) == 16);
     assert!(offset_of!(RegionHeader, guest_offset) == 28);
-    assert!(offset_of!(RegionHeader, reserved) == 40);
+    assert!(offset_of!(RegionHeader, vm_offset) == 40);
+    assert!(offset_of!(RegionHeader, vm_size) == 44);
+    assert!(offset_of!(RegionHeader, reserved) == 48);
+    assert!(size_of::<HostVm>() == 128);
+    assert!(offset_of!(HostVm, updated_ns) == 8);
+    assert!(offset_of!(HostVm, host_cpu_vcpus_ns) == 16);
+    assert!(offset_of!(HostVm, net_tx_packets) == 40);
+    assert!(offset_of!(HostVm, net_drops) == 72);
+    assert!(offset_of!(HostVm, pressure_some_total_us) == 80);
+    assert!(offset_of!(HostVm, pressure_full_total_us) == 88);
+    assert!(offset_of!(HostVm, pressure_some_avg) == 96);
+    assert!(offset_of!(HostVm, pressure_full_avg) == 108);
+    assert!(offset_of!(HostVm, reserved) == 120);
     assert!(size_of::<HostVcpu>() == 128);
     assert!(offset_of!(HostVcpu, updated_ns) == 8);
     assert!(offset_of!(HostVcpu, steal_ns) == 48);
@@ -431,6 +522,8 @@ pub unsafe trait Record: Copy {}
 
 // SAFETY: repr(C), integers only, `seq: u32` first.
 unsafe impl Record for HostVcpu {}
+// SAFETY: as above.
+unsafe impl Record for HostVm {}
 // SAFETY: as above.
 unsafe impl Record for GuestHeader {}
 // SAFETY: as above.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::{DeviceHealth, DeviceKind, DropReason, QueueKind};
 
 /// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceThreadStats {
     /// Thread name (`net0-qp0`).
@@ -33,7 +33,7 @@ pub struct DeviceThreadStats {
 }
 
 /// One virtqueue's counts (each written by the one thread that serves the queue).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueStats {
     /// Queue index (rx0 = 0, tx0 = 1, rx1 = 2, …, the control queue last).
@@ -59,7 +59,7 @@ pub struct QueueStats {
 }
 
 /// A device's CPU per packet, ns (null while no packet went that way).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PerPacket {
     /// CPU of the transmit work over frames sent.
@@ -69,7 +69,9 @@ pub struct PerPacket {
 }
 
 /// A device's CPU by kind of work, ns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceCpu {
     /// Transmit queues' work.
@@ -83,7 +85,7 @@ pub struct DeviceCpu {
 }
 
 /// What the device's driver did (register accesses, counted on vCPU threads).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DriverStats {
     /// Features the driver accepted (a bit mask).
@@ -99,7 +101,7 @@ pub struct DriverStats {
 }
 
 /// One device (an element of `devices`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceStats {
     /// Device id (`net0`).
@@ -136,7 +138,9 @@ pub struct DeviceStats {
 }
 
 /// Where the VMM process's CPU went: every thread in one of the three (`host_cpu_ns`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct HostCpuSplit {
     /// The vCPU threads' CPU clocks.
@@ -156,7 +160,7 @@ impl HostCpuSplit {
 }
 
 /// One device thread in `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceThreadInfo {
     /// Device id.

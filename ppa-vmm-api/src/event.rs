@@ -3,10 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{OverloadKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd};
+use crate::{OverloadKind, PressureKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd};
 
 /// The kinds a client can subscribe to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum EventKind {
     /// A vCPU thread ended.
@@ -21,10 +21,13 @@ pub enum EventKind {
     ThrottleEnd,
     /// A runaway or overloaded vCPU (PPA requirement 20).
     Overload,
+    /// The connection's pressure trigger fired.
+    Pressure,
 }
 
 impl EventKind {
-    /// Every kind.
+    /// Every kind that needs no argument (what an empty `events` list subscribes to;
+    /// `pressure` needs a trigger).
     pub const ALL: [EventKind; 6] = [
         EventKind::VcpuExit,
         EventKind::VmExit,
@@ -36,7 +39,7 @@ impl EventKind {
 }
 
 /// One event line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Event {
     /// A vCPU thread ended.
@@ -108,6 +111,20 @@ pub enum Event {
         /// `notify`, `pause` or `throttle:LIMIT`.
         action: String,
     },
+    /// The connection's pressure trigger fired: the VM's stall of `kind` within the last
+    /// window exceeded the threshold (at most one event per window).
+    Pressure {
+        /// Time since the VM started, ns.
+        uptime_ns: u64,
+        /// `some` or `full`.
+        kind: PressureKind,
+        /// The trigger's threshold, µs.
+        threshold_us: u64,
+        /// The trigger's window, µs.
+        window_us: u64,
+        /// Stall within the window, µs.
+        stall_us: u64,
+    },
     /// This client did not read fast enough: `count` events were dropped before the next one.
     Dropped {
         /// Events lost.
@@ -125,6 +142,7 @@ impl Event {
             Event::ThrottleStart { .. } => Some(EventKind::ThrottleStart),
             Event::ThrottleEnd { .. } => Some(EventKind::ThrottleEnd),
             Event::Overload { .. } => Some(EventKind::Overload),
+            Event::Pressure { .. } => Some(EventKind::Pressure),
             Event::Dropped { .. } => None,
         }
     }

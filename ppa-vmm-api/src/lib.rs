@@ -16,13 +16,16 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod clip;
 mod devices;
 mod event;
 mod names;
+mod pressure;
 mod request;
 mod time_split;
 mod types;
 
+pub use clip::{clip, clip_middle, MESSAGE_MAX, QUOTE_MAX};
 pub use devices::{
     DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, HostCpuSplit,
     PerPacket, QueueStats,
@@ -32,6 +35,10 @@ pub use names::{
     DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
     SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
     VcpuMicroState, VmEnd, VmState,
+};
+pub use pressure::{
+    GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,
+    TRIGGER_MAX_WINDOW_US, TRIGGER_MIN_WINDOW_US,
 };
 pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
@@ -48,7 +55,9 @@ pub const API_VERSION: u32 = 1;
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// Histogram export form.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramFormat {
     /// [`HistogramJson`].
@@ -59,7 +68,7 @@ pub enum HistogramFormat {
 }
 
 /// A command and its arguments (the request without its `id`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Command {
     /// Server and protocol versions.
@@ -138,14 +147,19 @@ pub enum Command {
     },
     /// Streams events on this connection.
     Subscribe {
-        /// Which events; every kind when empty.
+        /// Which events; every kind when empty (`pressure` only with a trigger).
         #[serde(default)]
         events: Vec<EventKind>,
+        /// The pressure trigger of `pressure` events.
+        #[serde(default)]
+        pressure: Option<PressureTrigger>,
     },
+    /// CPU pressure of the VM and of each vCPU group (PSI's some/full).
+    Pressure {},
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 17] = [
+pub const COMMANDS: [&str; 18] = [
     "version",
     "stats",
     "vcpu",
@@ -163,6 +177,7 @@ pub const COMMANDS: [&str; 17] = [
     "metrics",
     "subscribe",
     "device",
+    "pressure",
 ];
 
 /// Commands of the specification that later versions add (told apart from misspellings in
@@ -170,7 +185,7 @@ pub const COMMANDS: [&str; 17] = [
 pub const LATER_COMMANDS: [&str; 0] = [];
 
 /// Classes of error responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorKind {
     /// The request line is longer than [`MAX_REQUEST_BYTES`].
@@ -200,7 +215,7 @@ pub enum ErrorKind {
 }
 
 /// The `error` member of a failed response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     /// Class.
@@ -220,7 +235,7 @@ impl ErrorBody {
 }
 
 /// One response line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
     /// The request's id, as the request wrote it (null when the request had none or could

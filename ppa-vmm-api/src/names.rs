@@ -16,7 +16,7 @@ use thiserror::Error;
 
 /// A word that names no value of the set it was parsed as.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("`{name}` is not {what} (one of: {})", .known.join(", "))]
+#[error("`{}` is not {what} (one of: {})", crate::clip(.name), .known.join(", "))]
 pub struct UnknownName {
     /// What was expected (`a threshold`, `a VM state`, ...).
     pub what: &'static str,
@@ -36,7 +36,7 @@ macro_rules! names {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
         pub enum $name {
             $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )+
         }
@@ -117,6 +117,31 @@ names! {
         Mixed = "mixed",
         /// No timed exit (level off throughout).
         None = "none",
+    }
+}
+
+impl SplitKind {
+    /// How the GUEST/VMM split was made, in words for the text report's legend: with
+    /// `source`, what measured the exact part.
+    pub fn legend(self, source: SplitSource) -> String {
+        let exact = match source {
+            SplitSource::Records => "measured exactly from context-switch records (level full)",
+            SplitSource::Tracepoints => {
+                "measured exactly from context-switch records and KVM's tracepoints (level full)"
+            }
+            SplitSource::CpuClock => "measured exactly with the thread CPU clock (level full)",
+            SplitSource::Mixed | SplitSource::None => "measured exactly (level full)",
+        };
+        match self {
+            SplitKind::Exact => exact.to_string(),
+            SplitKind::Estimated => {
+                "estimated from wall time at level basic (level full measures it)".to_string()
+            }
+            SplitKind::Mixed => {
+                format!("{exact} for some exits, estimated (level basic) for the rest")
+            }
+            SplitKind::None => "not made (accounting off)".to_string(),
+        }
     }
 }
 

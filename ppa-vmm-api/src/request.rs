@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::{Command, ErrorBody, ErrorKind, COMMANDS, LATER_COMMANDS, MAX_REQUEST_BYTES};
+use crate::{
+    clip, clip_middle, Command, ErrorBody, ErrorKind, COMMANDS, LATER_COMMANDS, MAX_REQUEST_BYTES,
+};
 
 /// A request's `id`: any JSON value, kept as the exact text the client sent (`null` when the
 /// request had none or could not be read), so that the response echoes it unchanged.
@@ -115,6 +117,19 @@ impl From<u64> for RequestId {
 impl Serialize for RequestId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.0.serialize(s)
+    }
+}
+
+/// Any JSON value: the schema says so.
+impl schemars::JsonSchema for RequestId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RequestId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Any JSON value the client chose; the response echoes its exact text (null when the request had none or could not be read)."
+        })
     }
 }
 
@@ -294,14 +309,23 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
         .and_then(|()| de.end());
     let nested = match (checked, repeated.into_inner()) {
         (_, Some(key)) => Some(key),
-        (Err(e), None) => return Err(bad_json(format!("the request is not valid JSON: {e}"))),
+        (Err(e), None) => {
+            return Err(bad_json(format!(
+                "the request is not valid JSON: {}",
+                clip_middle(&e.to_string())
+            )))
+        }
         (Ok(()), None) => None,
     };
     if !text.trim_start().starts_with('{') {
         return Err(bad_json("the request is not a JSON object"));
     }
-    let Members(members) = serde_json::from_str::<Members>(text)
-        .map_err(|e| bad_json(format!("the request is not valid JSON: {e}")))?;
+    let Members(members) = serde_json::from_str::<Members>(text).map_err(|e| {
+        bad_json(format!(
+            "the request is not valid JSON: {}",
+            clip_middle(&e.to_string())
+        ))
+    })?;
     let id = match members.iter().filter(|(k, _)| k == "id").count() {
         1 => members
             .iter()
@@ -316,7 +340,10 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
             id,
             ErrorBody::new(
                 ErrorKind::BadRequest,
-                format!("the request gives `{key}` more than once; each member may appear once"),
+                format!(
+                    "the request gives `{}` more than once; each member may appear once",
+                    clip(key)
+                ),
             ),
         ));
     }
@@ -326,7 +353,8 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
             ErrorBody::new(
                 ErrorKind::BadRequest,
                 format!(
-                    "an object inside the request gives `{key}` more than once; each key may appear once"
+                    "an object inside the request gives `{}` more than once; each key may appear once",
+                    clip(&key)
                 ),
             ),
         ));
@@ -361,9 +389,12 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
     if !COMMANDS.contains(&cmd.as_str()) {
         let known = COMMANDS.join(", ");
         let message = if LATER_COMMANDS.contains(&cmd.as_str()) {
-            format!("the command `{cmd}` is not available in this version (it has: {known})")
+            format!(
+                "the command `{}` is not available in this version (it has: {known})",
+                clip(&cmd)
+            )
         } else {
-            format!("unknown command `{cmd}` (known: {known})")
+            format!("unknown command `{}` (known: {known})", clip(&cmd))
         };
         return Err((id, ErrorBody::new(ErrorKind::UnknownCommand, message)));
     }
@@ -374,7 +405,7 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
             id,
             ErrorBody::new(
                 ErrorKind::BadRequest,
-                format!("bad arguments for `{cmd}`: {e}"),
+                format!("bad arguments for `{cmd}`: {}", clip_middle(&e.to_string())),
             ),
         )),
     }

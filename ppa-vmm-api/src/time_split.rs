@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 /// The time split of one vCPU: wall time and the parts the identity of spec section 4 adds up
 /// (definitions in docs/accounting.md). All in nanoseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct TimeSplit {
     /// The identity's left-hand side: CLOCK_MONOTONIC since the thread started or was reset.

@@ -54,7 +54,7 @@ macro_rules! vcpu_figures {
 
 /// How much the vCPU thread measures (switchable at run time; each vCPU applies a switch when
 /// it next enters the guest, i.e. right after handling its next exit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
     /// Wall time and exact exit counts only.
@@ -108,7 +108,9 @@ impl FromStr for Level {
 }
 
 /// PPA-style thresholds (ppactl): each counts occurrences above it; 0 = off.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Thresholds {
     /// Userspace handling time of one exit.
@@ -152,7 +154,9 @@ impl ThresholdsUpdate {
 
 /// The tick-based accounting `/proc` keeps for a thread: the imprecise baseline the exact
 /// sources are compared against.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct TickTimes {
     /// User time (field 14 of `stat`), converted from clock ticks to ns. On PVM hosts guest
@@ -169,7 +173,7 @@ pub struct TickTimes {
 }
 
 /// Guest time and KVM_RUN entries on one host CPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostCpu {
     /// Host CPU number.
@@ -181,7 +185,7 @@ pub struct HostCpu {
 }
 
 /// The per-vCPU fields of spec section 4 (definitions in docs/accounting.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VcpuTimes {
     /// vCPU index.
@@ -303,7 +307,7 @@ pub fn identity_within(wall_ns: u64, error_ns: i64, stopped: bool) -> bool {
 /// gives the whole [`VcpuTimes`] of one vCPU (KVM statistics, host CPUs, estimates, exit
 /// handling times, thresholds); `stats` stays small so that a monitor can poll a large VM
 /// often without taking CPU from its guests.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VcpuSummary {
     /// vCPU index.
@@ -376,7 +380,7 @@ impl From<VcpuTimes> for VcpuSummary {
 }
 
 /// JSON form of a histogram.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistogramJson {
     /// Fractional bits of the slot scheme.
@@ -402,7 +406,7 @@ pub struct HistogramJson {
 }
 
 /// One non-empty slot in [`HistogramJson`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlotJson {
     /// Slot index.
@@ -418,7 +422,7 @@ pub struct SlotJson {
 }
 
 /// Result of `version`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VersionInfo {
     /// The VMM's version.
@@ -430,7 +434,7 @@ pub struct VersionInfo {
 }
 
 /// VM-wide figures of `stats`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VmStats {
     /// The VM's name (the `vm` label of the metrics).
@@ -453,10 +457,13 @@ pub struct VmStats {
     /// The process's CPU: vCPU threads, device threads, the rest.
     #[serde(default)]
     pub host_cpu_ns: crate::HostCpuSplit,
+    /// CPU pressure of the VM (docs/accounting.md, "Pressure"), as of the last 8 ms refresh.
+    #[serde(default)]
+    pub pressure: crate::Pressure,
 }
 
 /// Result of `stats`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Stats {
     /// The VM.
@@ -471,7 +478,7 @@ pub struct Stats {
 }
 
 /// One CPU limit (a vCPU group's, or the VM's as group `vm`) and what it did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupStats {
     /// Group name (`vm` for the VM-wide limit).
@@ -488,6 +495,11 @@ pub struct GroupStats {
     pub period_ns: u64,
     /// Periods completed since the limit was set.
     pub periods: u64,
+    /// Length of those periods, summed: the time `used_ns` was measured over (the periods of
+    /// a limit changed at run time need not all have the same length, and a removed limit has
+    /// a `period_ns` of 0 but keeps its periods).
+    #[serde(default)]
+    pub periods_ns: u64,
     /// Periods in which a member had to stop.
     pub throttled_periods: u64,
     /// CPU time the members used in completed periods.
@@ -502,8 +514,16 @@ pub struct GroupStats {
     pub kicks: LimitKicks,
 }
 
+impl GroupStats {
+    /// What the members used over the completed periods, in percent of one CPU
+    /// (`used_ns` / `periods_ns`); `None` before a period has completed.
+    pub fn used_percent(&self) -> Option<f64> {
+        (self.periods_ns > 0).then(|| self.used_ns as f64 * 100.0 / self.periods_ns as f64)
+    }
+}
+
 /// How a limit's members were stopped since the limit was set (`kicks` of [`GroupStats`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitKicks {
     /// The path in use.
@@ -519,7 +539,7 @@ pub struct LimitKicks {
 }
 
 /// One vCPU thread in `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThreadInfo {
     /// vCPU index.
@@ -533,7 +553,7 @@ pub struct ThreadInfo {
 }
 
 /// Result of `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Threads {
     /// The VMM's process id.
@@ -546,7 +566,7 @@ pub struct Threads {
 }
 
 /// One guest thread as decoded from the PPA page (result of `guest`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuestThreadView {
     /// Index of the record.
@@ -598,7 +618,7 @@ pub struct GuestThreadView {
 
 /// A guest agent's own record (layout 1.1, docs/agent.md): how it samples, what it costs,
 /// the threads it could not publish and the transient tasks it counted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuestAgentView {
     /// The agent's process id in the guest.
@@ -648,7 +668,7 @@ pub struct GuestAgentView {
 }
 
 /// One guest CPU as decoded from the PPA page.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuestCpuView {
     /// CPU number.
@@ -666,7 +686,7 @@ pub struct GuestCpuView {
 }
 
 /// The decoded PPA page (result of `guest`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GuestView {
     /// Whether the VM has a PPA page.

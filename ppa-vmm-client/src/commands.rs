@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 17] = [
+pub const COMMANDS: [CommandHelp; 18] = [
     row(
         "version",
         "",
@@ -80,15 +80,25 @@ pub const COMMANDS: [CommandHelp; 17] = [
     row("metrics", "", "the Prometheus text of GET /metrics"),
     row(
         "subscribe",
-        "[events=KIND,...]",
-        "streams events of these kinds (all when none is given)",
+        "[events=KIND,...] [pressure=TRIGGER]",
+        "streams events of these kinds (all when none is given); TRIGGER is \
+         {\"kind\":\"some\"|\"full\",\"threshold_us\":T,\"window_us\":W}",
     ),
     row(
         "device",
         "name=ID",
         "one device's threads, queues, CPU and drops (e.g. name=net0)",
     ),
+    row(
+        "pressure",
+        "",
+        "CPU pressure of the VM and each vCPU group (PSI's some/full, avg10/60/300)",
+    ),
 ];
+
+/// Argument keys whose values are always text (a limit, a group or histogram name): `ctl`
+/// sends `limit=150` as the string `"150"`, never as a number.
+pub const TEXT_ARGS: [&str; 3] = ["group", "limit", "name"];
 
 /// Width of the usage column of [`help`]; a longer usage puts its description on the next line.
 const USAGE_WIDTH: usize = 30;
@@ -150,6 +160,7 @@ mod tests {
             Command::Metrics {} => "metrics",
             Command::Subscribe { .. } => "subscribe",
             Command::Device { .. } => "device",
+            Command::Pressure {} => "pressure",
         }
     }
 

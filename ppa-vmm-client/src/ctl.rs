@@ -13,7 +13,9 @@
 use std::io::{self, Write};
 use std::path::PathBuf;
 
-use ppa_vmm_api::{parse_request, Command, ErrorBody, EventKind, GroupStats, GuestView, Stats};
+use ppa_vmm_api::{
+    parse_request, Command, ErrorBody, EventKind, GroupStats, GuestView, HistogramFormat, Stats,
+};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -32,21 +34,22 @@ const NS_PER_MS: f64 = 1e6;
 pub enum CtlError {
     /// A command name the VMM does not know.
     #[error(
-        "unknown command `{0}` (the commands are {names}; `{PREFIX} --help` describes them)",
+        "unknown command `{q}` (the commands are {names}; `{PREFIX} --help` describes them)",
+        q = ppa_vmm_api::clip(.0),
         names = commands::names()
     )]
     UnknownCommand(String),
     /// An argument without `=`.
-    #[error("the argument `{0}` is not of the form KEY=VALUE")]
+    #[error("the argument `{q}` is not of the form KEY=VALUE", q = ppa_vmm_api::clip(.0))]
     NotKeyValue(String),
     /// An argument with an empty key.
-    #[error("the argument `{0}` has no key before `=`")]
+    #[error("the argument `{q}` has no key before `=`", q = ppa_vmm_api::clip(.0))]
     EmptyKey(String),
     /// A key the protocol reserves (`cmd`, `id`).
-    #[error("`{0}` cannot be given as an argument: it is part of every request")]
+    #[error("`{q}` cannot be given as an argument: it is part of every request", q = ppa_vmm_api::clip(.0))]
     ReservedKey(String),
     /// The same key twice.
-    #[error("the argument `{0}` is given more than once")]
+    #[error("the argument `{q}` is given more than once", q = ppa_vmm_api::clip(.0))]
     DuplicateKey(String),
     /// The request the server would refuse, with its message.
     #[error("{}", .0.message)]
@@ -100,9 +103,15 @@ pub fn parse_command(cmd: &str, args: &[String]) -> Result<Command, CtlError> {
         .map_err(|(_, body)| CtlError::Refused(body))
 }
 
-/// One argument value: JSON when it parses, else a string (a comma list for `events`).
+/// One argument value: JSON when it parses, else a string (a comma list for `events`). The
+/// value of a key that only takes text ([`commands::TEXT_ARGS`]) is that text, so that
+/// `limit=150` reaches the server as the limit `150` and is refused as `run --cpu-limit 150`
+/// is, not as a number where a string was expected.
 fn parse_value(cmd: &str, key: &str, raw: &str) -> Value {
     if let Ok(v) = serde_json::from_str::<Value>(raw) {
+        if commands::TEXT_ARGS.contains(&key) && (v.is_number() || v.is_boolean()) {
+            return Value::String(raw.to_string());
+        }
         return v;
     }
     if cmd == "subscribe" && key == "events" {
@@ -130,11 +139,20 @@ pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write)
         Ok(c) => c,
         Err(e) => return fail(err, 2, &describe(&e)),
     };
+    // One switch gives a histogram's text form: `--text` asks for it (unless `format` is
+    // given), and `format=text` prints it as text without `--text`.
+    let mut raw_text = false;
+    if let Command::Histogram { format, .. } = &mut command {
+        if opts.text && !opts.args.iter().any(|a| a.starts_with("format=")) {
+            *format = HistogramFormat::Text;
+        }
+        raw_text = *format == HistogramFormat::Text;
+    }
     let subscribe = matches!(command, Command::Subscribe { .. });
     // The vm-exit event tells the VM's end from a lost VMM: ask for it too, show it only when
     // it was asked for.
     let mut hide_vm_exit = false;
-    if let Command::Subscribe { events } = &mut command {
+    if let Command::Subscribe { events, .. } = &mut command {
         if !events.is_empty() && !events.contains(&EventKind::VmExit) {
             events.push(EventKind::VmExit);
             hide_vm_exit = true;
@@ -164,7 +182,7 @@ pub(crate) fn run_to(opts: CtlOptions, out: &mut dyn Write, err: &mut dyn Write)
     let text = if subscribe && !opts.text {
         // One line, so that stdout stays JSON Lines with the events that follow.
         format!("{result}\n")
-    } else if opts.text {
+    } else if opts.text || (raw_text && result.is_string()) {
         to_text(&opts.command, &result)
     } else {
         let pretty = serde_json::to_string_pretty(&result).unwrap_or_else(|_| result.to_string());
@@ -244,7 +262,14 @@ pub(crate) fn to_text(command: &str, result: &Value) -> String {
     }
     if command == "stats" {
         if let Ok(stats) = serde_json::from_value::<Stats>(result.clone()) {
-            return stats_table(&stats);
+            let mut t = stats_table(&stats);
+            t.push_str(&crate::devices::devices_text(&stats.devices));
+            return t;
+        }
+    }
+    if command == "device" {
+        if let Ok(d) = serde_json::from_value::<ppa_vmm_api::DeviceStats>(result.clone()) {
+            return crate::devices::devices_text(std::slice::from_ref(&d));
         }
     }
     if command == "groups" || command == "set-limit" {
@@ -350,12 +375,9 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
         .iter()
         .map(|g| {
             let over = &g.overshoot;
-            let span = u128::from(g.periods) * u128::from(g.period_ns);
-            let pct = if span == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.2}", g.used_ns as f64 * 100.0 / span as f64)
-            };
+            let pct = g
+                .used_percent()
+                .map_or("-".to_string(), |p| format!("{p:.2}"));
             let vcpus: Vec<String> = g.vcpus.iter().map(usize::to_string).collect();
             vec![
                 g.name.clone(),

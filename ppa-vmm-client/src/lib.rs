@@ -29,7 +29,10 @@ use thiserror::Error;
 
 pub mod commands;
 pub mod ctl;
+pub mod devices;
 pub mod guest_view;
+pub mod host;
+pub mod rundir;
 pub mod top;
 
 /// Exit code of `ctl subscribe` and `top` when the VMM closed the connection without ending
@@ -337,13 +340,14 @@ impl Client {
     }
 }
 
-/// The error and each of its causes, joined into one line.
+/// The error and each of its causes, joined into one line; each is cut to about
+/// [`ppa_vmm_api::MESSAGE_MAX`] bytes (a message that quotes its input whole stays bounded).
 pub fn describe(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
+    let mut s = ppa_vmm_api::clip_middle(&e.to_string()).into_owned();
     let mut cur = e.source();
     while let Some(c) = cur {
         s.push_str(": ");
-        s.push_str(&c.to_string());
+        s.push_str(&ppa_vmm_api::clip_middle(&c.to_string()));
         cur = c.source();
     }
     s

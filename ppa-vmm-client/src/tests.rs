@@ -165,6 +165,7 @@ pub(crate) fn stats(vcpus: &[VcpuTimes], uptime_s: u64) -> Stats {
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
             host_cpu_ns: Default::default(),
+            pressure: Default::default(),
         },
         vcpus: vcpus.iter().cloned().map(Into::into).collect(),
         groups: Vec::new(),
@@ -217,7 +218,10 @@ fn next_line_streams_events_then_ends() {
     let mut client = Client::connect(server.path()).unwrap();
     assert!(
         client
-            .call(Command::Subscribe { events: vec![] })
+            .call(Command::Subscribe {
+                events: vec![],
+                pressure: None,
+            })
             .unwrap()
             .ok
     );
@@ -333,6 +337,8 @@ fn links_no_kvm_code() {
         "thiserror",
         "clap",
         "libc",
+        // The protocol types' JSON Schemas (pure Rust, no KVM).
+        "schemars",
     ];
     let own = dependencies(include_str!("../Cargo.toml"));
     let api = dependencies(include_str!("../../ppa-vmm-api/Cargo.toml"));

@@ -397,12 +397,15 @@ fn cells(row: &Row) -> Vec<String> {
 /// `sort`, and the total line.
 pub fn render(rows: &[Row], total: &Row, header: &VmStats, sort: SortKey) -> String {
     let mut s = format!(
-        "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}\n\n",
+        "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}  \
+         pressure some {:.2} % full {:.2} % (avg10)\n\n",
         header.name,
         header.state,
         header.level,
         header.uptime_ns as f64 / 1e9,
-        header.vcpus
+        header.vcpus,
+        header.pressure.some.avg10,
+        header.pressure.full.avg10
     );
     let titles: Vec<String> = COLUMNS.iter().map(|(t, _)| t.to_string()).collect();
     s.push_str(&line(&titles));
@@ -451,11 +454,39 @@ enum SampleError {
 /// `stats`, 2 on a usage or connection error, 3 when the VMM went away without ending the VM
 /// (killed or crashed).
 pub fn run(opts: TopOptions) -> i32 {
-    run_to(opts, &mut io::stdout().lock(), &mut io::stderr().lock())
+    use std::io::IsTerminal;
+    let stdout = io::stdout();
+    let screen = if stdout.is_terminal() {
+        Screen::Terminal
+    } else {
+        Screen::Plain
+    };
+    run_on(opts, &mut stdout.lock(), &mut io::stderr().lock(), screen)
 }
 
-/// [`run`] with its streams given (for tests).
+/// Where `top` writes its tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// A terminal: each table replaces the last (the screen is cleared first).
+    Terminal,
+    /// A pipe or a file: the tables follow each other, a blank line between, with no escape
+    /// codes.
+    Plain,
+}
+
+/// [`run`] with its streams given, on a terminal (for tests).
+#[cfg(test)]
 pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    run_on(opts, out, err, Screen::Terminal)
+}
+
+/// [`run`] with its streams and the kind of its stdout given.
+pub(crate) fn run_on(
+    opts: TopOptions,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    screen: Screen,
+) -> i32 {
     if opts.interval_ms < MIN_INTERVAL_MS {
         return fail(err, 2, &TopError::Interval(opts.interval_ms).to_string());
     }
@@ -467,6 +498,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
     // end, tells that end from a VMM that was killed.
     match client.call(Command::Subscribe {
         events: vec![EventKind::VmExit],
+        pressure: None,
     }) {
         Ok(r) if r.ok => {}
         Ok(r) => {
@@ -485,6 +517,7 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
         Err(SampleError::Fail(code)) => return code,
     };
     let interval = Duration::from_millis(opts.interval_ms);
+    let mut first = true;
     loop {
         std::thread::sleep(interval);
         let cur = match sample(&mut client, err) {
@@ -493,12 +526,14 @@ pub(crate) fn run_to(opts: TopOptions, out: &mut dyn Write, err: &mut dyn Write)
             Err(SampleError::Fail(code)) => return code,
         };
         let r = rows(&prev, &cur);
-        let table = render(&r, &total(&r), &cur.vm, opts.sort);
-        let screen = if opts.once {
-            table
-        } else {
-            format!("{CLEAR}{table}")
+        let mut table = render(&r, &total(&r), &cur.vm, opts.sort);
+        table.push_str(&devices::device_rows(&prev, &cur));
+        let screen = match (opts.once, screen, first) {
+            (true, _, _) | (false, Screen::Plain, true) => table,
+            (false, Screen::Plain, false) => format!("\n{table}"),
+            (false, Screen::Terminal, _) => format!("{CLEAR}{table}"),
         };
+        first = false;
         if let Err(e) = out.write_all(screen.as_bytes()).and_then(|()| out.flush()) {
             if e.kind() == io::ErrorKind::BrokenPipe {
                 return 0;
@@ -554,6 +589,8 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
     let _ = writeln!(err, "{PREFIX}: {message}");
     code
 }
+
+mod devices;
 
 #[cfg(test)]
 mod tests;

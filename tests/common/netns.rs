@@ -2,7 +2,7 @@
 //! this machine: the VMM runs inside it (`ip netns exec`), and the test's own packet socket
 //! is opened from a thread that joined it (`setns` changes only the calling thread).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -110,96 +110,5 @@ impl Drop for NetNs {
     }
 }
 
-/// A raw packet socket on one interface (AF_PACKET): frames in and out as bytes.
-pub struct PacketSocket {
-    fd: OwnedFd,
-    /// The interface's MAC address.
-    pub mac: [u8; 6],
-}
-
-impl PacketSocket {
-    /// Opens a socket on interface `ifname` of the calling thread's namespace, with a receive
-    /// timeout of `timeout_ms`.
-    pub fn open(ifname: &str, timeout_ms: u64) -> PacketSocket {
-        let proto = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: socket() takes integers; the result is checked.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
-        assert!(
-            fd >= 0,
-            "packet socket: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: `fd` is new and ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new(ifname).unwrap();
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(ifindex > 0, "no interface {ifname}");
-        // SAFETY: sockaddr_ll is plain data; zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = ifindex as i32;
-        // SAFETY: `sll` is a valid sockaddr_ll of the size given.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
-        let tv = libc::timeval {
-            tv_sec: (timeout_ms / 1000) as i64,
-            tv_usec: ((timeout_ms % 1000) * 1000) as i64,
-        };
-        // SAFETY: `tv` is a valid timeval of the size given.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        // The interface's address (SIOCGIFHWADDR: /sys shows the namespace it was mounted in,
-        // not this thread's).
-        let mut req = [0u8; 40];
-        for (d, b) in req.iter_mut().zip(ifname.bytes()) {
-            *d = b;
-        }
-        // SAFETY: SIOCGIFHWADDR reads the name from and writes a sockaddr into a 40-byte
-        // ifreq, which `req` is.
-        let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, req.as_mut_ptr()) };
-        assert_eq!(rc, 0, "SIOCGIFHWADDR: {}", std::io::Error::last_os_error());
-        let mut mac = [0u8; 6];
-        mac.copy_from_slice(&req[18..24]);
-        PacketSocket { fd, mac }
-    }
-
-    /// Sends one frame; false when the kernel refused it (a full queue).
-    pub fn send(&self, frame: &[u8]) -> bool {
-        // SAFETY: `frame` is valid for reads of its length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        n == frame.len() as isize
-    }
-
-    /// Receives one frame into `buf` (its length), or None at the timeout.
-    pub fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: `buf` is valid for writes of its length.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        (n >= 0).then_some(n as usize)
-    }
-}
-
-/// A frame of `size` bytes from `src` to `dst` with the tiny guest's EtherType and `seq`.
-pub fn test_frame(dst: [u8; 6], src: [u8; 6], size: usize, seq: u64) -> Vec<u8> {
-    let mut f = Vec::with_capacity(size);
-    f.extend_from_slice(&dst);
-    f.extend_from_slice(&src);
-    f.extend_from_slice(&ppa_guest_abi::NET_ETHERTYPE.to_be_bytes());
-    f.extend_from_slice(&seq.to_le_bytes());
-    f.resize(size.max(f.len()), 0x5a);
-    f
-}
+#[allow(unused_imports, reason = "used by the network tests only")]
+pub use ppa_vmm::bench::net::packet::{test_frame, PacketSocket};

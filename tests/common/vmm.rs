@@ -58,18 +58,23 @@ pub fn temp_dir(tag: &str) -> TempDir {
 impl Vmm {
     /// Starts `ppa-vmm run --api-sock DIR/api.sock --report json ARGS` and waits for the socket.
     pub fn start(tag: &str, args: &[&str]) -> Vmm {
-        Self::spawn(tag, args, false)
+        Self::spawn(tag, args, false, "json")
+    }
+
+    /// As [`Vmm::start`], with the report in `format` (read it with [`Vmm::shutdown_output`]).
+    pub fn with_report(tag: &str, format: &str, args: &[&str]) -> Vmm {
+        Self::spawn(tag, args, false, format)
     }
 
     /// As [`Vmm::start`], inside the network namespace `netns` (`ip netns exec`, which execs
     /// the VMM: the child is the VMM itself).
     pub fn start_in(netns: &str, tag: &str, args: &[&str]) -> Vmm {
-        Self::spawn_with(Some(netns), tag, args, false)
+        Self::spawn_with(Some(netns), tag, args, false, "json")
     }
 
     /// As [`Vmm::start`], with the PPA page exposed as the file [`Vmm::page`].
     pub fn with_page(tag: &str, args: &[&str]) -> Vmm {
-        Self::spawn(tag, args, true)
+        Self::spawn(tag, args, true, "json")
     }
 
     /// The `--ppa-page-file` of a VMM made by [`Vmm::with_page`].
@@ -77,11 +82,11 @@ impl Vmm {
         self.dir.as_path().join("page")
     }
 
-    fn spawn(tag: &str, args: &[&str], page: bool) -> Vmm {
-        Self::spawn_with(None, tag, args, page)
+    fn spawn(tag: &str, args: &[&str], page: bool, report: &str) -> Vmm {
+        Self::spawn_with(None, tag, args, page, report)
     }
 
-    fn spawn_with(netns: Option<&str>, tag: &str, args: &[&str], page: bool) -> Vmm {
+    fn spawn_with(netns: Option<&str>, tag: &str, args: &[&str], page: bool, report: &str) -> Vmm {
         super::require_kvm();
         let dir = temp_dir(tag);
         let sock = dir.as_path().join("api.sock");
@@ -95,7 +100,7 @@ impl Vmm {
         };
         cmd.arg("run").arg("--api-sock").arg(&sock).args([
             "--report",
-            "json",
+            report,
             "--max-runtime",
             "120",
         ]);
@@ -132,6 +137,13 @@ impl Vmm {
         let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
         assert_eq!(r["ok"], json!(true), "{r}");
         self.wait()
+    }
+
+    /// Shuts the VM down through the socket and returns what the VMM printed.
+    pub fn shutdown_output(mut self) -> Output {
+        let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));
+        assert_eq!(r["ok"], json!(true), "{r}");
+        self.child.take().unwrap().wait_with_output().unwrap()
     }
 
     /// Waits for the child to end by itself; returns its exit status and report.

@@ -16,7 +16,9 @@ use serde::Serialize;
 mod hogs;
 pub mod kernel;
 pub mod limit;
+pub mod net;
 pub mod socket;
+pub mod start;
 
 use crate::accounting::Level;
 use crate::config::RunOptions;

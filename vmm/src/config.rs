@@ -24,6 +24,8 @@ pub use crate::limits::KickMode;
 
 /// The most vCPUs a VM may have.
 pub const MAX_VCPUS: usize = 256;
+/// The largest config file read (a config has a few dozen short fields).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Guest memory of a Linux guest when `--memory-mib` is not given.
 pub const LINUX_DEFAULT_MEMORY_MIB: u64 = 512;
 
@@ -41,7 +43,7 @@ pub enum ConfigError {
     )]
     Memory(u64),
     /// `--guest` names an unknown guest.
-    #[error("unknown guest `{0}` (the embedded guest is `tiny`; use --tiny-image PATH for a tiny-guest ELF file)")]
+    #[error("unknown guest `{q}` (the embedded guest is `tiny`; use --tiny-image PATH for a tiny-guest ELF file)", q = ppa_vmm_api::clip(.0))]
     UnknownGuest(String),
     /// More than one of `--guest`, `--tiny-image` and `--kernel`.
     #[error("give one of --guest, --tiny-image and --kernel, not several")]
@@ -56,13 +58,13 @@ pub enum ConfigError {
     #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
     HistogramBits(u8),
     /// A `--threshold` that is not NAME=NS with a known name.
-    #[error("`{0}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)")]
+    #[error("`{q}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)", q = ppa_vmm_api::clip(.0))]
     Threshold(String),
     /// A VM name that is empty, too long or has control characters.
-    #[error("the VM name must be 1 to 128 printable characters, not {0:?}")]
+    #[error("the VM name must be 1 to 128 printable characters, not {q:?}", q = ppa_vmm_api::clip(.0))]
     Name(String),
     /// A metrics address that is not IP:PORT.
-    #[error("`{0}` is not an address to serve metrics on (IP:PORT, e.g. 127.0.0.1:9464)")]
+    #[error("`{q}` is not an address to serve metrics on (IP:PORT, e.g. 127.0.0.1:9464)", q = ppa_vmm_api::clip(.0))]
     MetricsAddr(String),
     /// An empty socket path.
     #[error("the control socket path is empty")]
@@ -71,10 +73,10 @@ pub enum ConfigError {
     #[error(transparent)]
     Limit(#[from] crate::limits::LimitError),
     /// A bad max runtime.
-    #[error("the maximum run time must be a positive number of seconds, not {0}")]
+    #[error("the maximum run time must be {rule}, not {0}", rule = seconds_rule(*.0))]
     MaxRuntime(f64),
     /// A bad `--client-timeout` or `--idle-timeout`.
-    #[error("--{0} must be a positive number of seconds (0 for --idle-timeout: never), not {1}")]
+    #[error("--{0} must be {rule} (0 for --idle-timeout: never), not {1}", rule = seconds_rule(*.1))]
     ClientTimeout(&'static str, f64),
     /// A bad `--net` value.
     #[error("bad --net `{spec}`")]
@@ -102,7 +104,7 @@ pub enum ConfigError {
     #[error("two network devices are called {0}")]
     NetId(String),
     /// A bad workload spec.
-    #[error("bad workload `{spec}`")]
+    #[error("bad workload `{q}`", q = ppa_vmm_api::clip(.spec))]
     Workload {
         /// The spec as given.
         spec: String,
@@ -119,6 +121,12 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The config file is larger than any config needs.
+    #[error("the config file {path} is over {max} bytes; a config has a few dozen fields", max = MAX_CONFIG_BYTES)]
+    FileTooLarge {
+        /// Path.
+        path: PathBuf,
+    },
     /// The config file is not valid.
     #[error("the config file {path} is not valid")]
     ParseFile {
@@ -128,6 +136,19 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// Longest time, in seconds, a time option takes (about 31 years).
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// What a time option in seconds must be, said of the value `s` that was refused: too large
+/// is said as such.
+fn seconds_rule(s: f64) -> String {
+    if s >= MAX_SECONDS {
+        format!("below {MAX_SECONDS} seconds (about 31 years)")
+    } else {
+        "a positive number of seconds".to_string()
+    }
 }
 
 /// Everything the core needs to build a VM.
@@ -174,6 +195,9 @@ pub struct VmConfig {
     pub seccomp: crate::seccomp::Mode,
     /// Network devices (virtio-net on taps), `net0`, `net1`, … in this order.
     pub net: Vec<crate::devices::net::spec::NetSpec>,
+    /// Where KVM's measured exit cost is kept for the next VM on this host (the run
+    /// directory's `calibration.json`; `None`: measured every time).
+    pub calibration_cache: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -199,6 +223,7 @@ impl Default for VmConfig {
             ppa_page_file: None,
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
+            calibration_cache: None,
         }
     }
 }
@@ -235,7 +260,7 @@ impl VmConfig {
 }
 
 /// Final report format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportFormat {
     /// One JSON object on stdout (or the report file).
@@ -260,8 +285,11 @@ pub struct ReportOptions {
 /// The options of `ppa-vmm run`: the command line's flags (clap) and the config file's keys
 /// (serde, the same names with `_` for `-`) in one struct. Every field is optional; unset fields
 /// take the defaults of [`VmConfig`].
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, clap::Args, schemars::JsonSchema)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object of run options, the flags of `ppa-vmm run` with `_` for `-` (docs/operations.md)"
+)]
 pub struct RunOptions {
     /// JSON config file with the same fields as the flags (flags win).
     #[arg(long, value_name = "FILE.json")]
@@ -327,9 +355,15 @@ pub struct RunOptions {
     #[arg(long, value_name = "NAME=NS")]
     #[serde(default)]
     pub threshold: Vec<String>,
-    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`).
+    /// The VM's name: the `vm` label of the metrics (default `ppa-vmm-PID`). With a name the
+    /// VM registers in the run directory (docs/operations.md, "Many VMs on one host").
     #[arg(long)]
     pub name: Option<String>,
+    /// The run directory where the VM puts `NAME.sock` (unless --api-sock says otherwise) and
+    /// its descriptor `NAME.json` (default /run/ppa-vmm, or $XDG_RUNTIME_DIR/ppa-vmm for users
+    /// other than root; used when --name or --run-dir is given).
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
     /// Serve the control socket (JSON Lines, mode 0600) at this path while the VM runs.
     #[arg(long, value_name = "PATH")]
     pub api_sock: Option<PathBuf>,
@@ -436,7 +470,7 @@ fn client_limits(
     idle_timeout: Option<f64>,
 ) -> Result<crate::api::ClientLimits, ConfigError> {
     let secs = |name, s: f64, zero_ok: bool| {
-        if s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s < 1e9 {
+        if s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s < MAX_SECONDS {
             Ok(Duration::from_secs_f64(s))
         } else {
             Err(ConfigError::ClientTimeout(name, s))
@@ -455,10 +489,22 @@ fn client_limits(
 impl RunOptions {
     /// Reads a JSON config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        use std::io::Read;
+        let read = |source| ConfigError::ReadFile {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .map_err(read)?
+            .take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::FileTooLarge {
+                path: path.to_path_buf(),
+            });
+        }
         Self::from_json(&text).map_err(|source| ConfigError::ParseFile {
             path: path.to_path_buf(),
             source,
@@ -499,6 +545,7 @@ impl RunOptions {
             max_runtime: over.max_runtime.or(self.max_runtime),
             kvm_device: over.kvm_device.or(self.kvm_device),
             name: over.name.or(self.name),
+            run_dir: over.run_dir.or(self.run_dir),
             api_sock: over.api_sock.or(self.api_sock),
             metrics_addr: over.metrics_addr.or(self.metrics_addr),
             client_timeout: over.client_timeout.or(self.client_timeout),
@@ -544,7 +591,9 @@ impl RunOptions {
         }
         let max_runtime = match self.max_runtime {
             None => None,
-            Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
+            Some(s) if s.is_finite() && s > 0.0 && s < MAX_SECONDS => {
+                Some(Duration::from_secs_f64(s))
+            }
             Some(s) => return Err(ConfigError::MaxRuntime(s)),
         };
         let workloads = self
@@ -637,6 +686,7 @@ impl RunOptions {
             ppa_page_file: self.ppa_page_file,
             seccomp: self.seccomp.unwrap_or_default(),
             net,
+            calibration_cache: None,
         };
         config.validate()?;
         let report = ReportOptions {
@@ -649,266 +699,4 @@ impl RunOptions {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn opts(json: &str) -> Result<RunOptions, serde_json::Error> {
-        serde_json::from_str(json)
-    }
-
-    #[test]
-    fn file_and_command_line_merge() {
-        let file =
-            opts(r#"{"vcpus": 4, "memory_mib": 64, "workload": ["busy:ms=5"], "report": "json"}"#)
-                .unwrap();
-        let cli = RunOptions {
-            vcpus: Some(2),
-            workload: vec!["1=idle:ms=1".into()],
-            ..Default::default()
-        };
-        let (vm, report) = file.merge(cli).into_config().unwrap();
-        assert_eq!(vm.vcpus, 2);
-        assert_eq!(vm.memory_mib, 64);
-        let Payload::Tiny {
-            image, workloads, ..
-        } = &vm.payload
-        else {
-            panic!("a tiny guest by default");
-        };
-        assert_eq!(workloads.len(), 2);
-        assert_eq!(workloads[1].target, Some(1));
-        assert_eq!(report.format, ReportFormat::Json);
-        assert_eq!(*image, TinyImage::Embedded);
-        assert!(vm.prefault, "prefault is on by default");
-    }
-
-    #[test]
-    fn rejects_unknown_keys_and_bad_values() {
-        assert!(opts(r#"{"cpus": 4}"#)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown field"));
-        assert!(opts(r#"{"vcpus": -1}"#).is_err());
-        // Found by the config fuzzer in CI: a count this large sized the group check's table
-        // (an allocation of 150 TB) before the count's range was checked.
-        let huge = opts(r#"{"vcpus": 9999999999999}"#).unwrap().into_config();
-        assert!(
-            matches!(huge, Err(ConfigError::Vcpus(9_999_999_999_999))),
-            "{huge:?}"
-        );
-        assert!(opts(r#"{"report": "xml"}"#).is_err());
-        let bad = |o: RunOptions| o.into_config().unwrap_err();
-        assert!(matches!(
-            bad(RunOptions {
-                vcpus: Some(0),
-                ..Default::default()
-            }),
-            ConfigError::Vcpus(0)
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                vcpus: Some(257),
-                ..Default::default()
-            }),
-            ConfigError::Vcpus(257)
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                memory_mib: Some(1),
-                ..Default::default()
-            }),
-            ConfigError::Memory(1)
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                memory_mib: Some(1 << 40),
-                ..Default::default()
-            }),
-            ConfigError::Memory(_)
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                guest: Some("linux".into()),
-                ..Default::default()
-            }),
-            ConfigError::UnknownGuest(_)
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                guest: Some("tiny".into()),
-                tiny_image: Some("x".into()),
-                ..Default::default()
-            }),
-            ConfigError::GuestAndKernel
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                kernel: Some("bzImage".into()),
-                workload: vec!["busy".into()],
-                ..Default::default()
-            }),
-            ConfigError::WorkloadForLinux
-        ));
-        assert!(matches!(
-            bad(RunOptions {
-                initrd: Some("initrd.img".into()),
-                ..Default::default()
-            }),
-            ConfigError::LinuxOptionWithoutKernel
-        ));
-        let (vm, _) = RunOptions {
-            kernel: Some("/boot/vmlinuz".into()),
-            initrd: Some("/boot/initrd.img".into()),
-            cmdline: Some("quiet".into()),
-            ..Default::default()
-        }
-        .into_config()
-        .unwrap();
-        assert_eq!(
-            vm.payload,
-            Payload::Linux {
-                kernel: "/boot/vmlinuz".into(),
-                initrd: Some("/boot/initrd.img".into()),
-                cmdline: "quiet".into()
-            }
-        );
-        assert!(
-            opts(r#"{"config": "other.json"}"#).is_err(),
-            "no nested config files"
-        );
-        let (vm, _) =
-            opts(r#"{"tiny_image": "/x.elf", "prefault": false, "limit_backend": "cgroup"}"#)
-                .unwrap()
-                .into_config()
-                .unwrap();
-        assert!(!vm.prefault);
-        assert_eq!(vm.limits.backend, Backend::Cgroup);
-        assert!(matches!(
-            vm.payload,
-            Payload::Tiny {
-                image: TinyImage::File(_),
-                ..
-            }
-        ));
-        assert!(opts(r#"{"limit_backend": "kernel"}"#).is_err());
-        let (vm, _) = opts(r#"{"tiny_image": "/x.elf", "limit_kick": "limiter"}"#)
-            .unwrap()
-            .into_config()
-            .unwrap();
-        assert_eq!(vm.limits.kick, KickMode::Limiter);
-        assert!(opts(r#"{"limit_kick": "signal"}"#).is_err());
-        assert!(matches!(
-            bad(RunOptions {
-                max_runtime: Some(-1.0),
-                ..Default::default()
-            }),
-            ConfigError::MaxRuntime(_)
-        ));
-        let e = bad(RunOptions {
-            workload: vec!["nap:ms=1".into()],
-            ..Default::default()
-        });
-        assert!(matches!(e, ConfigError::Workload { .. }));
-    }
-
-    #[test]
-    fn accounting_options() {
-        let o = opts(
-            r#"{"accounting": "full", "histogram_bits": 5, "threshold": ["guest_run_ns=1000"]}"#,
-        )
-        .unwrap();
-        let (vm, _) = o.into_config().unwrap();
-        assert_eq!(vm.accounting, Level::Full);
-        assert_eq!(vm.histogram_bits, 5);
-        assert_eq!(vm.thresholds.guest_run_ns, 1000);
-        assert!(opts(r#"{"accounting": "max"}"#).is_err());
-        let bad = |o: RunOptions| o.into_config().unwrap_err();
-        assert!(matches!(
-            bad(RunOptions {
-                histogram_bits: Some(6),
-                ..Default::default()
-            }),
-            ConfigError::HistogramBits(6)
-        ));
-        for t in ["guest_run=5", "guest_run_ns", "guest_run_ns=x"] {
-            assert!(matches!(
-                bad(RunOptions {
-                    threshold: vec![t.into()],
-                    ..Default::default()
-                }),
-                ConfigError::Threshold(_)
-            ));
-        }
-    }
-
-    #[test]
-    fn control_options() {
-        let o = opts(
-            r#"{"name": "nf-1", "api_sock": "/run/ppa.sock", "metrics_addr": "127.0.0.1:9464"}"#,
-        )
-        .unwrap();
-        let (vm, _) = o.into_config().unwrap();
-        assert_eq!(vm.name.as_deref(), Some("nf-1"));
-        assert_eq!(vm.metrics_addr.unwrap().port(), 9464);
-        let bad = |o: RunOptions| o.into_config().unwrap_err();
-        for a in ["localhost", "127.0.0.1", "1.2.3.4:99999", ""] {
-            let e = bad(RunOptions {
-                metrics_addr: Some(a.into()),
-                ..Default::default()
-            });
-            assert!(matches!(e, ConfigError::MetricsAddr(_)), "{a}");
-        }
-        for n in ["", "a\nb", &"x".repeat(129)] {
-            let e = bad(RunOptions {
-                name: Some(n.into()),
-                ..Default::default()
-            });
-            assert!(matches!(e, ConfigError::Name(_)), "{n:?}");
-        }
-        let e = bad(RunOptions {
-            api_sock: Some(PathBuf::new()),
-            ..Default::default()
-        });
-        assert!(matches!(e, ConfigError::ApiSock));
-    }
-
-    #[test]
-    fn client_time_limits() {
-        let (vm, _) = RunOptions::default().into_config().unwrap();
-        assert_eq!(vm.client_limits, crate::api::ClientLimits::default());
-        let o = opts(r#"{"client_timeout": 2.5, "idle_timeout": 0}"#).unwrap();
-        let (vm, _) = o.into_config().unwrap();
-        assert_eq!(vm.client_limits.client_timeout, Duration::from_millis(2500));
-        assert_eq!(vm.client_limits.idle_timeout, None, "0: never idle");
-        let o = opts(r#"{"idle_timeout": 60}"#).unwrap();
-        let (vm, _) = o.into_config().unwrap();
-        assert_eq!(vm.client_limits.idle_timeout, Some(Duration::from_secs(60)));
-        for (client, idle) in [
-            (Some(0.0), None),
-            (Some(-1.0), None),
-            (Some(f64::NAN), None),
-            (Some(f64::INFINITY), None),
-            (Some(1e10), None),
-            (None, Some(-0.5)),
-            (None, Some(f64::NAN)),
-        ] {
-            let e = RunOptions {
-                client_timeout: client,
-                idle_timeout: idle,
-                ..Default::default()
-            }
-            .into_config()
-            .unwrap_err();
-            assert!(
-                matches!(e, ConfigError::ClientTimeout(..)),
-                "{client:?} {idle:?}: {e}"
-            );
-        }
-    }
-
-    #[test]
-    fn missing_config_file_is_named() {
-        let e = RunOptions::from_file(Path::new("/nonexistent/ppa.json")).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/ppa.json"));
-    }
-}
+mod tests;

@@ -27,21 +27,24 @@ use crate::payload::tiny::workload::{resolve, Assignment, Spec, VcpuWorkload, Wo
 use crate::payload::Payload;
 
 mod ppa_page;
+mod virtqueue;
 
 pub use ppa_page::{ppa_page, ppa_page_words};
+pub use virtqueue::virtqueue;
 
 /// A check function: the input, as libFuzzer or a file gives it.
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target: its name (the file `fuzz/fuzz_targets/NAME.rs` and the folders of its
 /// seeds and regressions) and its check function.
-pub const TARGETS: [(&str, Check); 6] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("request", request),
     ("config", config),
     ("workload", workload),
     ("limit", limit),
     ("http_head", http_head),
     ("ppa_page", ppa_page),
+    ("virtqueue", virtqueue),
 ];
 
 /// A handler over a synthetic VM of two vCPUs that never ran (no KVM), with no `stats` reuse.
@@ -117,7 +120,7 @@ pub fn request(data: &[u8]) {
         REFUSER.with(|h| h.borrow_mut().handle_line(data))
     };
     let (line, mask) = match &outcome {
-        Outcome::Subscribe(_, m) => (outcome.line(), Some(*m)),
+        Outcome::Subscribe(_, m, _) => (outcome.line(), Some(*m)),
         _ => (outcome.line(), None),
     };
     assert!(
@@ -397,7 +400,8 @@ fn has_blank_line(bytes: &[u8]) -> bool {
 /// long, and only then is it refused); the request target
 /// is the first line, `\r` removed; the reply is a whole HTTP/1.1 response whose
 /// `Content-Length` is its body's and whose head has only the server's own lines (nothing of
-/// the request is echoed); `200` only for `GET /metrics`.
+/// the request is echoed); `200` only for `GET` or `HEAD` of `/metrics` in HTTP/1.x (a `HEAD`
+/// answer without its body).
 pub fn http_head(data: &[u8]) {
     let Some((&first, sent)) = data.split_first() else {
         return;
@@ -442,27 +446,41 @@ pub fn http_head(data: &[u8]) {
 
 fn check_http_reply(target: &str, reply: &str) {
     let (head, body) = reply.split_once("\r\n\r\n").expect("a head and a body");
-    let lines: Vec<&str> = head.split("\r\n").collect();
+    let mut lines: Vec<&str> = head.split("\r\n").collect();
+    let status = lines[0].strip_prefix("HTTP/1.1 ").expect("a status line");
+    assert!(
+        ["200 ", "400 ", "404 ", "405 ", "505 "]
+            .iter()
+            .any(|s| status.starts_with(s)),
+        "{status}"
+    );
+    if status.starts_with("405 ") {
+        assert_eq!(lines.remove(1), "Allow: GET, HEAD", "{head:?}");
+    }
     assert_eq!(
         lines.len(),
         4,
         "the response head has other lines: {head:?}"
     );
-    let status = lines[0].strip_prefix("HTTP/1.1 ").expect("a status line");
-    assert!(
-        ["200 ", "400 ", "404 ", "405 "]
-            .iter()
-            .any(|s| status.starts_with(s)),
-        "{status}"
-    );
+    let method = target.split(' ').next().unwrap_or_default();
     assert!(lines[1].starts_with("Content-Type: "));
-    assert_eq!(lines[2], format!("Content-Length: {}", body.len()));
+    let length: usize = lines[2]
+        .strip_prefix("Content-Length: ")
+        .and_then(|l| l.parse().ok())
+        .expect("a Content-Length");
+    if method == "HEAD" && status.starts_with("200 ") {
+        assert!(body.is_empty(), "a body after HEAD");
+    } else {
+        assert_eq!(length, body.len());
+    }
     assert_eq!(lines[3], "Connection: close");
     if status.starts_with("200 ") {
-        let mut words = target.split_whitespace();
-        assert_eq!(words.next(), Some("GET"), "{target}");
-        let path = words.next().unwrap_or_default();
-        assert_eq!(path.split('?').next(), Some("/metrics"), "{target}");
+        let words: Vec<&str> = target.split(' ').collect();
+        assert_eq!(words.len(), 3, "{target}");
+        assert!(["GET", "HEAD"].contains(&words[0]), "{target}");
+        assert!(words[2].starts_with("HTTP/1."), "{target}");
+        let path = words[1].split(['?', '#']).next().unwrap_or_default();
+        assert!(path.ends_with("/metrics"), "{target}");
     }
 }
 

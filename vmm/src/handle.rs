@@ -18,6 +18,7 @@ use crate::accounting::snapshot::{HistSnapshots, VcpuTimes};
 use crate::accounting::{AccountingControl, Level, Thresholds};
 use crate::limits::limiter::Limiter;
 use crate::ppa_page::PpaPage;
+use crate::pressure::PressureBoard;
 use crate::sync::now_ns;
 use crate::vcpu::{VcpuShared, REQ_PAUSE, REQ_STOP};
 
@@ -42,6 +43,8 @@ pub struct VmStatus {
     start_ns: AtomicU64,
     shutdown: AtomicBool,
     finished: AtomicBool,
+    /// CPU pressure of the VM and its groups, posted by the sampler.
+    pressure: PressureBoard,
 }
 
 impl VmStatus {
@@ -52,6 +55,7 @@ impl VmStatus {
             start_ns: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            pressure: PressureBoard::default(),
         }
     }
 
@@ -124,6 +128,11 @@ impl VmHandle {
         &self.limiter
     }
 
+    /// The VM's CPU pressure (the sampler posts it every 8 ms).
+    pub fn pressure(&self) -> &PressureBoard {
+        &self.status.pressure
+    }
+
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.status.name
@@ -181,6 +190,7 @@ impl VmHandle {
             thresholds: self.thresholds(),
             host_threads_ns: self.host_threads_ns(),
             host_cpu_ns: self.host_cpu_ns(),
+            pressure: self.pressure().vm().pressure(),
         }
     }
 
@@ -242,11 +252,14 @@ impl VmHandle {
         })
     }
 
-    /// Restarts the figures of one vCPU, or of all, from zero.
+    /// Restarts the figures of one vCPU, or of all (and of every device), from zero.
     pub fn reset(&self, vcpu: Option<usize>) -> Result<(), HandleError> {
         match vcpu {
             Some(i) => self.vcpu(i)?.acct.reset(),
-            None => self.vcpus.iter().for_each(|v| v.acct.reset()),
+            None => {
+                self.vcpus.iter().for_each(|v| v.acct.reset());
+                self.devices.iter().for_each(|d| d.reset());
+            }
         }
         Ok(())
     }

@@ -16,7 +16,7 @@
 macro_rules! indexed_enum {
     ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
         $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
         $vis enum $name {
             $($(#[$vm])* #[serde(rename = $s)] $v,)*
         }
@@ -44,6 +44,8 @@ pub mod accounting;
 pub(crate) mod api;
 pub(crate) mod arch;
 pub mod bench;
+pub(crate) mod calibration_cache;
+pub mod cli;
 pub mod config;
 pub mod devices;
 pub mod exit;
@@ -55,9 +57,11 @@ pub(crate) mod hypervisor;
 pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod metrics;
+pub mod notify;
 pub(crate) mod owned_files;
 pub mod payload;
 pub(crate) mod ppa_page;
+pub mod pressure;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;

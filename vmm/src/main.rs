@@ -15,84 +15,14 @@
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
+use ppa_vmm::cli::{BenchArgs, BenchKind, Cli, Command};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::{Caught, StopSignals};
 use ppa_vmm::vm::Vm;
-use ppa_vmm_client::ctl::CtlOptions;
 use ppa_vmm_client::describe;
-use ppa_vmm_client::top::TopOptions;
-
-#[derive(Parser)]
-#[command(
-    name = "ppa-vmm",
-    version,
-    about = "A KVM VMM for precise CPU accounting of VMs"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Boot a VM and run it until every vCPU has exited.
-    Run(Box<RunOptions>),
-    /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
-    Demo,
-    /// Measure the VMM itself.
-    Bench(BenchArgs),
-    /// Send one request to a running VMM's control socket and print the result.
-    Ctl(CtlOptions),
-    /// A live per-vCPU table of a running VMM, like esxtop.
-    Top(TopOptions),
-}
-
-#[derive(Args)]
-struct BenchArgs {
-    /// What to measure.
-    #[arg(value_enum)]
-    which: BenchKind,
-    /// Print one JSON object whose last key is "verdict".
-    #[arg(long)]
-    json: bool,
-    /// Exits per run (overhead; default 40000).
-    #[arg(long)]
-    exits: Option<u64>,
-    /// Length of each run's measured window, ms (socket).
-    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
-    window_ms: u64,
-    /// Rounds of alternated runs (default 3; limit and socket: 5).
-    #[arg(long)]
-    rounds: Option<usize>,
-    /// vCPUs of the VM (socket).
-    #[arg(long, default_value_t = 64)]
-    vcpus: usize,
-    /// `stats` requests per second in the loaded runs (socket).
-    #[arg(long, default_value_t = 1000)]
-    rate: u32,
-    /// Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE).
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
-    client_nice: i32,
-    /// Periods per run (limit).
-    #[arg(long, default_value_t = 50)]
-    periods: u64,
-    /// Run beside one spinning process per CPU (limit).
-    #[arg(long)]
-    hogs: bool,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum BenchKind {
-    /// Exit throughput: raw KVM_RUN loop vs accounting off, basic, full.
-    Overhead,
-    /// Control socket: stats latency with 64 vCPUs, and guest throughput under 1000 stats/s.
-    Socket,
-    /// CPU limits: per-period error of the VMM's enforcement and of cgroups, 25 % of a busy
-    /// vCPU, in interleaved rounds with the host's steal and the kicks' lateness.
-    Limit,
-}
+use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
 
 /// The config file named by `--config`, with the command line laid over it.
 fn options(cli: RunOptions) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -159,15 +89,53 @@ fn emit(
     Ok(())
 }
 
+/// With `--name` or `--run-dir`: the run directory, checked (made when missing), and the
+/// name and socket path the VM takes there.
+fn run_dir_plan(opts: &mut RunOptions) -> Result<Option<RunDir>, Box<dyn std::error::Error>> {
+    if opts.name.is_none() && opts.run_dir.is_none() {
+        return Ok(None);
+    }
+    let dir = RunDir::open(opts.run_dir.as_deref(), true)?;
+    let name = opts
+        .name
+        .get_or_insert_with(|| format!("ppa-vmm-{}", std::process::id()))
+        .clone();
+    if opts.api_sock.is_none() {
+        opts.api_sock = Some(dir.socket_path(&name)?);
+    }
+    Ok(Some(dir))
+}
+
 /// Builds and runs the VM with the stop signals watched; prints or writes the report.
 fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::error::Error>> {
     opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
-    let (config, report_opts) = opts.into_config()?;
+    let run_dir = run_dir_plan(&mut opts)?;
+    let (mut config, report_opts) = opts.into_config()?;
+    // KVM's exit cost is kept per host in the run directory: that of this VM, else the
+    // default one when it is there and usable (never made only for this).
+    config.calibration_cache = run_dir
+        .clone()
+        .or_else(|| RunDir::open(None, false).ok())
+        .map(|d| d.path().join("calibration.json"));
     check_outputs(&report_opts)?;
+    let _registration: Option<Registration> = match &run_dir {
+        Some(dir) => Some(dir.register(&Descriptor::of_self(
+            config.name.as_deref().unwrap_or_default(),
+            config.vcpus,
+            config.api_sock.clone(),
+        ))?),
+        None => None,
+    };
+    // Opened now, with every privilege and before any filter; Vm::run only writes to it.
+    let notifier = ppa_vmm::notify::Notifier::from_env()
+        .map_err(|e| format!("cannot reach NOTIFY_SOCKET: {e}"))?;
     // Armed before the `signals` thread starts, which enters its kind at once (Vm::run arms
     // the same mode again for the others).
     ppa_vmm::seccomp::arm(config.seccomp);
-    let vm = Vm::try_from(config)?;
+    let mut vm = Vm::try_from(config)?;
+    if let Some(n) = notifier {
+        vm.set_notifier(n);
+    }
     // The `signals` thread outlives the run: it holds the VM's handle only until the run
     // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
     let handle = Arc::new(Mutex::new(Some(vm.handle())));
@@ -231,6 +199,16 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             args.json,
             limit::LimitResult::to_text,
         )?,
+        BenchKind::Net => print_result(
+            &ppa_vmm::bench::net::net(ppa_vmm::bench::net::NetOptions {
+                packets: args.packets,
+                rounds: args.rounds.unwrap_or(5),
+                echoes: args.echoes,
+                exits: args.exits.unwrap_or(20_000),
+            })?,
+            args.json,
+            ppa_vmm::bench::net::NetResult::to_text,
+        )?,
         BenchKind::Socket if args.exits.is_some() => {
             return Err(
                 "`--exits` sets the length of `bench overhead`; `bench socket` runs \
@@ -238,6 +216,13 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
                     .into(),
             )
         }
+        BenchKind::Start => print_result(
+            &ppa_vmm::bench::start::start(ppa_vmm::bench::start::StartOptions {
+                rounds: args.rounds.unwrap_or(10),
+            })?,
+            args.json,
+            ppa_vmm::bench::start::StartResult::to_text,
+        )?,
         BenchKind::Socket => print_result(
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
@@ -251,6 +236,19 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         )?,
     }
     Ok(0)
+}
+
+/// Prints generated text to stdout (quiet when the reader went away): exit code 0, or 2 when
+/// stdout cannot be written.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("ppa-vmm: error: cannot write to stdout: {e}");
+            ExitCode::from(2)
+        }
+        _ => ExitCode::SUCCESS,
+    }
 }
 
 /// Log records to stderr as `ppa-vmm: LEVEL: message`, at the level `PPA_VMM_LOG` names
@@ -289,8 +287,20 @@ fn main() -> ExitCode {
     let opts = match cli.command {
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
         Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
+        Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
+        Command::Completions { shell } => return print_out(&ppa_vmm::cli::completions(shell)),
+        Command::Man => {
+            return match ppa_vmm::cli::man_page() {
+                Ok(page) => print_out(&page),
+                Err(e) => {
+                    eprintln!("ppa-vmm: error: cannot render the man page: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Schema { which } => return print_out(&which.schema()),
         Command::Bench(args) => {
             return match bench(args) {
                 Ok(code) => ExitCode::from(code as u8),

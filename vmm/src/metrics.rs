@@ -69,6 +69,8 @@ pub struct Detailed {
     pub devices: Vec<DeviceStats>,
     /// The VMM process itself (`None`: no `process_*` families).
     pub process: Option<ProcessReading>,
+    /// Each vCPU group's CPU pressure (the VM's is in `vm`).
+    pub pressure_groups: Vec<ppa_vmm_api::GroupPressure>,
 }
 
 /// Shorthand for the table.
@@ -88,6 +90,9 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_vm_vcpus", Gauge, "Number of vCPUs."),
         d("ppa_vm_host_threads_seconds_total", Counter, "CPU time of every non-vCPU thread of the VMM process."),
         d("ppa_vm_host_cpu_seconds_total", Counter, "CPU time of the VMM process by part: vcpus (the vCPU threads), devices (the device threads), service (every other thread)."),
+        d("ppa_vm_pressure_some_seconds_total", Counter, "Time at least one non-idle vCPU was stalled (waiting for a host CPU or held by a limit), since the VM started."),
+        d("ppa_vm_pressure_full_seconds_total", Counter, "Time every non-idle vCPU was stalled, at least one being non-idle, since the VM started."),
+        d("ppa_vm_pressure_avg_ratio", Gauge, "PSI's running averages of the VM's pressure (0 to 1), by kind (some, full) and window (10s, 60s, 300s)."),
         d("ppa_vm_threshold_seconds", Gauge, "Threshold in force, by name; 0 means off."),
         d("ppa_vm_exit_handling_duration_seconds", Histogram, "Userspace handling time of one exit, every vCPU, by reason (parks excluded)."),
         d("ppa_vm_kvm_exit_handling_duration_seconds", Histogram, "KVM's in-kernel handling time of one exit, every vCPU, by hardware reason (level full, KVM's tracepoints)."),
@@ -152,6 +157,8 @@ pub const FAMILIES: &[Decl] = {
         d("process_max_fds", Gauge, "Limit on open file descriptors (RLIMIT_NOFILE, soft)."),
         d("process_start_time_seconds", Gauge, "Start time of the VMM process since the Unix epoch."),
         d("process_threads", Gauge, "Threads of the VMM process."),
+        d("ppa_group_pressure_some_seconds_total", Counter, "Time at least one non-idle member vCPU was stalled, by vCPU group."),
+        d("ppa_group_pressure_full_seconds_total", Counter, "Time every non-idle member vCPU was stalled, by vCPU group."),
         d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, device, other), threads that ended included."),
     ]
 };
@@ -172,6 +179,9 @@ pub fn render(stats: &Detailed) -> String {
     devices::add_host_cpu(&mut f, vm, &stats.vm.host_cpu_ns);
     for d in &stats.devices {
         devices::add_device(&mut f, vm, d);
+    }
+    for g in &stats.pressure_groups {
+        families::add_group_pressure(&mut f, vm, g);
     }
     if let Some(p) = &stats.process {
         families::add_process(&mut f, vm, p);

@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ppa_guest_abi::ppa_page::{
-    read_record, write_record, HostVcpu, ReadError, RegionHeader, MAJOR, MINOR, REGION_MAGIC,
+    read_record, write_record, HostVcpu, HostVm, ReadError, RegionHeader, MAJOR, MINOR,
+    REGION_MAGIC,
 };
 use thiserror::Error;
 use vm_memory::mmap::MmapRegionError;
@@ -88,14 +89,17 @@ pub struct PpaPage {
 }
 
 /// The layout of a region of `size` bytes for `vcpus` vCPUs: host records after the header,
-/// the guest section after them (8-byte aligned), the rest of the region.
+/// the VM-wide host record after them, the guest section after it (8-byte aligned), the rest
+/// of the region.
 pub fn layout(size: u64, vcpus: usize) -> Result<RegionHeader, PpaPageError> {
     if !(MIN_SIZE..=MAX_SIZE).contains(&size) || size % 4096 != 0 {
         return Err(PpaPageError::Size(size));
     }
     let header = std::mem::size_of::<RegionHeader>() as u64;
     let record = std::mem::size_of::<HostVcpu>() as u64;
-    let host_end = header + record * vcpus as u64;
+    let vm_offset = header + record * vcpus as u64;
+    let vm_size = std::mem::size_of::<HostVm>() as u64;
+    let host_end = vm_offset + vm_size;
     let guest_min = std::mem::size_of::<ppa_guest_abi::ppa_page::GuestHeader>() as u64;
     if host_end + guest_min > size {
         return Err(PpaPageError::TooSmall { size, vcpus });
@@ -112,7 +116,9 @@ pub fn layout(size: u64, vcpus: usize) -> Result<RegionHeader, PpaPageError> {
         guest_offset: host_end as u32,
         guest_size: (size - host_end) as u32,
         host_refresh_ns: 10_000_000,
-        reserved: [0; 3],
+        vm_offset: vm_offset as u32,
+        vm_size: vm_size as u32,
+        reserved: [0; 2],
     })
 }
 
@@ -195,6 +201,30 @@ impl PpaPage {
         }
     }
 
+    fn vm_ptr(&self) -> *mut HostVm {
+        // SAFETY: `layout` placed the VM record inside the mapping, after the host records
+        // (8-byte aligned: the header and the records are multiples of 8 bytes).
+        unsafe {
+            self.mapping
+                .as_ptr()
+                .add(self.header.vm_offset as usize)
+                .cast::<HostVm>()
+        }
+    }
+
+    /// Publishes the VM-wide host record. Only the sampler calls this (one writer).
+    pub fn publish_vm(&self, rec: &HostVm) {
+        // SAFETY: an aligned record inside the mapping (`vm_ptr`); the sampler is its only
+        // writer; the guest and host tools only read it.
+        unsafe { write_record(self.vm_ptr(), rec) };
+    }
+
+    /// Reads the VM-wide host record (at most `tries` attempts).
+    pub fn read_vm(&self, tries: u32) -> Result<HostVm, ReadError> {
+        // SAFETY: an aligned record inside the mapping (`vm_ptr`).
+        unsafe { read_record(self.vm_ptr(), tries) }
+    }
+
     /// The guest section, live: it borrows the page, so it cannot outlive the mapping.
     pub fn guest_section(&self) -> decode::Section<'_> {
         // SAFETY: `layout` placed the guest section inside the mapping, 8-byte aligned; the
@@ -258,8 +288,10 @@ mod tests {
             (h.host_offset, h.host_count, h.host_record_size),
             (64, 4, 128)
         );
-        assert_eq!(h.guest_offset, 64 + 4 * 128);
-        assert_eq!(h.guest_size, 64 * 1024 - (64 + 4 * 128));
+        assert_eq!((h.vm_offset, h.vm_size), (64 + 4 * 128, 128));
+        assert_eq!(h.vm_record(), Some((64 + 4 * 128, 128)));
+        assert_eq!(h.guest_offset, 64 + 5 * 128);
+        assert_eq!(h.guest_size, 64 * 1024 - (64 + 5 * 128));
         assert!(matches!(layout(1000, 1), Err(PpaPageError::Size(1000))));
         assert!(matches!(layout(5000, 1), Err(PpaPageError::Size(_))));
         assert!(matches!(layout(32 << 20, 1), Err(PpaPageError::Size(_))));
@@ -289,6 +321,23 @@ mod tests {
         assert_eq!(
             u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap()),
             77
+        );
+        // The VM record sits after the two vCPU records; a host tool finds it there.
+        page.publish_vm(&HostVm {
+            flags: ppa_guest_abi::ppa_page::VM_PRESSURE,
+            pressure_some_total_us: 4242,
+            ..Default::default()
+        });
+        assert_eq!(page.read_vm(4).unwrap().pressure_some_total_us, 4242);
+        let bytes = std::fs::read(&path).unwrap();
+        let vm = 64 + 2 * 128;
+        assert_eq!(
+            &bytes[40..48],
+            &[vm as u8, (vm >> 8) as u8, 0, 0, 128, 0, 0, 0]
+        );
+        assert_eq!(
+            u64::from_le_bytes(bytes[vm + 80..vm + 88].try_into().unwrap()),
+            4242
         );
         assert!(page.read_host(2, 4).is_none());
         drop(page);

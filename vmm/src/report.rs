@@ -182,7 +182,7 @@ pub(crate) fn guest_view(page: &PpaPage, vcpus: &[Arc<VcpuShared>]) -> GuestView
 }
 
 /// VM facts fixed at build time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmInfo {
     /// vCPU count.
     pub vcpus: usize,
@@ -222,7 +222,7 @@ pub struct RunFacts {
 }
 
 /// Per-VM part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VmReport {
     /// The VM's name (`--name`; `ppa-vmm-PID` by default).
     pub name: String,
@@ -257,13 +257,17 @@ pub struct VmReport {
     pub host_steal_ns: Option<u64>,
     /// Histograms merged over every vCPU.
     pub histograms: BTreeMap<String, HistogramJson>,
+    /// CPU pressure of the VM and its vCPU groups over the run (docs/accounting.md,
+    /// "Pressure"), as the sampler last computed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<ppa_vmm_api::PressureReport>,
     /// The payload's fields (a Linux guest: command line, console, resets).
     #[serde(flatten)]
     pub payload: PayloadVmReport,
 }
 
 /// A failed vCPU's cause.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct FailureReport {
     /// One sentence.
     pub reason: String,
@@ -275,7 +279,7 @@ pub struct FailureReport {
 }
 
 /// Per-vCPU part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct VcpuReport {
     /// The payload's fields (tiny guest: `workload`, `doorbells`, `guest_reported`).
     #[serde(flatten)]
@@ -289,6 +293,9 @@ pub struct VcpuReport {
     /// The time split and counts of spec section 4.
     #[serde(flatten)]
     pub times: VcpuTimes,
+    /// Whether a `reset` restarted this vCPU's figures during the run: they count from the
+    /// last reset, /proc's ticks and the VM's uptime from the start.
+    pub reset: bool,
     /// Histograms (exit_handling by reason only where it has samples).
     pub histograms: BTreeMap<String, HistogramJson>,
     /// The same histograms as snapshots, for the kstats text form.
@@ -307,7 +314,7 @@ impl VcpuReport {
 }
 
 /// The final report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Report {
     /// The VM.
     pub vm: VmReport,
@@ -347,6 +354,7 @@ fn vcpu_report(s: &VcpuShared, payload: PayloadVcpuReport) -> (VcpuReport, HistS
         exit_code,
         failure,
         times,
+        reset: s.acct.meter.reset_epoch.load(Ordering::Acquire) > 0,
         histograms: hist.to_json(),
         hist: hist.clone(),
     };
@@ -417,6 +425,7 @@ impl Report {
                 host_cpu_ns: Default::default(),
                 host_steal_ns: facts.host_steal_ns,
                 histograms: merge_all(&hists),
+                pressure: None,
                 payload: vm_payload,
             },
             vcpus,
@@ -485,6 +494,23 @@ impl Report {
             vm.level,
             ms(vm.host_threads_ns),
         );
+        if let Some(p) = &vm.pressure {
+            let line = |l: &ppa_vmm_api::PressureLine| {
+                format!(
+                    "avg10={:.2} avg60={:.2} avg300={:.2} total={:.1} ms",
+                    l.avg10,
+                    l.avg60,
+                    l.avg300,
+                    l.total_us as f64 / 1e3
+                )
+            };
+            let _ = writeln!(
+                out,
+                "PRESSURE some {}; full {}",
+                line(&p.vm.some),
+                line(&p.vm.full)
+            );
+        }
         let _ = writeln!(
             out,
             "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
@@ -518,14 +544,15 @@ impl Report {
             };
             let mut w = v.tiny().map_or(String::new(), |t| t.workload.clone());
             w.truncate(24);
+            let wall = format!("{:.2}{}", ms(t.wall_ns), if v.reset { "*" } else { "" });
             let opt = |ns: Option<u64>| ns.map_or("-".to_string(), |n| format!("{:.2}", ms(n)));
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9.2} {:>9.3} {:>8.2} {:>8} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9} {:>9.3} {:>8.2} {:>8} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
-                ms(t.wall_ns),
+                wall,
                 ms(t.used_ns),
                 ms(t.guest_ns),
                 opt(t.kvm_ns),
@@ -544,15 +571,21 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {} (from {}). KVM: in-kernel exit handling, INTR: host interrupts \
+             GUEST/VMM split: {}. KVM: in-kernel exit handling, INTR: host interrupts \
              (level full; - where not measured). BLKD: asleep in the kernel outside parks, not \
              halted. IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
-            self.vcpus.first().map_or("-", |v| v.times.split.as_str()),
             self.vcpus
                 .first()
-                .map_or("-", |v| v.times.split_source.as_str())
+                .map_or("-".to_string(), |v| v.times.split.legend(v.times.split_source)),
         );
         self.kernel_text(&mut out);
+        if self.vcpus.iter().any(|v| v.reset) {
+            let _ = writeln!(
+                out,
+                "* reset during the run: that vCPU's figures count from its last reset, its \
+                 /proc ms and the VM's uptime from the start."
+            );
+        }
         for g in &self.groups {
             let _ = writeln!(
                 out,
@@ -564,7 +597,7 @@ impl Report {
                 g.throttled_periods,
                 g.periods,
                 ms(g.used_ns),
-                g.used_ns as f64 * 100.0 / (g.periods * g.period_ns).max(1) as f64,
+                g.used_percent().unwrap_or(0.0),
                 ms(g.limited_ns),
                 g.overshoot_max_ns as f64 / 1e3,
                 g.kicks.path,
@@ -572,6 +605,12 @@ impl Report {
                 g.kicks.rearms,
                 g.kicks.limiter,
             );
+        }
+        out.push_str(&ppa_vmm_client::devices::devices_text(&self.devices));
+        if !self.devices.is_empty() {
+            out.push_str(&ppa_vmm_client::devices::host_cpu_line(
+                &self.vm.host_cpu_ns,
+            ));
         }
         let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self
             .vcpus

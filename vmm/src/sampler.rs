@@ -6,16 +6,18 @@
 //! counter (the sampler is that counter's only writer); with none it reads nothing. With
 //! `--runaway` or `--overload` it also runs the detectors of `limits::overload` on every vCPU
 //! and applies their action. Reading schedstat costs ~1 µs per vCPU here, which is why it
-//! happens here and not on the exit path. With a PPA page it also refreshes the page's host
-//! section every [`PAGE_REFRESH_NS`] (8 ms), on its own deadline between the ticks
-//! (docs/abi.md). It stops when told, within one window.
+//! happens here and not on the exit path. Every [`PAGE_REFRESH_NS`] (8 ms), on its own
+//! deadline between the ticks, it reads each started vCPU's summary once and hands it to the
+//! pressure tracker (`pressure.rs`: some/full, averages, the board the socket reads) and, with
+//! a PPA page, writes it into the page's host records and the VM record (docs/abi.md). It
+//! stops when told, within one window.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ppa_guest_abi::ppa_page::{HostVcpu, NOT_MEASURED};
-use ppa_vmm_api::{Event, OverloadKind};
+use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE};
+use ppa_vmm_api::{Event, OverloadKind, VcpuSummary};
 
 use crate::accounting::meter::MicroState;
 use crate::accounting::{AccountingControl, Threshold};
@@ -23,6 +25,7 @@ use crate::api::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
 use crate::ppa_page::PpaPage;
+use crate::pressure::Tracker;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
 
@@ -38,19 +41,18 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Starts the sampler thread over `vcpus`, with runaway and overload detection when
+    /// Starts the sampler thread over `vm`'s vCPUs, with runaway and overload detection when
     /// `overload` is given.
     pub fn start(
-        vcpus: Vec<Arc<VcpuShared>>,
+        vm: VmHandle,
         control: Arc<AccountingControl>,
         overload: Option<Overload>,
-        ppa: Option<(Arc<PpaPage>, VmHandle)>,
     ) -> std::io::Result<Sampler> {
         let stop = Arc::new((AtomicBool::new(false), AtomicU32::new(0)));
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run(&vcpus, &control, &s, overload, ppa))?;
+            .spawn(move || run(&vm, &control, &s, overload))?;
         Ok(Sampler {
             stop,
             handle: Some(handle),
@@ -127,16 +129,23 @@ impl Overload {
     }
 }
 
+/// Each started vCPU's summary (`None` before its thread starts): one read per vCPU, shared
+/// by the page and the pressure tracker.
+fn summaries(vcpus: &[Arc<VcpuShared>]) -> Vec<Option<VcpuSummary>> {
+    vcpus
+        .iter()
+        .map(|v| (v.host_tid() != 0).then(|| v.summary()))
+        .collect()
+}
+
 /// Writes every started vCPU's figures into its host record of the PPA page.
-fn publish(page: &PpaPage, vm: &VmHandle, vcpus: &[Arc<VcpuShared>]) {
-    let updated_ns = vm.uptime_ns();
-    for v in vcpus.iter().filter(|v| v.host_tid() != 0) {
-        let t = v.summary();
+fn publish(page: &PpaPage, updated_ns: u64, summaries: &[Option<VcpuSummary>]) {
+    for t in summaries.iter().flatten() {
         page.publish(
-            v.id,
+            t.id,
             &HostVcpu {
                 seq: 0,
-                vcpu: v.id as u32,
+                vcpu: t.id as u32,
                 updated_ns,
                 wall_ns: t.wall_ns,
                 used_ns: t.used_ns,
@@ -157,14 +166,128 @@ fn publish(page: &PpaPage, vm: &VmHandle, vcpus: &[Arc<VcpuShared>]) {
     }
 }
 
+/// How many page refreshes reuse one reading of the VMM's other threads' CPU (~100 ms): it
+/// reads every vCPU thread's CPU clock (a system call each), which every 8 ms would cost
+/// ~0.5 % of a CPU at 64 vCPUs.
+const SERVICE_CPU_EVERY: u64 = 12;
+
+/// What the VM record says of the VMM's other threads and of the network devices, read every
+/// [`SERVICE_CPU_EVERY`] refreshes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slow {
+    devices_ns: u64,
+    service_ns: u64,
+    net: Option<[u64; 5]>,
+}
+
+impl Slow {
+    /// The device threads' and the service threads' CPU, and the network devices' frames,
+    /// bytes and drops (transmit, receive), summed.
+    fn read(vm: &VmHandle) -> Slow {
+        use ppa_vmm_api::QueueKind;
+        let cpu = vm.host_cpu_ns();
+        let stats = vm.device_stats();
+        let mut net = [0u64; 5];
+        for q in stats.iter().flat_map(|d| d.queues.iter()) {
+            match q.kind {
+                QueueKind::Tx => {
+                    net[0] += q.packets;
+                    net[2] += q.bytes;
+                }
+                QueueKind::Rx => {
+                    net[1] += q.packets;
+                    net[3] += q.bytes;
+                }
+                _ => {}
+            }
+            net[4] += q.drops.values().sum::<u64>();
+        }
+        Slow {
+            devices_ns: cpu.devices,
+            service_ns: cpu.service,
+            net: (!stats.is_empty()).then_some(net),
+        }
+    }
+}
+
+/// The VM record of the PPA page: pressure, the host CPU of the vCPU threads (their
+/// summaries), of the device threads and of the others, and the network devices' totals.
+fn vm_record(
+    vm: &VmHandle,
+    updated_ns: u64,
+    summaries: &[Option<VcpuSummary>],
+    slow: &Slow,
+) -> HostVm {
+    let p = vm.pressure().vm();
+    let [tx, rx, tx_bytes, rx_bytes, drops] = slow.net.unwrap_or_default();
+    HostVm {
+        flags: VM_PRESSURE | VM_HOST_CPU | if slow.net.is_some() { VM_NET } else { 0 },
+        updated_ns,
+        host_cpu_vcpus_ns: summaries.iter().flatten().map(|t| t.used_ns).sum(),
+        host_cpu_devices_ns: slow.devices_ns,
+        host_cpu_service_ns: slow.service_ns,
+        net_tx_packets: tx,
+        net_rx_packets: rx,
+        net_tx_bytes: tx_bytes,
+        net_rx_bytes: rx_bytes,
+        net_drops: drops,
+        pressure_some_total_us: p.some_total_us,
+        pressure_full_total_us: p.full_total_us,
+        pressure_some_avg: p.some_avg,
+        pressure_full_avg: p.full_avg,
+        ..HostVm::default()
+    }
+}
+
+/// What the refreshes keep between them.
+struct Refresh {
+    tracker: Tracker,
+    count: u64,
+    slow: Slow,
+}
+
+/// One refresh: the summaries, the pressure tick, the page.
+fn refresh(vm: &VmHandle, r: &mut Refresh, now: u64) {
+    let vcpus = vm.vcpus();
+    let s = summaries(vcpus);
+    let uptime = vm.uptime_ns();
+    // A vCPU whose thread ended has no time in the tick.
+    let live = s
+        .iter()
+        .zip(vcpus)
+        .map(|(t, v)| t.as_ref().filter(|_| v.acct.finals.get().is_none()));
+    r.tracker.tick(now, live);
+    r.tracker.post(vm.pressure(), now, uptime);
+    if let Some(page) = vm.ppa_page() {
+        if r.count % SERVICE_CPU_EVERY == 0 {
+            r.slow = Slow::read(vm);
+        }
+        r.count += 1;
+        publish(page, uptime, &s);
+        page.publish_vm(&vm_record(vm, uptime, &s, &r.slow));
+    }
+}
+
 fn run(
-    vcpus: &[Arc<VcpuShared>],
+    vm: &VmHandle,
     control: &AccountingControl,
     stop: &(AtomicBool, AtomicU32),
     overload: Option<Overload>,
-    ppa: Option<(Arc<PpaPage>, VmHandle)>,
 ) {
     crate::seccomp::enter(crate::seccomp::Kind::Sampler);
+    let vcpus = vm.vcpus();
+    let groups = vm
+        .limiter()
+        .groups()
+        .into_iter()
+        .filter(|g| g.name != "vm")
+        .map(|g| (g.name, g.vcpus))
+        .collect();
+    let mut refresher = Refresh {
+        tracker: Tracker::new(vcpus.len(), groups, now_ns()),
+        count: 0,
+        slow: Slow::default(),
+    };
     let mut detectors = vec![Detector::default(); vcpus.len()];
     let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];
@@ -178,20 +301,14 @@ fn run(
     while !stop.0.load(Ordering::Acquire) {
         let seen = stop.1.load(Ordering::Acquire);
         let now = now_ns();
-        let wake = if ppa.is_some() {
-            next.min(next_page)
-        } else {
-            next
-        };
+        let wake = next.min(next_page);
         if now < wake {
             futex_wait(&stop.1, seen, Some(wake));
             continue;
         }
-        if let Some((page, vm)) = &ppa {
-            if now >= next_page {
-                publish(page, vm, vcpus);
-                next_page = (next_page + PAGE_REFRESH_NS).max(now + PAGE_REFRESH_NS / 2);
-            }
+        if now >= next_page {
+            refresh(vm, &mut refresher, now);
+            next_page = (next_page + PAGE_REFRESH_NS).max(now + PAGE_REFRESH_NS / 2);
         }
         if now < next {
             continue;

@@ -14,6 +14,9 @@
  *       again, for M ms of wall time. A period whose work ends past the next deadline is an
  *       overrun; the next deadline is then the first one still ahead.
  *
+ *   udp-echo:... and udp-ping:...
+ *       the network shapes, in udp.c.
+ *
  * Exit codes: 0 done, 2 bad spec or a thread could not start.
  */
 #define _GNU_SOURCE
@@ -197,14 +200,19 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 	return 0;
 }
 
+int udp_main(const char *spec);
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc != 2) {
 		fprintf(stderr, "usage: ppa-workload spin:threads=N,ms=M | "
-				"periodic:threads=N,run_us=R,period_us=P,ms=M\n");
+				"periodic:threads=N,run_us=R,period_us=P,ms=M | "
+				"udp-echo:port=P,ms=M | udp-ping:to=IP,count=N,size=B\n");
 		return 2;
 	}
+	if (strncmp(argv[1], "udp-", 4) == 0 || strncmp(argv[1], "mktap", 5) == 0)
+		return udp_main(argv[1]);
 	struct spec s;
 	char err[256];
 	if (parse(argv[1], &s, err, sizeof(err)) != 0) {

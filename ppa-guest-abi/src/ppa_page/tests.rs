@@ -9,6 +9,85 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 #[test]
+fn the_vm_record_is_found_only_where_a_13_header_puts_it() {
+    let h = RegionHeader {
+        magic: REGION_MAGIC,
+        major: 1,
+        minor: 3,
+        total_size: 65536,
+        header_size: 64,
+        host_offset: 64,
+        host_count: 2,
+        host_record_size: 128,
+        guest_offset: 448,
+        guest_size: 65536 - 448,
+        host_refresh_ns: 10_000_000,
+        vm_offset: 320,
+        vm_size: 128,
+        reserved: [0; 2],
+    };
+    assert_eq!(h.vm_record(), Some((320, 128)));
+    // A 1.2 writer's header: zero words, or a minor below 3, means none.
+    assert_eq!(
+        RegionHeader {
+            vm_offset: 0,
+            vm_size: 0,
+            ..h
+        }
+        .vm_record(),
+        None
+    );
+    assert_eq!(RegionHeader { minor: 2, ..h }.vm_record(), None);
+    // Misplaced: into the guest section, unaligned, too small, past the end, overflowing.
+    assert_eq!(
+        RegionHeader {
+            vm_offset: 400,
+            ..h
+        }
+        .vm_record(),
+        None
+    );
+    assert_eq!(
+        RegionHeader {
+            vm_offset: 324,
+            vm_size: 124,
+            ..h
+        }
+        .vm_record(),
+        None
+    );
+    assert_eq!(RegionHeader { vm_size: 64, ..h }.vm_record(), None);
+    assert_eq!(
+        RegionHeader {
+            guest_offset: 70000,
+            vm_offset: 65500,
+            ..h
+        }
+        .vm_record(),
+        None
+    );
+    assert_eq!(
+        RegionHeader {
+            vm_offset: u32::MAX - 7,
+            ..h
+        }
+        .vm_record(),
+        None
+    );
+    // A later minor may make the record larger; the reader takes the 1.3 part.
+    assert_eq!(
+        RegionHeader {
+            minor: 4,
+            vm_size: 192,
+            guest_offset: 512,
+            ..h
+        }
+        .vm_record(),
+        Some((320, 192))
+    );
+}
+
+#[test]
 fn golden_layout() {
     // The numbers docs/abi.md gives, so a C implementation can be checked against them.
     assert_eq!(size_of::<RegionHeader>(), 64);
@@ -25,9 +104,33 @@ fn golden_layout() {
             offset_of!(RegionHeader, guest_offset),
             offset_of!(RegionHeader, guest_size),
             offset_of!(RegionHeader, host_refresh_ns),
+            offset_of!(RegionHeader, vm_offset),
+            offset_of!(RegionHeader, vm_size),
             offset_of!(RegionHeader, reserved),
         ],
-        [0, 4, 6, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+        [0, 4, 6, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48]
+    );
+    assert_eq!(size_of::<HostVm>(), 128);
+    assert_eq!(
+        [
+            offset_of!(HostVm, seq),
+            offset_of!(HostVm, flags),
+            offset_of!(HostVm, updated_ns),
+            offset_of!(HostVm, host_cpu_vcpus_ns),
+            offset_of!(HostVm, host_cpu_devices_ns),
+            offset_of!(HostVm, host_cpu_service_ns),
+            offset_of!(HostVm, net_tx_packets),
+            offset_of!(HostVm, net_rx_packets),
+            offset_of!(HostVm, net_tx_bytes),
+            offset_of!(HostVm, net_rx_bytes),
+            offset_of!(HostVm, net_drops),
+            offset_of!(HostVm, pressure_some_total_us),
+            offset_of!(HostVm, pressure_full_total_us),
+            offset_of!(HostVm, pressure_some_avg),
+            offset_of!(HostVm, pressure_full_avg),
+            offset_of!(HostVm, reserved),
+        ],
+        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 108, 120]
     );
     assert_eq!(size_of::<HostVcpu>(), 128);
     assert_eq!(
@@ -151,7 +254,7 @@ fn golden_layout() {
     assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
     assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
     assert_eq!(AGENT_MAGIC.to_le_bytes(), *b"PPAA");
-    assert_eq!(VERSION, 0x0001_0003);
+    assert_eq!(VERSION, 0x0001_0004);
 }
 
 #[test]
@@ -220,17 +323,17 @@ fn an_agent_record_is_looked_for_only_where_a_1_1_writer_left_room() {
 }
 
 #[test]
-fn kvm_and_interrupted_time_are_read_only_from_a_1_3_writer_that_measured_them() {
+fn kvm_and_interrupted_time_are_read_only_from_a_1_4_writer_that_measured_them() {
     let r = HostVcpu {
         kvm_ns: 7,
         interrupted_ns: NOT_MEASURED,
         ..Default::default()
     };
-    assert_eq!((r.kvm(3), r.interrupted(3)), (Some(7), None));
-    // A 1.2 writer left the words zero: not a measured zero.
+    assert_eq!((r.kvm(4), r.interrupted(4)), (Some(7), None));
+    // A 1.3 writer left the words zero: not a measured zero.
     let old = HostVcpu::default();
-    assert_eq!((old.kvm(2), old.interrupted(2)), (None, None));
-    assert_eq!(MINOR, 3);
+    assert_eq!((old.kvm(3), old.interrupted(3)), (None, None));
+    assert_eq!(MINOR, 4);
 }
 
 #[test]

@@ -46,6 +46,7 @@ fn parses_commands_and_values() {
 fn subscribe_takes_json_or_comma_lists() {
     let both = Command::Subscribe {
         events: vec![EventKind::VcpuExit, EventKind::Threshold],
+        pressure: None,
     };
     assert_eq!(
         parse_command("subscribe", &args(&[r#"events=["vcpu-exit","threshold"]"#])).unwrap(),
@@ -58,12 +59,16 @@ fn subscribe_takes_json_or_comma_lists() {
     assert_eq!(
         parse_command("subscribe", &args(&["events=vm-exit"])).unwrap(),
         Command::Subscribe {
-            events: vec![EventKind::VmExit]
+            events: vec![EventKind::VmExit],
+            pressure: None,
         }
     );
     assert_eq!(
         parse_command("subscribe", &[]).unwrap(),
-        Command::Subscribe { events: vec![] }
+        Command::Subscribe {
+            events: vec![],
+            pressure: None,
+        }
     );
     assert!(parse_command("subscribe", &args(&["events=vcpu-exit,bogus"])).is_err());
 }
@@ -235,7 +240,7 @@ fn subscribe_streams_until_close() {
 /// and, when `end`, the vm-exit event, then closes.
 fn subscribe_server(end: bool) -> FakeServer {
     FakeServer::start(move |req, _| {
-        let Command::Subscribe { events } = &req.command else {
+        let Command::Subscribe { events, .. } = &req.command else {
             panic!("{req:?}")
         };
         let mut lines = vec![
@@ -287,6 +292,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
         quota_ns: 50_000_000,
         period_ns: 100_000_000,
         periods: 10,
+        periods_ns: 1_000_000_000,
         throttled_periods: 9,
         used_ns: 500_123_000,
         limited_ns: 400_000_000,
@@ -346,4 +352,104 @@ fn groups_text_is_one_line_per_limit() {
         to_text("histogram", &h),
         "histogram.count: 2\nhistogram.slots: 2 non-empty (listed in the JSON form)\n"
     );
+}
+
+/// Issue 28: `limit=150` was sent as the number 150 and refused with serde's "invalid type:
+/// integer `150`, expected a string"; it is the limit `150`, which the server refuses with the
+/// sentence `run --cpu-limit 150` gives.
+#[test]
+fn text_arguments_stay_text() {
+    assert_eq!(
+        parse_command("set-limit", &args(&["group=vm", "limit=150"])).unwrap(),
+        Command::SetLimit {
+            group: "vm".into(),
+            limit: "150".into()
+        }
+    );
+    assert_eq!(
+        parse_command("set-limit", &args(&["group=7", r#"limit="50%""#])).unwrap(),
+        Command::SetLimit {
+            group: "7".into(),
+            limit: "50%".into()
+        }
+    );
+    assert_eq!(
+        parse_command("histogram", &args(&["name=1"])).unwrap(),
+        Command::Histogram {
+            name: "1".into(),
+            vcpu: None,
+            format: HistogramFormat::Json
+        }
+    );
+}
+
+/// A server that answers `histogram` with its text form when asked for it, else JSON.
+fn histogram_server() -> FakeServer {
+    FakeServer::start(|req, _| {
+        let Command::Histogram { format, .. } = &req.command else {
+            panic!("{req:?}")
+        };
+        let result = match format {
+            HistogramFormat::Text => {
+                Value::String("slot 0 vcpu 0 count 3\nslot 1 vcpu 0 count 1\n".into())
+            }
+            HistogramFormat::Json => {
+                serde_json::json!({"name": "guest_run", "histogram": {"slots": [[0, 3]]}})
+            }
+        };
+        vec![Response::ok(req.id, result).to_line()]
+    })
+}
+
+/// Issue 28: `format=text` printed a JSON string full of `\n`, and `--text` alone printed
+/// "N non-empty (listed in the JSON form)"; either switch now prints the text form.
+#[test]
+fn one_switch_prints_a_histogram_as_text() {
+    let server = histogram_server();
+    let text = "slot 0 vcpu 0 count 3\nslot 1 vcpu 0 count 1\n";
+    for (a, with_text) in [
+        (&["name=guest_run", "format=text"][..], false),
+        (&["name=guest_run"][..], true),
+        (&["name=guest_run", "format=text"][..], true),
+    ] {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run_to(
+            opts(server.path(), "histogram", a, with_text),
+            &mut out,
+            &mut err,
+        );
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            text,
+            "{a:?} --text {with_text}"
+        );
+    }
+    // Asking for JSON explicitly keeps JSON.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let o = opts(
+        server.path(),
+        "histogram",
+        &["name=guest_run", "format=json"],
+        false,
+    );
+    assert_eq!(run_to(o, &mut out, &mut err), 0);
+    assert!(String::from_utf8_lossy(&out).contains("\"slots\""));
+}
+
+/// Issue 28: refusals quote their input cut to a few hundred bytes.
+#[test]
+fn refusals_quote_long_input_cut() {
+    // Within the request's limit, so that each is refused for what it says.
+    let long = "x".repeat(60_000);
+    for e in [
+        parse_command(&long, &[]).unwrap_err(),
+        parse_command("vcpu", std::slice::from_ref(&long)).unwrap_err(),
+        parse_command("vcpu", &[format!("vcpu=\"{long}\"")]).unwrap_err(),
+        parse_command("stats", &[format!("{long}=1")]).unwrap_err(),
+    ] {
+        let m = e.to_string();
+        assert!(m.len() < 2 * ppa_vmm_api::MESSAGE_MAX, "{}", m.len());
+        assert!(m.contains('…'), "{m:.300}");
+    }
 }

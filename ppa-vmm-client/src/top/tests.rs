@@ -196,12 +196,17 @@ fn sort_rows_by_each_kind_of_column() {
 fn render_has_a_line_per_vcpu_and_the_total() {
     let (prev, mut cur) = samples();
     cur.vcpus[1] = vcpu(1, 500 * MS, 400 * MS, &[]).into();
+    cur.vm.pressure.some.avg10 = 12.5;
     let r = rows(&prev, &cur);
     let text = render(&r, &total(&r), &cur.vm, SortKey::Used);
     println!("{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2 + 1 + 2 + 1, "{text}");
     assert!(lines[0].contains("vm test") && lines[0].contains("vcpus 2"));
+    assert!(
+        lines[0].contains("pressure some 12.50 % full 0.00 % (avg10)"),
+        "{text}"
+    );
     assert!(lines[0].contains("level full") && lines[0].contains("uptime 11.000 s"));
     assert!(lines[2].starts_with("VCPU") && lines[2].ends_with("TOP-EXIT"));
     assert!(
@@ -306,6 +311,27 @@ fn run_once_and_until_the_vm_ends() {
     let text = String::from_utf8_lossy(&out);
     assert_eq!(text.matches(CLEAR).count(), 1, "{text}");
     assert!(text.ends_with("The VM has ended (completed).\n"), "{text}");
+}
+
+/// Issue 28: `top` wrote screen escape codes into a pipe; off a terminal its tables follow
+/// each other as plain text.
+#[test]
+fn off_a_terminal_the_tables_are_plain_text() {
+    let (prev, cur) = samples();
+    let (cur2, _) = samples();
+    let server = fake_vmm(vec![prev, cur, cur2], true);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_on(
+        top_opts(server.path(), false, 10, SortKey::Vcpu),
+        &mut out,
+        &mut err,
+        Screen::Plain,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&err));
+    let text = String::from_utf8_lossy(&out);
+    assert!(!text.contains('\x1b'), "{text:?}");
+    assert!(text.starts_with("ppa-vmm top - "), "{text}");
+    assert!(text.contains("\n\nppa-vmm top - "), "{text}");
 }
 
 #[test]

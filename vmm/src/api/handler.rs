@@ -13,13 +13,14 @@
 //! take CPU from the guests. Commands that change what `stats` shows drop it.
 
 use ppa_vmm_api::{
-    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, Response, Stats,
-    ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
+    parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, PressureTrigger,
+    Response, Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
 };
 use serde_json::Value;
 use std::sync::Arc;
 
 use super::board::{Board, Snapshot};
+use super::listen::ChangeBudget;
 use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::snapshot::HistSnapshots;
 use crate::handle::{HandleError, VmHandle};
@@ -41,8 +42,11 @@ pub enum Outcome {
     /// go from the board to the socket without being copied into a line first.
     Stats(String, Arc<Snapshot>),
     /// Send this response line, then stream the events whose kinds are in the mask
-    /// (bit `1 << kind as u8`).
-    Subscribe(String, u8),
+    /// (bit `1 << kind as u8`); with a pressure trigger, check it every 10 ms.
+    Subscribe(String, u8, Option<PressureTrigger>),
+    /// Nothing was run: the client's state-changing requests are past its budget. Hand the
+    /// same line in again after this long.
+    Wait(std::time::Duration),
 }
 
 /// The tail of a `stats` answer after the snapshot's text.
@@ -53,10 +57,26 @@ impl Outcome {
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn line(&self) -> String {
         match self {
-            Outcome::Reply(r) | Outcome::Subscribe(r, _) => r.clone(),
+            Outcome::Reply(r) | Outcome::Subscribe(r, _, _) => r.clone(),
+            Outcome::Wait(_) => String::new(),
             Outcome::Stats(head, snap) => format!("{head}{}{STATS_TAIL}", snap.text),
         }
     }
+}
+
+/// Whether `cmd` changes the VM's state or its accounting (what a client's
+/// [`ChangeBudget`] bounds).
+pub fn changes_state(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Reset { .. }
+            | Command::SetLevel { .. }
+            | Command::SetThresholds { .. }
+            | Command::SetLimit { .. }
+            | Command::Pause {}
+            | Command::Resume {}
+            | Command::Shutdown {}
+    )
 }
 
 /// Bit of `kind` in a subscription mask.
@@ -103,6 +123,36 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, ErrorBody> {
     })
 }
 
+/// The kinds a `subscribe` asks for and its pressure trigger, checked: a trigger needs
+/// `pressure` among the kinds (or no kinds: then it adds it), and `pressure` needs a trigger.
+fn subscription(
+    events: Vec<EventKind>,
+    pressure: Option<PressureTrigger>,
+) -> Result<(Vec<EventKind>, Option<PressureTrigger>), ErrorBody> {
+    let bad = |m: String| ErrorBody::new(ErrorKind::BadRequest, m);
+    let mut kinds = if events.is_empty() {
+        EventKind::ALL.to_vec()
+    } else {
+        events
+    };
+    let wants = kinds.contains(&EventKind::Pressure);
+    match pressure {
+        Some(t) => {
+            t.validate().map_err(bad)?;
+            if !wants {
+                kinds.push(EventKind::Pressure);
+            }
+        }
+        None if wants => {
+            return Err(bad(
+                "`pressure` events need a trigger: add \"pressure\": {\"kind\": \"some\", \"threshold_us\": T, \"window_us\": W}".into(),
+            ))
+        }
+        None => {}
+    }
+    Ok((kinds, pressure))
+}
+
 impl Handler {
     /// A handler over `vm` that reuses `stats` snapshots for at most `max_age_ns`.
     #[cfg(test)]
@@ -125,28 +175,42 @@ impl Handler {
         &self.vm
     }
 
-    /// Handles one request line (without its newline).
+    /// Handles one request line (without its newline), with no budget (tests, fuzzing).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn handle_line(&mut self, line: &[u8]) -> Outcome {
+        self.handle(line, None)
+    }
+
+    /// Handles one request line of a client whose state-changing requests draw on `budget`:
+    /// one past it is not run, and the answer is [`Outcome::Wait`].
+    pub fn handle_line_from(&mut self, line: &[u8], budget: &mut ChangeBudget) -> Outcome {
+        self.handle(line, Some(budget))
+    }
+
+    fn handle(&mut self, line: &[u8], budget: Option<&mut ChangeBudget>) -> Outcome {
         let req = match parse_request(line) {
             Ok(r) => r,
             Err((id, e)) => return Outcome::Reply(Response::err(id, e).to_line()),
         };
         let id = req.id;
+        if let (true, Some(b)) = (changes_state(&req.command), budget) {
+            if let Err(wait) = b.take(now_ns()) {
+                return Outcome::Wait(wait);
+            }
+        }
         match req.command {
             Command::Stats {} => {
                 let head = format!("{{\"id\":{},\"ok\":true,\"result\":", id.get());
                 Outcome::Stats(head, self.stats())
             }
-            Command::Subscribe { events } => {
-                let kinds = if events.is_empty() {
-                    EventKind::ALL.to_vec()
-                } else {
-                    events
-                };
-                let mask = kinds.iter().fold(0, |m, k| m | kind_bit(*k));
-                let result = serde_json::json!({ "events": kinds });
-                Outcome::Subscribe(Response::ok(id, result).to_line(), mask)
-            }
+            Command::Subscribe { events, pressure } => match subscription(events, pressure) {
+                Ok((kinds, trigger)) => {
+                    let mask = kinds.iter().fold(0, |m, k| m | kind_bit(*k));
+                    let result = serde_json::json!({ "events": kinds, "pressure": trigger });
+                    Outcome::Subscribe(Response::ok(id, result).to_line(), mask, trigger)
+                }
+                Err(e) => Outcome::Reply(Response::err(id, e).to_line()),
+            },
             cmd => Outcome::Reply(match self.run(cmd) {
                 Ok(v) => Response::ok(id, v).to_line(),
                 Err(e) => Response::err(id, e).to_line(),
@@ -293,6 +357,7 @@ impl Handler {
                 to_value(&vm.limiter().groups())
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
+            Command::Pressure {} => to_value(&vm.pressure().report()),
             Command::Guest {} => match vm.ppa_page() {
                 Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(

@@ -1,6 +1,7 @@
 //! The HTTP side of the metrics endpoint: one request head (at most [`MAX_HTTP_HEAD`] bytes)
-//! in, one response out, then the connection closes. Only `GET /metrics` is served
-//! (Prometheus text format).
+//! in, one response out, then the connection closes. Only `GET /metrics` (Prometheus text
+//! format) and `HEAD /metrics` (its head) are served; the request line is read as RFC 9112
+//! says (origin or absolute form, a required HTTP/1.x version).
 
 use super::conn::{LineBuffer, Next};
 use super::handler::Handler;
@@ -51,23 +52,93 @@ pub fn http_response(status: &str, content_type: &str, body: &str) -> String {
     )
 }
 
-/// The response to a request line: the metrics for `GET /metrics`, an error otherwise.
+/// What a request line asks for, read as RFC 9112 says.
+#[derive(Debug, PartialEq, Eq)]
+enum RequestLine<'a> {
+    /// Method, and the path of the target (origin form, or the path of the absolute form).
+    Request(&'a str, &'a str),
+    /// An HTTP version other than 1.x.
+    Version,
+    /// Not an HTTP/1.x request line.
+    Bad,
+}
+
+/// Whether `s` is a method token (RFC 9110 `tchar`s).
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Splits `METHOD SP TARGET SP HTTP/1.x` (the version is required: a line without one is
+/// not HTTP/1.x); the target's path comes from its origin form (`/metrics?x`) or absolute
+/// form (`http://host:port/metrics`).
+fn parse_request_line(line: &str) -> RequestLine<'_> {
+    let parts: Vec<&str> = line.split(' ').collect();
+    let [method, target, version] = parts[..] else {
+        return RequestLine::Bad;
+    };
+    let Some(v) = version.strip_prefix("HTTP/") else {
+        return RequestLine::Bad;
+    };
+    let digits = |s: &str| s.len() == 1 && s.bytes().all(|b| b.is_ascii_digit());
+    match v.split_once('.') {
+        Some((major, minor)) if digits(major) && digits(minor) => {
+            if major != "1" {
+                return RequestLine::Version;
+            }
+        }
+        _ => return RequestLine::Bad,
+    }
+    if !is_token(method) {
+        return RequestLine::Bad;
+    }
+    let path_and_query = if target.starts_with('/') {
+        target
+    } else if target.len() > 7 && target[..7].eq_ignore_ascii_case("http://") {
+        // Absolute form: the authority, then the path (empty means `/`).
+        let rest = &target[7..];
+        rest.find('/').map_or("/", |i| &rest[i..])
+    } else {
+        // Authority form (CONNECT) and asterisk form (OPTIONS) name no resource here.
+        return RequestLine::Request(method, "");
+    };
+    let path = path_and_query.split(['?', '#']).next().unwrap_or("");
+    RequestLine::Request(method, path)
+}
+
+/// The response to a request line: the metrics for `GET /metrics`, their head alone for
+/// `HEAD /metrics`, an error otherwise (400 for a line that is not HTTP/1.x, 505 for another
+/// version, 404 for another path, 405 with `Allow` for another method).
 pub fn http_reply(request_line: &str, handler: &mut Handler) -> String {
-    let mut parts = request_line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => http_response(
-            "200 OK",
-            crate::metrics::CONTENT_TYPE,
-            &handler.metrics_text(),
-        ),
-        ("GET", _) => http_response("404 Not Found", "text/plain", "only /metrics is served\n"),
-        ("", _) => http_response("400 Bad Request", "text/plain", "bad request\n"),
-        _ => http_response(
-            "405 Method Not Allowed",
+    match parse_request_line(request_line) {
+        RequestLine::Bad => http_response("400 Bad Request", "text/plain", "bad request\n"),
+        RequestLine::Version => http_response(
+            "505 HTTP Version Not Supported",
             "text/plain",
-            "only GET is served\n",
+            "only HTTP/1.0 and HTTP/1.1 are served\n",
+        ),
+        RequestLine::Request(method @ ("GET" | "HEAD"), "/metrics") => {
+            let full = http_response(
+                "200 OK",
+                crate::metrics::CONTENT_TYPE,
+                &handler.metrics_text(),
+            );
+            if method == "HEAD" {
+                // The same head as GET's (its Content-Length included), without the body.
+                let end = full.find("\r\n\r\n").map_or(full.len(), |i| i + 4);
+                full[..end].to_string()
+            } else {
+                full
+            }
+        }
+        RequestLine::Request("GET" | "HEAD", _) => {
+            http_response("404 Not Found", "text/plain", "only /metrics is served\n")
+        }
+        RequestLine::Request(..) => http_response(
+            "405 Method Not Allowed\r\nAllow: GET, HEAD",
+            "text/plain",
+            "only GET and HEAD are served\n",
         ),
     }
 }
@@ -91,8 +162,49 @@ mod tests {
             .unwrap();
         assert_eq!(len, body.len());
         assert!(http_reply("GET / HTTP/1.1", &mut h).starts_with("HTTP/1.1 404"));
-        assert!(http_reply("POST /metrics HTTP/1.1", &mut h).starts_with("HTTP/1.1 405"));
+        let post = http_reply("POST /metrics HTTP/1.1", &mut h);
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        assert!(post.contains("\r\nAllow: GET, HEAD\r\n"), "{post}");
         assert!(http_reply("", &mut h).starts_with("HTTP/1.1 400"));
+    }
+
+    /// Issue 28: `HEAD /metrics` got 405 (`curl -I` health checks failed), an absolute-form
+    /// target got 404, and a request line without a version got 200.
+    #[test]
+    fn head_absolute_form_and_what_is_not_http() {
+        let mut h = Handler::new(crate::api::tests_support::handle(2), 0);
+        let get = http_reply("GET /metrics HTTP/1.1", &mut h);
+        let head = http_reply("HEAD /metrics HTTP/1.1", &mut h);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.ends_with("\r\n\r\n"), "no body: {head}");
+        assert_eq!(head, get[..head.len()], "the same head as GET's");
+        for line in [
+            "GET http://127.0.0.1:9464/metrics HTTP/1.1",
+            "GET HTTP://localhost/metrics?x=1 HTTP/1.1",
+            "GET /metrics?name[]=ppa HTTP/1.0",
+        ] {
+            assert!(
+                http_reply(line, &mut h).starts_with("HTTP/1.1 200 OK"),
+                "{line}"
+            );
+        }
+        assert!(http_reply("GET http://host HTTP/1.1", &mut h).starts_with("HTTP/1.1 404"));
+        for line in [
+            "GET /metrics",
+            "GET /metrics HTTP/1.1 extra",
+            "GET  /metrics HTTP/1.1",
+            "GET /metrics FTP/1.1",
+            "GET /metrics HTTP/1",
+            "G\u{1}T /metrics HTTP/1.1",
+            "\u{16}\u{3}\u{1} /metrics HTTP/1.1",
+        ] {
+            assert!(
+                http_reply(line, &mut h).starts_with("HTTP/1.1 400"),
+                "{line:?}"
+            );
+        }
+        assert!(http_reply("GET /metrics HTTP/2.0", &mut h).starts_with("HTTP/1.1 505"));
+        assert!(http_reply("CONNECT host:80 HTTP/1.1", &mut h).starts_with("HTTP/1.1 405"));
     }
 
     #[test]

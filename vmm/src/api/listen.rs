@@ -18,7 +18,8 @@ use std::time::Duration;
 use crate::metrics::{self, ServerCounters};
 
 /// Connections the control socket serves at once (from its owner or root; other uids are
-/// refused before they count).
+/// refused before they count). When it is full, a new connection closes the longest-idle
+/// one of its own uid, so that the owner always gets in.
 pub const API_MAX_CLIENTS: usize = 256;
 /// Connections the HTTP /metrics endpoint serves at once. When it is full, a new connection
 /// evicts the oldest one that has not sent its whole request head yet.
@@ -38,6 +39,19 @@ pub const TURN_NS: u64 = 200_000;
 /// Time the turns of waiting clients may take before the event loop looks at its other
 /// descriptors (new clients, new requests) again.
 pub const ROUND_NS: u64 = 2_000_000;
+/// State-changing requests (`reset`, `set-level`, `set-thresholds`, `set-limit`, `pause`,
+/// `resume`, `shutdown`) one client may make per second, sustained: a storm of them took the
+/// guests' CPU (issue 28: 1.27 M pause/resume in seconds halved the VM's throughput).
+pub const CHANGES_PER_SEC: u64 = 20;
+/// How many of them one client may make at once before [`CHANGES_PER_SEC`] applies.
+pub const CHANGE_BURST: u64 = 20;
+/// Share of one CPU the `api` thread may spend on one client's requests, sustained, in per
+/// mille: past it (and its burst) the client's socket is neither read nor answered until its
+/// share is back, so that one client's storm of requests, whatever they are, takes at most
+/// this much CPU from the guests (issue 28).
+pub const CLIENT_WORK_PER_MILLE: u64 = 50;
+/// Work one client may have done at once before [`CLIENT_WORK_PER_MILLE`] applies, ns.
+pub const CLIENT_WORK_BURST_NS: u64 = 50_000_000;
 /// Default of `--client-timeout`.
 pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default of `--idle-timeout`.
@@ -84,6 +98,55 @@ impl ClientLimits {
     }
 }
 
+/// One client's budget of state-changing requests: [`CHANGES_PER_SEC`] a second with bursts
+/// of [`CHANGE_BURST`] (a generic cell rate algorithm: `tat` is when the budget is whole
+/// again).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChangeBudget {
+    tat: u64,
+}
+
+impl ChangeBudget {
+    /// Time between two requests at the sustained rate.
+    const INTERVAL_NS: u64 = 1_000_000_000 / CHANGES_PER_SEC;
+
+    /// Takes one request's share at `now` (ns): `Ok` when it fits, else how long until one
+    /// would.
+    pub fn take(&mut self, now: u64) -> Result<(), Duration> {
+        let tat = self.tat.max(now);
+        let tolerance = (CHANGE_BURST - 1) * Self::INTERVAL_NS;
+        if tat - now > tolerance {
+            return Err(Duration::from_nanos(tat - now - tolerance));
+        }
+        self.tat = tat + Self::INTERVAL_NS;
+        Ok(())
+    }
+}
+
+/// One client's share of the `api` thread's time ([`CLIENT_WORK_PER_MILLE`], bursts of
+/// [`CLIENT_WORK_BURST_NS`]): each answer's time is charged, and a client past its share
+/// rests until [`WorkBudget::rest_until`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkBudget {
+    tat: u64,
+}
+
+impl WorkBudget {
+    /// How far ahead of now the budget may run before the client rests.
+    const TOLERANCE_NS: u64 = CLIENT_WORK_BURST_NS * 1000 / CLIENT_WORK_PER_MILLE;
+
+    /// Charges `work_ns` of the thread's time done at `now`.
+    pub fn charge(&mut self, now: u64, work_ns: u64) {
+        self.tat = self.tat.max(now) + work_ns.saturating_mul(1000 / CLIENT_WORK_PER_MILLE);
+    }
+
+    /// Until when the client rests (`None`: it may be answered at `now`).
+    pub fn rest_until(&self, now: u64) -> Option<u64> {
+        let until = self.tat.saturating_sub(Self::TOLERANCE_NS);
+        (until > now).then_some(until)
+    }
+}
+
 indexed_enum! {
     /// The two listeners; `name()` is the label value.
     pub enum Listener {
@@ -103,8 +166,9 @@ indexed_enum! {
         Full = "full",
         /// The peer's uid may not use the control socket.
         Permission = "permission",
-        /// An HTTP connection that had not sent its whole request head, closed to make room
-        /// for a new one.
+        /// Closed to make room for a new connection: on the HTTP side one that had not sent
+        /// its whole request head; on the control socket the new peer's own connection (same
+        /// uid; root: any) that was quiet longest, else the one whose last request is oldest.
         Evicted = "evicted",
         /// A request begun and not finished within the client timeout (slowloris).
         HeaderTimeout = "header_timeout",
@@ -129,6 +193,8 @@ pub struct ListenerStats {
     accepted: [AtomicU64; Listener::COUNT],
     dropped: [[AtomicU64; DropReason::COUNT]; Listener::COUNT],
     queued_bytes: AtomicU64,
+    /// Times a client was past its share of the thread and rested.
+    rests: AtomicU64,
     exported: Arc<ServerCounters>,
 }
 
@@ -146,6 +212,16 @@ impl ListenerStats {
     /// Clients the server refused or closed for `reason` since start.
     pub fn dropped(&self, l: Listener, reason: DropReason) -> u64 {
         self.dropped[l.index()][reason.index()].load(Ordering::Relaxed)
+    }
+
+    /// Times a control client went past its share of the `api` thread ([`WorkBudget`]) and
+    /// rested, since start.
+    pub fn rests(&self) -> u64 {
+        self.rests.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn on_rest(&self) {
+        self.rests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Output bytes queued for all clients now (not yet taken by their sockets).
@@ -175,7 +251,12 @@ impl ListenerStats {
                 }
             ));
         }
-        format!("{}; {} bytes queued", parts.join("; "), self.queued_bytes())
+        format!(
+            "{}; {} bytes queued; {} rests",
+            parts.join("; "),
+            self.queued_bytes(),
+            self.rests()
+        )
     }
 
     /// The exporter's view of these counters, to hand to `Exporter::attach_server`.
@@ -308,11 +389,48 @@ mod tests {
         assert_eq!(
             s.summary(),
             "api: 0 connected, 0 accepted, dropped: stalled 1; \
-             http: 1 connected, 2 accepted, dropped: evicted 1; 0 bytes queued"
+             http: 1 connected, 2 accepted, dropped: evicted 1; 0 bytes queued; 0 rests"
         );
         assert!(DropReason::ALL
             .iter()
             .all(|r| r.name().chars().all(|c| c.is_ascii_lowercase() || c == '_')));
+    }
+
+    #[test]
+    fn the_change_budget_takes_a_burst_then_the_rate() {
+        let mut b = ChangeBudget::default();
+        let t0 = 1_000_000_000_000;
+        for i in 0..CHANGE_BURST {
+            assert_eq!(b.take(t0), Ok(()), "request {i} of the burst");
+        }
+        let wait = b.take(t0).unwrap_err();
+        assert_eq!(wait, Duration::from_nanos(ChangeBudget::INTERVAL_NS));
+        assert!(b.take(t0 + ChangeBudget::INTERVAL_NS - 1).is_err());
+        assert_eq!(b.take(t0 + ChangeBudget::INTERVAL_NS), Ok(()));
+        // A second later, a second's worth more.
+        let t1 = t0 + 2_000_000_000;
+        let taken = (0..100).filter(|_| b.take(t1).is_ok()).count() as u64;
+        assert_eq!(taken, CHANGE_BURST);
+    }
+
+    #[test]
+    fn the_work_budget_is_a_share_of_a_cpu_with_a_burst() {
+        let mut b = WorkBudget::default();
+        let t0 = 1_000_000_000_000;
+        // The burst: 50 ms of work at once.
+        b.charge(t0, CLIENT_WORK_BURST_NS);
+        assert_eq!(b.rest_until(t0), None);
+        b.charge(t0, 1_000_000);
+        // 1 ms more is 20 ms of rest at a 5 % share.
+        assert_eq!(b.rest_until(t0), Some(t0 + 20_000_000));
+        assert_eq!(b.rest_until(t0 + 20_000_000), None);
+        // A client within its share never rests: 1 ms of work every 20 ms.
+        let mut b = WorkBudget::default();
+        for i in 0..1000 {
+            let now = t0 + i * 20_000_000;
+            assert_eq!(b.rest_until(now), None, "step {i}");
+            b.charge(now, 1_000_000);
+        }
     }
 
     #[test]

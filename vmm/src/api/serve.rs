@@ -12,8 +12,12 @@
 //! connection, and the turns of the ready list take at most [`ROUND_NS`] before epoll is
 //! asked again, so a new client or request waits about a round at most. A client
 //! whose queue holds more than [`CLIENT_OUT_PAUSE`] gets no more answers, and its socket is
-//! not read, until it reads; the kernel's socket buffer holds what it sends meanwhile. Every
-//! [`DropReason`] is applied here, and counted in [`ListenerStats`].
+//! not read, until it reads; the kernel's socket buffer holds what it sends meanwhile. Each
+//! answer's time is charged to its client's [`WorkBudget`]: a client past its share of the
+//! thread rests (not read, not answered) until the rest timer wakes it, and its
+//! state-changing requests draw on its [`ChangeBudget`] (both in [`super::listen`]), so that
+//! one client's storm is bounded whatever it asks. Every [`DropReason`] is applied here, and
+//! counted in [`ListenerStats`].
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -32,12 +36,13 @@ use super::conn::{LineBuffer, Next, OutQueue};
 use super::handler::{kind_bit, Handler, Outcome, STATS_TAIL};
 use super::http::{http_head, http_reply, http_response, Head, MAX_HTTP_HEAD};
 use super::listen::{
-    ClientLimits, DropReason, FdReserve, Listener, ListenerStats, CLIENT_OUT_PAUSE,
-    EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
+    ChangeBudget, ClientLimits, DropReason, FdReserve, Listener, ListenerStats, WorkBudget,
+    CLIENT_OUT_PAUSE, EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
 };
 use super::server::EventHub;
 use crate::accounting::meter::Counter;
 use crate::accounting::{PerThreshold, Threshold};
+use crate::pressure::trigger::Trigger;
 use crate::sync::now_ns;
 
 pub(super) const TOKEN_API: u32 = 0;
@@ -47,6 +52,7 @@ pub(super) const TOKEN_TIMER: u32 = 3;
 pub(super) const TOKEN_STOP: u32 = 4;
 pub(super) const TOKEN_SWEEP: u32 = 5;
 pub(super) const TOKEN_KICK: u32 = 6;
+pub(super) const TOKEN_REST: u32 = 7;
 const FIRST_CONN: u32 = 16;
 /// Connections accepted per listener wake-up; epoll reports the rest.
 const ACCEPTS_PER_WAKE: usize = 64;
@@ -102,10 +108,14 @@ impl Stream {
 
 struct Conn {
     stream: Stream,
+    /// The peer's uid (control socket; `u32::MAX` for HTTP).
+    uid: u32,
     input: LineBuffer,
     out: OutQueue,
     /// Subscribed event kinds (bit per kind).
     mask: u8,
+    /// The pressure trigger, checked with the threshold timer.
+    trigger: Option<Trigger>,
     /// Close once `out` is written (an HTTP answer, or the server stopping).
     closing: bool,
     /// The peer sent all it will send; close once its requests are answered and written.
@@ -116,12 +126,22 @@ struct Conn {
     since: u64,
     /// The last byte read or written.
     active_at: u64,
+    /// When its last request was answered (at accept: the accept).
+    request_at: u64,
     /// Since when a request has been begun and not finished.
     partial_since: Option<u64>,
     /// Since when answers have waited without the client taking any.
     stalled_since: Option<u64>,
     /// In the ready list.
     ready: bool,
+    /// What is left of its state-changing requests.
+    changes: ChangeBudget,
+    /// Its share of the thread's time.
+    work: WorkBudget,
+    /// Past its share: neither read nor answered until then.
+    resting_until: Option<u64>,
+    /// A request taken from `input` and not run yet (its state change waits for the budget).
+    held: Option<Vec<u8>>,
 }
 
 impl Conn {
@@ -153,20 +173,27 @@ impl Conn {
         }
     }
 
-    fn new(stream: Stream, interest: EventSet, now: u64) -> Self {
+    fn new(stream: Stream, uid: u32, interest: EventSet, now: u64) -> Self {
         Conn {
             stream,
+            uid,
             input: LineBuffer::default(),
             out: OutQueue::default(),
             mask: 0,
+            trigger: None,
             closing: false,
             eof: false,
             interest,
             since: now,
             active_at: now,
+            request_at: now,
             partial_since: None,
             stalled_since: None,
             ready: false,
+            changes: ChangeBudget::default(),
+            work: WorkBudget::default(),
+            resting_until: None,
+            held: None,
         }
     }
 
@@ -174,24 +201,30 @@ impl Conn {
         matches!(self.stream, Stream::Http(_))
     }
 
+    /// Nothing in flight (no input, no output queued) and no subscription.
+    fn is_quiet(&self) -> bool {
+        self.mask == 0 && self.out.is_empty() && self.input.is_empty() && self.held.is_none()
+    }
+
     /// Whether the server reads this connection's socket now: it is waiting for bytes to
     /// complete a request, and the client has read its answers.
     fn wants_input(&self) -> bool {
-        if self.closing || self.eof {
+        if self.closing || self.eof || self.resting_until.is_some() {
             return false;
         }
         if self.is_http() {
             return self.input.len() <= MAX_HTTP_HEAD;
         }
-        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line()
+        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line() && self.held.is_none()
     }
 
     /// Whether complete requests wait and may be answered now.
     fn can_answer(&self) -> bool {
         !self.closing
+            && self.resting_until.is_none()
             && !self.is_http()
             && self.out.len() <= CLIENT_OUT_PAUSE
-            && self.input.has_line()
+            && (self.input.has_line() || self.held.is_some())
     }
 
     /// The largest read that keeps the input within what the protocol needs to see.
@@ -214,6 +247,44 @@ fn too_long(n: usize) -> String {
         ),
     );
     Response::err(serde_json::Value::Null, e).to_line()
+}
+
+/// Answers an HTTP connection's request once its head is whole (its one answer, after which
+/// the connection closes).
+fn answer_http(conn: &mut Conn, handler: &mut Handler) {
+    if !conn.closing {
+        let reply = match http_head(&mut conn.input) {
+            Head::Pending => None,
+            Head::TooLarge => {
+                // What the client sent beyond is thrown away, so that closing does
+                // not reset the connection before it reads the answer.
+                let mut sink = [0u8; 4096];
+                for _ in 0..16 {
+                    if !matches!(conn.stream.read(&mut sink), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
+                Some(http_response(
+                    "431 Request Header Fields Too Large",
+                    "text/plain",
+                    "request too large\n",
+                ))
+            }
+            Head::Complete(target) => Some(http_reply(&target, handler)),
+        };
+        if let Some(r) = reply {
+            conn.out.push_response(&r);
+            conn.closing = true;
+        }
+    }
+}
+
+/// Arms the rest timer for `until` unless it fires before.
+fn arm_rest(timer: &mut TimerFd, at: &mut Option<u64>, until: u64) {
+    if at.is_none_or(|t| until < t) {
+        let wait = Duration::from_nanos(until.saturating_sub(now_ns()).max(1));
+        *at = timer.reset(wait, None).is_ok().then_some(until);
+    }
 }
 
 /// What the loop needs besides the connections.
@@ -242,6 +313,10 @@ pub(super) struct Serve {
     sweep_armed: bool,
     /// Written when the ready list gains a connection.
     kick: EventFd,
+    /// Fires when the earliest resting connection may be answered again.
+    rest: TimerFd,
+    /// When `rest` fires (`None`: disarmed).
+    rest_at: Option<u64>,
     ready: VecDeque<u32>,
     reserve: FdReserve,
     limits: ClientLimits,
@@ -273,6 +348,8 @@ impl Serve {
             sweep: TimerFd::new()?,
             sweep_armed: false,
             kick: EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK)?,
+            rest: TimerFd::new()?,
+            rest_at: None,
             ready: VecDeque::new(),
             reserve: FdReserve::new()?,
             limits: p.limits,
@@ -363,31 +440,7 @@ impl Serve {
         };
         let before = conn.out.len();
         if conn.is_http() {
-            if !conn.closing {
-                let reply = match http_head(&mut conn.input) {
-                    Head::Pending => None,
-                    Head::TooLarge => {
-                        // What the client sent beyond is thrown away, so that closing does
-                        // not reset the connection before it reads the answer.
-                        let mut sink = [0u8; 4096];
-                        for _ in 0..16 {
-                            if !matches!(conn.stream.read(&mut sink), Ok(n) if n > 0) {
-                                break;
-                            }
-                        }
-                        Some(http_response(
-                            "431 Request Header Fields Too Large",
-                            "text/plain",
-                            "request too large\n",
-                        ))
-                    }
-                    Head::Complete(target) => Some(http_reply(&target, &mut self.handler)),
-                };
-                if let Some(r) = reply {
-                    conn.out.push_response(&r);
-                    conn.closing = true;
-                }
-            }
+            answer_http(conn, &mut self.handler);
         } else {
             let turn_end = now_ns() + TURN_NS;
             let mut answered = 0;
@@ -395,33 +448,62 @@ impl Serve {
                 && (answered == 0 || (answered < REQUESTS_PER_TURN && now_ns() < turn_end))
             {
                 answered += 1;
-                let line = match conn.input.next_line(MAX_REQUEST_BYTES) {
-                    Next::Pending => break,
-                    Next::TooLong(n) => {
-                        conn.out.push_response(&too_long(n));
-                        continue;
-                    }
-                    Next::Line(l) => l,
+                let line = match conn.held.take() {
+                    Some(l) => l,
+                    None => match conn.input.next_line(MAX_REQUEST_BYTES) {
+                        Next::Pending => break,
+                        Next::TooLong(n) => {
+                            conn.out.push_response(&too_long(n));
+                            continue;
+                        }
+                        Next::Line(l) => l,
+                    },
                 };
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                match self.handler.handle_line(&line) {
+                conn.request_at = now_ns();
+                let began = now_ns();
+                let outcome = self.handler.handle_line_from(&line, &mut conn.changes);
+                let done = now_ns();
+                conn.work.charge(done, done - began);
+                match outcome {
+                    Outcome::Wait(wait) => {
+                        // Past its budget of state changes: the request waits, in order.
+                        conn.held = Some(line);
+                        let until = done + wait.as_nanos() as u64;
+                        conn.resting_until = Some(until);
+                        self.stats.on_rest();
+                        arm_rest(&mut self.rest, &mut self.rest_at, until);
+                        break;
+                    }
                     Outcome::Reply(r) => conn.send(&r),
                     Outcome::Stats(head, snap) => conn.send_parts([
                         head.as_bytes(),
                         snap.text.as_bytes(),
                         STATS_TAIL.as_bytes(),
                     ]),
-                    Outcome::Subscribe(r, mask) => {
+                    Outcome::Subscribe(r, mask, trigger) => {
                         conn.send(&r);
                         conn.mask |= mask;
-                        if mask & kind_bit(EventKind::Threshold) != 0 && !self.timer_armed {
+                        if let Some(t) = trigger {
+                            conn.trigger = Some(Trigger::new(t, now_ns()));
+                        }
+                        let timed = kind_bit(EventKind::Threshold) | kind_bit(EventKind::Pressure);
+                        if mask & timed != 0 && !self.timer_armed {
                             let every = Duration::from_millis(10);
                             self.timer_armed = self.timer.reset(every, Some(every)).is_ok();
                         }
                     }
                 }
+            }
+            if let Some(until) = conn.work.rest_until(now_ns()) {
+                // Past its share of the thread: it rests (its socket unread, its requests
+                // unanswered) until the share is back.
+                let until = until.max(conn.resting_until.unwrap_or(0));
+                conn.resting_until = Some(until);
+                self.stats.on_rest();
+                arm_rest(&mut self.rest, &mut self.rest_at, until);
             }
             // A line over the limit without its newline is found only by looking.
             if !conn.input.has_line() && conn.input.len() > MAX_REQUEST_BYTES {
@@ -550,6 +632,32 @@ impl Serve {
         }
     }
 
+    /// Wakes the connections whose rest is over: they are read and answered again.
+    fn on_rest(&mut self, ops: &mut EventOps) {
+        let _ = self.rest.wait();
+        let now = now_ns();
+        self.rest_at = None;
+        let mut next: Option<u64> = None;
+        let mut woken = Vec::new();
+        for (t, c) in self.conns.iter_mut() {
+            match c.resting_until {
+                Some(u) if u <= now => {
+                    c.resting_until = None;
+                    woken.push(*t);
+                }
+                Some(u) => next = Some(next.map_or(u, |n| n.min(u))),
+                None => {}
+            }
+        }
+        if let Some(until) = next {
+            arm_rest(&mut self.rest, &mut self.rest_at, until);
+        }
+        for t in woken {
+            self.answer(t, ops);
+            self.flush(t, ops);
+        }
+    }
+
     /// Closes the connections past a time limit.
     fn on_sweep(&mut self, ops: &mut EventOps) {
         let _ = self.sweep.wait();
@@ -573,8 +681,7 @@ impl Serve {
                 } else if c.partial_since.is_some_and(|s| past(s, timeout)) {
                     DropReason::HeaderTimeout
                 } else {
-                    let quiet = c.mask == 0 && c.out.is_empty() && c.input.is_empty();
-                    let limit = idle.filter(|_| quiet && !c.closing)?;
+                    let limit = idle.filter(|_| c.is_quiet() && !c.closing)?;
                     past(c.active_at, limit).then_some(DropReason::Idle)?
                 };
                 Some((*t, reason))
@@ -645,6 +752,44 @@ impl Serve {
             *seen = now;
         }
         self.broadcast(&events, ops);
+        self.check_triggers(ops);
+    }
+
+    /// Checks each connection's pressure trigger against the board's history; a firing is an
+    /// event for that connection alone.
+    fn check_triggers(&mut self, ops: &mut EventOps) {
+        if !self.conns.values().any(|c| c.trigger.is_some()) {
+            return;
+        }
+        let vm = self.handler.vm().clone();
+        let uptime_ns = vm.uptime_ns();
+        let history = vm.pressure().lock().history.clone();
+        let fired: Vec<(u32, String)> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(token, c)| {
+                let t = c.trigger.as_mut()?;
+                let f = t.check(&history)?;
+                let e = Event::Pressure {
+                    uptime_ns,
+                    kind: t.spec.kind,
+                    threshold_us: t.spec.threshold_us,
+                    window_us: t.spec.window_us,
+                    stall_us: f.stall_us,
+                };
+                Some((*token, e.to_line()))
+            })
+            .collect();
+        for (token, line) in fired {
+            if let Some(c) = self.conns.get_mut(&token) {
+                let before = c.out.len();
+                if !c.out.push_event(&line, EVENT_QUEUE_BYTES) {
+                    self.stats.on_events_dropped(1);
+                }
+                self.queued += c.out.len() - before;
+            }
+            self.flush(token, ops);
+        }
     }
 
     fn on_stop(&mut self, ops: &mut EventOps) {
@@ -680,6 +825,7 @@ impl MutEventSubscriber for Serve {
             TOKEN_STOP => self.on_stop(ops),
             TOKEN_SWEEP => self.on_sweep(ops),
             TOKEN_KICK => self.on_kick(ops),
+            TOKEN_REST => self.on_rest(ops),
             token => {
                 if set.contains(EventSet::ERROR) || set.contains(EventSet::HANG_UP) {
                     self.close(token, ops);
@@ -713,6 +859,7 @@ impl MutEventSubscriber for Serve {
         add(self.stop.as_raw_fd(), TOKEN_STOP);
         add(self.sweep.as_raw_fd(), TOKEN_SWEEP);
         add(self.kick.as_raw_fd(), TOKEN_KICK);
+        add(self.rest.as_raw_fd(), TOKEN_REST);
     }
 }
 

@@ -47,6 +47,14 @@ pub enum SocketError {
     /// The path is too long for a Unix socket address.
     #[error("the socket path {0} is longer than a Unix socket address allows (107 bytes)")]
     PathTooLong(PathBuf),
+    /// The directory that would hold the socket does not exist.
+    #[error("cannot serve the control socket at {path}: the directory {dir} does not exist")]
+    NoDirectory {
+        /// The socket path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
     /// Binding the Unix socket failed.
     #[error("cannot serve the control socket at {path}")]
     Bind {

@@ -44,6 +44,16 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, SocketError> {
             }
         }
     }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(SocketError::NoDirectory {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
     let bind_err = |source| SocketError::Bind {
         path: path.to_path_buf(),
         source,

@@ -340,6 +340,7 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
     let name = limit_name(members);
     let v = vm(o, period_ns, LimitBackend::Vmm, members)?;
     let h = v.handle();
+    h.limiter().keep_period_log();
     v.run()?;
     let mut timer = HistogramSnapshot::empty(3);
     let mut overrun = HistogramSnapshot::empty(3);

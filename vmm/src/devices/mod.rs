@@ -108,6 +108,8 @@ pub trait Device: Send + Sync {
     fn threads(&self) -> Vec<ppa_vmm_api::DeviceThreadInfo>;
     /// Its threads' CPU time now.
     fn cpu_ns(&self) -> u64;
+    /// Restarts its figures from zero (the socket's `reset` of the whole VM).
+    fn reset(&self);
 }
 
 /// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).

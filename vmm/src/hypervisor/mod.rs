@@ -163,7 +163,7 @@ impl ExitEvent<'_> {
 }
 
 /// Register state of a vCPU as text, for an operator reading a failure.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct RegsDump {
     /// Instruction pointer.
     pub rip: String,
@@ -225,7 +225,7 @@ pub struct WarmUpStub {
 }
 
 /// The measured in-kernel cost of one exit round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ExitCost {
     /// Median over back-to-back round trips.
     pub hot_ns: u64,

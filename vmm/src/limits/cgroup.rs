@@ -248,6 +248,7 @@ impl CgroupLimits {
                     quota_ns: l.quota_ns,
                     period_ns: l.period_ns,
                     periods: s.nr_periods,
+                    periods_ns: s.nr_periods.saturating_mul(l.period_ns),
                     throttled_periods: s.nr_throttled,
                     used_ns: members.iter().map(|&i| cpu_of(i)).sum(),
                     limited_ns: s.throttled_ns,

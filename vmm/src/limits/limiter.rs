@@ -46,7 +46,8 @@ pub use super::{Backend, LimitConfig};
 const MIN_MARGIN_NS: i64 = 5_000;
 const MAX_MARGIN_NS: i64 = 2_000_000;
 
-/// Per-period CPU use kept for `bench limit` (the most recent periods).
+/// Per-period CPU use kept per limit once [`Limiter::keep_period_log`] asked for it (`bench
+/// limit`): the first periods, at most this many.
 const PERIOD_LOG: usize = 100_000;
 
 /// With kick timers, how long after a member's deadline the thread looks at it: time for its
@@ -74,6 +75,8 @@ struct Entity {
     stopped: Vec<bool>,
     stopped_this_period: bool,
     periods: u64,
+    /// Length of the completed periods, summed.
+    periods_ns: u64,
     throttled_periods: u64,
     used_ns: u64,
     overshoot: Histogram,
@@ -81,7 +84,8 @@ struct Entity {
     /// Members' limited time when the limit was set.
     limited_base: Vec<u64>,
     next_look: Option<u64>,
-    /// CPU time used in each closed period, most recent last.
+    /// CPU time used in each closed period, most recent last; kept only while
+    /// [`Limiter::keep_period_log`] asks for it (a VM that runs for days must not grow it).
     log: Vec<u64>,
     /// The stop margin, learnt: after each period in which members were stopped, it moves
     /// by half the period's error shared among them, so the mean error tends to zero.
@@ -116,6 +120,8 @@ pub struct Limiter {
     host_cpus: usize,
     /// Lateness of the looks the thread planned: woken at its deadline, how long after it.
     look_lateness: Histogram,
+    /// Keep each limit's per-period use (`bench limit`); off otherwise.
+    keep_log: AtomicBool,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -157,6 +163,7 @@ impl Entity {
             stopped: vec![false; n],
             stopped_this_period: false,
             periods: 0,
+            periods_ns: 0,
             throttled_periods: 0,
             used_ns: 0,
             overshoot: Histogram::new(3).expect("3 fractional bits are valid"),
@@ -233,6 +240,7 @@ impl Entity {
             quota_ns,
             period_ns,
             periods: self.periods,
+            periods_ns: self.periods_ns,
             throttled_periods: self.throttled_periods,
             used_ns: self.used_ns,
             limited_ns,
@@ -303,6 +311,7 @@ impl Limiter {
             // The vCPU threads inherit the affinity of the thread that builds the VM.
             host_cpus: crate::sched::allowed_cpus().len(),
             look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
+            keep_log: AtomicBool::new(false),
         }
     }
 
@@ -336,7 +345,14 @@ impl Limiter {
         cg.place(&tids)
     }
 
-    /// CPU time used in each closed period of limit `name`, oldest first (VMM backend).
+    /// Keeps each limit's per-period use from now on, for [`Limiter::period_log`] (`bench
+    /// limit`; off by default, so that a long run does not grow a log nobody reads).
+    pub fn keep_period_log(&self) {
+        self.keep_log.store(true, Ordering::Relaxed);
+    }
+
+    /// CPU time used in each closed period of limit `name`, oldest first (VMM backend), since
+    /// [`Limiter::keep_period_log`].
     pub fn period_log(&self, name: &str) -> Vec<u64> {
         self.lock()
             .iter()
@@ -511,8 +527,9 @@ impl Limiter {
                 })
                 .collect();
             e.periods += 1;
+            e.periods_ns += l.period_ns;
             e.used_ns += used;
-            if e.log.len() < PERIOD_LOG {
+            if e.log.len() < PERIOD_LOG && self.keep_log.load(Ordering::Relaxed) {
                 e.log.push(used);
             }
             if e.stopped_this_period {
@@ -750,36 +767,4 @@ impl Limiter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limits::GroupSpec;
-
-    #[test]
-    fn set_limit_checks_and_queues() {
-        let vm = crate::api::tests_support::handle(2);
-        let g = GroupSpec::parse("a:0-1:50%").unwrap();
-        let cfg = LimitConfig {
-            vm: None,
-            groups: vec![g],
-            backend: Backend::Vmm,
-            kick: KickMode::Timer,
-        };
-        let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
-        assert!(matches!(
-            l.set_limit("b", "10%"),
-            Err(LimitError::NoSuchGroup(_))
-        ));
-        assert!(matches!(
-            l.set_limit("a", "300%"),
-            Err(LimitError::OverMembers { .. })
-        ));
-        assert!(matches!(l.set_limit("a", "0%"), Err(LimitError::Zero(_))));
-        l.set_limit("a", "25%").unwrap();
-        l.set_limit("vm", "150%").unwrap();
-        let groups = l.groups();
-        assert_eq!(groups[0].name, "vm");
-        assert_eq!(groups[0].quota_ns, 150_000_000);
-        assert_eq!(groups[1].limit, "50%", "a change waits for the boundary");
-        l.set_limit("vm", "none").unwrap();
-    }
-}
+mod tests;

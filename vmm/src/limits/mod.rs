@@ -39,22 +39,22 @@ pub const VM_GROUP: &str = "vm";
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum LimitError {
     /// Not `N%` nor `QUOTA/PERIOD`.
-    #[error("`{0}` is not a CPU limit (use N% of one CPU, e.g. 50%, or QUOTA/PERIOD with units ns, us, ms or s, e.g. 15ms/10ms)")]
+    #[error("`{q}` is not a CPU limit (use N% of one CPU, e.g. 50%, or QUOTA/PERIOD with units ns, us, ms or s, e.g. 15ms/10ms)", q = ppa_vmm_api::clip(.0))]
     Syntax(String),
     /// A quota of zero.
-    #[error("the CPU limit `{0}` gives no CPU time at all; a limit must be above zero")]
+    #[error("the CPU limit `{q}` gives no CPU time at all; a limit must be above zero", q = ppa_vmm_api::clip(.0))]
     Zero(String),
     /// A period out of range.
-    #[error("the period of `{0}` must be between 1 ms and 1 s")]
+    #[error("the period of `{q}` must be between 1 ms and 1 s", q = ppa_vmm_api::clip(.0))]
     Period(String),
     /// A quota above zero but below what the limiter can enforce.
-    #[error("the quota of `{0}` is below the smallest the VMM can enforce, 100 us per period (a stopped vCPU runs on for tens of microseconds before it stops)")]
+    #[error("the quota of `{q}` is below the smallest the VMM can enforce, 100 us per period (a stopped vCPU runs on for tens of microseconds before it stops)", q = ppa_vmm_api::clip(.0))]
     QuotaTooSmall(String),
     /// A number too large to be a duration or a percentage.
-    #[error("the CPU limit `{0}` is too large: its numbers overflow (a quota or period is at most 1000000 s, a percentage at most 1000000000%)")]
+    #[error("the CPU limit `{q}` is too large: its numbers overflow (a quota or period is at most 1000000 s, a percentage at most 1000000000%)", q = ppa_vmm_api::clip(.0))]
     Overflow(String),
     /// More than the members can use.
-    #[error("the CPU limit `{limit}` is more than {members} vCPU(s) can use ({max}%)")]
+    #[error("the CPU limit `{qlimit}` is more than {members} vCPU(s) can use ({max}%)", qlimit = ppa_vmm_api::clip(.limit))]
     OverMembers {
         /// The limit as given.
         limit: String,
@@ -64,16 +64,16 @@ pub enum LimitError {
         max: usize,
     },
     /// A group spec that is not NAME:VCPUS:LIMIT.
-    #[error("`{0}` is not a vCPU group (use NAME:VCPUS:LIMIT, e.g. dataplane:0-1:50%)")]
+    #[error("`{q}` is not a vCPU group (use NAME:VCPUS:LIMIT, e.g. dataplane:0-1:50%)", q = ppa_vmm_api::clip(.0))]
     GroupSyntax(String),
     /// A bad group name.
-    #[error("`{0}` cannot name a group (1 to 32 letters, digits, `-` or `_`; `vm` is the VM's own limit)")]
+    #[error("`{q}` cannot name a group (1 to 32 letters, digits, `-` or `_`; `vm` is the VM's own limit)", q = ppa_vmm_api::clip(.0))]
     GroupName(String),
     /// A bad vCPU list.
-    #[error("`{0}` is not a list of vCPUs (use e.g. 0-3 or 0,2,5)")]
+    #[error("`{q}` is not a list of vCPUs (use e.g. 0-3 or 0,2,5)", q = ppa_vmm_api::clip(.0))]
     Vcpus(String),
     /// A vCPU that does not exist.
-    #[error("group `{group}` names vCPU {vcpu}, but the VM has {count} vCPU(s)")]
+    #[error("group `{qgroup}` names vCPU {vcpu}, but the VM has {count} vCPU(s)", qgroup = ppa_vmm_api::clip(.group))]
     NoSuchVcpu {
         /// The group.
         group: String,
@@ -83,7 +83,7 @@ pub enum LimitError {
         count: usize,
     },
     /// A vCPU in two groups.
-    #[error("vCPU {vcpu} is in both group `{first}` and group `{second}`; a vCPU is in at most one group")]
+    #[error("vCPU {vcpu} is in both group `{qfirst}` and group `{qsecond}`; a vCPU is in at most one group", qfirst = ppa_vmm_api::clip(.first), qsecond = ppa_vmm_api::clip(.second))]
     TwoGroups {
         /// The vCPU.
         vcpu: usize,
@@ -93,22 +93,22 @@ pub enum LimitError {
         second: String,
     },
     /// Two groups of one name.
-    #[error("there are two groups named `{0}`")]
+    #[error("there are two groups named `{q}`", q = ppa_vmm_api::clip(.0))]
     Duplicate(String),
     /// No such group (socket).
-    #[error("there is no group `{0}`")]
+    #[error("there is no group `{q}`", q = ppa_vmm_api::clip(.0))]
     NoSuchGroup(String),
     /// Run-time changes under the cgroup backend.
     #[error("limits cannot be changed at run time with the cgroup backend")]
     Backend,
     /// A bad runaway threshold.
-    #[error("`{0}` is not a runaway threshold (milliseconds, 1 to 3600000)")]
+    #[error("`{q}` is not a runaway threshold (milliseconds, 1 to 3600000)", q = ppa_vmm_api::clip(.0))]
     Runaway(String),
     /// A bad overload spec.
-    #[error("`{0}` is not an overload rule (PCT:WINDOWS, e.g. 90:5: above 90 % of the time for 5 windows of 100 ms)")]
+    #[error("`{q}` is not an overload rule (PCT:WINDOWS, e.g. 90:5: above 90 % of the time for 5 windows of 100 ms)", q = ppa_vmm_api::clip(.0))]
     Overload(String),
     /// A bad action.
-    #[error("`{0}` is not an overload action (notify, pause or throttle:LIMIT)")]
+    #[error("`{q}` is not an overload action (notify, pause or throttle:LIMIT)", q = ppa_vmm_api::clip(.0))]
     Action(String),
 }
 
@@ -117,7 +117,17 @@ pub enum LimitError {
 pub use ppa_vmm_api::LimitBackend as Backend;
 
 /// How the VMM backend stops a member that must stop (`--limit-kick`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KickMode {
     /// Each vCPU's kick timer, armed by the vCPU thread for the CPU its runway allows and

@@ -291,5 +291,6 @@ pub fn collect(vm: &VmHandle, threads: &mut ThreadCpu) -> Detailed {
         groups: vm.limiter().groups(),
         devices: vm.device_stats(),
         process: Some(ProcessReading::read(threads)),
+        pressure_groups: vm.pressure().report().groups,
     }
 }

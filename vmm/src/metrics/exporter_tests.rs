@@ -22,11 +22,13 @@ fn figures(at_ns: u64) -> Detailed {
             thresholds: Thresholds::default(),
             host_threads_ns: 0,
             host_cpu_ns: Default::default(),
+            pressure: Default::default(),
         },
         vcpus: Vec::new(),
         groups: Vec::new(),
         devices: Vec::new(),
         process: None,
+        pressure_groups: vec![],
     }
 }
 

@@ -14,7 +14,9 @@
 //! - Threshold label values are the threshold's name without the `_ns` of its socket field
 //!   (`exit_handling`, not `exit_handling_ns`): the values of these families are seconds.
 
-use ppa_vmm_api::{GroupStats, Level, SplitKind, Threshold, VcpuMicroState, VmState};
+use ppa_vmm_api::{
+    GroupPressure, GroupStats, Level, Pressure, SplitKind, Threshold, VcpuMicroState, VmState,
+};
 
 use super::buckets::Buckets;
 use super::process::{ProcessReading, ThreadKind};
@@ -110,6 +112,7 @@ pub fn add_vm(f: &mut Families, stats: &Detailed) {
         &base,
         Seconds(stats.vm.host_threads_ns),
     );
+    add_pressure(f, vm, &stats.vm.pressure);
     for t in Threshold::ALL {
         f.add(
             "ppa_vm_threshold_seconds",
@@ -289,6 +292,49 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
     for (name, h) in hists {
         f.add_histogram(name, &base, &Buckets::of_snapshot(h));
     }
+}
+
+/// The VM's pressure: totals in seconds, averages as ratios.
+fn add_pressure(f: &mut Families, vm: &str, p: &Pressure) {
+    let base = [("vm", vm)];
+    let us = |t: u64| Seconds(t.saturating_mul(1000));
+    f.add(
+        "ppa_vm_pressure_some_seconds_total",
+        &base,
+        us(p.some.total_us),
+    );
+    f.add(
+        "ppa_vm_pressure_full_seconds_total",
+        &base,
+        us(p.full.total_us),
+    );
+    for (kind, line) in [("some", &p.some), ("full", &p.full)] {
+        for (window, pct) in [
+            ("10s", line.avg10),
+            ("60s", line.avg60),
+            ("300s", line.avg300),
+        ] {
+            let labels = [("vm", vm), ("kind", kind), ("window", window)];
+            f.add("ppa_vm_pressure_avg_ratio", &labels, pct / 100.0);
+        }
+    }
+}
+
+/// One vCPU group's pressure totals.
+pub fn add_group_pressure(f: &mut Families, vm: &str, g: &GroupPressure) {
+    let labels = [("vm", vm), ("group", g.name.as_str())];
+    let us = |t: u64| Seconds(t.saturating_mul(1000));
+    let p = &g.pressure;
+    f.add(
+        "ppa_group_pressure_some_seconds_total",
+        &labels,
+        us(p.some.total_us),
+    );
+    f.add(
+        "ppa_group_pressure_full_seconds_total",
+        &labels,
+        us(p.full.total_us),
+    );
 }
 
 /// Adds the samples of one CPU limit.

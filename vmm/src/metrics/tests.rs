@@ -142,6 +142,7 @@ fn group() -> GroupStats {
         quota_ns: 50_000_000,
         period_ns: 100_000_000,
         periods: 12,
+        periods_ns: 1_200_000_000,
         throttled_periods: 11,
         used_ns: 600_000_000,
         limited_ns: 1_100_000_000,
@@ -188,11 +189,17 @@ pub(super) fn stats() -> Detailed {
                 devices: 300_000_000,
                 service: 12_000_000,
             },
+            pressure: Default::default(),
         },
         vcpus: vec![vcpu(0, None, Some(7_000_000)), vcpu(1, Some(3), None)],
         groups: vec![group()],
         devices: vec![super::devices_tests::device()],
         process: Some(process()),
+        pressure_groups: vec![ppa_vmm_api::GroupPressure {
+            name: "dataplane".into(),
+            vcpus: vec![0, 1],
+            pressure: Default::default(),
+        }],
     }
 }
 
@@ -636,18 +643,19 @@ fn every_sample_parses_and_is_unique() {
     }
     // Every histogram has 12 finite buckets, +Inf, _sum and _count.
     let h = 15;
-    // VM: build info, info, 5 states, 3 levels, uptime, vcpus, host threads, 4 thresholds,
-    // 6 + 1 (shutdown) exit reason histograms, one in-kernel exit reason's histogram.
-    let vm = 1 + 1 + 5 + 3 + 3 + 4 + 7 * h + h;
+    // VM: build info, info, 5 states, 3 levels, uptime, vcpus, host threads, 2 pressure
+    // totals and 6 averages, 4 thresholds, 6 + 1 (shutdown) exit reason histograms, one
+    // in-kernel exit reason's histogram.
+    let vm = 1 + 1 + 5 + 3 + 3 + 8 + 4 + 7 * h + h;
     // Per vCPU: info, 6 states, 4 splits, 10 times, 2 more times, 6 (+1) exits and exit
     // times, kvm exits (vCPU 0), migrations, parks, 4 thresholds, identity, overloads,
     // 3 histograms; vCPU 0 has two estimates, vCPU 1 kvm_ns, interrupted_ns, its in-kernel
     // exits and their time (one reason) and its interrupts (one kind).
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
-    // The group: 7 figures, its histogram, stops by 2 paths and re-arms; the process: 7
-    // figures and 7 thread kinds.
-    let group = 7 + h + 2 + 1;
+    // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 2 pressure totals;
+    // the process: 7 figures and 7 thread kinds.
+    let group = 7 + h + 2 + 1 + 2;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 4 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.

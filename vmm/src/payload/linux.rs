@@ -50,11 +50,11 @@ const INITRD_CEILING: u64 = 0x8000_0000;
 const KERNEL_SLACK: u64 = 16 << 20;
 
 /// What the Linux payload reports about one vCPU (nothing yet beyond section 4).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct LinuxVcpuReport {}
 
 /// What the Linux payload reports about the VM.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct LinuxVmReport {
     /// The whole command line the kernel got.
     pub cmdline: String,

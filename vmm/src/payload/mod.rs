@@ -223,7 +223,7 @@ pub struct Load<'a, V: hv::Vm> {
 }
 
 /// A payload's fields in one vCPU's report (flattened into the vCPU's JSON object).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum PayloadVcpuReport {
     /// The tiny guest's workload, doorbells and own measurements.
@@ -233,7 +233,7 @@ pub enum PayloadVcpuReport {
 }
 
 /// A payload's fields in the VM's report (flattened into the `vm` object).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum PayloadVmReport {
     /// The tiny guest: nothing beyond `image`.

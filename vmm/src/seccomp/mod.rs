@@ -38,7 +38,9 @@ mod tests;
 pub const EXIT_SECCOMP: i32 = 159;
 
 /// What a seccomp filter does with a system call outside its thread kind's allow-list.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// No filter, no capability drop (the library's default).

@@ -45,7 +45,7 @@ pub enum VcpuError {
 }
 
 /// Life-cycle state of a vCPU thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VcpuState {
     /// Created, thread not yet in its loop.
@@ -108,7 +108,7 @@ pub enum VcpuEnd {
 
 /// An exit the vCPU loop remembers: its reason and address (what it keeps costs two stores
 /// per exit, no clock or system call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct LastExit {
     /// Reason.
     pub reason: crate::exit::ExitReason,

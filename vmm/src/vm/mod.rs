@@ -103,6 +103,8 @@ pub struct Vm<H: Hypervisor = Kvm> {
     overload: crate::limits::overload::OverloadConfig,
     ppa_page: Option<Arc<PpaPage>>,
     seccomp: crate::seccomp::Mode,
+    /// systemd's readiness socket, when the VMM runs under `Type=notify`.
+    notifier: Option<crate::notify::Notifier>,
     // Dropped last, in this order: the hypervisor's VM (after its vCPUs above), then the
     // memory it maps, then the hypervisor.
     hv_vm: H::Vm,
@@ -260,7 +262,10 @@ impl<H: Hypervisor> Vm<H> {
             .flatten();
         let virtio = devices::virtio_slots(&config)?;
         let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page, &virtio)?;
-        let exit_cost = hv.exit_cost();
+        let exit_cost = match &config.calibration_cache {
+            Some(file) => crate::calibration_cache::exit_cost(file, || hv.exit_cost()),
+            None => hv.exit_cost(),
+        };
         let hv_vm = create_vm(&hv, config.vcpus)?;
         let cpuid = if boot.needs_platform() {
             hv_vm.create_platform()?;
@@ -344,6 +349,7 @@ impl<H: Hypervisor> Vm<H> {
             overload: config.overload.clone(),
             ppa_page,
             seccomp: config.seccomp,
+            notifier: None,
             hv_vm,
             _ram: ram,
             _hv: hv,
@@ -360,6 +366,12 @@ impl<H: Hypervisor> Vm<H> {
             self.ppa_page.clone(),
         )
         .with_devices(self.devices.clone())
+    }
+
+    /// Sends systemd's readiness messages through `n` (`READY=1` once every vCPU runs and
+    /// the control socket answers, `STOPPING=1` at the end).
+    pub fn set_notifier(&mut self, n: crate::notify::Notifier) {
+        self.notifier = Some(n);
     }
 
     /// The hypervisor's VM (tests inspect the fake one).

@@ -24,7 +24,7 @@ use crate::limits::limiter::Limiter;
 use crate::report::{realtime_ns, Report, RunFacts};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
-use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuThread, REQ_STOP};
+use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_STOP};
 use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
@@ -137,6 +137,14 @@ fn supervise(
     timed_out
 }
 
+/// Waits (at most 1 s, in 100 µs steps) until every vCPU thread has left its start gate.
+fn wait_running(vcpus: &[Arc<VcpuShared>]) {
+    let until = Instant::now() + std::time::Duration::from_secs(1);
+    while vcpus.iter().any(|v| v.state() == VcpuState::Created) && Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 impl<H: Hypervisor> Vm<H>
 where
     <H::Vm as hv::Vm>::Vcpu: 'static,
@@ -195,14 +203,13 @@ where
         );
         run.sampler = Some(
             Sampler::start(
-                run.shared.clone(),
+                handle.clone(),
                 Arc::clone(&self.control),
                 self.overload.enabled().then(|| crate::sampler::Overload {
                     config: self.overload.clone(),
                     vm: handle.clone(),
                     hub: Arc::clone(&self.hub),
                 }),
-                self.ppa_page.clone().map(|p| (p, handle.clone())),
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );
@@ -231,8 +238,21 @@ where
         crate::seccomp::enter(crate::seccomp::Kind::Main);
         self.status.mark_started();
         futex_wake(&run.gate);
+        if let Some(n) = &self.notifier {
+            // The control socket was bound and served before the vCPUs started.
+            wait_running(&run.shared);
+            let _ = n.send(&format!(
+                "READY=1\nSTATUS=running: {} vCPUs of VM {}\nMAINPID={}",
+                run.shared.len(),
+                handle.name(),
+                std::process::id()
+            ));
+        }
 
         let timed_out = supervise(&run, &done_rx, self.max_runtime.map(|d| start + d), &handle);
+        if let Some(n) = &self.notifier {
+            let _ = n.send("STOPPING=1\nSTATUS=stopping: every vCPU has ended");
+        }
         run.join_vcpus_and_helpers();
         self.status.mark_finished();
         let uptime_ns = start.elapsed().as_nanos() as u64;
@@ -279,6 +299,7 @@ where
         report.groups = self.limiter.groups();
         report.devices = devices;
         report.vm.host_cpu_ns = host_cpu;
+        report.vm.pressure = Some(handle.pressure().report());
         report.guest = self
             .ppa_page
             .as_ref()

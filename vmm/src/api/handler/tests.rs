@@ -207,15 +207,57 @@ fn reset_and_subscribe() {
         json!({"reset": 1})
     );
     match h.handle_line(br#"{"id":1,"cmd":"subscribe","events":["vm-exit"]}"#) {
-        Outcome::Subscribe(line, mask) => {
+        Outcome::Subscribe(line, mask, None) => {
             assert_eq!(mask, kind_bit(EventKind::VmExit));
             assert!(line.contains("\"vm-exit\""), "{line}");
         }
         o => panic!("{o:?}"),
     }
     match h.handle_line(br#"{"cmd":"subscribe"}"#) {
-        Outcome::Subscribe(_, mask) => assert_eq!(mask, 0b111111, "every kind by default"),
+        Outcome::Subscribe(_, mask, None) => {
+            assert_eq!(
+                mask, 0b111111,
+                "every kind that needs no argument by default"
+            )
+        }
         o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn pressure_and_its_triggers() {
+    let mut h = Handler::new(handle(2), 0);
+    let p = ok(&mut h, r#"{"cmd":"pressure"}"#);
+    assert_eq!(p["vm"]["some"]["total_us"], json!(0), "{p}");
+    assert!(p["groups"].as_array().unwrap().is_empty());
+    let t = r#""pressure":{"kind":"some","threshold_us":100000,"window_us":1000000}"#;
+    // A trigger alone subscribes to `pressure`.
+    match h.handle_line(format!(r#"{{"cmd":"subscribe",{t}}}"#).as_bytes()) {
+        Outcome::Subscribe(line, mask, Some(trigger)) => {
+            assert_ne!(mask & kind_bit(EventKind::Pressure), 0);
+            assert_eq!(trigger.threshold_us, 100_000);
+            assert!(line.contains("\"pressure\""), "{line}");
+        }
+        o => panic!("{o:?}"),
+    }
+    match h.handle_line(format!(r#"{{"cmd":"subscribe","events":["pressure"],{t}}}"#).as_bytes()) {
+        Outcome::Subscribe(_, mask, Some(_)) => assert_eq!(mask, kind_bit(EventKind::Pressure)),
+        o => panic!("{o:?}"),
+    }
+    // Bad values and a `pressure` subscription without a trigger: errors, no stream.
+    for bad in [
+        r#"{"cmd":"subscribe","events":["pressure"]}"#,
+        r#"{"cmd":"subscribe","pressure":{"kind":"some","threshold_us":100,"window_us":100}}"#,
+        r#"{"cmd":"subscribe","pressure":{"kind":"full","threshold_us":0,"window_us":600000}}"#,
+        r#"{"cmd":"subscribe","pressure":{"kind":"full","threshold_us":700000,"window_us":600000}}"#,
+        r#"{"cmd":"subscribe","pressure":{"kind":"full","threshold_us":1,"window_us":600000,"x":1}}"#,
+    ] {
+        match h.handle_line(bad.as_bytes()) {
+            Outcome::Reply(line) => {
+                assert!(line.contains("\"bad-request\""), "{bad}: {line}")
+            }
+            o => panic!("{bad}: {o:?}"),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Accepting clients: the peer check on the control socket, each listener's cap, eviction
-//! on the HTTP side, and registration with the event loop.
+//! (HTTP: the oldest connection still sending its head; control socket: the new peer's own
+//! longest-idle connection), and registration with the event loop.
 
 use std::io::{self, Write};
 
@@ -47,34 +48,49 @@ impl Serve {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            let refuse = match peer_uid(&stream) {
-                Ok(uid) if uid == self.uid || uid == 0 => None,
-                Ok(uid) => Some(ErrorBody::new(
-                    ErrorKind::PermissionDenied,
-                    match self.uid {
-                        0 => format!("uid {uid} may not use this socket (only root may)"),
-                        own => format!(
-                            "uid {uid} may not use this socket (only uid {own} and root may)"
-                        ),
-                    },
-                )),
-                Err(e) => Some(ErrorBody::new(
-                    ErrorKind::PermissionDenied,
-                    format!("the peer's credentials cannot be read: {e}"),
-                )),
+            let (uid, refuse) = match peer_uid(&stream) {
+                Ok(uid) if uid == self.uid || uid == 0 => (uid, None),
+                Ok(uid) => (
+                    uid,
+                    Some(ErrorBody::new(
+                        ErrorKind::PermissionDenied,
+                        match self.uid {
+                            0 => format!("uid {uid} may not use this socket (only root may)"),
+                            own => format!(
+                                "uid {uid} may not use this socket (only uid {own} and root may)"
+                            ),
+                        },
+                    )),
+                ),
+                Err(e) => (
+                    u32::MAX,
+                    Some(ErrorBody::new(
+                        ErrorKind::PermissionDenied,
+                        format!("the peer's credentials cannot be read: {e}"),
+                    )),
+                ),
             };
             let max = self.limits.api_max_clients;
             let (refuse, reason) = match refuse {
                 Some(e) => (Some(e), DropReason::Permission),
-                None => (
-                    (self.count[Listener::Api.index()] >= max).then(|| {
-                        ErrorBody::new(
+                None if self.count[Listener::Api.index()] < max => (None, DropReason::Full),
+                // Full: the peer's own longest-idle connection makes room, so that a leak of
+                // its own connections cannot lock the owner out.
+                None => match self.api_victim(uid) {
+                    Some(t) => {
+                        self.evict_api(t, max, ops);
+                        (None, DropReason::Full)
+                    }
+                    None => (
+                        Some(ErrorBody::new(
                             ErrorKind::TooManyClients,
-                            format!("the control socket already has {max} clients"),
-                        )
-                    }),
-                    DropReason::Full,
-                ),
+                            format!(
+                                "the control socket already has {max} clients, none of them this uid's"
+                            ),
+                        )),
+                        DropReason::Full,
+                    ),
+                },
             };
             if let Some(e) = refuse {
                 self.stats.on_drop(Listener::Api, reason);
@@ -83,7 +99,7 @@ impl Serve {
                 let _ = s.write(line.as_bytes());
                 continue;
             }
-            self.register(Stream::Api(stream), ops);
+            self.register(Stream::Api(stream), uid, ops);
         }
     }
 
@@ -122,11 +138,41 @@ impl Serve {
                     }
                 }
             }
-            self.register(Stream::Http(stream), ops);
+            self.register(Stream::Http(stream), u32::MAX, ops);
         }
     }
 
-    fn register(&mut self, stream: Stream, ops: &mut EventOps) {
+    /// The control connection a new one from `uid` may replace when the socket is full: one
+    /// of the same uid (root: any), quiet ones (nothing in flight, no subscription) first,
+    /// then the one whose last request is oldest.
+    fn api_victim(&self, uid: u32) -> Option<u32> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.is_http() && !c.closing && (c.uid == uid || uid == 0))
+            .min_by_key(|(_, c)| (!c.is_quiet(), c.request_at))
+            .map(|(t, _)| *t)
+    }
+
+    /// Closes control connection `token` to make room, telling its client why.
+    fn evict_api(&mut self, token: u32, max: usize, ops: &mut EventOps) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            if c.out.is_empty() {
+                let idle_s = now_ns().saturating_sub(c.request_at) as f64 / 1e9;
+                let e = ErrorBody::new(
+                    ErrorKind::TooManyClients,
+                    format!(
+                        "closed to make room for a new client: the control socket has {max} \
+                         clients and this one had sent no request for {idle_s:.1} s"
+                    ),
+                );
+                let line = Response::err(serde_json::Value::Null, e).to_line();
+                let _ = c.stream.write(line.as_bytes());
+            }
+        }
+        self.drop_conn(token, DropReason::Evicted, ops);
+    }
+
+    fn register(&mut self, stream: Stream, uid: u32, ops: &mut EventOps) {
         let token = self.token();
         let interest = EventSet::IN | EventSet::READ_HANG_UP;
         if let Err(e) = ops.add(Events::with_data_raw(stream.fd(), token, interest)) {
@@ -137,7 +183,7 @@ impl Serve {
         self.count[which.index()] += 1;
         self.stats.on_accept(which);
         self.conns
-            .insert(token, Conn::new(stream, interest, now_ns()));
+            .insert(token, Conn::new(stream, uid, interest, now_ns()));
         if !self.sweep_armed {
             let every = self.limits.sweep_every();
             self.sweep_armed = self.sweep.reset(every, Some(every)).is_ok();

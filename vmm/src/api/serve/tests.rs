@@ -126,14 +126,26 @@ fn each_listener_has_its_own_cap_and_http_evicts_the_oldest_idle() {
     let mut a = f.api();
     let mut b = f.api();
     assert!(version_ok(&mut a) && version_ok(&mut b));
+    // Full: a third connection closes the longest-idle one of the same uid (issue 28: it was
+    // refused, and the owner locked out), which is told why.
     let mut c = f.api();
-    let r = line(&mut c);
+    assert!(version_ok(&mut c));
+    let r = line(&mut a);
     assert_eq!(
         r["error"]["kind"],
         serde_json::json!("too-many-clients"),
         "{r}"
     );
-    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 1);
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("closed to make room for a new client"),
+        "{r}"
+    );
+    assert_eq!(f.dropped(Listener::Api, DropReason::Evicted), 1);
+    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 0);
+    assert!(version_ok(&mut b), "the other one stays");
     // A scrape evicts an idle connection and is served.
     let mut s = f.tcp();
     s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
@@ -141,6 +153,34 @@ fn each_listener_has_its_own_cap_and_http_evicts_the_oldest_idle() {
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     drop(idle);
+}
+
+/// Issue 28: 400 control connections held by the owner's own uid (a leaking script) took all
+/// 256 places and the operator's `ctl version` got `too-many-clients` until the idle timeout.
+/// Each new connection now closes the owner's longest-idle one: the operator always gets in.
+#[test]
+fn the_owner_always_gets_in_past_its_own_leaked_connections() {
+    let f = Fixture::new(limits());
+    let max = ClientLimits::default().api_max_clients;
+    let mut held: Vec<UnixStream> = (0..400).map(|_| f.api()).collect();
+    wait_until("the cap is reached with the rest evicted", || {
+        f.connected(Listener::Api) == max as u64
+            && f.dropped(Listener::Api, DropReason::Evicted) == (400 - max) as u64
+    });
+    // One of the held ones asks something: it is no longer the longest idle.
+    let mut busy = held.pop().unwrap();
+    assert!(version_ok(&mut busy));
+    let mut operator = f.api();
+    assert!(version_ok(&mut operator), "the operator's request gets in");
+    assert!(version_ok(&mut busy), "the one that asked last stays");
+    assert_eq!(f.dropped(Listener::Api, DropReason::Full), 0);
+    assert_eq!(
+        f.dropped(Listener::Api, DropReason::Evicted),
+        (400 - max + 1) as u64
+    );
+    // The evicted ones were the oldest, and were told.
+    let r = line(&mut held[0]);
+    assert_eq!(r["error"]["kind"], serde_json::json!("too-many-clients"));
 }
 
 #[test]
@@ -286,7 +326,7 @@ fn a_response_is_written_at_once_or_queued_behind_what_waits() {
     use event_manager::EventSet;
     let (ours, mut peer) = UnixStream::pair().unwrap();
     ours.set_nonblocking(true).unwrap();
-    let mut conn = Conn::new(Stream::Api(ours), EventSet::IN, 0);
+    let mut conn = Conn::new(Stream::Api(ours), 0, EventSet::IN, 0);
     conn.send("first\n");
     assert!(conn.out.is_empty(), "written at once, nothing queued");
     // In three parts (a `stats` answer's head, snapshot and tail), larger than the socket
@@ -315,4 +355,64 @@ fn a_response_is_written_at_once_or_queued_behind_what_waits() {
     drop(conn);
     let all = reader.join().unwrap();
     assert_eq!(all, format!("first\n{{{big}}}\nthird\n").into_bytes());
+}
+
+/// Issue 28: a storm of state-changing requests from one client (200 k resets, 1.27 M
+/// pause/resume in seconds) halved the guests' CPU. One client's such requests are held to a
+/// burst and a rate: past them the client waits (its requests answered later, in order, none
+/// refused), while its reads and other clients go on.
+#[test]
+fn one_clients_storm_of_changes_is_held_to_its_budget() {
+    use super::super::listen::{CHANGES_PER_SEC, CHANGE_BURST};
+    let f = Fixture::new(limits());
+    let mut storm = f.api();
+    let n = CHANGE_BURST + CHANGES_PER_SEC / 2;
+    let mut batch = String::new();
+    for i in 0..n {
+        batch.push_str(&format!("{{\"id\":{i},\"cmd\":\"reset\"}}\n"));
+    }
+    storm.write_all(batch.as_bytes()).unwrap();
+    let mut r = BufReader::new(storm.try_clone().unwrap());
+    for i in 0..n {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["id"], serde_json::json!(i), "in order: {v}");
+        assert_eq!(v["ok"], serde_json::json!(true), "{v}");
+    }
+    assert!(
+        f.srv().listener_stats().rests() > 0,
+        "the requests past the burst waited"
+    );
+    // Reads are not limited; another client's changes are its own.
+    assert!(version_ok(&mut storm));
+    let mut other = f.api();
+    other.write_all(b"{\"id\":1,\"cmd\":\"reset\"}\n").unwrap();
+    assert_eq!(line(&mut other)["ok"], serde_json::json!(true));
+}
+
+/// Issue 28: one client's storm of requests kept the `api` thread busy (at real-time priority)
+/// for as long as it lasted. Past its share of the thread a client rests: its requests are all
+/// answered, in order, but it was held back.
+#[test]
+fn a_client_past_its_share_of_the_thread_rests_and_is_answered_after() {
+    let f = Fixture::new(limits());
+    let n = 20_000;
+    let mut c = f.api();
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let line = b"{\"id\":1,\"cmd\":\"stats\"}\n".repeat(n);
+        w.write_all(&line).unwrap();
+    });
+    let mut r = BufReader::new(&mut c);
+    for i in 0..n {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        assert!(
+            l.starts_with("{\"id\":1,\"ok\":true,"),
+            "answer {i}: {l:.200}"
+        );
+    }
+    writer.join().unwrap();
+    assert!(f.srv().listener_stats().rests() > 0, "never held back");
 }

@@ -53,7 +53,9 @@ pub fn run(
     c: &QueueCounters,
 ) -> CtrlPass {
     let mut pass = CtrlPass::default();
-    loop {
+    // At most a queue's worth per kick: a driver that keeps adding requests waits for the
+    // next one.
+    for _ in 0..q.size() {
         let chain = match next_chain(q, mem) {
             Ok(Some(chain)) => chain,
             Ok(None) => return pass,
@@ -87,6 +89,7 @@ pub fn run(
         }
         c.packets.add(1);
     }
+    pass
 }
 
 #[cfg(test)]

@@ -172,6 +172,9 @@ pub struct NetDevice {
     mmio_base: u64,
     tap_name: String,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The figures at the last reset, which readers subtract (taken only by readers and
+    /// `reset`: the device threads never touch it).
+    baseline: Mutex<Option<DeviceStats>>,
 }
 
 /// What a network device is made from.
@@ -263,6 +266,7 @@ impl NetDevice {
             mmio_base: p.mmio_base,
             tap_name: p.spec.tap.clone(),
             threads: Mutex::new(Vec::new()),
+            baseline: Mutex::new(None),
         });
         Ok((dev, virtio))
     }
@@ -380,7 +384,76 @@ impl super::Device for NetDevice {
         self.net.meters.iter().map(|m| m.times().used_ns).sum()
     }
 
+    fn reset(&self) {
+        let mut b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
+        *b = Some(self.raw_stats());
+    }
+
     fn stats(&self) -> DeviceStats {
+        // The baseline lock is held across the sample: a reader sees the figures wholly
+        // before or wholly after a reset.
+        let b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.raw_stats();
+        match b.as_ref() {
+            Some(base) => since(now, base),
+            None => now,
+        }
+    }
+}
+
+/// `cur` less `base`, counter by counter (0 where a counter went down: a thread that was
+/// not there at the reset).
+pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
+    for t in &mut cur.threads {
+        if let Some(b) = base.threads.iter().find(|b| b.name == t.name) {
+            t.wall_ns = t.wall_ns.saturating_sub(b.wall_ns);
+            t.used_ns = t.used_ns.saturating_sub(b.used_ns);
+            t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
+            t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
+            t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
+            t.identity_error_ns =
+                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
+        }
+    }
+    for q in &mut cur.queues {
+        if let Some(b) = base.queues.iter().find(|b| b.index == q.index) {
+            q.notifications = q.notifications.saturating_sub(b.notifications);
+            q.interrupts = q.interrupts.saturating_sub(b.interrupts);
+            q.interrupts_suppressed = q
+                .interrupts_suppressed
+                .saturating_sub(b.interrupts_suppressed);
+            q.chains = q.chains.saturating_sub(b.chains);
+            q.packets = q.packets.saturating_sub(b.packets);
+            q.bytes = q.bytes.saturating_sub(b.bytes);
+            for (r, n) in q.drops.iter_mut() {
+                *n = n.saturating_sub(b.drops.get(r).copied().unwrap_or(0));
+            }
+            q.drops.retain(|_, n| *n > 0);
+        }
+    }
+    cur.cpu_ns = cur.cpu_ns.saturating_sub(base.cpu_ns);
+    cur.cpu.tx = cur.cpu.tx.saturating_sub(base.cpu.tx);
+    cur.cpu.rx = cur.cpu.rx.saturating_sub(base.cpu.rx);
+    cur.cpu.ctrl = cur.cpu.ctrl.saturating_sub(base.cpu.ctrl);
+    cur.cpu.other = cur.cpu.other.saturating_sub(base.cpu.other);
+    let packets = |k: QueueKind| -> u64 {
+        cur.queues
+            .iter()
+            .filter(|q| q.kind == k)
+            .map(|q| q.packets)
+            .sum()
+    };
+    let per = |cpu: u64, n: u64| (n > 0).then(|| cpu / n);
+    cur.cpu_ns_per_packet = cur.cpu_ns_per_packet.map(|_| PerPacket {
+        tx: per(cur.cpu.tx, packets(QueueKind::Tx)),
+        rx: per(cur.cpu.rx, packets(QueueKind::Rx)),
+    });
+    cur
+}
+
+impl NetDevice {
+    /// Every figure since the device started.
+    fn raw_stats(&self) -> DeviceStats {
         let times: Vec<_> = self.net.meters.iter().map(WorkerMeter::times).collect();
         let threads = times
             .iter()

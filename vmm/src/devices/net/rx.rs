@@ -60,7 +60,11 @@ pub fn next_chain<'m>(
     if pending > q.size() {
         return Err(QueueFault::AvailIndex);
     }
-    Ok(q.pop_descriptor_chain(mem))
+    // With entries pending, `None` means the ring changed under us into something invalid
+    // (its index jumped between the two reads): a fault too, never a quiet stop.
+    q.pop_descriptor_chain(mem)
+        .map(Some)
+        .ok_or(QueueFault::AvailIndex)
 }
 
 /// A receive queue and the scratch it needs (made once; nothing allocates per frame).

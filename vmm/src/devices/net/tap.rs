@@ -248,6 +248,58 @@ impl Tap {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Makes the tap outlive this descriptor (true) or go with the last one (false).
+    pub fn set_persist(&self, on: bool) -> Result<(), TapError> {
+        // TUNSETPERSIST takes its flag by value.
+        // SAFETY: TUNSETPERSIST reads its integer argument by value; the result is checked.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                libc::TUNSETPERSIST,
+                libc::c_ulong::from(on),
+            )
+        };
+        if rc < 0 {
+            return Err(TapError::Ioctl {
+                what: "set the persistence of",
+                name: self.name.clone(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Brings the interface `name` of this thread's network namespace up (what `ip link set NAME
+/// up` does; needs CAP_NET_ADMIN). For the benchmarks' own taps.
+pub fn set_up(name: &str) -> io::Result<()> {
+    // SAFETY: socket() takes integers; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is new and ours; File closes it.
+    let sock = unsafe { File::from_raw_fd(fd) };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes().take(MAX_NAME)) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write an ifreq, which `req` is.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 impl AsRawFd for Tap {

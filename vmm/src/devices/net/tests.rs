@@ -2,6 +2,8 @@
 
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 
+use ppa_vmm_api::{DeviceCpu, DeviceHealth, DeviceKind, DeviceStats, PerPacket, QueueKind};
+
 use super::*;
 
 #[test]
@@ -40,4 +42,75 @@ fn the_configuration_space_is_mac_status_pairs_mtu() {
     assert_eq!(u16::from_le_bytes([c[6], c[7]]), 1, "link up");
     assert_eq!(u16::from_le_bytes([c[8], c[9]]), 3);
     assert_eq!(u16::from_le_bytes([c[10], c[11]]), 9000);
+}
+
+#[test]
+fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
+    use std::collections::BTreeMap;
+
+    use ppa_vmm_api::{DeviceThreadStats, DriverStats, DropReason, QueueStats};
+    let dev = |k: u64| DeviceStats {
+        id: "net0".into(),
+        kind: DeviceKind::Net,
+        backend: "t".into(),
+        mac: None,
+        mmio_base: 0,
+        gsi: None,
+        status: DeviceHealth::Ok,
+        status_reason: None,
+        threads: vec![DeviceThreadStats {
+            name: "net0-qp0".into(),
+            host_tid: 1,
+            wall_ns: 100 * k,
+            used_ns: 10 * k,
+            steal_ns: 5 * k,
+            waiting_ns: 80 * k,
+            blocked_ns: 5 * k,
+            identity_error_ns: 0,
+        }],
+        queues: vec![QueueStats {
+            index: 1,
+            kind: QueueKind::Tx,
+            notifications: k,
+            interrupts: k,
+            interrupts_suppressed: k,
+            chains: 3 * k,
+            packets: 2 * k,
+            bytes: 128 * k,
+            drops: BTreeMap::from([(DropReason::TapWouldBlock, k)]),
+        }],
+        cpu_ns: 10 * k,
+        cpu: DeviceCpu {
+            tx: 8 * k,
+            rx: 0,
+            ctrl: 0,
+            other: 2 * k,
+        },
+        cpu_ns_per_packet: Some(PerPacket {
+            tx: Some(4),
+            rx: None,
+        }),
+        driver: DriverStats {
+            features: 0,
+            activations: 1,
+            resets: 0,
+            notify_exits: 0,
+            violations: BTreeMap::new(),
+        },
+    };
+    let d = since(dev(5), &dev(2));
+    let t = &d.threads[0];
+    assert_eq!((t.wall_ns, t.used_ns, t.waiting_ns), (300, 30, 240));
+    assert_eq!(t.identity_error_ns, 0);
+    let q = &d.queues[0];
+    assert_eq!(
+        (q.packets, q.bytes, q.drops[&DropReason::TapWouldBlock]),
+        (6, 384, 3)
+    );
+    assert_eq!((d.cpu_ns, d.cpu.tx), (30, 24));
+    assert_eq!(d.cpu_ns_per_packet.unwrap().tx, Some(4));
+    // Nothing since: drops that did not move are left out, rates have no frame.
+    let d = since(dev(2), &dev(2));
+    assert!(d.queues[0].drops.is_empty());
+    assert_eq!(d.cpu_ns_per_packet.unwrap().tx, None);
 }

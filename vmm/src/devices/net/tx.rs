@@ -87,7 +87,9 @@ impl TxQueue {
         c: &QueueCounters,
     ) -> TxPass {
         let mut pass = TxPass::default();
-        loop {
+        // A driver that keeps adding frames keeps this loop going; bounded, the rest waits
+        // for the next kick (notifications are on again before each return).
+        for _ in 0..64 {
             let _ = self.q.disable_notification(mem);
             loop {
                 let chain = match next_chain(&mut self.q, mem) {
@@ -120,6 +122,7 @@ impl TxQueue {
                 _ => return pass,
             }
         }
+        pass
     }
 
     fn send(&mut self, mem: &GuestMemoryMmap, sink: &impl FrameSink, c: &QueueCounters) {

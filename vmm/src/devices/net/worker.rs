@@ -20,7 +20,7 @@ use std::sync::Arc;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use ppa_vmm_api::DropReason;
 use virtio_bindings::bindings::virtio_net::{
-    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_MQ,
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_MRG_RXBUF,
 };
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -197,12 +197,10 @@ impl Worker {
         if let Err(e) = self.tap().set_offload(offload) {
             log::warn!("{}: {e}", self.net.id);
         }
-        let pairs = if has(VIRTIO_NET_F_MQ) {
-            1
-        } else {
-            self.net.pairs
-        };
-        self.set_pairs(pairs);
+        // One pair until the driver asks for more through the control queue (virtio 1.2,
+        // 5.1.6.5.5); without MQ only the first pair exists for the driver at all. The other
+        // tap queues are detached, so the kernel sends nothing to queues nobody reads.
+        self.set_pairs(1);
         if self.net.ctrl {
             match self.build(2 * usize::from(self.net.pairs), false) {
                 Ok(q) => self.ctrl = q,
@@ -219,6 +217,21 @@ impl Worker {
                     log::warn!("{}: {e}", self.net.id);
                 }
             }
+            // The other pairs' threads start or stop reading their tap queues.
+            for (i, w) in self.net.wakes.iter().enumerate() {
+                if i != self.pair {
+                    let _ = w.write(1);
+                }
+            }
+        }
+    }
+
+    /// Reads the tap while this pair is in use, has a receive queue and the device runs.
+    fn refresh_listening(&mut self, ops: &mut EventOps) {
+        let enabled = self.pair < usize::from(self.net.active_pairs.load(Ordering::Acquire));
+        let want = enabled && self.rx.is_some() && !self.virtio.stopped();
+        if want != self.listening {
+            self.set_listening(ops, want);
         }
     }
 
@@ -410,6 +423,7 @@ impl MutEventSubscriber for Worker {
         if fd == net.wakes[self.pair].as_raw_fd() {
             let _ = net.wakes[self.pair].read();
             self.follow_epoch(ops);
+            self.refresh_listening(ops);
             self.mark(PART_OTHER);
         } else if fd == net.kicks[rx].as_raw_fd() {
             net.queues[rx].notifications.add(kicks(&net.kicks[rx]));

@@ -17,7 +17,7 @@ use super::workload::VcpuWorkload;
 use crate::devices::tiny::{Doorbell, TinyVcpu};
 
 /// What the tiny payload reports about one vCPU.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct TinyVcpuReport {
     /// Its workload spec.
     pub workload: String,

@@ -16,12 +16,10 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WorkloadError {
     /// The name before the colon is not a workload.
-    #[error(
-        "unknown workload `{0}` (expected idle, busy, periodic, exits, mixed, fault, hostile, memtouch, net-tx, net-rx or net-echo)"
-    )]
+    #[error("unknown workload `{q}` (expected idle, busy, periodic, exits, mixed, fault, hostile, memtouch, net-tx, net-rx or net-echo)", q = ppa_vmm_api::clip(.0))]
     UnknownWorkload(String),
     /// A key the workload does not take.
-    #[error("workload `{workload}` has no parameter `{key}` (it takes: {allowed})")]
+    #[error("workload `{workload}` has no parameter `{qkey}` (it takes: {allowed})", qkey = ppa_vmm_api::clip(.key))]
     UnknownKey {
         /// Workload name.
         workload: &'static str,
@@ -31,13 +29,13 @@ pub enum WorkloadError {
         allowed: &'static str,
     },
     /// A parameter given twice.
-    #[error("parameter `{0}` is given twice")]
+    #[error("parameter `{q}` is given twice", q = ppa_vmm_api::clip(.0))]
     DuplicateKey(String),
     /// `key=value` without `=`.
-    #[error("`{0}` is not of the form key=value")]
+    #[error("`{q}` is not of the form key=value", q = ppa_vmm_api::clip(.0))]
     NotKeyValue(String),
     /// A value that is not a number in range.
-    #[error("`{key}={value}` is not valid: {why}")]
+    #[error("`{qkey}={qvalue}` is not valid: {why}", qkey = ppa_vmm_api::clip(.key), qvalue = ppa_vmm_api::clip(.value))]
     BadValue {
         /// The key.
         key: String,
@@ -47,7 +45,7 @@ pub enum WorkloadError {
         why: &'static str,
     },
     /// `I=SPEC` with an I that is not a number.
-    #[error("`{0}` is not a vCPU index")]
+    #[error("`{q}` is not a vCPU index", q = ppa_vmm_api::clip(.0))]
     BadTarget(String),
     /// `I=SPEC` for a vCPU the VM does not have.
     #[error("a workload targets vCPU {index} but the VM has {vcpus} vCPUs (0..={last})", last = vcpus - 1)]
