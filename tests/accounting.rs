@@ -7,7 +7,10 @@
 mod common;
 
 use common::RESET_WORKLOADS;
-use common::{assert_all_exited_ok, reported, run_vm_at, serial, spawn_vm};
+use common::{
+    assert_all_exited_ok, kvm_backend, reported, require_tracefs, run_vm_at, run_vm_traced, serial,
+    spawn_vm,
+};
 use ppa_vmm::accounting::Level;
 
 #[test]
@@ -257,5 +260,101 @@ fn live_figures_never_go_down() {
             drops.len(),
             &drops[..drops.len().min(12)]
         );
+    }
+}
+
+/// Level full's kernel tracepoints on this host: the interrupts the busy vCPU's thread takes
+/// (the host's timer ticks land on it) become interrupted_ns, out of guest_ns; KVM's own
+/// `kvm_exit`/`kvm_entry` do not fire under PVM (docs/accounting.md), so kvm_ns stays null
+/// with that reason. On a VMX/SVM host the same run measures kvm_ns instead, and its in-kernel
+/// exits with the userspace ones make up KVM's `exits` statistic exactly.
+#[test]
+fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
+    let _g = serial();
+    require_tracefs();
+    let out = run_vm_traced(
+        2,
+        &["0=busy:ms=300", "1=exits:n=3000,kind=mmio"],
+        Level::Full,
+        true,
+    );
+    assert_all_exited_ok(&out.report);
+    for v in &out.report.vcpus {
+        let t = &v.times;
+        let irq = t
+            .interrupted_ns
+            .unwrap_or_else(|| panic!("vCPU {}: {:?}", t.id, t.interrupted_reason));
+        assert_eq!(t.interrupted_reason, None);
+        assert_eq!(
+            t.guest_ns + t.kvm_ns.unwrap_or(0) + irq + t.vmm_ns,
+            t.used_ns,
+            "vCPU {}: used = guest + kvm + interrupted + vmm",
+            t.id
+        );
+        assert!(t.identity_holds(true), "vCPU {}: {t:?}", t.id);
+        assert_eq!(t.records_lost, 0, "vCPU {}", t.id);
+        // What ran inside KVM_RUN, as the records measured it run by run, against the split's
+        // parts measured apart (interrupted_ns also holds the interrupts of exit handling).
+        let in_run = t.kvm_run_cpu_ns.expect("a run at level full");
+        let parts = t.guest_ns + t.kvm_ns.unwrap_or(0) + irq;
+        let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(t.wall_ns, true);
+        assert!(
+            parts + tol >= in_run && parts <= in_run + irq + tol,
+            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN",
+            t.id
+        );
+        match kvm_backend() {
+            Some("kvm_pvm") => {
+                assert_eq!(t.kvm_ns, None, "vCPU {}", t.id);
+                let why = t.kvm_ns_reason.as_deref().unwrap_or("");
+                assert!(
+                    why.contains("did not fire kvm:kvm_entry") && why.contains("kvm_pvm"),
+                    "vCPU {}: {why}",
+                    t.id
+                );
+                assert!(t.kvm_exits.is_empty() && t.kvm_exits_to_user == 0);
+                assert_eq!(t.split_source, ppa_vmm_api::SplitSource::Records);
+            }
+            _ => {
+                assert!(t.kvm_ns.is_some_and(|k| k > 0), "vCPU {}: {t:?}", t.id);
+                let in_kernel: u64 = t.kvm_exits.values().sum();
+                assert_eq!(
+                    in_kernel + t.kvm_exits_to_user,
+                    t.kvm_stats["exits"],
+                    "vCPU {}",
+                    t.id
+                );
+                assert_eq!(t.split_source, ppa_vmm_api::SplitSource::Tracepoints);
+            }
+        }
+    }
+    // The busy vCPU spun 300 ms on a CPU that takes the host's timer ticks (HZ 250 and more):
+    // they landed on its thread, and their time is no longer guest time.
+    let busy = &out.report.vcpus[0].times;
+    let ticks = busy.interrupts.get("local_timer").copied().unwrap_or(0);
+    assert!(ticks >= 10, "local timer interrupts: {:?}", busy.interrupts);
+    let irq = busy.interrupted_ns.unwrap();
+    assert!(irq > 0 && irq < busy.used_ns / 5, "{busy:?}");
+
+    // Without the tracepoints, or below level full, nothing is split out, and the reports say
+    // why.
+    for (level, trace, why) in [
+        (Level::Full, false, "turned off"),
+        (Level::Basic, true, "level full only"),
+    ] {
+        let out = run_vm_traced(1, &["busy:ms=50"], level, trace);
+        assert_all_exited_ok(&out.report);
+        let t = &out.report.vcpus[0].times;
+        assert_eq!(
+            (t.kvm_ns, t.interrupted_ns),
+            (None, None),
+            "{level:?} {trace}"
+        );
+        for reason in [&t.kvm_ns_reason, &t.interrupted_reason] {
+            let r = reason.as_deref().unwrap_or("");
+            assert!(r.contains(why), "{level:?} {trace}: {r}");
+        }
+        assert!(t.interrupts.is_empty());
+        assert_eq!(t.guest_ns + t.vmm_ns, t.used_ns);
     }
 }

@@ -1,8 +1,9 @@
 //! End-to-end checks of the tiny guest on KVM with AMD SVM, run inside the nested test host
 //! (`scripts/nested-run.sh`: QEMU TCG emulating an SVM CPU, Debian's kernel with kvm-amd). This
 //! machine's own KVM (the PVM backend) behaves differently in places, so these runs are our only
-//! check of SVM: exact exit counts through KVM's statistics there, and a triple fault that ends
-//! the run. Each case boots the nested host once (about 10 s here); QEMU must be installed
+//! check of SVM: exact exit counts through KVM's statistics there, KVM's own tracepoints
+//! splitting each KVM_RUN at level full (kvm_ns, in-kernel exits by reason adding up to KVM's
+//! `exits` statistic exactly, CPUIDs counted one by one), and a triple fault that ends the run. Each case boots the nested host once (about 10 s here); QEMU must be installed
 //! (scripts/setup.sh does it), and its absence is a failure, not a skip. One more case boots the
 //! Linux guest image (images/linux/) directly under QEMU, to check its init and workload.
 
@@ -100,19 +101,82 @@ fn count(v: &Value, path: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("vCPU {} has no count at {path:?}: {at}", v["id"]))
 }
 
+/// At level full on SVM, KVM's tracepoints split every KVM_RUN: KVM's in-kernel exits by
+/// reason with the userspace exits that came from a VM exit make up KVM's `exits` statistic
+/// exactly, kvm_ns is measured, and the run's on-CPU time inside KVM_RUN is guest + kvm + the
+/// interrupts taken there.
+fn assert_kvm_split(v: &Value) {
+    let id = &v["id"];
+    let n = |k: &str| {
+        v[k].as_u64()
+            .unwrap_or_else(|| panic!("vCPU {id} has no {k}: {v}"))
+    };
+    assert_eq!(v["split_source"], "tracepoints", "vCPU {id}: {v}");
+    assert_eq!(n("records_lost"), 0, "vCPU {id}");
+    assert!(n("kvm_ns") > 0, "vCPU {id}: {v}");
+    let (guest, kvm, irq) = (n("guest_ns"), n("kvm_ns"), n("interrupted_ns"));
+    assert_eq!(guest + kvm + irq + n("vmm_ns"), n("used_ns"), "vCPU {id}");
+    let in_kernel: u64 = v["kvm_exits"]
+        .as_object()
+        .expect("kvm_exits")
+        .values()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    let to_user = n("kvm_exits_to_user");
+    assert_eq!(
+        in_kernel + to_user,
+        count(v, &["kvm_stats", "exits"]),
+        "vCPU {id}: in-kernel exits {in_kernel} + {to_user} that reached userspace: {v}"
+    );
+    // Every userspace exit but `intr` is one VM exit KVM forwarded; an `intr` exit follows an
+    // exit KVM handled itself, or none (a kick before entry).
+    let user: u64 = v["exits"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        to_user,
+        user - count(v, &["exits", "intr"]),
+        "vCPU {id}: {to_user} of {user} userspace exits came from a VM exit: {v}"
+    );
+    // The records measured the time on a CPU inside KVM_RUN per run; the split's parts were
+    // measured apart (interrupts outside KVM_RUN are in interrupted_ns too).
+    let (wall, in_run) = (n("wall_ns"), n("kvm_run_cpu_ns"));
+    let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(wall, true);
+    let parts = guest + kvm + irq;
+    assert!(
+        parts + tol >= in_run && parts <= in_run + irq + tol,
+        "vCPU {id}: guest {guest} + kvm {kvm} + interrupted {irq} against {in_run} on a CPU \
+         inside KVM_RUN (tolerance {tol})"
+    );
+    eprintln!(
+        "vCPU {id}: guest {guest} kvm {kvm} interrupted {irq} ns; in-kernel exits {}; \
+         interrupts {}",
+        v["kvm_exits"], v["interrupts"]
+    );
+}
+
 #[test]
 fn exits_workloads_make_exactly_n_mmio_and_pio_exits_on_svm() {
-    let (mmio, pio, pio_one) = (1000, 1000, 1);
+    let (mmio, pio, pio_one, cpuid) = (1000, 1000, 1, 1000);
+    // Level full: KVM's tracepoints split each vCPU's time too (assert_kvm_split), and the
+    // CPUIDs of vCPU 3 never reach the VMM.
     let out = nested(&[
         "run",
         "--vcpus",
-        "3",
+        "4",
         "--workload",
         &format!("0=exits:n={mmio},kind=mmio"),
         "--workload",
         &format!("1=exits:n={pio},kind=pio"),
         "--workload",
         &format!("2=exits:n={pio_one},kind=pio"),
+        "--workload",
+        &format!("3=exits:n={cpuid},kind=cpuid"),
+        "--accounting",
+        "full",
         "--report",
         "json",
     ]);
@@ -120,7 +184,20 @@ fn exits_workloads_make_exactly_n_mmio_and_pio_exits_on_svm() {
     let r = report(&out);
     assert_eq!(r["vm"]["end"], "completed");
     let vcpus = r["vcpus"].as_array().expect("a vcpus array");
-    assert_eq!(vcpus.len(), 3);
+    assert_eq!(vcpus.len(), 4);
+    for v in vcpus {
+        assert_eq!(v["exit_code"], 0, "vCPU {} ended {}", v["id"], v["end"]);
+        assert_kvm_split(v);
+    }
+    // Each CPUID was one in-kernel exit, exactly, and none reached the VMM.
+    let c = &vcpus[3];
+    assert_eq!(count(c, &["kvm_exits", "cpuid"]), cpuid, "{c}");
+    assert_eq!(count(c, &["guest_reported", "iterations"]), cpuid);
+    assert!(count(c, &["kvm_exit_ns", "cpuid"]) > 0, "{c}");
+    assert_eq!(
+        c["histograms"]["kvm_exit_handling.cpuid"]["count"], cpuid,
+        "one handling time per CPUID: {c}"
+    );
     for (v, kind, n) in [
         (&vcpus[0], "mmio", mmio),
         (&vcpus[1], "pio", pio),
@@ -371,11 +448,12 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
             v[k].as_u64()
                 .unwrap_or_else(|| panic!("vCPU {i} has no {k}: {v}"))
         };
-        assert_eq!(v["split_source"], "records", "vCPU {i}");
         assert!(
             n("guest_ns") > 0 && n("used_ns") >= n("guest_ns"),
             "vCPU {i}"
         );
+        // KVM's exits, handled in the kernel or not, and host interrupts, split out.
+        assert_kvm_split(v);
         // A Linux guest halts in the kernel (in-kernel irqchip) and its exits are mostly
         // handled there: both show in KVM's statistics.
         assert!(n("halted_ns") > 0, "vCPU {i} never halted: {v}");
@@ -406,11 +484,14 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
              its clocks started",
             n("steal_ns")
         );
-        guest_ns += n("guest_ns");
+        // The guest's threads' clocks count KVM's exits and the host's interrupts while
+        // they ran: guest code alone can be below them, what ran inside KVM_RUN cannot.
+        guest_ns += n("guest_ns") + n("kvm_ns") + n("interrupted_ns");
     }
     assert!(
         guest_ns >= guest_cpu,
-        "the vCPUs' guest time {guest_ns} ns is below what the guest's threads ran {guest_cpu} ns"
+        "the vCPUs' time inside KVM_RUN {guest_ns} ns is below what the guest's threads ran \
+         {guest_cpu} ns"
     );
 }
 

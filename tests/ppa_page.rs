@@ -28,6 +28,9 @@ fn the_host_section_is_mapped_by_a_host_tool_and_keeps_being_refreshed() {
         for (i, prev) in prev_wall.iter_mut().enumerate() {
             let rec = page.record(i);
             assert_eq!(rec.vcpu as usize, i);
+            // Level basic measures neither (1.4: u64::MAX, not zero).
+            assert_eq!(rec.kvm(h.minor), None, "{rec:?}");
+            assert_eq!(rec.interrupted(h.minor), None, "{rec:?}");
             // Refreshed: each sample (100 ms apart) shows a later record than the last.
             assert!(
                 rec.wall_ns > *prev,
@@ -42,6 +45,49 @@ fn the_host_section_is_mapped_by_a_host_tool_and_keeps_being_refreshed() {
     let (code, _) = vmm.wait();
     assert_eq!(code, 0);
     assert!(!file.exists(), "the file goes with the VM");
+}
+
+/// At level full the host record carries the host's interrupts on the vCPU's thread (and
+/// KVM's in-kernel time where KVM's tracepoints fire, never under PVM), as `vcpu` gives them.
+#[test]
+fn at_level_full_the_host_record_carries_interrupted_and_kvm_time_as_measured() {
+    let _g = common::serial();
+    common::require_tracefs();
+    let mut vmm = Vmm::with_page(
+        "page-full",
+        &[
+            "--vcpus",
+            "1",
+            "--workload",
+            "busy:ms=60000",
+            "--accounting",
+            "full",
+        ],
+    );
+    let file = vmm.page();
+    std::thread::sleep(Duration::from_millis(500));
+    let page = HostSection::map(&file);
+    let minor = page.header.minor;
+    assert!(minor >= 3, "layout 1.{minor}");
+    let rec = page.record(0);
+    let irq = rec.interrupted(minor).expect("interrupted_ns measured");
+    assert!(irq > 0 && irq <= rec.used_ns, "{rec:?}");
+    assert_eq!(
+        rec.guest_ns + rec.kvm(minor).unwrap_or(0) + irq + rec.vmm_ns,
+        rec.used_ns,
+        "{rec:?}"
+    );
+    let mut c = vmm.connect();
+    let v = c.ok(json!({"cmd": "vcpu", "vcpu": 0}));
+    assert_eq!(
+        rec.kvm(minor).is_some(),
+        v["kvm_ns"].is_u64(),
+        "the page and `vcpu` agree on whether kvm_ns is measured: {v}"
+    );
+    drop(page);
+    c.ok(json!({"cmd": "shutdown"}));
+    let (code, _) = vmm.wait();
+    assert_eq!(code, 0);
 }
 
 #[test]

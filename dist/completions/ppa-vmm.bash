@@ -614,7 +614,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__run)
-            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --help"
+            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -686,6 +686,10 @@ _ppa__vmm() {
                     ;;
                 --histogram-bits)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kernel-trace)
+                    COMPREPLY=($(compgen -W "true false" -- "${cur}"))
                     return 0
                     ;;
                 --threshold)
@@ -797,7 +801,7 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --sort)
-                    COMPREPLY=($(compgen -W "vcpu used guest vmm rdy idle lmtd psd exits" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "vcpu used guest sys vmm rdy idle lmtd psd exits" -- "${cur}"))
                     return 0
                     ;;
                 *)

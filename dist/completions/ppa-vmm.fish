@@ -56,6 +56,8 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l max-runtime -d '
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l kvm-device -d 'KVM device node' -r -F
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l accounting -d 'Accounting level at start: off, basic or full (switchable at run time)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l histogram-bits -d 'Fractional bits of the log-linear histograms (0..=5)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l kernel-trace -d 'At level full, also open the kernel\'s tracepoints on each vCPU thread (KVM\'s exits, host interrupts: kvm_ns, interrupted_ns) where the host allows (default true)' -r -f -a "true\t''
+false\t''"
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l threshold -d 'A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns, steal_window_ns); repeatable' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l name -d 'The VM\'s name: the `vm` label of the metrics (default `ppa-vmm-PID`). With a name the VM registers in the run directory (docs/operations.md, "Many VMs on one host")' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l run-dir -d 'The run directory where the VM puts `NAME.sock` (unless --api-sock says otherwise) and its descriptor `NAME.json` (default /run/ppa-vmm, or $XDG_RUNTIME_DIR/ppa-vmm for users other than root; used when --name or --run-dir is given)' -r -F
@@ -98,7 +100,8 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand top" -l api-sock -d 'The
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand top" -l interval -d 'Refresh interval in ms (rates are computed over it; at least 10)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand top" -l sort -d 'Sort column' -r -f -a "vcpu\t'VCPU: the vCPU index (ascending)'
 used\t'USED%: on-CPU time (guest + VMM)'
-guest\t'GUEST%: on-CPU inside KVM_RUN'
+guest\t'GUEST%: on-CPU inside KVM_RUN (guest code only where SYS% is measured)'
+sys\t'SYS%: on-CPU inside KVM_RUN in KVM\'s exit handling (kvm_ns), where measured'
 vmm\t'VMM%: on-CPU in the VMM outside KVM_RUN'
 rdy\t'RDY%: runnable but waiting for a host CPU (steal)'
 idle\t'IDLE%: parked at the guest\'s request or halted'

@@ -139,7 +139,8 @@ pub mod workload {
     pub const BUSY: u32 = 2;
     /// `periodic`: params = [run_us, period_us, count]; spins run_us, halts to the next period.
     pub const PERIODIC: u32 = 3;
-    /// `exits`: params = [n, kind] with kind [`EXITS_MMIO`] or [`EXITS_PIO`].
+    /// `exits`: params = [n, kind] with kind [`EXITS_MMIO`], [`EXITS_PIO`] or
+    /// [`EXITS_CPUID`].
     pub const EXITS: u32 = 4;
     /// `fault`: params[0] = [`FAULT_HLT`] or [`FAULT_UD`]; shuts the vCPU down on purpose.
     pub const FAULT: u32 = 5;
@@ -172,6 +173,9 @@ pub mod workload {
     pub const EXITS_MMIO: u64 = 0;
     /// `exits` through [`crate::WORKLOAD_PIO_PORT`].
     pub const EXITS_PIO: u64 = 1;
+    /// `exits` by CPUID (leaf 0): on VMX and SVM an exit KVM handles in the kernel, never
+    /// seen by the VMM.
+    pub const EXITS_CPUID: u64 = 2;
     /// `fault` by a HLT at CPL 3 (#GP).
     pub const FAULT_HLT: u64 = 0;
     /// `fault` by UD2 (#UD).

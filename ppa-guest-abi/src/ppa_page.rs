@@ -1,5 +1,5 @@
 //! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
-//! share, layout version 1.3. The VMM writes the host section (each vCPU's section 4 figures,
+//! share, layout version 1.4. The VMM writes the host section (each vCPU's section 4 figures,
 //! so a guest sees its own steal and limited time); the guest writes the guest section
 //! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
 //! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
@@ -33,6 +33,10 @@
 //! both zero from a 1.2 writer. A 1.2 reader never looks there: it finds the guest section
 //! at `guest_offset` as before.
 //!
+//! Minor 4 (1.4) gave the last two reserved words of [`HostVcpu`] meanings: `kvm_ns` and
+//! `interrupted_ns`, [`NOT_MEASURED`] where the host does not measure them. A 1.3 writer left
+//! them zero, so a reader takes them from a region of minor 4 or more only ([`HostVcpu::kvm`]).
+//!
 //! Extending the ABI: records only grow at their end, into their reserved words or by a larger
 //! `*_record_size` (readers use the size given in the header, never their own); a new field
 //! bumps the minor version; a reader accepts any minor of its major. A new major is a new,
@@ -46,8 +50,12 @@ pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"PPAP");
 pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
-/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVm`]).
-pub const MINOR: u16 = 3;
+/// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVm`]; 4:
+/// [`HostVcpu::kvm_ns`] and [`HostVcpu::interrupted_ns`]).
+pub const MINOR: u16 = 4;
+
+/// A [`HostVcpu`] figure the host does not measure (`kvm_ns`, `interrupted_ns`).
+pub const NOT_MEASURED: u64 = u64::MAX;
 /// [`MAJOR`] and [`MINOR`] as one word, major << 16 | minor (as the CPUID leaf gives it).
 pub const VERSION: u32 = ((MAJOR as u32) << 16) | MINOR as u32;
 /// "PPAA": magic of [`GuestAgent`].
@@ -199,8 +207,26 @@ pub struct HostVcpu {
     /// blocked_ns (layout 1.2; zero from a 1.1 writer, whose records then miss it in the
     /// identity).
     pub blocked_ns: u64,
-    /// Reserved, zero.
-    pub reserved: [u64; 2],
+    /// kvm_ns: time the host's KVM spent handling this vCPU's exits in the kernel (layout
+    /// 1.4), part of guest_ns's complement in used_ns; [`NOT_MEASURED`] where the host cannot
+    /// split it out. Zero from a 1.3 writer: read it with [`HostVcpu::kvm`].
+    pub kvm_ns: u64,
+    /// interrupted_ns: time the host spent in its own interrupts while this vCPU's thread was
+    /// current (layout 1.4), part of used_ns; [`NOT_MEASURED`] where not measured. Read it
+    /// with [`HostVcpu::interrupted`].
+    pub interrupted_ns: u64,
+}
+
+impl HostVcpu {
+    /// kvm_ns, if the record's writer (a region of minor `minor`) measured it.
+    pub fn kvm(&self, minor: u16) -> Option<u64> {
+        (minor >= 4 && self.kvm_ns != NOT_MEASURED).then_some(self.kvm_ns)
+    }
+
+    /// interrupted_ns, if the record's writer (a region of minor `minor`) measured it.
+    pub fn interrupted(&self, minor: u16) -> Option<u64> {
+        (minor >= 4 && self.interrupted_ns != NOT_MEASURED).then_some(self.interrupted_ns)
+    }
 }
 
 /// The guest section's header, at `guest_offset`. Offsets here are relative to the guest
@@ -460,6 +486,8 @@ const _: () = {
     assert!(offset_of!(HostVcpu, limited_ns) == 72);
     assert!(offset_of!(HostVcpu, overloads) == 96);
     assert!(offset_of!(HostVcpu, blocked_ns) == 104);
+    assert!(offset_of!(HostVcpu, kvm_ns) == 112);
+    assert!(offset_of!(HostVcpu, interrupted_ns) == 120);
     assert!(size_of::<GuestHeader>() == 64);
     assert!(offset_of!(GuestHeader, updated_ns) == 16);
     assert!(offset_of!(GuestHeader, threads_offset) == 24);

@@ -126,6 +126,9 @@ impl SplitKind {
     pub fn legend(self, source: SplitSource) -> String {
         let exact = match source {
             SplitSource::Records => "measured exactly from context-switch records (level full)",
+            SplitSource::Tracepoints => {
+                "measured exactly from context-switch records and KVM's tracepoints (level full)"
+            }
             SplitSource::CpuClock => "measured exactly with the thread CPU clock (level full)",
             SplitSource::Mixed | SplitSource::None => "measured exactly (level full)",
         };
@@ -148,6 +151,9 @@ names! {
     pub enum SplitSource ("a split source") {
         /// The thread's context-switch records (perf): no system call on the exit path.
         Records = "records",
+        /// The records, and KVM's tracepoints in the same ring split each KVM_RUN into guest
+        /// mode, KVM's exit handling and host interrupts (`kvm_ns` measured).
+        Tracepoints = "tracepoints",
         /// The thread CPU clock, read at every KVM_RUN boundary.
         CpuClock = "cpu_clock",
         /// Some intervals each way.

@@ -384,7 +384,9 @@ fn split() -> TimeSplit {
     TimeSplit {
         wall_ns: 1_000_000,
         used_ns: 600_000,
-        guest_ns: 500_000,
+        guest_ns: 480_000,
+        kvm_ns: 15_000,
+        interrupted_ns: 5_000,
         vmm_ns: 100_000,
         steal_ns: 50_000,
         halted_ns: 40_000,
@@ -446,7 +448,7 @@ fn time_split_deltas_and_resets() {
     );
     assert_eq!(d.steal_ns + d.idle_ns + d.paused_ns, 0);
     assert!(!b.went_down_from(&a), "guest may move to vmm");
-    for i in [0, 1, 4, 6, 7, 8] {
+    for i in [0, 1, 6, 8, 9, 10] {
         let mut v = a.values();
         v[i] -= 1;
         assert!(
@@ -473,7 +475,8 @@ fn times() -> VcpuTimes {
         wall_ns: s.wall_ns,
         used_ns: s.used_ns,
         guest_ns: s.guest_ns,
-        kvm_ns: None,
+        kvm_ns: Some(s.kvm_ns),
+        interrupted_ns: Some(s.interrupted_ns),
         kvm_ns_estimate: Some(3),
         guest_code_ns_estimate: Some(4),
         parks: 2,
@@ -492,11 +495,18 @@ fn times() -> VcpuTimes {
         state: VcpuMicroState::Limited,
         exits: [("hlt".to_string(), 5), ("io_out".to_string(), 0)].into(),
         exit_ns: Default::default(),
+        kvm_ns_reason: None,
+        interrupted_reason: None,
+        kvm_exits: [("npf".to_string(), 7)].into(),
+        kvm_exit_ns: [("npf".to_string(), 700)].into(),
+        kvm_exits_to_user: 5,
+        interrupts: [("local_timer".to_string(), 2)].into(),
         kvm_stats: Default::default(),
         host_cpus: Vec::new(),
         migrations: 0,
         thresholds: [(Threshold::GuestRun.to_string(), 9)].into(),
         kvm_run_wall_ns: 0,
+        kvm_run_cpu_ns: Some(6),
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
@@ -510,14 +520,17 @@ fn vcpu_figures_keep_their_json() {
     assert_eq!(t.split(), split());
     assert_eq!(
         serde_json::to_string(&t).unwrap(),
-        "{\"id\":1,\"host_tid\":77,\"wall_ns\":1000000,\"used_ns\":600000,\"guest_ns\":500000,\
-         \"kvm_ns\":null,\"kvm_ns_estimate\":3,\"guest_code_ns_estimate\":4,\"parks\":2,\
+        "{\"id\":1,\"host_tid\":77,\"wall_ns\":1000000,\"used_ns\":600000,\"guest_ns\":480000,\
+         \"kvm_ns\":15000,\"interrupted_ns\":5000,\"kvm_ns_estimate\":3,\"guest_code_ns_estimate\":4,\"parks\":2,\
          \"vmm_ns\":100000,\"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\
          \"limited_ns\":60000,\"paused_ns\":45000,\"blocked_ns\":3000,\"split\":\"mixed\",\
          \"split_source\":\"records\",\"records_lost\":1,\"records_preempted_ns\":0,\"identity_error_ns\":2000,\
-         \"state\":\"limited\",\"exits\":{\"hlt\":5,\"io_out\":0},\"exit_ns\":{},\"kvm_stats\":{},\
+         \"state\":\"limited\",\"exits\":{\"hlt\":5,\"io_out\":0},\"exit_ns\":{},\
+         \"kvm_ns_reason\":null,\"interrupted_reason\":null,\"kvm_exits\":{\"npf\":7},\
+         \"kvm_exit_ns\":{\"npf\":700},\"kvm_exits_to_user\":5,\"interrupts\":{\"local_timer\":2},\
+         \"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
-         \"kvm_run_wall_ns\":0,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
+         \"kvm_run_wall_ns\":0,\"kvm_run_cpu_ns\":6,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
          \"steal_before_start_ns\":5}"
     );
     let summary = VcpuSummary::from(t);
@@ -525,7 +538,8 @@ fn vcpu_figures_keep_their_json() {
     assert_eq!(
         serde_json::to_string(&summary).unwrap(),
         "{\"id\":1,\"host_tid\":77,\"state\":\"limited\",\"wall_ns\":1000000,\
-         \"used_ns\":600000,\"guest_ns\":500000,\"kvm_ns\":null,\"vmm_ns\":100000,\
+         \"used_ns\":600000,\"guest_ns\":480000,\"kvm_ns\":15000,\"interrupted_ns\":5000,\
+         \"vmm_ns\":100000,\
          \"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\"limited_ns\":60000,\
          \"paused_ns\":45000,\"blocked_ns\":3000,\"identity_error_ns\":2000,\"parks\":2,\
          \"exits\":{\"hlt\":5},\
@@ -547,24 +561,22 @@ fn a_flattened_split_would_reorder_the_keys() {
     struct Flattened {
         id: usize,
         host_tid: i32,
-        state: VcpuMicroState,
         #[serde(flatten)]
         split: TimeSplit,
-        kvm_ns: Option<u64>,
+        kvm_ns_estimate: Option<u64>,
     }
-    let summary = VcpuSummary::from(times());
+    let t = times();
     let flat = Flattened {
-        id: summary.id,
-        host_tid: summary.host_tid,
-        state: summary.state,
-        split: summary.split(),
-        kvm_ns: summary.kvm_ns,
+        id: t.id,
+        host_tid: t.host_tid,
+        split: t.split(),
+        kvm_ns_estimate: t.kvm_ns_estimate,
     };
-    let wire = serde_json::to_string(&summary).unwrap();
+    let wire = serde_json::to_string(&t).unwrap();
     let text = serde_json::to_string(&flat).unwrap();
     let at = |s: &str, key: &str| s.find(&format!("\"{key}\"")).unwrap();
-    assert!(at(&wire, "kvm_ns") < at(&wire, "vmm_ns"), "{wire}");
-    assert!(at(&text, "kvm_ns") > at(&text, "vmm_ns"), "{text}");
+    assert!(at(&wire, "kvm_ns_estimate") < at(&wire, "vmm_ns"), "{wire}");
+    assert!(at(&text, "kvm_ns_estimate") > at(&text, "vmm_ns"), "{text}");
     let mut unknown: Value = serde_json::from_str(&text).unwrap();
     unknown["bogus"] = json!(1);
     assert!(serde_json::from_value::<Flattened>(unknown).is_err());

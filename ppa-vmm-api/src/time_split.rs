@@ -1,7 +1,7 @@
 //! [`TimeSplit`]: where a vCPU thread's wall time went (spec section 4), as one value, and the
 //! identity that ties its parts together.
 //!
-//! The wire structs ([`crate::VcpuTimes`], [`crate::VcpuSummary`]) keep these ten fields flat
+//! The wire structs ([`crate::VcpuTimes`], [`crate::VcpuSummary`]) keep these fields flat
 //! and give them to code as a [`TimeSplit`] through `split()`. They are not a
 //! `#[serde(flatten)]` member, for two reasons. The JSON must stay byte for byte what it was,
 //! and in both structs other fields sit between the times (`kvm_ns`, the estimates and `parks`
@@ -22,10 +22,17 @@ use serde::{Deserialize, Serialize};
 pub struct TimeSplit {
     /// The identity's left-hand side: CLOCK_MONOTONIC since the thread started or was reset.
     pub wall_ns: u64,
-    /// The thread's CPU clock; guest_ns + vmm_ns.
+    /// The thread's CPU clock; guest_ns + kvm_ns + interrupted_ns + vmm_ns.
     pub used_ns: u64,
-    /// The part of used_ns inside KVM_RUN.
+    /// The part of used_ns inside KVM_RUN: guest code, and KVM's exit handling and host
+    /// interrupts where those are not measured apart.
     pub guest_ns: u64,
+    /// The part of used_ns inside KVM_RUN in KVM's exit handling, where KVM's tracepoints
+    /// measure it (0 where they do not: the wire's `kvm_ns` is then null).
+    pub kvm_ns: u64,
+    /// The part of used_ns in host interrupts while the thread was current, where the
+    /// interrupt tracepoints measure it (0 where not: the wire's `interrupted_ns` is null).
+    pub interrupted_ns: u64,
     /// The part of used_ns outside KVM_RUN.
     pub vmm_ns: u64,
     /// Runnable but not running (schedstat run_delay).
@@ -46,16 +53,29 @@ pub struct TimeSplit {
 impl TimeSplit {
     /// The parts' names, in the order of [`TimeSplit::values`] (the field names without
     /// `_ns`; the metrics call them `ppa_vcpu_NAME_seconds_total`).
-    pub const NAMES: [&'static str; 10] = [
-        "wall", "used", "guest", "vmm", "steal", "halted", "idle", "limited", "paused", "blocked",
+    pub const NAMES: [&'static str; 12] = [
+        "wall",
+        "used",
+        "guest",
+        "kvm",
+        "interrupted",
+        "vmm",
+        "steal",
+        "halted",
+        "idle",
+        "limited",
+        "paused",
+        "blocked",
     ];
 
     /// The parts, in the order of [`TimeSplit::NAMES`].
-    pub fn values(&self) -> [u64; 10] {
+    pub fn values(&self) -> [u64; 12] {
         [
             self.wall_ns,
             self.used_ns,
             self.guest_ns,
+            self.kvm_ns,
+            self.interrupted_ns,
             self.vmm_ns,
             self.steal_ns,
             self.halted_ns,
@@ -106,13 +126,15 @@ impl TimeSplit {
     }
 
     /// The split whose parts, in the order of [`TimeSplit::NAMES`], are `v`.
-    pub fn from_values(v: [u64; 10]) -> TimeSplit {
-        let [wall_ns, used_ns, guest_ns, vmm_ns, steal_ns, halted_ns, idle_ns, limited_ns, paused_ns, blocked_ns] =
+    pub fn from_values(v: [u64; 12]) -> TimeSplit {
+        let [wall_ns, used_ns, guest_ns, kvm_ns, interrupted_ns, vmm_ns, steal_ns, halted_ns, idle_ns, limited_ns, paused_ns, blocked_ns] =
             v;
         TimeSplit {
             wall_ns,
             used_ns,
             guest_ns,
+            kvm_ns,
+            interrupted_ns,
             vmm_ns,
             steal_ns,
             halted_ns,

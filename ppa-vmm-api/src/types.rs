@@ -32,6 +32,8 @@ macro_rules! vcpu_figures {
                     wall_ns: self.wall_ns,
                     used_ns: self.used_ns,
                     guest_ns: self.guest_ns,
+                    kvm_ns: self.kvm_ns.unwrap_or(0),
+                    interrupted_ns: self.interrupted_ns.unwrap_or(0),
                     vmm_ns: self.vmm_ns,
                     steal_ns: self.steal_ns,
                     halted_ns: self.halted_ns,
@@ -194,10 +196,15 @@ pub struct VcpuTimes {
     pub wall_ns: u64,
     /// On-CPU time of the vCPU thread.
     pub used_ns: u64,
-    /// On-CPU inside KVM_RUN.
+    /// On-CPU inside KVM_RUN: guest code only where kvm_ns and interrupted_ns are measured.
     pub guest_ns: u64,
-    /// In-kernel exit handling; null: this host cannot split it out (docs/accounting.md).
+    /// On-CPU inside KVM_RUN in KVM's exit handling (KVM's tracepoints, level full); null
+    /// where they cannot split it out, with the reason in `kvm_ns_reason`.
     pub kvm_ns: Option<u64>,
+    /// On-CPU in host hard and soft interrupts while the vCPU thread was current (the
+    /// interrupt tracepoints, level full); null where not measured (`interrupted_reason`).
+    #[serde(default)]
+    pub interrupted_ns: Option<u64>,
     /// ESTIMATE of the in-kernel exit handling inside guest_ns: KVM's exit count × the
     /// measured round-trip cost (cold cost for the first entry after each park).
     pub kvm_ns_estimate: Option<u64>,
@@ -239,6 +246,27 @@ pub struct VcpuTimes {
     pub exits: BTreeMap<String, u64>,
     /// Userspace handling time by reason.
     pub exit_ns: BTreeMap<String, u64>,
+    /// Why kvm_ns is null (one sentence), else null.
+    #[serde(default)]
+    pub kvm_ns_reason: Option<String>,
+    /// Why interrupted_ns is null (one sentence), else null.
+    #[serde(default)]
+    pub interrupted_reason: Option<String>,
+    /// Exits KVM handled in the kernel, by hardware reason (VMX/SVM names as the kernel
+    /// prints them; unknown codes as numbers), from KVM's tracepoints at level full.
+    #[serde(default)]
+    pub kvm_exits: BTreeMap<String, u64>,
+    /// Their handling time on a CPU (interrupts excluded), by reason.
+    #[serde(default)]
+    pub kvm_exit_ns: BTreeMap<String, u64>,
+    /// VM exits KVM forwarded to userspace, as its tracepoints saw them (one per userspace
+    /// exit other than `intr`). With `kvm_exits` they sum to KVM's `exits` statistic over the
+    /// runs traced.
+    #[serde(default)]
+    pub kvm_exits_to_user: u64,
+    /// Host interrupts taken while the vCPU thread was current, by kind (level full).
+    #[serde(default)]
+    pub interrupts: BTreeMap<String, u64>,
     /// KVM binary statistics, deltas.
     pub kvm_stats: BTreeMap<String, u64>,
     /// Per host CPU.
@@ -249,6 +277,11 @@ pub struct VcpuTimes {
     pub thresholds: BTreeMap<String, u64>,
     /// Wall time inside KVM_RUN (timed levels).
     pub kvm_run_wall_ns: u64,
+    /// On-CPU time inside KVM_RUN during level full, as the records (or the thread CPU clock)
+    /// measured it per KVM_RUN; null when no KVM_RUN ran at level full. Where the split is
+    /// `tracepoints` it is guest + kvm + the interrupts taken inside KVM_RUN.
+    #[serde(default)]
+    pub kvm_run_cpu_ns: Option<u64>,
     /// On-CPU time around parks (part of vmm_ns).
     pub park_cpu_ns: u64,
     /// Tick-based utime + stime from /proc (final reports only).
@@ -287,10 +320,13 @@ pub struct VcpuSummary {
     pub wall_ns: u64,
     /// On-CPU time of the vCPU thread.
     pub used_ns: u64,
-    /// On-CPU inside KVM_RUN.
+    /// On-CPU inside KVM_RUN (guest code only where kvm_ns and interrupted_ns are measured).
     pub guest_ns: u64,
     /// In-kernel exit handling, where the host can split it out.
     pub kvm_ns: Option<u64>,
+    /// Host interrupts while the vCPU thread was current, where measured.
+    #[serde(default)]
+    pub interrupted_ns: Option<u64>,
     /// On-CPU in the VMM outside KVM_RUN.
     pub vmm_ns: u64,
     /// Runnable, waiting for a host CPU.
@@ -327,6 +363,7 @@ impl From<VcpuTimes> for VcpuSummary {
             used_ns: t.used_ns,
             guest_ns: t.guest_ns,
             kvm_ns: t.kvm_ns,
+            interrupted_ns: t.interrupted_ns,
             vmm_ns: t.vmm_ns,
             steal_ns: t.steal_ns,
             halted_ns: t.halted_ns,

@@ -60,9 +60,12 @@ pub enum SortKey {
     /// USED%: on-CPU time (guest + VMM).
     #[value(aliases = ["used%", "used/s"])]
     Used,
-    /// GUEST%: on-CPU inside KVM_RUN.
+    /// GUEST%: on-CPU inside KVM_RUN (guest code only where SYS% is measured).
     #[value(aliases = ["guest%", "guest/s"])]
     Guest,
+    /// SYS%: on-CPU inside KVM_RUN in KVM's exit handling (kvm_ns), where measured.
+    #[value(aliases = ["sys%", "sys/s"])]
+    Sys,
     /// VMM%: on-CPU in the VMM outside KVM_RUN.
     #[value(aliases = ["vmm%", "vmm/s"])]
     Vmm,
@@ -90,6 +93,9 @@ pub struct Rates {
     pub used_pct: f64,
     /// On-CPU inside KVM_RUN.
     pub guest_pct: f64,
+    /// On-CPU inside KVM_RUN in KVM's exit handling (kvm_ns), where measured over the
+    /// whole interval (esxtop's %SYS).
+    pub sys_pct: Option<f64>,
     /// On-CPU in the VMM outside KVM_RUN.
     pub vmm_pct: f64,
     /// Runnable but waiting for a host CPU (steal).
@@ -125,6 +131,7 @@ impl Rates {
             SortKey::Vcpu => return None,
             SortKey::Used => self.used_pct,
             SortKey::Guest => self.guest_pct,
+            SortKey::Sys => return self.sys_pct,
             SortKey::Vmm => self.vmm_pct,
             SortKey::Rdy => self.rdy_pct,
             SortKey::Idle => self.idle_pct,
@@ -163,8 +170,9 @@ enum VcpuSample {
     NoTime,
 }
 
-/// Rates over `d`, with `exits` in it; `None` when `d` has no wall time.
-fn rates_over(d: &TimeSplit, exits: BTreeMap<String, u64>) -> Option<Rates> {
+/// Rates over `d`, with `exits` in it (`kvm`: whether d's kvm_ns was measured); `None` when
+/// `d` has no wall time.
+fn rates_over(d: &TimeSplit, kvm: bool, exits: BTreeMap<String, u64>) -> Option<Rates> {
     let dt = d.wall_ns;
     if dt == 0 {
         return None;
@@ -173,6 +181,7 @@ fn rates_over(d: &TimeSplit, exits: BTreeMap<String, u64>) -> Option<Rates> {
     Some(Rates {
         used_pct: pct(d.used_ns),
         guest_pct: pct(d.guest_ns),
+        sys_pct: kvm.then(|| pct(d.kvm_ns)),
         vmm_pct: pct(d.vmm_ns),
         rdy_pct: pct(d.steal_ns),
         idle_pct: pct(d.idle_ns + d.halted_ns),
@@ -202,7 +211,8 @@ fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> VcpuSample {
             exits.insert(reason.clone(), d);
         }
     }
-    if let Some(r) = rates_over(&now.since(&before), exits) {
+    let kvm = p.kvm_ns.is_some() && c.kvm_ns.is_some();
+    if let Some(r) = rates_over(&now.since(&before), kvm, exits) {
         return VcpuSample::Rates(r);
     }
     if c.state == VcpuMicroState::Finished {
@@ -212,7 +222,7 @@ fn vcpu_rates(p: &VcpuSummary, c: &VcpuSummary) -> VcpuSample {
             .filter(|(_, n)| **n > 0)
             .map(|(r, n)| (r.clone(), *n))
             .collect();
-        if let Some(r) = rates_over(&now, all) {
+        if let Some(r) = rates_over(&now, c.kvm_ns.is_some(), all) {
             return VcpuSample::Finished(r);
         }
     }
@@ -262,12 +272,17 @@ pub fn total(rows: &[Row]) -> Row {
         let interval = live.iter().map(|r| r.interval_ns).max().unwrap_or(0);
         let mut t = Rates {
             interval_ns: interval,
+            // A total of SYS% only where every row has it.
+            sys_pct: live.iter().all(|r| r.sys_pct.is_some()).then_some(0.0),
             ..Rates::default()
         };
         for r in live {
             let w = r.interval_ns as f64 / interval.max(1) as f64;
             t.used_pct += r.used_pct * w;
             t.guest_pct += r.guest_pct * w;
+            if let (Some(total), Some(sys)) = (t.sys_pct.as_mut(), r.sys_pct) {
+                *total += sys * w;
+            }
             t.vmm_pct += r.vmm_pct * w;
             t.rdy_pct += r.rdy_pct * w;
             t.idle_pct += r.idle_pct * w;
@@ -305,11 +320,12 @@ pub fn sort_rows(rows: &mut [Row], key: SortKey) {
 }
 
 /// Column headers and widths (right-aligned, except TOP-EXIT, which is last).
-const COLUMNS: [(&str, usize); 11] = [
+const COLUMNS: [(&str, usize); 12] = [
     ("VCPU", 4),
     ("TID", 8),
     ("USED%", 7),
     ("GUEST%", 7),
+    ("SYS%", 7),
     ("VMM%", 7),
     ("RDY%", 7),
     ("IDLE%", 7),
@@ -346,9 +362,13 @@ fn cells(row: &Row) -> Vec<String> {
     ];
     match &row.rates {
         Some(r) => {
+            c.push(format!("{:.1}", r.used_pct));
+            c.push(format!("{:.1}", r.guest_pct));
+            c.push(
+                r.sys_pct
+                    .map_or_else(|| "-".to_string(), |v| format!("{v:.1}")),
+            );
             for v in [
-                r.used_pct,
-                r.guest_pct,
                 r.vmm_pct,
                 r.rdy_pct,
                 r.idle_pct,
@@ -366,7 +386,7 @@ fn cells(row: &Row) -> Vec<String> {
             c.push(top.to_string());
         }
         None => {
-            c.extend(std::iter::repeat_n("-".to_string(), 8));
+            c.extend(std::iter::repeat_n("-".to_string(), 9));
             c.push(if row.reset { "(reset)" } else { "-" }.to_string());
         }
     }

@@ -59,6 +59,55 @@ pub fn build_vm(vcpus: usize, workloads: &[&str], level: Level) -> Vm {
     Vm::try_from(config).expect("VM builds")
 }
 
+/// Builds and runs a VM at accounting `level` with the kernel's tracepoints on or off (level
+/// full opens them; tracefs must be mounted: [`require_tracefs`]).
+pub fn run_vm_traced(vcpus: usize, workloads: &[&str], level: Level, trace: bool) -> RunOutcome {
+    require_kvm();
+    let opts = RunOptions {
+        vcpus: Some(vcpus),
+        workload: workloads.iter().map(|s| s.to_string()).collect(),
+        max_runtime: Some(120.0),
+        accounting: Some(level),
+        memory_mib: Some(64),
+        kernel_trace: Some(trace),
+        ..Default::default()
+    };
+    let (config, _) = opts.into_config().expect("valid config");
+    Vm::try_from(config)
+        .expect("VM builds")
+        .run()
+        .expect("VM runs")
+}
+
+/// Mounts tracefs at /sys/kernel/tracing where no tracefs is mounted (the kernel tracepoints
+/// of level full are found there; a host without it gets a reason instead of kvm_ns and
+/// interrupted_ns, which the tests that need the figures cannot use).
+pub fn require_tracefs() {
+    let mounted = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|p| std::path::Path::new(p).join("events").is_dir());
+    if mounted {
+        return;
+    }
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .output()
+        .expect("mount runs");
+    assert!(
+        out.status.success(),
+        "this test needs tracefs (the kernel's tracepoint ids) and could not mount it at \
+         /sys/kernel/tracing: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The KVM backend module of this host (`kvm_intel`, `kvm_amd`, `kvm_pvm`).
+pub fn kvm_backend() -> Option<&'static str> {
+    ["kvm_intel", "kvm_amd", "kvm_pvm"]
+        .into_iter()
+        .find(|m| std::path::Path::new("/sys/module").join(m).exists())
+}
+
 /// Builds and runs a VM at accounting `level`.
 pub fn run_vm_at(vcpus: usize, workloads: &[&str], level: Level) -> RunOutcome {
     build_vm(vcpus, workloads, level).run().expect("VM runs")

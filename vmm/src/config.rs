@@ -172,6 +172,9 @@ pub struct VmConfig {
     pub thresholds: Thresholds,
     /// Fractional bits of the histograms (0..=5).
     pub histogram_bits: u8,
+    /// Level full also opens the kernel's tracepoints (KVM's exits, host interrupts) on each
+    /// vCPU thread.
+    pub kernel_trace: bool,
     /// The VM's name (the `vm` label of the metrics); `ppa-vmm-PID` when absent.
     pub name: Option<String>,
     /// Control socket path.
@@ -209,6 +212,7 @@ impl Default for VmConfig {
             accounting: Level::Basic,
             thresholds: Thresholds::default(),
             histogram_bits: DEFAULT_FRAC_BITS,
+            kernel_trace: true,
             name: None,
             api_sock: None,
             metrics_addr: None,
@@ -342,6 +346,10 @@ pub struct RunOptions {
     /// Fractional bits of the log-linear histograms (0..=5).
     #[arg(long, value_name = "BITS")]
     pub histogram_bits: Option<u8>,
+    /// At level full, also open the kernel's tracepoints on each vCPU thread (KVM's exits,
+    /// host interrupts: kvm_ns, interrupted_ns) where the host allows (default true).
+    #[arg(long, value_name = "true|false")]
+    pub kernel_trace: Option<bool>,
     /// A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns,
     /// steal_window_ns); repeatable.
     #[arg(long, value_name = "NAME=NS")]
@@ -524,6 +532,7 @@ impl RunOptions {
             cmdline: over.cmdline.or(self.cmdline),
             accounting: over.accounting.or(self.accounting),
             histogram_bits: over.histogram_bits.or(self.histogram_bits),
+            kernel_trace: over.kernel_trace.or(self.kernel_trace),
             threshold,
             vcpus: over.vcpus.or(self.vcpus),
             memory_mib: over.memory_mib.or(self.memory_mib),
@@ -662,6 +671,7 @@ impl RunOptions {
             accounting: self.accounting.unwrap_or(d.accounting),
             thresholds: parse_thresholds(&self.threshold, d.thresholds)?,
             histogram_bits: self.histogram_bits.unwrap_or(d.histogram_bits),
+            kernel_trace: self.kernel_trace.unwrap_or(d.kernel_trace),
             name: self.name,
             api_sock: self.api_sock,
             metrics_addr,

@@ -367,11 +367,12 @@ fn merge_all(all: &[HistSnapshots]) -> BTreeMap<String, HistogramJson> {
     let Some(first) = all.first() else {
         return out;
     };
-    for name in HistSnapshots::names() {
+    let refs: Vec<&HistSnapshots> = all.iter().collect();
+    for name in HistSnapshots::names_of(&refs) {
         let bits = first.get(&name).map_or(3, |h| h.frac_bits);
         let mut m = HistogramSnapshot::empty(bits);
         for h in all.iter().filter_map(|a| a.get(&name)) {
-            m.merge(h);
+            m.merge(&h);
         }
         if m.count() > 0 || !name.contains('.') {
             out.insert(name, m.to_json());
@@ -438,11 +439,12 @@ impl Report {
     /// slot and vCPU and one per slot for all vCPUs.
     pub fn histograms_text(&self) -> String {
         let mut out = String::new();
-        for name in HistSnapshots::names() {
+        let all: Vec<&HistSnapshots> = self.vcpus.iter().map(|v| &v.hist).collect();
+        for name in HistSnapshots::names_of(&all) {
             let per_vcpu: Vec<(usize, HistogramSnapshot)> = self
                 .vcpus
                 .iter()
-                .filter_map(|v| v.hist.get(&name).map(|h| (v.times.id, h.clone())))
+                .filter_map(|v| v.hist.get(&name).map(|h| (v.times.id, h)))
                 .collect();
             if per_vcpu.iter().any(|(_, h)| h.count() > 0) {
                 out.push_str(&crate::accounting::histogram::kstats_text(&name, &per_vcpu));
@@ -511,13 +513,15 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
+            "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
             "VCPU",
             "WORKLOAD",
             "END",
             "WALL ms",
             "USED ms",
             "GUEST",
+            "KVM",
+            "INTR",
             "VMM",
             "STEAL",
             "IDLE",
@@ -541,15 +545,18 @@ impl Report {
             let mut w = v.tiny().map_or(String::new(), |t| t.workload.clone());
             w.truncate(24);
             let wall = format!("{:.2}{}", ms(t.wall_ns), if v.reset { "*" } else { "" });
+            let opt = |ns: Option<u64>| ns.map_or("-".to_string(), |n| format!("{:.2}", ms(n)));
             let _ = writeln!(
                 out,
-                "{:>4} {:<24} {:>8} {:>9} {:>9.3} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
+                "{:>4} {:<24} {:>8} {:>9} {:>9.3} {:>8.2} {:>8} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>8} {:>6.2}%",
                 v.times.id,
                 w,
                 end,
                 wall,
                 ms(t.used_ns),
                 ms(t.guest_ns),
+                opt(t.kvm_ns),
+                opt(t.interrupted_ns),
                 ms(t.vmm_ns),
                 ms(t.steal_ns),
                 ms(t.idle_ns),
@@ -564,12 +571,14 @@ impl Report {
         let _ = writeln!(
             out,
             "USED is the thread's CPU clock (ns); /proc ms is utime+stime from ticks (10 ms units). \
-             GUEST/VMM split: {}. BLKD: asleep in the kernel outside parks, not halted. \
-             IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
+             GUEST/VMM split: {}. KVM: in-kernel exit handling, INTR: host interrupts \
+             (level full; - where not measured). BLKD: asleep in the kernel outside parks, not \
+             halted. IDENT = wall - (used+steal+halted+idle+limited+paused+blocked).",
             self.vcpus
                 .first()
                 .map_or("-".to_string(), |v| v.times.split.legend(v.times.split_source)),
         );
+        self.kernel_text(&mut out);
         if self.vcpus.iter().any(|v| v.reset) {
             let _ = writeln!(
                 out,
@@ -626,6 +635,46 @@ impl Report {
             }
         }
         out
+    }
+
+    /// Per vCPU, its in-kernel exits by reason (most first) and its host interrupts by kind;
+    /// then, once each, why KVM or INTR is `-`.
+    fn kernel_text(&self, out: &mut String) {
+        let mut reasons: Vec<&str> = Vec::new();
+        for v in &self.vcpus {
+            let t = &v.times;
+            let mut exits: Vec<(&String, &u64)> = t.kvm_exits.iter().collect();
+            exits.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+            if !exits.is_empty() {
+                let list: Vec<String> = exits
+                    .iter()
+                    .map(|(r, n)| {
+                        let ns = t.kvm_exit_ns.get(*r).copied().unwrap_or(0);
+                        format!("{r} {n} ({:.2} ms)", ns as f64 / 1e6)
+                    })
+                    .collect();
+                let _ = writeln!(out, "KVM EXITS vCPU {}: {}", t.id, list.join(", "));
+            }
+            if !t.interrupts.is_empty() {
+                let list: Vec<String> = t
+                    .interrupts
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect();
+                let _ = writeln!(out, "INTERRUPTS vCPU {}: {}", t.id, list.join(", "));
+            }
+            for r in [&t.kvm_ns_reason, &t.interrupted_reason]
+                .into_iter()
+                .flatten()
+            {
+                if !reasons.contains(&r.as_str()) {
+                    reasons.push(r);
+                }
+            }
+        }
+        for r in reasons {
+            let _ = writeln!(out, "NOT MEASURED: {r}.");
+        }
     }
 
     /// The guest's own view from the PPA page, each guest CPU beside its vCPU's host figures,

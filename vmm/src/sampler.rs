@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, VM_HOST_CPU, VM_NET, VM_PRESSURE};
+use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE};
 use ppa_vmm_api::{Event, OverloadKind, VcpuSummary};
 
 use crate::accounting::meter::MicroState;
@@ -159,7 +159,8 @@ fn publish(page: &PpaPage, updated_ns: u64, summaries: &[Option<VcpuSummary>]) {
                 exits: t.total_exits(),
                 overloads: t.overloads,
                 blocked_ns: t.blocked_ns,
-                reserved: [0; 2],
+                kvm_ns: t.kvm_ns.unwrap_or(NOT_MEASURED),
+                interrupted_ns: t.interrupted_ns.unwrap_or(NOT_MEASURED),
             },
         );
     }

@@ -150,9 +150,10 @@ fn golden_layout() {
             offset_of!(HostVcpu, exits),
             offset_of!(HostVcpu, overloads),
             offset_of!(HostVcpu, blocked_ns),
-            offset_of!(HostVcpu, reserved),
+            offset_of!(HostVcpu, kvm_ns),
+            offset_of!(HostVcpu, interrupted_ns),
         ],
-        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112]
+        [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120]
     );
     assert_eq!(size_of::<GuestHeader>(), 64);
     assert_eq!(
@@ -253,7 +254,7 @@ fn golden_layout() {
     assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
     assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
     assert_eq!(AGENT_MAGIC.to_le_bytes(), *b"PPAA");
-    assert_eq!(VERSION, 0x0001_0003);
+    assert_eq!(VERSION, 0x0001_0004);
 }
 
 #[test]
@@ -319,6 +320,20 @@ fn an_agent_record_is_looked_for_only_where_a_1_1_writer_left_room() {
     }));
     // A 1.0 header never has one.
     assert!(!agent_record_fits(&GuestHeader { minor: 0, ..h }));
+}
+
+#[test]
+fn kvm_and_interrupted_time_are_read_only_from_a_1_4_writer_that_measured_them() {
+    let r = HostVcpu {
+        kvm_ns: 7,
+        interrupted_ns: NOT_MEASURED,
+        ..Default::default()
+    };
+    assert_eq!((r.kvm(4), r.interrupted(4)), (Some(7), None));
+    // A 1.3 writer left the words zero: not a measured zero.
+    let old = HostVcpu::default();
+    assert_eq!((old.kvm(3), old.interrupted(3)), (None, None));
+    assert_eq!(MINOR, 4);
 }
 
 #[test]

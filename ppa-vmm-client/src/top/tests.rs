@@ -55,6 +55,32 @@ fn rates_over_the_interval() {
 }
 
 #[test]
+fn sys_is_kvm_time_where_measured_and_the_total_has_it_only_if_every_row_does() {
+    let (mut prev, mut cur) = samples();
+    // vCPU 0 measured kvm_ns: 30 ms of its 200 ms inside KVM_RUN went to KVM.
+    prev.vcpus[0].kvm_ns = Some(100 * MS);
+    cur.vcpus[0].kvm_ns = Some(130 * MS);
+    cur.vcpus[0].guest_ns -= 130 * MS;
+    prev.vcpus[0].guest_ns -= 100 * MS;
+    let r = rows(&prev, &cur);
+    assert_eq!(rates(&r[0]).sys_pct, Some(3.0));
+    assert_eq!(rates(&r[0]).guest_pct, 17.0);
+    assert_eq!(rates(&r[1]).sys_pct, None, "vCPU 1 has no kvm_ns");
+    assert_eq!(rates(&total(&r)).sys_pct, None);
+    let line = cells(&r[1]);
+    assert_eq!(line[4], "-", "{line:?}");
+    assert_eq!(cells(&r[0])[4], "3.0");
+    for v in [&mut prev.vcpus[1], &mut cur.vcpus[1]] {
+        v.kvm_ns = Some(0);
+    }
+    let r = rows(&prev, &cur);
+    assert_eq!(rates(&total(&r)).sys_pct, Some(3.0));
+    let mut sorted = r.clone();
+    sort_rows(&mut sorted, SortKey::Sys);
+    assert_eq!(sorted[0].vcpu, Some(0));
+}
+
+#[test]
 fn no_exits_and_half_intervals() {
     let prev = stats(&[vcpu(0, S, 0, &[("hlt", 3)])], 1);
     let cur = stats(&[vcpu(0, S + 500 * MS, 125 * MS, &[("hlt", 3)])], 2);
@@ -140,7 +166,7 @@ fn sort_keys_ignore_case_and_take_the_header_suffix() {
     let msg = e.to_string();
     assert!(msg.contains("'tid'"), "{msg}");
     assert!(
-        msg.contains("vcpu, used, guest, vmm, rdy, idle, lmtd, psd, exits"),
+        msg.contains("vcpu, used, guest, sys, vmm, rdy, idle, lmtd, psd, exits"),
         "the columns, and not the aliases: {msg}"
     );
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock};
 use ppa_vmm_api::VcpuMicroState;
 
 use super::histogram::Histogram;
+use super::switches::pairing::IRQ_KINDS;
 use super::switches::{Pairing, RingView};
 use super::{ByKey, Key, Level, PerThreshold, Threshold};
 use crate::exit::ExitReason;
@@ -162,6 +163,71 @@ impl Histograms {
     }
 }
 
+/// Where a vCPU thread's tracepoints stand (kept in a [`Counter`] as its number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceState {
+    /// Not opened: the thread has not run at level full.
+    #[default]
+    NotOpened = 0,
+    /// They cannot be had here (the reason is in the meter's `*_trace_why`).
+    Unavailable = 1,
+    /// Opened, not yet seen to fire (KVM's: no KVM_RUN that ran the guest yet).
+    Unknown = 2,
+    /// Opened and firing.
+    Firing = 3,
+    /// Opened, but this host's KVM does not fire them (a KVM_RUN ran guest code without a
+    /// `kvm_entry` record); closed since.
+    Silent = 4,
+}
+
+impl TraceState {
+    /// The state of number `v`.
+    pub fn from_u64(v: u64) -> TraceState {
+        match v {
+            1 => TraceState::Unavailable,
+            2 => TraceState::Unknown,
+            3 => TraceState::Firing,
+            4 => TraceState::Silent,
+            _ => TraceState::NotOpened,
+        }
+    }
+}
+
+/// Reasons kept apart in [`KvmExits`]: the first `KVM_SLOTS - 1` reasons a vCPU's guest
+/// causes get a slot each, later ones share the last.
+pub const KVM_SLOTS: usize = 24;
+
+/// The code of [`KvmExits`]' last slot, which holds the reasons that found no slot of their own.
+pub const KVM_OTHER: u64 = u64::MAX;
+
+/// A vCPU's in-kernel exits by hardware reason, slot by slot; the vCPU thread is the one
+/// writer (counts inside the meter's write sections, histograms as the others).
+#[derive(Debug)]
+pub struct KvmExits {
+    /// Each slot's reason: `1 << 40 | isa << 32 | code`, [`KVM_OTHER`], or 0 while unused.
+    pub code: [Counter; KVM_SLOTS],
+    /// In-kernel exits.
+    pub count: [Counter; KVM_SLOTS],
+    /// Their handling time on a CPU, interrupts excluded.
+    pub ns: [Counter; KVM_SLOTS],
+    /// One histogram of that handling time per slot.
+    pub hist: Box<[Histogram]>,
+}
+
+impl KvmExits {
+    /// Empty slots, histograms of `frac_bits`.
+    pub fn new(frac_bits: u8) -> KvmExits {
+        KvmExits {
+            code: Default::default(),
+            count: Default::default(),
+            ns: Default::default(),
+            hist: (0..KVM_SLOTS)
+                .map(|_| Histogram::new(frac_bits).expect("frac_bits checked by the config"))
+                .collect(),
+        }
+    }
+}
+
 /// The counters of one vCPU, written by its thread only.
 #[derive(Debug)]
 pub struct VcpuMeter {
@@ -212,6 +278,29 @@ pub struct VcpuMeter {
     /// The thread's context-switch ring, once level full first opened it (for readers' looks
     /// at the interval in progress).
     pub ring: OnceLock<Arc<RingView>>,
+    /// On-CPU time inside KVM_RUN neither in guest mode nor in an interrupt, of the runs split
+    /// with KVM's tracepoints (see `kvm_runs`): KVM's own time.
+    pub kvm_full: Counter,
+    /// KVM_RUN intervals split with KVM's tracepoints.
+    pub kvm_runs: Counter,
+    /// VM exits that ended their KVM_RUN (reached userspace), as KVM's tracepoints saw them.
+    pub kvm_to_user: Counter,
+    /// Host interrupt time inside KVM_RUN, from the interrupt tracepoints (level full).
+    pub irq_run: Counter,
+    /// Host interrupt time in `vmm` intervals (level full).
+    pub irq_vmm: Counter,
+    /// Interrupts by kind (`IRQ_KIND_NAMES`), at level full outside parks.
+    pub interrupts: [Counter; IRQ_KINDS],
+    /// The state of KVM's tracepoints on this thread ([`TraceState`]).
+    pub kvm_trace: Counter,
+    /// The state of the interrupt tracepoints on this thread ([`TraceState`]).
+    pub irq_trace: Counter,
+    /// Why KVM's tracepoints split nothing, once that is known for good (one sentence).
+    pub kvm_trace_why: OnceLock<String>,
+    /// Why the interrupt tracepoints measure nothing, once known for good.
+    pub irq_trace_why: OnceLock<String>,
+    /// In-kernel exits by reason, allocated when KVM's tracepoints are opened.
+    pub kvm_exits: OnceLock<Box<KvmExits>>,
     /// Userspace exits by reason, exact at every level.
     pub exits: [Counter; ExitReason::COUNT],
     /// Userspace handling wall time by reason.
@@ -278,6 +367,24 @@ pub struct MeterReading {
     pub vmm_off_drained: u64,
     /// See [`VcpuMeter::records_on`].
     pub records_on: bool,
+    /// See [`VcpuMeter::kvm_full`].
+    pub kvm_full: u64,
+    /// See [`VcpuMeter::kvm_runs`].
+    pub kvm_runs: u64,
+    /// See [`VcpuMeter::kvm_to_user`].
+    pub kvm_to_user: u64,
+    /// See [`VcpuMeter::irq_run`].
+    pub irq_run: u64,
+    /// See [`VcpuMeter::irq_vmm`].
+    pub irq_vmm: u64,
+    /// See [`VcpuMeter::interrupts`].
+    pub interrupts: [u64; IRQ_KINDS],
+    /// See [`VcpuMeter::kvm_trace`].
+    pub kvm_trace: TraceState,
+    /// See [`VcpuMeter::irq_trace`].
+    pub irq_trace: TraceState,
+    /// The used slots of [`VcpuMeter::kvm_exits`]: (code, count, ns).
+    pub kvm_exits: Vec<(u64, u64, u64)>,
     /// See [`VcpuMeter::exits`].
     pub exits: [u64; ExitReason::COUNT],
     /// See [`VcpuMeter::exit_ns`].
@@ -341,6 +448,17 @@ impl VcpuMeter {
             vmm_off_drained: Counter::default(),
             records_on: Counter::default(),
             ring: OnceLock::new(),
+            kvm_full: Counter::default(),
+            kvm_runs: Counter::default(),
+            kvm_to_user: Counter::default(),
+            irq_run: Counter::default(),
+            irq_vmm: Counter::default(),
+            interrupts: Default::default(),
+            kvm_trace: Counter::default(),
+            irq_trace: Counter::default(),
+            kvm_trace_why: OnceLock::new(),
+            irq_trace_why: OnceLock::new(),
+            kvm_exits: OnceLock::new(),
             exits: Default::default(),
             exit_ns: Default::default(),
             exits_at_level: Default::default(),
@@ -435,6 +553,20 @@ impl VcpuMeter {
             }),
             vmm_off_drained: self.vmm_off_drained.get(),
             records_on: self.records_on.get() != 0,
+            kvm_full: self.kvm_full.get(),
+            kvm_runs: self.kvm_runs.get(),
+            kvm_to_user: self.kvm_to_user.get(),
+            irq_run: self.irq_run.get(),
+            irq_vmm: self.irq_vmm.get(),
+            interrupts: counters(&self.interrupts),
+            kvm_trace: TraceState::from_u64(self.kvm_trace.get()),
+            irq_trace: TraceState::from_u64(self.irq_trace.get()),
+            kvm_exits: self.kvm_exits.get().map_or_else(Vec::new, |k| {
+                (0..KVM_SLOTS)
+                    .filter(|&i| k.code[i].get() != 0)
+                    .map(|i| (k.code[i].get(), k.count[i].get(), k.ns[i].get()))
+                    .collect()
+            }),
             exits: counters(&self.exits),
             exit_ns: counters(&self.exit_ns),
             exits_at_level: self.exits_at_level.map(Counter::get),
@@ -447,7 +579,9 @@ impl VcpuMeter {
     }
 }
 
+mod kvm;
 mod recorder;
+pub use kvm::{decode as decode_kvm_slot, encode as encode_kvm_slot};
 pub use recorder::{ParkStamp, Recorder, Stamp};
 mod backoff;
 mod records;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 pub mod histogram;
 pub mod host;
+pub mod kvm_reasons;
 pub mod meter;
 pub mod snapshot;
 pub mod switches;
@@ -136,6 +137,8 @@ pub struct AccountingControl {
     thresholds: PerThreshold<AtomicU64>,
     frac_bits: u8,
     sample_interval_ns: u64,
+    /// The kernel tracepoints level full opens on each vCPU thread (None: none).
+    trace: Option<switches::events::TraceCatalog>,
 }
 
 impl AccountingControl {
@@ -151,9 +154,26 @@ impl AccountingControl {
             thresholds: PerThreshold::default(),
             frac_bits,
             sample_interval_ns,
+            trace: None,
         };
         control.set_thresholds(thresholds);
         control
+    }
+
+    /// These settings, with the tracepoints `catalog` found for level full to open.
+    pub fn with_trace(mut self, catalog: switches::events::TraceCatalog) -> Self {
+        self.trace = Some(catalog);
+        self
+    }
+
+    /// The tracepoints level full opens on each vCPU thread (None: none, as if turned off).
+    pub fn trace(&self) -> Option<&switches::events::TraceCatalog> {
+        self.trace.as_ref()
+    }
+
+    /// The KVM backend module of this host, if known (for reasons given in reports).
+    pub fn trace_backend(&self) -> Option<&'static str> {
+        self.trace.as_ref().and_then(|t| t.backend())
     }
 
     /// The current level.

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::histogram::{HistogramJson, HistogramSnapshot};
 use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
-use super::meter::{MeterReading, MicroState, ParkKind, VcpuMeter};
+use super::meter::{MeterReading, MicroState, ParkKind, TraceState, VcpuMeter};
 use super::{Level, Threshold};
 use crate::exit::ExitReason;
 use crate::hypervisor::stats::{KnownStat, KvmStats, StatKind};
@@ -46,102 +45,6 @@ pub struct FinalReadings {
     pub ticks: Option<TickTimes>,
     /// KVM statistics (scalars).
     pub kvm: Vec<u64>,
-}
-
-/// Histogram snapshots of one vCPU.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistSnapshots {
-    /// Exit handling by reason.
-    pub exit_handling: Vec<HistogramSnapshot>,
-    /// Exit handling, all reasons.
-    pub exit_handling_all: HistogramSnapshot,
-    /// KVM_RUN durations.
-    pub guest_run: HistogramSnapshot,
-    /// Wake-up latencies.
-    pub wakeup_latency: HistogramSnapshot,
-}
-
-impl HistSnapshots {
-    fn of(m: &VcpuMeter) -> HistSnapshots {
-        HistSnapshots {
-            exit_handling: m.hist.exit_handling.iter().map(|h| h.snapshot()).collect(),
-            exit_handling_all: m.hist.exit_handling_all.snapshot(),
-            guest_run: m.hist.guest_run.snapshot(),
-            wakeup_latency: m.hist.wakeup_latency.snapshot(),
-        }
-    }
-
-    /// No histograms at all (for readers that do not want them; copying them costs ~100 KB
-    /// per vCPU).
-    fn none() -> HistSnapshots {
-        let nothing = HistogramSnapshot {
-            frac_bits: 0,
-            counts: Vec::new(),
-            sums: Vec::new(),
-            max: 0,
-        };
-        HistSnapshots {
-            exit_handling: Vec::new(),
-            exit_handling_all: nothing.clone(),
-            guest_run: nothing.clone(),
-            wakeup_latency: nothing,
-        }
-    }
-
-    fn since(&self, b: &HistSnapshots) -> HistSnapshots {
-        HistSnapshots {
-            exit_handling: self
-                .exit_handling
-                .iter()
-                .zip(&b.exit_handling)
-                .map(|(c, b)| c.since(b))
-                .collect(),
-            exit_handling_all: self.exit_handling_all.since(&b.exit_handling_all),
-            guest_run: self.guest_run.since(&b.guest_run),
-            wakeup_latency: self.wakeup_latency.since(&b.wakeup_latency),
-        }
-    }
-
-    /// The histogram called `name`: `exit_handling`, `exit_handling.REASON`, `guest_run`,
-    /// `wakeup_latency`.
-    pub fn get(&self, name: &str) -> Option<&HistogramSnapshot> {
-        match name {
-            "exit_handling" => Some(&self.exit_handling_all),
-            "guest_run" => Some(&self.guest_run),
-            "wakeup_latency" => Some(&self.wakeup_latency),
-            _ => {
-                let reason = name.strip_prefix("exit_handling.")?;
-                let i = ExitReason::ALL.iter().position(|r| r.name() == reason)?;
-                self.exit_handling.get(i)
-            }
-        }
-    }
-
-    /// Every histogram name, in report order.
-    pub fn names() -> Vec<String> {
-        let mut v = vec![
-            "exit_handling".to_string(),
-            "guest_run".to_string(),
-            "wakeup_latency".to_string(),
-        ];
-        v.extend(
-            ExitReason::ALL
-                .iter()
-                .map(|r| format!("exit_handling.{}", r.name())),
-        );
-        v
-    }
-
-    /// JSON of the non-empty histograms (exit_handling by reason only where it has samples).
-    pub fn to_json(&self) -> BTreeMap<String, HistogramJson> {
-        HistSnapshots::names()
-            .into_iter()
-            .filter_map(|n| {
-                let h = self.get(&n)?;
-                (h.count() > 0 || !n.contains('.')).then(|| (n, h.to_json()))
-            })
-            .collect()
-    }
 }
 
 /// One raw reading of every source of a vCPU, counted from the thread's start.
@@ -371,9 +274,19 @@ impl VcpuAccounting {
                 match look {
                     Some(l) if meter.micro_state() == state => {
                         let on = dt.saturating_sub(l.off);
+                        let irq = l.irq.min(on);
                         match state {
-                            MicroState::Guest => meter.cpu_guest_full += on,
-                            _ => meter.cpu_vmm_full += on,
+                            MicroState::Guest => {
+                                meter.cpu_guest_full += on;
+                                meter.irq_run += irq;
+                                if meter.kvm_trace == TraceState::Firing {
+                                    meter.kvm_full += on.saturating_sub(l.guest + irq);
+                                }
+                            }
+                            _ => {
+                                meter.cpu_vmm_full += on;
+                                meter.irq_vmm += irq;
+                            }
                         }
                         // run_delay counts a wait only when it ends.
                         steal_ns += l.preempting;
@@ -416,10 +329,13 @@ impl VcpuAccounting {
     fn look_in_progress(&self, meter: &MeterReading, at: u64) -> Option<InProgress> {
         let ring = self.meter.ring.get()?;
         let (t, pairing) = ring.peek(meter.ring_tail, meter.ring_pairing)?;
+        let open = |since: Option<u64>| since.map_or(0, |s| at.saturating_sub(s.max(meter.since)));
         let mut l = InProgress {
             off: t.off_total(),
             preempting: 0,
             blocking: 0,
+            guest: t.guest.iter().sum::<u64>() + open(pairing.guest_since()),
+            irq: t.irq.iter().sum::<u64>() + open(pairing.irq_since()),
         };
         if meter.micro_state() == MicroState::Vmm {
             // Episodes of this interval the exit's drain already took from the ring.
@@ -560,7 +476,21 @@ impl VcpuAccounting {
         base: Option<&RawSample>,
         with_hist: bool,
     ) -> (VcpuTimes, HistSnapshots) {
-        let (mut times, hist) = derive(cur, base, self.kvm.as_ref(), self.exit_cost, with_hist);
+        let kernel = Kernel {
+            why: (
+                self.meter.kvm_trace_why.get().map(String::as_str),
+                self.meter.irq_trace_why.get().map(String::as_str),
+            ),
+            irq_time_accounted: super::switches::events::irq_time_accounted(),
+        };
+        let (mut times, hist) = derive(
+            cur,
+            base,
+            self.kvm.as_ref(),
+            self.exit_cost,
+            with_hist,
+            kernel,
+        );
         times.steal_before_start_ns = self.origin().1;
         (times, hist)
     }
@@ -575,6 +505,21 @@ struct InProgress {
     preempting: u64,
     /// Of it, a block still going on.
     blocking: u64,
+    /// Guest-mode time so far (KVM's tracepoints).
+    guest: u64,
+    /// Interrupt time so far (the interrupt tracepoints).
+    irq: u64,
+}
+
+/// What [`derive`] needs to know of the kernel tracepoints' figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Kernel<'a> {
+    /// Why KVM's and the interrupt tracepoints measure nothing, where the vCPU thread said so.
+    pub why: (Option<&'a str>, Option<&'a str>),
+    /// Whether the host kernel charges interrupt time to its CPU instead of the running thread
+    /// (CONFIG_IRQ_TIME_ACCOUNTING): the thread CPU clock then leaves interrupted_ns out, and
+    /// used_ns adds it back.
+    pub irq_time_accounted: bool,
 }
 
 /// Derives the section 4 fields from a sample and an optional baseline.
@@ -584,6 +529,7 @@ pub fn derive(
     kvm: Option<&KvmStats>,
     exit_cost: Option<ExitCost>,
     detail: bool,
+    kernel: Kernel<'_>,
 ) -> (VcpuTimes, HistSnapshots) {
     let zero;
     let b = match base {
@@ -613,12 +559,20 @@ pub fn derive(
         cur.hist.clone()
     };
     let wall = cur.wall_ns.saturating_sub(b.wall_ns);
-    let used = cur.used_ns.saturating_sub(b.used_ns);
+    let kf = kernel::figures(m, bm, kernel.why);
+    let irq = kf.interrupted_ns.unwrap_or(0);
+    let mut used = cur.used_ns.saturating_sub(b.used_ns);
+    if kernel.irq_time_accounted {
+        used += irq;
+    }
     let steal = cur.steal_ns.saturating_sub(b.steal_ns);
     let vmm = (m.cpu_vmm_full + m.vmm_wall_basic + m.park_cpu)
-        .saturating_sub(bm.cpu_vmm_full + bm.vmm_wall_basic + bm.park_cpu)
+        .saturating_sub(bm.cpu_vmm_full + bm.vmm_wall_basic + bm.park_cpu + kf.irq_vmm_ns)
         .min(used);
-    let guest = used - vmm;
+    // used = guest + kvm + interrupted + vmm: the measured parts, each within what is left.
+    let irq = irq.min(used - vmm);
+    let kvm_ns = kf.kvm_ns.map(|k| k.min(used - vmm - irq));
+    let guest = used - vmm - irq - kvm_ns.unwrap_or(0);
     let blocked = m.blocked.since(&bm.blocked);
     // Scalar `i` since the baseline (a cumulative one; a gauge as it is).
     let kvm_delta = |k: &KvmStats, i: usize| {
@@ -663,6 +617,7 @@ pub fn derive(
     };
     let split_source = match (levels[Level::Full], records_runs) {
         (0, _) => SplitSource::None,
+        (n, r) if r >= n && kf.kvm_runs >= n => SplitSource::Tracepoints,
         (n, r) if r >= n => SplitSource::Records,
         (_, 0) => SplitSource::CpuClock,
         _ => SplitSource::Mixed,
@@ -677,6 +632,8 @@ pub fn derive(
         wall_ns: wall,
         used_ns: used,
         guest_ns: guest,
+        kvm_ns: kvm_ns.unwrap_or(0),
+        interrupted_ns: irq,
         vmm_ns: vmm,
         steal_ns: steal,
         halted_ns: halted,
@@ -718,7 +675,8 @@ pub fn derive(
         wall_ns: time.wall_ns,
         used_ns: time.used_ns,
         guest_ns: time.guest_ns,
-        kvm_ns: None,
+        kvm_ns,
+        interrupted_ns: kf.interrupted_ns.map(|_| irq),
         kvm_ns_estimate,
         guest_code_ns_estimate: kvm_ns_estimate.map(|k| guest.saturating_sub(k)),
         parks,
@@ -747,11 +705,23 @@ pub fn derive(
             .filter(|_| detail)
             .map(|r| (r.name().to_string(), exit_ns[r.index()]))
             .collect(),
+        kvm_ns_reason: kf.kvm_ns_reason,
+        interrupted_reason: kf.interrupted_reason,
+        kvm_exits: kf.kvm_exits,
+        kvm_exit_ns: if detail {
+            kf.kvm_exit_ns
+        } else {
+            BTreeMap::new()
+        },
+        kvm_exits_to_user: kf.kvm_exits_to_user,
+        interrupts: kf.interrupts,
         kvm_stats,
         host_cpus,
         migrations: m.migrations.saturating_sub(bm.migrations),
         thresholds,
         kvm_run_wall_ns: m.wall[MicroState::Guest].saturating_sub(bm.wall[MicroState::Guest]),
+        kvm_run_cpu_ns: (levels[Level::Full] > 0)
+            .then(|| m.cpu_guest_full.saturating_sub(bm.cpu_guest_full)),
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,
@@ -765,6 +735,8 @@ fn set_split(t: &mut VcpuTimes, s: TimeSplit) {
     t.wall_ns = s.wall_ns;
     t.used_ns = s.used_ns;
     t.guest_ns = s.guest_ns;
+    t.kvm_ns = t.kvm_ns.map(|_| s.kvm_ns);
+    t.interrupted_ns = t.interrupted_ns.map(|_| s.interrupted_ns);
     t.vmm_ns = s.vmm_ns;
     t.steal_ns = s.steal_ns;
     t.halted_ns = s.halted_ns;
@@ -778,6 +750,9 @@ fn set_split(t: &mut VcpuTimes, s: TimeSplit) {
 
 mod floor;
 use floor::Floor;
+mod hists;
+pub use hists::HistSnapshots;
+mod kernel;
 mod off_cpu;
 use off_cpu::{cur_kvm_stat, off_cpu_split, OffCpuInputs};
 

@@ -1,22 +1,29 @@
-//! Context-switch records of a vCPU thread, read without system calls: where each KVM_RUN
-//! interval's off-CPU time went (preempted or blocked), for the exact split of level `full`.
+//! A vCPU thread's perf ring, read without system calls: its context-switch records (where
+//! each KVM_RUN interval's off-CPU time went: preempted or blocked) and, where the kernel has
+//! them, KVM's and the host's interrupt tracepoints (guest mode, in-kernel exits, interrupts),
+//! for the exact split of level `full`.
 //!
 //! Data flow: the vCPU thread opens a perf software event on itself ([`SwitchRing::open`]:
 //! `PERF_COUNT_SW_DUMMY` with `context_switch`, `sample_id_all`, `PERF_SAMPLE_TIME` and
 //! `use_clockid = CLOCK_MONOTONIC`, so record times are on the vDSO clock the recorder
-//! stamps with) and maps its ring. The kernel appends a record at every switch of the thread:
-//! a switch-out, flagged when the thread was preempted (still runnable), and a switch-in. At
-//! each KVM_RUN boundary the recorder calls [`SwitchRing::drain`]: one load of the ring's
-//! head; when it moved, the records since the last drain are paired ([`Pairing`]) into
-//! off-CPU episodes and summed ([`Tally`]) on the sides of two boundary times (a KVM_RUN's
-//! entry and exit stamps), then the tail is given back. Readers (the sampler, `stats`) may look at the records
-//! not yet drained ([`RingView::peek`]) to see an episode still in progress, and check that
-//! the vCPU thread did not drain them meanwhile.
+//! stamps with) and maps its ring; the tracepoints of [`events`] send their records into the
+//! same ring, so all of them are in one time order. The kernel appends a record at every switch
+//! of the thread (a switch-out, flagged when the thread was preempted, and a switch-in), at
+//! every guest entry and exit, and at each interrupt's entry and exit. At each KVM_RUN boundary
+//! the recorder calls [`SwitchRing::drain_to`]: one load of the ring's head; when it moved, the
+//! records since the last drain are paired ([`pairing`]) into off-CPU episodes, guest-mode
+//! segments, in-kernel exits and interrupts, summed ([`Tally`]) on the sides of two boundary
+//! times (a KVM_RUN's entry and exit stamps), then the tail is given back. Readers (the
+//! sampler, `stats`) may look at the records not yet drained ([`RingView::peek`]) to see an
+//! episode still in progress, and check that the vCPU thread did not drain them meanwhile.
 //!
 //! The kernel writes a record only when it fits; a lost one is reported late
 //! (`PERF_RECORD_LOST` once space frees), so a drain that finds the ring nearly full, a
 //! `PERF_RECORD_LOST`, or records that do not pair flags its tally `lost`, and the accounting
-//! falls back to what the thread CPU clock says for that window (docs/accounting.md).
+//! falls back to what the thread CPU clock says for that window (docs/accounting.md). Each
+//! time half the ring has been written, perf sends the vCPU thread the kick signal
+//! ([`events::signal_on_wakeup`]), so a thread that stays inside KVM_RUN (a guest whose exits
+//! KVM handles itself) comes out to drain it before it overflows.
 //!
 //! Measured on the development host (platform.md): ~2.5 ns per record to drain, ~2 µs of
 //! kernel time per off-CPU episode of the traced thread, 30-130 ns on every other context
@@ -28,34 +35,41 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod events;
+pub mod pairing;
+
+use events::{TraceCatalog, TraceError, TraceFds};
+use pairing::{decode, Layout};
+pub use pairing::{Bounds, Pairing, Record, Tally, TraceSink, ALL_ON_SIDE_1};
+
 /// `perf_event_attr` as of `PERF_ATTR_SIZE_VER8` (include/uapi/linux/perf_event.h). Only
 /// the fields this module sets are named; the bit fields are one `u64`.
 #[repr(C)]
 #[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved_2: u16,
-    aux_sample_size: u32,
-    reserved_3: u32,
-    sig_data: u64,
-    config3: u64,
+pub(crate) struct PerfEventAttr {
+    pub(crate) type_: u32,
+    pub(crate) size: u32,
+    pub(crate) config: u64,
+    pub(crate) sample_period: u64,
+    pub(crate) sample_type: u64,
+    pub(crate) read_format: u64,
+    pub(crate) flags: u64,
+    pub(crate) wakeup_events: u32,
+    pub(crate) bp_type: u32,
+    pub(crate) config1: u64,
+    pub(crate) config2: u64,
+    pub(crate) branch_sample_type: u64,
+    pub(crate) sample_regs_user: u64,
+    pub(crate) sample_stack_user: u32,
+    pub(crate) clockid: i32,
+    pub(crate) sample_regs_intr: u64,
+    pub(crate) aux_watermark: u32,
+    pub(crate) sample_max_stack: u16,
+    pub(crate) reserved_2: u16,
+    pub(crate) aux_sample_size: u32,
+    pub(crate) reserved_3: u32,
+    pub(crate) sig_data: u64,
+    pub(crate) config3: u64,
 }
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
@@ -74,12 +88,6 @@ pub const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 /// The ioctl that stops the event (the vCPU filter allows it).
 pub const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 
-/// Record types and flags read here.
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_SWITCH: u32 = 14;
-const MISC_SWITCH_OUT: u16 = 1 << 13;
-const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
-
 /// Offsets in the first (control) page of the mapping: `data_head`, `data_tail`,
 /// `data_offset`, `data_size` of `struct perf_event_mmap_page`.
 const DATA_HEAD: usize = 1024;
@@ -88,149 +96,17 @@ const DATA_OFFSET: usize = 1040;
 const DATA_SIZE: usize = 1048;
 
 /// Free bytes below which a drain assumes the kernel may have dropped a record (a switch
-/// record is 16 bytes, a lost record 32).
-const FULL_SLACK: u64 = 64;
+/// record is 16 bytes, a lost record 32, a tracepoint sample at most ~128).
+const FULL_SLACK: u64 = 256;
 
 /// Data pages tried, largest first (a power of two each): 16 pages hold ~2,000 off-CPU
 /// episodes of one KVM_RUN; an unprivileged user's perf mlock budget (516 KiB by default)
 /// may allow only smaller rings for many vCPUs.
 const DATA_PAGES: [usize; 3] = [16, 4, 1];
 
-/// One decoded record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Record {
-    /// The thread left its CPU at `time`; `preempted`: it was still runnable.
-    Out {
-        /// CLOCK_MONOTONIC ns.
-        time: u64,
-        /// Preempted (runnable) rather than blocked.
-        preempted: bool,
-    },
-    /// The thread got a CPU back at `time`.
-    In {
-        /// CLOCK_MONOTONIC ns.
-        time: u64,
-    },
-    /// The kernel dropped records.
-    Lost,
-    /// Anything else (skipped).
-    Other,
-}
-
-/// Where a drain splits the episodes it completes, by their switch-out time: before
-/// `bounds[0]` (side 0), from there to before `bounds[1]` (side 1), from `bounds[1]` on (side 2).
-/// At a KVM_RUN exit the bounds are the run's entry and exit stamps: side 0 began in an interval
-/// measured otherwise, side 1 inside the run, side 2 after the exit stamp (the VMM's handling
-/// that follows). `bounds[0] <= bounds[1]`.
-pub type Bounds = [u64; 2];
-
-/// Bounds that put every episode on side 1 (a reader's look, the tests).
-pub const ALL_ON_SIDE_1: Bounds = [0, u64::MAX];
-
-/// Off-CPU time found by a drain, on each side of its [`Bounds`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Off-CPU ns of episodes that began on each side.
-    pub off: [u64; 3],
-    /// The part of `off` in which the thread was preempted (runnable).
-    pub preempted: [u64; 3],
-    /// Completed off-CPU episodes.
-    pub episodes: u64,
-    /// Records may be missing: the ring was nearly full, the kernel reported a loss, or the
-    /// records did not pair.
-    pub lost: bool,
-}
-
-impl Tally {
-    /// Adds `other` to this tally.
-    pub fn add(&mut self, other: &Tally) {
-        for side in 0..3 {
-            self.off[side] += other.off[side];
-            self.preempted[side] += other.preempted[side];
-        }
-        self.episodes += other.episodes;
-        self.lost |= other.lost;
-    }
-
-    /// Off-CPU ns on every side.
-    pub fn off_total(&self) -> u64 {
-        self.off.iter().sum()
-    }
-}
-
-/// Pairs switch-outs with the next switch-in (pure; the state survives across drains).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pairing {
-    out: Option<(u64, bool)>,
-}
-
-impl Pairing {
-    /// Feeds one record; completed episodes go to `tally` on the side of `bounds` their
-    /// switch-out fell on.
-    pub fn feed(&mut self, r: Record, bounds: Bounds, tally: &mut Tally) {
-        match r {
-            Record::Out { time, preempted } => {
-                if self.out.is_some() {
-                    tally.lost = true;
-                }
-                self.out = Some((time, preempted));
-            }
-            Record::In { time } => match self.out.take() {
-                Some((out, preempted)) => {
-                    let d = time.saturating_sub(out);
-                    let side = usize::from(out >= bounds[0]) + usize::from(out >= bounds[1]);
-                    tally.off[side] += d;
-                    if preempted {
-                        tally.preempted[side] += d;
-                    }
-                    tally.episodes += 1;
-                }
-                None => tally.lost = true,
-            },
-            Record::Lost => tally.lost = true,
-            Record::Other => {}
-        }
-    }
-
-    /// A pairing state with `out` as its open switch-out.
-    pub fn with_pending(out: Option<(u64, bool)>) -> Pairing {
-        Pairing { out }
-    }
-
-    /// The switch-out not yet matched: (time, preempted).
-    pub fn pending(&self) -> Option<(u64, bool)> {
-        self.out
-    }
-
-    /// Forgets a pending switch-out (after the event was disabled and enabled again).
-    pub fn clear(&mut self) {
-        self.out = None;
-    }
-}
-
-/// Decodes a record from its first words (`word(i)` is the record's i-th u64).
-fn decode(word: impl Fn(u64) -> u64) -> (Record, u64) {
-    let header = word(0);
-    let kind = header as u32;
-    let misc = (header >> 32) as u16;
-    let size = header >> 48;
-    let r = match kind {
-        PERF_RECORD_SWITCH if size >= 16 => {
-            let time = word(1);
-            if misc & MISC_SWITCH_OUT != 0 {
-                Record::Out {
-                    time,
-                    preempted: misc & MISC_SWITCH_OUT_PREEMPT != 0,
-                }
-            } else {
-                Record::In { time }
-            }
-        }
-        PERF_RECORD_LOST => Record::Lost,
-        _ => Record::Other,
-    };
-    (r, size)
-}
+/// Data pages tried with tracepoints: 64 pages (256 KiB) hold ~1,600 in-kernel exits (two
+/// records of 64 and 96 bytes each) between two wakeups of the thread.
+const TRACE_DATA_PAGES: [usize; 4] = [64, 16, 4, 1];
 
 /// The mapped ring, shared by its consumer (the vCPU thread) and readers that peek.
 #[derive(Debug)]
@@ -239,6 +115,7 @@ pub struct RingView {
     len: usize,
     data_offset: usize,
     data_size: u64,
+    layout: Layout,
 }
 
 // SAFETY: the mapping is process memory valid until drop; every access goes through atomic
@@ -282,7 +159,7 @@ impl RingView {
     fn walk(&self, from: u64, to: u64, mut f: impl FnMut(Record)) {
         let mut pos = from;
         while pos < to {
-            let (r, size) = decode(|i| self.word(pos + 8 * i));
+            let (r, size) = decode(&self.layout, |i| self.word(pos + 8 * i));
             if size < 8 || size % 8 != 0 || pos + size > to {
                 f(Record::Lost);
                 return;
@@ -317,21 +194,39 @@ impl Drop for RingView {
     }
 }
 
-/// The calling thread's switch records: the consumer side.
+/// The calling thread's ring: the consumer side.
 #[derive(Debug)]
 pub struct SwitchRing {
     view: Arc<RingView>,
     fd: OwnedFd,
+    trace: TraceFds,
     tail: u64,
     pairing: Pairing,
     enabled: bool,
 }
 
+/// What [`SwitchRing::open`] gave: the ring, and why each group of tracepoints is not in it.
+#[derive(Debug)]
+pub struct OpenedRing {
+    /// The ring (context-switch records, and the tracepoints that could be opened).
+    pub ring: SwitchRing,
+    /// Why KVM's tracepoints are not in it (None: they are).
+    pub kvm: Option<TraceError>,
+    /// Why the interrupt tracepoints are not in it (None: they are).
+    pub irq: Option<TraceError>,
+}
+
 impl SwitchRing {
-    /// Opens the event for the calling thread, disabled, with the largest ring the perf
-    /// memory budget allows. Fails where perf events are unavailable or forbidden
-    /// (`perf_event_paranoid` > 2, seccomp, no CONFIG_PERF_EVENTS).
-    pub fn open() -> io::Result<SwitchRing> {
+    /// Opens the context-switch event for the calling thread, disabled, with the largest ring
+    /// the perf memory budget allows, and the tracepoints of `trace` into the same ring.
+    /// `signal` (a signal and this thread's id): perf sends it when the ring needs a drain.
+    /// Fails where perf events are unavailable or forbidden (`perf_event_paranoid` above 2,
+    /// seccomp, no CONFIG_PERF_EVENTS); tracepoints that cannot be had leave their reason in
+    /// the result.
+    pub fn open(
+        trace: Option<&TraceCatalog>,
+        signal: Option<(libc::c_int, libc::pid_t)>,
+    ) -> io::Result<OpenedRing> {
         let attr = PerfEventAttr {
             type_: PERF_TYPE_SOFTWARE,
             size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -363,22 +258,46 @@ impl SwitchRing {
         }
         // SAFETY: the syscall returned a new file descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let pages: &[usize] = match trace {
+            Some(t) if t.any() => &TRACE_DATA_PAGES,
+            _ => &DATA_PAGES,
+        };
+        let layout = trace.map(TraceCatalog::layout).unwrap_or_default();
         let mut last = io::Error::from(io::ErrorKind::OutOfMemory);
-        for pages in DATA_PAGES {
-            match map(&fd, pages) {
-                Ok(view) => {
-                    return Ok(SwitchRing {
-                        view: Arc::new(view),
-                        fd,
-                        tail: 0,
-                        pairing: Pairing::default(),
-                        enabled: false,
-                    })
-                }
-                Err(e) => last = e,
+        let view = pages.iter().find_map(|&n| match map(&fd, n, layout) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                last = e;
+                None
             }
+        });
+        let Some(view) = view else {
+            return Err(last);
+        };
+        if let Some((sig, tid)) = signal {
+            events::signal_on_wakeup(&fd, sig, tid);
         }
-        Err(last)
+        // The ring must exist before other events can send their records into it.
+        let opened = match trace {
+            Some(t) => TraceFds::open(t, &fd, signal),
+            None => events::Opened {
+                fds: TraceFds::default(),
+                kvm: Some(TraceError::Disabled),
+                irq: Some(TraceError::Disabled),
+            },
+        };
+        Ok(OpenedRing {
+            ring: SwitchRing {
+                view: Arc::new(view),
+                fd,
+                trace: opened.fds,
+                tail: 0,
+                pairing: Pairing::default(),
+                enabled: false,
+            },
+            kvm: opened.kvm,
+            irq: opened.irq,
+        })
     }
 
     /// The ring for readers.
@@ -391,25 +310,38 @@ impl SwitchRing {
         self.view.data_size
     }
 
-    /// Whether the event is counting.
+    /// Whether the events are counting.
     pub fn enabled(&self) -> bool {
         self.enabled
     }
 
-    /// Starts or stops the records (a system call, made only when the level changes). When
-    /// started again, what the ring holds from before is dropped.
+    /// Whether KVM's tracepoints send records here.
+    pub fn has_kvm(&self) -> bool {
+        self.trace.has_kvm()
+    }
+
+    /// Whether the interrupt tracepoints send records here.
+    pub fn has_irq(&self) -> bool {
+        self.trace.has_irq()
+    }
+
+    /// Closes KVM's tracepoints (a host whose KVM does not fire them: nothing to wait for).
+    pub fn drop_kvm(&mut self) {
+        self.trace.drop_kvm();
+    }
+
+    /// Starts or stops the records (a system call per event, made only when the level
+    /// changes). When started again, what the ring holds from before is dropped.
     pub fn set_enabled(&mut self, on: bool) -> io::Result<()> {
         if on == self.enabled {
             return Ok(());
         }
-        let req = if on {
-            PERF_EVENT_IOC_ENABLE
-        } else {
-            PERF_EVENT_IOC_DISABLE
-        };
-        // SAFETY: ENABLE/DISABLE take no argument and act on this event's own fd.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, 0) } < 0 {
-            return Err(io::Error::last_os_error());
+        events::ioctl_enable(&self.fd, on)?;
+        if let Err(e) = self.trace.set_enabled(on) {
+            let _ = self.trace.set_enabled(false);
+            let _ = events::ioctl_enable(&self.fd, false);
+            self.enabled = false;
+            return Err(e);
         }
         self.enabled = on;
         if on {
@@ -432,21 +364,36 @@ impl SwitchRing {
         (self.tail, self.pairing)
     }
 
-    /// Reads the records the kernel added since the last drain into a tally, with episodes
-    /// split at `bounds`, and frees their space. Without new records it costs one load.
+    /// Reads the records the kernel added since the last drain into a tally, split at
+    /// `bounds`, and frees their space. Without new records it costs one load.
     #[inline]
     pub fn drain(&mut self, bounds: Bounds) -> Tally {
+        self.drain_to(bounds, &mut (), None)
+    }
+
+    /// [`SwitchRing::drain`], giving completed in-kernel exits and interrupts to `sink`;
+    /// `end_run`: the drain follows a KVM_RUN's return, for a signal or not (see
+    /// [`Pairing::end_run`]; the run ended at `bounds[1]`).
+    #[inline]
+    pub fn drain_to(
+        &mut self,
+        bounds: Bounds,
+        sink: &mut impl TraceSink,
+        end_run: Option<bool>,
+    ) -> Tally {
         let head = self.view.head();
         let mut t = Tally::default();
-        if head == self.tail {
-            return t;
+        if head != self.tail {
+            self.drain_slow(head, bounds, &mut t, sink);
         }
-        self.drain_slow(head, bounds, &mut t);
+        if let Some(intr) = end_run {
+            self.pairing.end_run(&mut t, bounds[1], intr, sink);
+        }
         t
     }
 
     #[cold]
-    fn drain_slow(&mut self, head: u64, bounds: Bounds, t: &mut Tally) {
+    fn drain_slow(&mut self, head: u64, bounds: Bounds, t: &mut Tally, sink: &mut impl TraceSink) {
         let used = head.wrapping_sub(self.tail);
         if used > self.view.data_size {
             // Not a position this consumer can have left: start again from the head.
@@ -458,7 +405,8 @@ impl SwitchRing {
             t.lost = true;
         }
         let mut p = self.pairing;
-        self.view.walk(self.tail, head, |r| p.feed(r, bounds, t));
+        self.view
+            .walk(self.tail, head, |r| p.feed_to(r, bounds, t, sink));
         self.pairing = p;
         self.tail = head;
         // Release: our reads of the records happen before the kernel may reuse their space.
@@ -467,7 +415,7 @@ impl SwitchRing {
 }
 
 /// Maps the event's control page and `pages` data pages.
-fn map(fd: &OwnedFd, pages: usize) -> io::Result<RingView> {
+fn map(fd: &OwnedFd, pages: usize, layout: Layout) -> io::Result<RingView> {
     let page = 4096usize;
     let len = page * (1 + pages);
     // SAFETY: a fresh shared mapping of the perf fd (the kernel chooses the address); the
@@ -491,6 +439,7 @@ fn map(fd: &OwnedFd, pages: usize) -> io::Result<RingView> {
         len,
         data_offset: page,
         data_size: (page * pages) as u64,
+        layout,
     };
     // Kernels since 4.1 say where the data area is; older ones leave zeros (one page in).
     let (off, size) = (

@@ -1,3 +1,4 @@
+use super::pairing::{decode, Layout, MISC_SWITCH_OUT, MISC_SWITCH_OUT_PREEMPT};
 use super::*;
 
 fn out(time: u64, preempted: bool) -> Record {
@@ -85,21 +86,27 @@ fn records_that_do_not_pair_or_a_loss_flag_the_tally() {
 #[test]
 fn records_decode_by_type_and_flags() {
     let words = |w: Vec<u64>| move |i: u64| w[i as usize];
-    let (r, size) = decode(words(vec![header(14, MISC_SWITCH_OUT, 16), 77]));
+    let (r, size) = decode(
+        &Layout::default(),
+        words(vec![header(14, MISC_SWITCH_OUT, 16), 77]),
+    );
     assert_eq!((r, size), (out(77, false), 16));
-    let (r, _) = decode(words(vec![
-        header(14, MISC_SWITCH_OUT | MISC_SWITCH_OUT_PREEMPT, 16),
-        78,
-    ]));
+    let (r, _) = decode(
+        &Layout::default(),
+        words(vec![
+            header(14, MISC_SWITCH_OUT | MISC_SWITCH_OUT_PREEMPT, 16),
+            78,
+        ]),
+    );
     assert_eq!(r, out(78, true));
-    let (r, _) = decode(words(vec![header(14, 0, 16), 79]));
+    let (r, _) = decode(&Layout::default(), words(vec![header(14, 0, 16), 79]));
     assert_eq!(r, inn(79));
-    let (r, size) = decode(words(vec![header(2, 0, 32), 1, 9, 80]));
+    let (r, size) = decode(&Layout::default(), words(vec![header(2, 0, 32), 1, 9, 80]));
     assert_eq!((r, size), (Record::Lost, 32));
-    let (r, size) = decode(words(vec![header(3, 0, 40)]));
+    let (r, size) = decode(&Layout::default(), words(vec![header(3, 0, 40)]));
     assert_eq!((r, size), (Record::Other, 40));
     // A switch record too short to hold its time is not read as one.
-    let (r, _) = decode(words(vec![header(14, 0, 8)]));
+    let (r, _) = decode(&Layout::default(), words(vec![header(14, 0, 8)]));
     assert_eq!(r, Record::Other);
 }
 
@@ -109,12 +116,26 @@ fn tallies_add_up() {
         off: [1, 2, 0],
         preempted: [1, 0, 0],
         episodes: 2,
+        guest: [0, 10, 0],
+        irq: [1, 0, 0],
+        kvm_entries: 2,
+        kvm_exits: 1,
+        kvm_exit_ns: 5,
+        kvm_to_user: 1,
+        interrupts: 1,
         lost: false,
     };
     a.add(&Tally {
         off: [3, 4, 5],
         preempted: [0, 4, 5],
         episodes: 1,
+        guest: [0, 20, 0],
+        irq: [0, 2, 3],
+        kvm_entries: 3,
+        kvm_exits: 2,
+        kvm_exit_ns: 7,
+        kvm_to_user: 0,
+        interrupts: 2,
         lost: true,
     });
     assert_eq!(
@@ -123,13 +144,20 @@ fn tallies_add_up() {
             off: [4, 6, 5],
             preempted: [1, 4, 5],
             episodes: 3,
+            guest: [0, 30, 0],
+            irq: [1, 2, 3],
+            kvm_entries: 5,
+            kvm_exits: 3,
+            kvm_exit_ns: 12,
+            kvm_to_user: 1,
+            interrupts: 3,
             lost: true
         }
     );
 }
 
 fn open() -> SwitchRing {
-    SwitchRing::open().unwrap_or_else(|e| {
+    SwitchRing::open(None, None).map(|o| o.ring).unwrap_or_else(|e| {
         panic!("perf_event_open for context-switch records failed ({e}); the exact split needs perf software events (CONFIG_PERF_EVENTS, perf_event_paranoid <= 2)")
     })
 }

@@ -379,11 +379,11 @@ impl Handler {
         vcpu: Option<usize>,
         format: HistogramFormat,
     ) -> Result<Value, ErrorBody> {
-        if !HistSnapshots::names().iter().any(|n| n == name) {
+        if !HistSnapshots::is_name(name) {
             return Err(ErrorBody::new(
                 ErrorKind::NoSuchHistogram,
                 format!(
-                    "there is no histogram `{name}` (there are: {})",
+                    "there is no histogram `{name}` (there are: {}, kvm_exit_handling.REASON)",
                     HistSnapshots::names().join(", ")
                 ),
             ));
@@ -399,7 +399,7 @@ impl Handler {
             .into_iter()
             .filter_map(|i| {
                 let (_, h) = self.vm.times(i).ok()?;
-                Some((i, h.get(name)?.clone()))
+                Some((i, h.get(name)?))
             })
             .collect();
         match format {

@@ -141,6 +141,23 @@ pub fn add_vm(f: &mut Families, stats: &Detailed) {
             );
         }
     }
+    // In-kernel exit handling by hardware reason, every vCPU merged (reasons seen only).
+    let mut by_reason: std::collections::BTreeMap<&str, Buckets> = Default::default();
+    for v in &stats.vcpus {
+        for (reason, h) in &v.hist.kvm_exit_handling {
+            by_reason
+                .entry(reason.as_str())
+                .or_default()
+                .merge(&Buckets::of_snapshot(h));
+        }
+    }
+    for (reason, b) in by_reason {
+        f.add_histogram(
+            "ppa_vm_kvm_exit_handling_duration_seconds",
+            &[("vm", vm), ("reason", reason)],
+            &b,
+        );
+    }
 }
 
 /// Adds the samples of one vCPU.
@@ -170,13 +187,21 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
         SplitKind::NAMES,
         v.split.as_str(),
     );
-    // Each part of the time split is the family ppa_vcpu_PART_seconds_total.
+    // Each part of the time split is the family ppa_vcpu_PART_seconds_total; kvm and
+    // interrupted only where measured (null on the wire).
     for (part, ns) in v.split().named() {
-        f.add(
-            &format!("ppa_vcpu_{part}_seconds_total"),
-            &base,
-            Seconds(ns),
-        );
+        let measured = match part {
+            "kvm" => v.kvm_ns.is_some(),
+            "interrupted" => v.interrupted_ns.is_some(),
+            _ => true,
+        };
+        if measured {
+            f.add(
+                &format!("ppa_vcpu_{part}_seconds_total"),
+                &base,
+                Seconds(ns),
+            );
+        }
     }
     let times = [
         ("ppa_vcpu_kvm_run_wall_seconds_total", v.kvm_run_wall_ns),
@@ -186,7 +211,6 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
         f.add(name, &base, Seconds(ns));
     }
     let optional = [
-        ("ppa_vcpu_kvm_seconds_total", v.kvm_ns),
         ("ppa_vcpu_kvm_estimated_seconds_total", v.kvm_ns_estimate),
         (
             "ppa_vcpu_guest_code_estimated_seconds_total",
@@ -219,7 +243,24 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
         );
     }
     if let Some(n) = v.kvm_stats.get("exits") {
-        f.add("ppa_vcpu_kvm_exits_total", &base, n);
+        f.add("ppa_vcpu_kvm_stat_exits_total", &base, n);
+    }
+    for (reason, n) in &v.kvm_exits {
+        let labels = [
+            ("vm", vm),
+            ("vcpu", id.as_str()),
+            ("reason", reason.as_str()),
+        ];
+        f.add("ppa_vcpu_kvm_exits_total", &labels, n);
+        let ns = v.kvm_exit_ns.get(reason).copied().unwrap_or(0);
+        f.add("ppa_vcpu_kvm_exit_seconds_total", &labels, Seconds(ns));
+    }
+    for (kind, n) in &v.interrupts {
+        f.add(
+            "ppa_vcpu_interrupts_total",
+            &[("vm", vm), ("vcpu", &id), ("kind", kind)],
+            n,
+        );
     }
     f.add("ppa_vcpu_migrations_total", &base, v.migrations);
     f.add("ppa_vcpu_parks_total", &base, v.parks);

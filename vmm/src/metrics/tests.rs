@@ -35,6 +35,12 @@ fn hists(id: usize) -> HistSnapshots {
         exit_handling_all: hist(&exits),
         guest_run: hist(&[2_000_000 + id as u64, 5_000_000_000]),
         wakeup_latency: hist(&[]),
+        // vCPU 1 measured its in-kernel exits (KVM's tracepoints).
+        kvm_exit_handling: if id == 1 {
+            vec![("npf".to_string(), hist(&[500, 1_500]))]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -62,6 +68,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         used_ns: 1_500_000_000,
         guest_ns: 1_200_000_000,
         kvm_ns,
+        interrupted_ns: kvm_ns.map(|_| 2),
         kvm_ns_estimate: kvm_estimate,
         guest_code_ns_estimate: kvm_estimate.map(|k| 1_200_000_000 - k),
         parks: 7,
@@ -84,6 +91,24 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         },
         exits,
         exit_ns,
+        kvm_ns_reason: None,
+        interrupted_reason: None,
+        kvm_exits: if id == 1 {
+            map(&[("npf", 4)])
+        } else {
+            BTreeMap::new()
+        },
+        kvm_exit_ns: if id == 1 {
+            map(&[("npf", 2_000)])
+        } else {
+            BTreeMap::new()
+        },
+        kvm_exits_to_user: 0,
+        interrupts: if id == 1 {
+            map(&[("local_timer", 9)])
+        } else {
+            BTreeMap::new()
+        },
         kvm_stats: if id == 0 {
             map(&[("exits", 380), ("halt_exits", 2)])
         } else {
@@ -95,6 +120,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
             .iter()
             .map(|t| (t.to_string(), t.index() as u64))
             .collect(),
+        kvm_run_cpu_ns: None,
         kvm_run_wall_ns: 1_300_000_000,
         park_cpu_ns: 20_000,
         proc_ticks: None,
@@ -320,7 +346,12 @@ fn specific_lines() {
         format!(
             "ppa_vcpu_exit_handling_seconds_total{{{VM_LABEL},vcpu=\"1\",reason=\"io_out\"}} 0.999999999"
         ),
-        format!("ppa_vcpu_kvm_exits_total{{{VM_LABEL},vcpu=\"0\"}} 380"),
+        format!("ppa_vcpu_kvm_stat_exits_total{{{VM_LABEL},vcpu=\"0\"}} 380"),
+        format!("ppa_vcpu_kvm_exits_total{{{VM_LABEL},vcpu=\"1\",reason=\"npf\"}} 4"),
+        format!("ppa_vcpu_kvm_exit_seconds_total{{{VM_LABEL},vcpu=\"1\",reason=\"npf\"}} 0.000002"),
+        format!("ppa_vcpu_interrupted_seconds_total{{{VM_LABEL},vcpu=\"1\"}} 0.000000002"),
+        format!("ppa_vcpu_interrupts_total{{{VM_LABEL},vcpu=\"1\",kind=\"local_timer\"}} 9"),
+        format!("ppa_vm_kvm_exit_handling_duration_seconds_count{{{VM_LABEL},reason=\"npf\"}} 2"),
         format!("ppa_vcpu_migrations_total{{{VM_LABEL},vcpu=\"0\"}} 5"),
         format!("ppa_vcpu_parks_total{{{VM_LABEL},vcpu=\"1\"}} 7"),
         format!(
@@ -401,7 +432,9 @@ fn specific_lines() {
     };
     assert_eq!(vcpu_of("ppa_vcpu_kvm_seconds_total"), ["1"]);
     assert_eq!(vcpu_of("ppa_vcpu_kvm_estimated_seconds_total"), ["0"]);
-    assert_eq!(vcpu_of("ppa_vcpu_kvm_exits_total"), ["0"]);
+    assert_eq!(vcpu_of("ppa_vcpu_kvm_stat_exits_total"), ["0"]);
+    assert_eq!(vcpu_of("ppa_vcpu_kvm_exits_total"), ["1"]);
+    assert_eq!(vcpu_of("ppa_vcpu_interrupted_seconds_total"), ["1"]);
     assert!(
         text.contains("# HELP ppa_vcpu_kvm_estimated_seconds_total ESTIMATE "),
         "{text}"
@@ -611,13 +644,15 @@ fn every_sample_parses_and_is_unique() {
     // Every histogram has 12 finite buckets, +Inf, _sum and _count.
     let h = 15;
     // VM: build info, info, 5 states, 3 levels, uptime, vcpus, host threads, 2 pressure
-    // totals and 6 averages, 4 thresholds, 6 + 1 (shutdown) exit reason histograms.
-    let vm = 1 + 1 + 5 + 3 + 3 + 8 + 4 + 7 * h;
+    // totals and 6 averages, 4 thresholds, 6 + 1 (shutdown) exit reason histograms, one
+    // in-kernel exit reason's histogram.
+    let vm = 1 + 1 + 5 + 3 + 3 + 8 + 4 + 7 * h + h;
     // Per vCPU: info, 6 states, 4 splits, 10 times, 2 more times, 6 (+1) exits and exit
     // times, kvm exits (vCPU 0), migrations, parks, 4 thresholds, identity, overloads,
-    // 3 histograms; vCPU 0 has two estimates, vCPU 1 kvm_ns.
+    // 3 histograms; vCPU 0 has two estimates, vCPU 1 kvm_ns, interrupted_ns, its in-kernel
+    // exits and their time (one reason) and its interrupts (one kind).
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
-    let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1;
+    let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
     // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 2 pressure totals;
     // the process: 7 figures and 7 thread kinds.
     let group = 7 + h + 2 + 1 + 2;

@@ -66,6 +66,7 @@ fn summary(id: usize, seq: &[S], t: usize) -> VcpuSummary {
         used_ns: count(S::Run),
         guest_ns: count(S::Run),
         kvm_ns: None,
+        interrupted_ns: None,
         vmm_ns: 0,
         steal_ns: count(S::Steal),
         halted_ns: count(S::Halted),

@@ -42,6 +42,8 @@ pub enum Args {
     /// `timer_create` on CLOCK_MONOTONIC (the kick timer; its sigevent, behind a pointer,
     /// cannot be checked).
     Monotonic,
+    /// `fcntl` with one of these commands (name, number).
+    Fcntl(&'static [(&'static str, u64)]),
 }
 
 /// One allowed system call.
@@ -155,6 +157,7 @@ pub mod kvm_ioctl {
     pub const KVM_KVMCLOCK_CTRL: u64 = io(0xad);
 }
 
+use crate::accounting::switches::events::PERF_EVENT_IOC_SET_OUTPUT;
 use crate::accounting::switches::{
     PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE, PERF_FLAG_FD_CLOEXEC,
 };
@@ -171,6 +174,17 @@ const VCPU_IOCTLS: &[(&str, u64)] = &[
     // changes; the ring itself is read from memory, with no call.
     ("PERF_EVENT_IOC_ENABLE", PERF_EVENT_IOC_ENABLE),
     ("PERF_EVENT_IOC_DISABLE", PERF_EVENT_IOC_DISABLE),
+    // Level full's tracepoints (KVM's exits, host interrupts) send their records into the
+    // thread's own ring.
+    ("PERF_EVENT_IOC_SET_OUTPUT", PERF_EVENT_IOC_SET_OUTPUT),
+];
+
+/// The fcntl commands of a vCPU thread: its perf ring's wakeup signal aimed at itself.
+const PERF_FCNTLS: &[(&str, u64)] = &[
+    ("F_SETOWN_EX", 15),
+    ("F_SETSIG", 10),
+    ("F_GETFL", libc::F_GETFL as u64),
+    ("F_SETFL", libc::F_SETFL as u64),
 ];
 
 /// The ioctls of a device thread: a multi-queue tap's queues attached and detached as the
@@ -319,7 +333,8 @@ pub const VCPU: &[Allow] = &[
     allow!(timer_create, Args::Monotonic, "the kick timer of CPU limits, created as the loop starts (docs/limits.md)"),
     allow!(timer_settime, Args::Any, "the kick timer armed for the next limit deadline, or disarmed"),
     allow!(timer_delete, Args::Any, "the kick timer deleted as the loop ends"),
-    allow!(perf_event_open, Args::PerfSelf, "level full's context-switch records of this thread, opened the first time level full is in force (possibly after a set-level at run time)"),
+    allow!(perf_event_open, Args::PerfSelf, "level full's context-switch records and kernel tracepoints of this thread, opened the first time level full is in force (possibly after a set-level at run time)"),
+    allow!(fcntl, Args::Fcntl(PERF_FCNTLS), "level full's perf ring wakes this thread with the kick signal when half written (F_SETOWN_EX, F_SETSIG, O_ASYNC), so a long KVM_RUN comes out to drain it"),
 ];
 
 /// The api thread's own.
@@ -513,7 +528,7 @@ fn rules(a: &Allow, ctx: &Context) -> Result<Vec<SeccompRule>, seccompiler::Back
     match a.args {
         Args::Any => Ok(Vec::new()),
         Args::NoExec(i) => one(vec![cond(i, Op::MaskedEq(libc::PROT_EXEC as u64), 0)?]),
-        Args::Ioctl(reqs) => reqs
+        Args::Ioctl(reqs) | Args::Fcntl(reqs) => reqs
             .iter()
             .map(|&(_, r)| SeccompRule::new(vec![cond(1, Op::Eq, r)?]))
             .collect(),

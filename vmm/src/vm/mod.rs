@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::accounting::meter::{host_cpu_slots, VcpuMeter};
 use crate::accounting::snapshot::VcpuAccounting;
+use crate::accounting::switches::events::{TraceCatalog, TraceError};
 use crate::accounting::AccountingControl;
 use crate::api::{EventHub, ServerOptions};
 use crate::arch::x86_64::layout::{ppa_page_region, ram_regions, Region};
@@ -299,12 +300,21 @@ impl<H: Hypervisor> Vm<H> {
         )?;
         devices::register_ioevents(&hv_vm, &buses);
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
-        let control = Arc::new(AccountingControl::new(
-            config.accounting,
-            config.thresholds,
-            config.histogram_bits,
-            10_000_000,
-        ));
+        // Found before any thread drops its privileges (tracefs is root's).
+        let trace = if config.kernel_trace {
+            TraceCatalog::discover()
+        } else {
+            TraceCatalog::unavailable(|| TraceError::Disabled)
+        };
+        let control = Arc::new(
+            AccountingControl::new(
+                config.accounting,
+                config.thresholds,
+                config.histogram_bits,
+                10_000_000,
+            )
+            .with_trace(trace),
+        );
         let hub = Arc::new(EventHub::new().map_err(|e| VmError::Thread("event hub", e))?);
         let limiter = limiter(&config, &shared, &hub, exit_cost)?;
         let name = config

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use super::super::switches::SwitchRing;
+use super::super::switches::{SwitchRing, Tally};
 use super::super::{AccountingControl, Level};
+use super::kvm::TraceAcc;
 use super::*;
 
 /// Clock readings taken at one boundary, as the level requires.
@@ -80,6 +81,20 @@ pub struct Recorder {
     pub(super) vmm_off: u64,
     /// The ring position last published to the meter.
     pub(super) published_tail: u64,
+    /// In-kernel exits and interrupts the drains completed, until published.
+    pub(super) acc: TraceAcc,
+    /// KVM's tracepoints on this thread.
+    pub(super) kvm_state: TraceState,
+    /// Whether the interrupt tracepoints are in the ring.
+    pub(super) irq_on: bool,
+    /// Guest-mode and interrupt time inside the KVM_RUN in progress found by the drain at its
+    /// entry (as `run_off`).
+    pub(super) run_guest: u64,
+    /// See [`Recorder::run_guest`].
+    pub(super) run_irq: u64,
+    /// Interrupt time of the `vmm` interval in progress found by the drain at the exit that
+    /// began it (as `vmm_off`).
+    pub(super) vmm_irq: u64,
 }
 
 impl Recorder {
@@ -87,6 +102,7 @@ impl Recorder {
     pub fn new(meter: Arc<VcpuMeter>, control: Arc<AccountingControl>, start: Stamp) -> Self {
         let level = control.level();
         meter.set_state(MicroState::Vmm, start.now);
+        let acc_meter = Arc::clone(&meter);
         Recorder {
             pending: [(HistId::GuestRun, 0); PENDING],
             pending_len: 0,
@@ -109,6 +125,12 @@ impl Recorder {
             run_off: 0,
             vmm_off: 0,
             published_tail: 0,
+            acc: TraceAcc::new(acc_meter),
+            kvm_state: TraceState::NotOpened,
+            irq_on: false,
+            run_guest: 0,
+            run_irq: 0,
+            vmm_irq: 0,
         }
     }
 
@@ -141,6 +163,7 @@ impl Recorder {
     /// records wait between flushes; the vCPU loop flushes before every park and at its end).
     pub fn flush(&mut self) {
         self.flush_cpu();
+        self.acc.flush();
         let h = &self.meter.hist;
         for &(id, v) in &self.pending[..self.pending_len] {
             match id {
@@ -170,21 +193,25 @@ impl Recorder {
     /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
     /// current exit. Called inside a write section. At level full its on-CPU part is the wall
     /// time less the off-CPU episodes the records show (those the exit's drain found after
-    /// its stamp, and those that began before `s`), or the thread CPU clock's delta.
+    /// its stamp, and those that began before `s`), or the thread CPU clock's delta; the
+    /// interrupts the records show in it are counted apart (`irq_vmm`).
     #[inline]
     fn close_vmm(&mut self, s: Stamp) {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
         let records = if self.level == Level::Full {
-            self.drain([s.now, u64::MAX])
+            self.drain([s.now, u64::MAX], None)
         } else {
             None
         };
         if let Some(t) = &records {
             self.note_records(t, 0..2);
             self.run_off += t.off[1];
+            self.run_guest += t.guest[1];
+            self.run_irq += t.irq[1];
         }
         let carried = std::mem::take(&mut self.vmm_off);
+        let carried_irq = std::mem::take(&mut self.vmm_irq);
         let m = &*self.meter;
         if carried != 0 {
             m.vmm_off_drained.set(0);
@@ -192,11 +219,16 @@ impl Recorder {
         m.wall[MicroState::Vmm].add(h);
         match (self.level, records, s.cpu, self.cpu_since) {
             (Level::Full, Some(t), _, _) => {
-                m.cpu_vmm_full.add(h.saturating_sub(t.off[0] + carried));
+                let on = h.saturating_sub(t.off[0] + carried);
+                m.cpu_vmm_full.add(on);
+                if self.irq_on {
+                    m.irq_vmm.add((t.irq[0] + carried_irq).min(on));
+                }
             }
             (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
             _ => m.vmm_wall_basic.add(h),
         }
+        self.acc.publish();
     }
 
     /// Just before KVM_RUN: closes the handling of the previous exit, applies a level switch,
@@ -209,6 +241,7 @@ impl Recorder {
         if epoch != self.epoch {
             // Records taken before a reset must not count after it.
             self.pending_len = 0;
+            self.acc.drop_pending();
             self.epoch = epoch;
         }
         let mut wakeup = None;
@@ -273,14 +306,19 @@ impl Recorder {
         // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
         // episode would lose the difference and count it as on-CPU time.
         let records = if self.level == Level::Full {
-            self.drain([self.since, s.now.max(self.since)])
+            self.drain(
+                [self.since, s.now.max(self.since)],
+                Some(reason == ExitReason::Intr),
+            )
         } else {
             None
         };
+        let silenced = records.as_ref().is_some_and(|t| self.learn_kvm(t, reason));
         self.meter.begin();
         if let Some(t) = &records {
             self.note_records(t, 1..3);
             self.vmm_off = t.off[2];
+            self.vmm_irq = t.irq[2];
             if t.off[2] != 0 {
                 self.meter.vmm_off_drained.set(t.off[2]);
             }
@@ -291,13 +329,7 @@ impl Recorder {
         if timed {
             m.wall[MicroState::Guest].add(run);
             match (self.level, records, s.cpu, self.cpu_since) {
-                (Level::Full, Some(t), _, _) => {
-                    // Side 0 began before this entry, in an interval measured otherwise (a
-                    // park, or VMM time at another level): not this run's.
-                    let off = self.run_off + t.off[1];
-                    m.cpu_guest_full.add(run.saturating_sub(off));
-                    m.records_runs.add(1);
-                }
+                (Level::Full, Some(t), _, _) => self.split_run(run, &t),
                 (Level::Full, None, Some(c), Some(c0)) => {
                     m.cpu_guest_full.add(c.saturating_sub(c0));
                 }
@@ -308,8 +340,13 @@ impl Recorder {
                 m.exceeded[Threshold::GuestRun].add(1);
             }
         }
+        self.acc.publish();
+        let m = &*self.meter;
         m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
         m.end();
+        if silenced {
+            self.silence_kvm();
+        }
         if timed {
             self.cpu_wall += run;
             self.hist(HistId::GuestRun, run);
@@ -317,8 +354,38 @@ impl Recorder {
         self.exit_reason = Some(r);
         self.exit_vmm_ns = 0;
         self.run_off = 0;
+        self.run_guest = 0;
+        self.run_irq = 0;
         self.since = s.now;
         self.cpu_since = s.cpu;
+    }
+
+    /// A KVM_RUN of `run` ns at level full, its records in `t`: its on-CPU time (wall less the
+    /// off-CPU episodes), and of it the interrupts and, where KVM's tracepoints fire and no
+    /// record was lost, KVM's own time (on-CPU less guest mode less interrupts). Inside a
+    /// write section.
+    #[inline]
+    fn split_run(&self, run: u64, t: &Tally) {
+        let m = &*self.meter;
+        // Side 0 began before this entry, in an interval measured otherwise (a park, or VMM
+        // time at another level): not this run's.
+        let on = run.saturating_sub(self.run_off + t.off[1]);
+        m.cpu_guest_full.add(on);
+        m.records_runs.add(1);
+        let irq = if self.irq_on {
+            (self.run_irq + t.irq[1]).min(on)
+        } else {
+            0
+        };
+        m.irq_run.add(irq);
+        if self.kvm_state == TraceState::Firing {
+            m.kvm_to_user.add(t.kvm_to_user);
+            if !t.lost {
+                let guest = self.run_guest + t.guest[1];
+                m.kvm_full.add(on.saturating_sub(guest + irq));
+                m.kvm_runs.add(1);
+            }
+        }
     }
 
     /// The loop ended at `s`: closes the handling of the last exit and applies pending records.
@@ -352,6 +419,8 @@ impl Recorder {
         self.meter.set_state(kind, p.now);
         self.meter.end();
         self.run_off = 0;
+        self.run_guest = 0;
+        self.run_irq = 0;
         self.park = Some((kind, p));
     }
 
@@ -376,7 +445,7 @@ impl Recorder {
             return;
         };
         // The park measures itself (its stamps); its records are dropped.
-        let records = self.drain([u64::MAX, u64::MAX]);
+        let records = self.drain_quiet([u64::MAX, u64::MAX]);
         let wall = p.now.saturating_sub(start.now);
         self.meter.begin();
         if records.is_some() {

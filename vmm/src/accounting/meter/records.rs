@@ -1,17 +1,21 @@
-//! The recorder's use of the thread's context-switch records (level full): opening them
-//! before the clocks start, switching them with the level before an entry stamp, draining them
-//! at KVM_RUN boundaries and publishing the ring position readers peek from. The records
-//! themselves (the ring, pairing, tallies) are `accounting::switches`.
+//! The recorder's use of the thread's perf ring (level full): opening it (context-switch
+//! records, and the tracepoints the VM's catalog found) before the clocks start, switching it
+//! with the level before an entry stamp, draining it at KVM_RUN boundaries, learning whether
+//! KVM's tracepoints fire on this host, and publishing the ring position readers peek from.
+//! The records themselves (the ring, pairing, tallies, tracepoints) are
+//! `accounting::switches`.
 
-use super::super::switches::{Bounds, SwitchRing, Tally};
+use super::super::switches::events::TraceError;
+use super::super::switches::{Bounds, OpenedRing, SwitchRing, Tally};
 use super::super::Level;
-use super::{MicroState, Recorder, Stamp};
+use super::{KvmExits, MicroState, Recorder, Stamp, TraceState};
+use crate::exit::ExitReason;
 
 impl Recorder {
     /// Starts the clocks at `start` (after `use_records`, whose cost is then nobody's time):
     /// the recorder is in state `vmm` from there, and records from before are dropped.
     pub fn begin(&mut self, start: Stamp) {
-        let _ = self.drain([u64::MAX, u64::MAX]);
+        let _ = self.drain_quiet([u64::MAX, u64::MAX]);
         self.since = start.now;
         self.cpu_since = start.cpu;
         self.meter.begin();
@@ -48,14 +52,20 @@ impl Recorder {
     pub(super) fn apply_records(&mut self, level: Level) {
         if level == Level::Full && self.records_wanted && !self.records_tried {
             self.records_tried = true;
-            match SwitchRing::open() {
-                Ok(ring) => {
-                    let _ = self.meter.ring.set(ring.view());
-                    self.ring = Some(ring);
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let kick = crate::hypervisor::kvm::kick::install_handler()
+                .ok()
+                .map(|()| (crate::hypervisor::kvm::kick::kick_signal(), tid));
+            match SwitchRing::open(self.control.trace(), kick) {
+                Ok(opened) => self.adopt(opened),
+                Err(e) => {
+                    log::warn!(
+                        "no context-switch records for this vCPU thread ({e}); level full reads the thread CPU clock at every KVM_RUN boundary"
+                    );
+                    let why = format!("level full has no perf ring on this vCPU thread: {e}");
+                    self.set_trace_states(Some(why.clone()), Some(why));
                 }
-                Err(e) => log::warn!(
-                    "no context-switch records for this vCPU thread ({e}); level full reads the thread CPU clock at every KVM_RUN boundary"
-                ),
             }
         }
         let Some(ring) = &mut self.ring else {
@@ -69,11 +79,106 @@ impl Recorder {
         if !ok {
             log::warn!("context-switch records could not be switched; level full reads the thread CPU clock");
             self.ring = None;
+            let why = "the perf ring of this vCPU thread could not be switched on".to_string();
+            self.set_trace_states(Some(why.clone()), Some(why));
         }
         self.meter.begin();
         self.meter.records_on.set(u64::from(want && ok));
         self.publish_ring();
         self.meter.end();
+    }
+
+    /// Takes an opened ring: its view for readers, and where each group of tracepoints stands.
+    fn adopt(&mut self, opened: OpenedRing) {
+        let _ = self.meter.ring.set(opened.ring.view());
+        if opened.ring.has_kvm() {
+            let _ = self
+                .meter
+                .kvm_exits
+                .set(Box::new(KvmExits::new(self.control.frac_bits())));
+        }
+        let why = |e: Option<TraceError>| e.map(|e| e.sentence());
+        self.set_trace_states(why(opened.kvm), why(opened.irq));
+        self.ring = Some(opened.ring);
+    }
+
+    /// Publishes where KVM's and the interrupt tracepoints stand: each unavailable with its
+    /// reason, or opened (KVM's: firing on a VMX or SVM host, whose KVM traces every entry and
+    /// exit, else not yet seen to fire; the interrupts': on).
+    fn set_trace_states(&mut self, kvm: Option<String>, irq: Option<String>) {
+        let m = &*self.meter;
+        self.kvm_state = match kvm {
+            Some(why) => {
+                let _ = m.kvm_trace_why.set(why);
+                TraceState::Unavailable
+            }
+            None if matches!(self.control.trace_backend(), Some("kvm_intel" | "kvm_amd")) => {
+                TraceState::Firing
+            }
+            None => TraceState::Unknown,
+        };
+        self.irq_on = irq.is_none();
+        if let Some(why) = irq {
+            let _ = m.irq_trace_why.set(why);
+        }
+        m.begin();
+        m.kvm_trace.set(self.kvm_state as u64);
+        m.irq_trace.set(if self.irq_on {
+            TraceState::Firing
+        } else {
+            TraceState::Unavailable
+        } as u64);
+        m.end();
+    }
+
+    /// What a KVM_RUN's records say about KVM's tracepoints: a `kvm_entry` record means they
+    /// fire; a run that reached the guest (an MMIO, port or HLT exit) with none, and no record
+    /// lost, means this host's KVM does not fire them (found at the first such run; on a VMX
+    /// or SVM host, which is taken to fire them from the start, never). Returns whether they
+    /// were just found silent (the caller closes them after its write section).
+    #[inline]
+    pub(super) fn learn_kvm(&mut self, t: &Tally, reason: ExitReason) -> bool {
+        if !matches!(self.kvm_state, TraceState::Unknown | TraceState::Firing) {
+            return false;
+        }
+        if t.kvm_entries > 0 {
+            if self.kvm_state == TraceState::Unknown {
+                self.kvm_state = TraceState::Firing;
+                self.meter.kvm_trace.set(TraceState::Firing as u64);
+            }
+            return false;
+        }
+        let ran_guest = matches!(
+            reason,
+            ExitReason::MmioRead
+                | ExitReason::MmioWrite
+                | ExitReason::IoIn
+                | ExitReason::IoOut
+                | ExitReason::Hlt
+        );
+        if !ran_guest || t.lost {
+            return false;
+        }
+        self.kvm_state = TraceState::Silent;
+        let backend = self
+            .control
+            .trace_backend()
+            .map_or(String::new(), |b| format!(" (module {b})"));
+        let _ = self.meter.kvm_trace_why.set(format!(
+            "this host's KVM{backend} did not fire kvm:kvm_entry during a KVM_RUN that ran guest \
+             code, so its backend does not trace guest entries and exits and in-kernel exit \
+             handling stays inside guest_ns"
+        ));
+        self.meter.kvm_trace.set(TraceState::Silent as u64);
+        true
+    }
+
+    /// Closes KVM's tracepoints, found silent (a few system calls, once).
+    #[cold]
+    pub(super) fn silence_kvm(&mut self) {
+        if let Some(ring) = &mut self.ring {
+            ring.drop_kvm();
+        }
     }
 
     /// Whether a boundary between intervals at `prev` and `next` reads the thread CPU clock:
@@ -83,10 +188,19 @@ impl Recorder {
         (prev == Level::Full || next == Level::Full) && self.ring.is_none()
     }
 
-    /// The records since the last drain, split at `bounds` (None: no records in use).
+    /// The records since the last drain, split at `bounds` (None: no records in use), their
+    /// in-kernel exits and interrupts held for publication; `end_run`: the drain follows a
+    /// KVM_RUN's return, for a signal (`Some(true)`) or not.
     #[inline]
-    pub(super) fn drain(&mut self, bounds: Bounds) -> Option<Tally> {
+    pub(super) fn drain(&mut self, bounds: Bounds, end_run: Option<bool>) -> Option<Tally> {
         // A disabled ring still holds what it recorded before it was disabled.
+        Some(self.ring.as_mut()?.drain_to(bounds, &mut self.acc, end_run))
+    }
+
+    /// [`Recorder::drain`] of records whose exits and interrupts are not counted (a park,
+    /// which measures itself, or what came before the clocks started).
+    #[inline]
+    pub(super) fn drain_quiet(&mut self, bounds: Bounds) -> Option<Tally> {
         Some(self.ring.as_mut()?.drain(bounds))
     }
 

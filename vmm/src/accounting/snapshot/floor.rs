@@ -118,12 +118,13 @@ pub(super) fn hold(floor: &Floor, cur: TimeSplit, at_ns: u64, hint: Option<Hint>
     r.idle_ns = p.idle_ns.max(cur.idle_ns);
     r.limited_ns = p.limited_ns.max(cur.limited_ns);
     r.paused_ns = p.paused_ns.max(cur.paused_ns);
-    // guest + vmm = used; guest is the remainder of an estimated split, so it gives first.
-    [r.guest_ns, r.vmm_ns] = fill(
-        [p.guest_ns, p.vmm_ns],
-        [cur.guest_ns, cur.vmm_ns],
+    // guest + kvm + interrupted + vmm = used; guest is the remainder of the split, so it
+    // gives first.
+    [r.guest_ns, r.kvm_ns, r.interrupted_ns, r.vmm_ns] = fill(
+        [p.guest_ns, p.kvm_ns, p.interrupted_ns, p.vmm_ns],
+        [cur.guest_ns, cur.kvm_ns, cur.interrupted_ns, cur.vmm_ns],
         r.used_ns,
-        [0, 1],
+        [0, 1, 2, 3],
     );
     // steal + halted + blocked: the residual's growth during the KVM_RUN in progress goes
     // where the hint says; blocked (a remainder) gives first, then halted (an upper bound),

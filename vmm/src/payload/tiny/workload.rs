@@ -64,6 +64,8 @@ pub enum ExitKind {
     Mmio,
     /// An `out` to the workload port.
     Pio,
+    /// A CPUID: an exit KVM handles in the kernel on VMX and SVM (never seen by the VMM).
+    Cpuid,
 }
 
 /// How the `fault` workload kills its vCPU.
@@ -319,7 +321,14 @@ impl FromStr for Spec {
                 let p = Params::parse("exits", "n, kind", rest)?;
                 Spec::One(Workload::Exits {
                     n: p.num("n", 10_000, (0, MAX_COUNT))?,
-                    kind: p.choice("kind", &[("mmio", ExitKind::Mmio), ("pio", ExitKind::Pio)])?,
+                    kind: p.choice(
+                        "kind",
+                        &[
+                            ("mmio", ExitKind::Mmio),
+                            ("pio", ExitKind::Pio),
+                            ("cpuid", ExitKind::Cpuid),
+                        ],
+                    )?,
                 })
             }
             "fault" => {
@@ -521,6 +530,7 @@ impl Workload {
                 let k = match kind {
                     ExitKind::Mmio => abi::EXITS_MMIO,
                     ExitKind::Pio => abi::EXITS_PIO,
+                    ExitKind::Cpuid => abi::EXITS_CPUID,
                 };
                 (abi::EXITS, [n, k, 0, 0])
             }
@@ -560,10 +570,10 @@ impl fmt::Display for Workload {
                 "periodic:run_us={run_us},period_us={period_us},count={count}"
             ),
             Workload::Exits { n, kind } => {
-                let k = if kind == ExitKind::Mmio {
-                    "mmio"
-                } else {
-                    "pio"
+                let k = match kind {
+                    ExitKind::Mmio => "mmio",
+                    ExitKind::Pio => "pio",
+                    ExitKind::Cpuid => "cpuid",
                 };
                 write!(f, "exits:n={n},kind={k}")
             }

@@ -38,6 +38,17 @@ fn parses_every_workload_with_defaults_and_keys() {
         }
     );
     assert_eq!(
+        one("exits:n=5,kind=cpuid"),
+        Workload::Exits {
+            n: 5,
+            kind: ExitKind::Cpuid
+        }
+    );
+    assert_eq!(
+        one("exits:n=5,kind=cpuid").to_string(),
+        "exits:n=5,kind=cpuid"
+    );
+    assert_eq!(
         one("exits:n=1"),
         Workload::Exits {
             n: 1,
