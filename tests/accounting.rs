@@ -185,16 +185,24 @@ fn thresholds_count_occurrences() {
     let (config, _) = vm_opts.into_config().unwrap();
     let out = ppa_vmm::vm::Vm::try_from(config).unwrap().run().unwrap();
     let v = &out.report.vcpus[0];
-    // Every period spins ~300 µs inside one KVM_RUN and halts to the next period: a run
-    // above 100 µs per halt. A period that steal stretched past its end does not halt (the
-    // guest goes straight on), and its spin joins the next one's run: so the halts, not the
-    // 50 periods, are what the count must match on a loaded host.
+    // The threshold counts the same runs the guest_run histogram records: the runs in the
+    // histogram's slots wholly above 100 µs, and at most those of the slot holding 100 µs
+    // too. (How many runs exceed 100 µs depends on the host: each period spins ~300 µs and
+    // halts, but under steal a period is cut short or joins the next one.)
     let runs_above = v.times.thresholds["guest_run_ns"];
-    let halts = v.times.parks;
-    assert!(halts >= 1 && halts <= 50, "halts: {halts}");
+    let run_hist = &v.histograms["guest_run"];
+    let over = |edge: fn(&ppa_vmm_api::SlotJson) -> u64| -> u64 {
+        run_hist
+            .slots
+            .iter()
+            .filter(|s| edge(s) > 100_000)
+            .map(|s| s.count)
+            .sum()
+    };
+    let (surely, maybe) = (over(|s| s.lo), over(|s| s.hi + 1));
     assert!(
-        (halts.saturating_sub(2)..=halts + 12).contains(&runs_above),
-        "guest runs above 100 µs: {runs_above}, halts {halts}"
+        (surely..=maybe).contains(&runs_above) && runs_above >= 1 && runs_above <= 60,
+        "guest runs above 100 µs: {runs_above}, the histogram says {surely} to {maybe}"
     );
     // Every exit's handling takes more than 1 ns.
     let exits: u64 = v.times.exits.values().sum();
@@ -243,7 +251,8 @@ fn live_figures_never_go_down() {
         }
         let out = runner.join().unwrap();
         assert_all_exited_ok(&out.report);
-        assert!(reads > 1000, "{level:?}: {reads} reads");
+        // Enough reads to catch a figure going down (~4,000 on a quiet host, fewer when loaded).
+        assert!(reads > 200, "{level:?}: {reads} reads");
         // The held live figures after the end still add up, like the report's exact ones.
         for (i, v) in out.report.vcpus.iter().enumerate() {
             let held = handle.times(i).unwrap().0;
