@@ -390,7 +390,7 @@ fn refusals_quote_long_input_cut() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--config", name_cfg.to_str().unwrap()],
-            "the VM name must be",
+            "the VM name \"xxx",
         ),
         (
             &["run", "--config", huge.to_str().unwrap()],
