@@ -282,44 +282,7 @@ pub(crate) fn bare_command(line: &[u8]) -> Option<Command> {
 /// [`parse_request`] for every line: syntax, repeated keys, the id, the command and its
 /// arguments.
 pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBody)> {
-    if line.len() > MAX_REQUEST_BYTES {
-        return Err((
-            RequestId::null(),
-            ErrorBody::new(
-                ErrorKind::TooLong,
-                format!(
-                    "the request is {} bytes long; the limit is {MAX_REQUEST_BYTES}",
-                    line.len()
-                ),
-            ),
-        ));
-    }
-    let text = std::str::from_utf8(line).map_err(|e| {
-        bad_json(format!(
-            "the request is not valid JSON: it is not UTF-8 (byte {} is not)",
-            e.valid_up_to() + 1
-        ))
-    })?;
-    // One pass checks the syntax and every object's keys; the cell tells a repeated key
-    // apart from bad JSON.
-    let repeated = RefCell::new(None);
-    let mut de = serde_json::Deserializer::from_str(text);
-    let checked = NoDuplicateKeys(&repeated)
-        .deserialize(&mut de)
-        .and_then(|()| de.end());
-    let nested = match (checked, repeated.into_inner()) {
-        (_, Some(key)) => Some(key),
-        (Err(e), None) => {
-            return Err(bad_json(format!(
-                "the request is not valid JSON: {}",
-                clip_middle(&e.to_string())
-            )))
-        }
-        (Ok(()), None) => None,
-    };
-    if !text.trim_start().starts_with('{') {
-        return Err(bad_json("the request is not a JSON object"));
-    }
+    let (text, nested) = checked_json(line)?;
     let Members(members) = serde_json::from_str::<Members>(text).map_err(|e| {
         bad_json(format!(
             "the request is not valid JSON: {}",
@@ -359,9 +322,61 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
             ),
         ));
     }
+    command_of(&members)
+        .map_err(|e| (id.clone(), e))
+        .map(|command| Request { id, command })
+}
+
+/// The line as text once its length, encoding and JSON syntax are checked, with the first key
+/// repeated inside a nested object, if any (the request's own members are checked later, once
+/// the id is known).
+fn checked_json(line: &[u8]) -> Result<(&str, Option<String>), (RequestId, ErrorBody)> {
+    if line.len() > MAX_REQUEST_BYTES {
+        return Err((
+            RequestId::null(),
+            ErrorBody::new(
+                ErrorKind::TooLong,
+                format!(
+                    "the request is {} bytes long; the limit is {MAX_REQUEST_BYTES}",
+                    line.len()
+                ),
+            ),
+        ));
+    }
+    let text = std::str::from_utf8(line).map_err(|e| {
+        bad_json(format!(
+            "the request is not valid JSON: it is not UTF-8 (byte {} is not)",
+            e.valid_up_to() + 1
+        ))
+    })?;
+    // One pass checks the syntax and every object's keys; the cell tells a repeated key
+    // apart from bad JSON.
+    let repeated = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let checked = NoDuplicateKeys(&repeated)
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+    let nested = match (checked, repeated.into_inner()) {
+        (_, Some(key)) => Some(key),
+        (Err(e), None) => {
+            return Err(bad_json(format!(
+                "the request is not valid JSON: {}",
+                clip_middle(&e.to_string())
+            )))
+        }
+        (Ok(()), None) => None,
+    };
+    if !text.trim_start().starts_with('{') {
+        return Err(bad_json("the request is not a JSON object"));
+    }
+    Ok((text, nested))
+}
+
+/// The command the request's members name, with its arguments.
+fn command_of(members: &[(String, &RawValue)]) -> Result<Command, ErrorBody> {
     let mut args = serde_json::Map::new();
     let mut cmd = None;
-    for (key, raw) in &members {
+    for (key, raw) in members {
         match key.as_str() {
             "id" => {}
             "cmd" => cmd = Some(serde_json::from_str::<Value>(raw.get()).unwrap_or_default()),
@@ -374,15 +389,15 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
     let cmd = match cmd {
         Some(Value::String(s)) => s,
         Some(_) => {
-            return Err((
-                id,
-                ErrorBody::new(ErrorKind::UnknownCommand, "`cmd` must be a string"),
+            return Err(ErrorBody::new(
+                ErrorKind::UnknownCommand,
+                "`cmd` must be a string",
             ))
         }
         None => {
-            return Err((
-                id,
-                ErrorBody::new(ErrorKind::UnknownCommand, "the request has no `cmd`"),
+            return Err(ErrorBody::new(
+                ErrorKind::UnknownCommand,
+                "the request has no `cmd`",
             ))
         }
     };
@@ -396,17 +411,13 @@ pub(crate) fn parse_general(line: &[u8]) -> Result<Request, (RequestId, ErrorBod
         } else {
             format!("unknown command `{}` (known: {known})", clip(&cmd))
         };
-        return Err((id, ErrorBody::new(ErrorKind::UnknownCommand, message)));
+        return Err(ErrorBody::new(ErrorKind::UnknownCommand, message));
     }
     args.insert("cmd".into(), Value::String(cmd.clone()));
-    match serde_json::from_value::<Command>(Value::Object(args)) {
-        Ok(command) => Ok(Request { id, command }),
-        Err(e) => Err((
-            id,
-            ErrorBody::new(
-                ErrorKind::BadRequest,
-                format!("bad arguments for `{cmd}`: {}", clip_middle(&e.to_string())),
-            ),
-        )),
-    }
+    serde_json::from_value::<Command>(Value::Object(args)).map_err(|e| {
+        ErrorBody::new(
+            ErrorKind::BadRequest,
+            format!("bad arguments for `{cmd}`: {}", clip_middle(&e.to_string())),
+        )
+    })
 }
