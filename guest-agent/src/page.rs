@@ -14,13 +14,16 @@
 //! above 1 MiB, which Linux registers but never marks busy, so the mapping is allowed under
 //! both. A kernel in lockdown mode (Secure Boot) refuses /dev/mem altogether.
 
+use std::cell::Cell;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ppa_guest_abi::ppa_page::{
-    read_record, HostVcpu, HostVm, ReadError, RegionHeader, MAJOR, REGION_MAGIC,
+    read_record, write_record, GuestHeader, HostVcpu, HostVm, ReadError, Record, RegionHeader,
+    MAJOR, REGION_MAGIC,
 };
 use thiserror::Error;
 
@@ -207,8 +210,93 @@ pub struct Page {
     len: usize,
     header: RegionHeader,
     at: String,
+    /// Mapped read-write ([`Access::Publish`]).
+    writable: bool,
+    /// A [`GuestWriter`] of this page is alive.
+    writing: Cell<bool>,
     _file: File,
     _lock: Option<File>,
+}
+
+/// Why the page has no writer to give.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum WriterError {
+    /// Mapped to look, not to publish.
+    #[error("the page is mapped read-only (opened to look, not to publish)")]
+    ReadOnly,
+    /// Another writer of this page is alive in this process.
+    #[error("another publisher in this process is already writing the page's guest section")]
+    Taken,
+}
+
+/// The guest section of a [`Page`], for its one writer: it borrows the page, so the page
+/// (whose drop unmaps the memory) outlives it, and while it lives [`Page::guest_writer`]
+/// gives no other. Every write is checked against the section and made under the sequence
+/// protocol of `ppa_guest_abi::ppa_page`.
+#[derive(Debug)]
+pub struct GuestWriter<'p> {
+    page: &'p Page,
+    base: *mut u8,
+    len: usize,
+}
+
+impl GuestWriter<'_> {
+    /// Bytes in the section.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the section is empty (never: `check_header` accepts no such region for
+    /// publishing, since the layout needs room).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The record at byte offset `off` when it lies inside the section, 8-byte aligned.
+    fn at<T: Record>(&self, off: u64) -> Option<*mut T> {
+        let end = off.checked_add(std::mem::size_of::<T>() as u64)?;
+        if off % 8 != 0 || end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: `off + size_of::<T>() <= len`, so the pointer stays inside the section,
+        // which `check_header` placed inside the mapping.
+        Some(unsafe { self.base.add(off as usize) }.cast::<T>())
+    }
+
+    /// Writes `rec` at byte offset `off` under the sequence protocol; false (nothing
+    /// written) when the record would not lie inside the section, 8-byte aligned.
+    pub fn write<T: Record>(&mut self, off: u64, rec: &T) -> bool {
+        let Some(p) = self.at::<T>(off) else {
+            return false;
+        };
+        // SAFETY: `at` checked the record lies inside the section, 8-byte aligned (the
+        // section's offset is a multiple of 8 and the mapping page-aligned); the mapping is
+        // read-write (`guest_writer` gives none otherwise) and lives as long as the page this
+        // writer borrows; this writer is the process's only one (`Page::writing`) and the
+        // advisory lock keeps other agents out.
+        unsafe { write_record(p, rec) };
+        true
+    }
+
+    /// The guest header's sequence counter (the section's first `u32`) as it is now; `None`
+    /// when the section cannot hold a header.
+    pub fn header_seq(&self) -> Option<u32> {
+        let p = self.at::<GuestHeader>(0)?;
+        // SAFETY: an aligned `u32` inside the live mapping (`at`); an `AtomicU32` has the
+        // layout of a `u32`, and others write the word only atomically or not at all.
+        Some(unsafe { &*p.cast::<AtomicU32>() }.load(Ordering::Acquire))
+    }
+
+    /// The page this writer writes.
+    pub fn page(&self) -> &Page {
+        self.page
+    }
+}
+
+impl Drop for GuestWriter<'_> {
+    fn drop(&mut self) {
+        self.page.writing.set(false);
+    }
 }
 
 /// Takes an exclusive advisory lock on `f`, or says another agent holds it.
@@ -366,6 +454,8 @@ impl Page {
                 reserved: [0; 2],
             },
             at: what,
+            writable: write,
+            writing: Cell::new(false),
             _file: file,
             _lock: lock_file,
         };
@@ -404,7 +494,24 @@ impl Page {
         }
     }
 
-    /// The guest section: its start and length.
+    /// The guest section's one writer, while nobody else in this process has it: the
+    /// page must be mapped to publish.
+    pub fn guest_writer(&self) -> Result<GuestWriter<'_>, WriterError> {
+        if !self.writable {
+            return Err(WriterError::ReadOnly);
+        }
+        if self.writing.replace(true) {
+            return Err(WriterError::Taken);
+        }
+        let (base, len) = self.guest();
+        Ok(GuestWriter {
+            page: self,
+            base,
+            len,
+        })
+    }
+
+    /// The guest section: its start and length (to read it; [`Page::guest_writer`] writes).
     pub fn guest(&self) -> (*mut u8, usize) {
         // SAFETY: `check_header` placed the guest section inside the mapping.
         let p = unsafe { self.ptr.add(self.header.guest_offset as usize) };

@@ -23,17 +23,15 @@
 //! first, so a reader never counts a slot that is being rewritten for another thread.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use ppa_guest_abi::ppa_page::{
-    self as abi, write_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR,
-    MINOR,
+    self as abi, GuestAgent, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR, MINOR,
 };
 use thiserror::Error;
 
 use crate::collect::linger::transient;
 use crate::collect::{Collector, ThreadInfo};
-use crate::page::Page;
+use crate::page::{GuestWriter, Page, WriterError};
 
 const HEADER: u32 = 64;
 const AGENT: u32 = 192;
@@ -64,6 +62,9 @@ pub enum PublishError {
         /// Size now.
         total: u32,
     },
+    /// The page has no writer to give (mapped to look, or another publisher has it).
+    #[error("the agent cannot write the guest section")]
+    Writer(#[from] WriterError),
     /// Someone else wrote the guest header.
     #[error("another writer changed the guest header (sequence {found}, the agent last wrote {wrote}): stopping so as not to interleave with it")]
     Foreign {
@@ -177,10 +178,40 @@ pub struct AgentFigures {
     pub stopped: bool,
 }
 
-/// The agent's writer into the guest section.
+/// The agent's writer into the guest section. It borrows the page's one
+/// [`GuestWriter`], so the page cannot be dropped (and unmapped) while a publisher lives:
+///
+/// ```compile_fail,E0505
+/// use ppa_agent::discover::Place;
+/// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::publish::Publisher;
+///
+/// fn publish_after_unmap(place: &Place) {
+///     let page = Page::open(place, Access::Publish).unwrap();
+///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     drop(page); // error[E0505]: cannot move out of `page` because it is borrowed
+///     let _ = p.layout();
+/// }
+/// ```
+///
+/// while the same code with the publisher dropped first compiles:
+///
+/// ```no_run
+/// use ppa_agent::discover::Place;
+/// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::publish::Publisher;
+///
+/// fn publish_then_unmap(place: &Place) {
+///     let page = Page::open(place, Access::Publish).unwrap();
+///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     let _ = p.layout();
+///     drop(p);
+///     drop(page);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct Publisher {
-    base: *mut u8,
+pub struct Publisher<'p> {
+    section: GuestWriter<'p>,
     layout: Layout,
     nr_cpus: u32,
     slots: Vec<u32>,
@@ -227,13 +258,18 @@ fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
     r
 }
 
-impl Publisher {
-    /// Lays out the guest section of `page` for `nr_cpus` CPUs. Nothing is written yet.
-    pub fn new(page: &Page, nr_cpus: u32, max_threads: u32) -> Result<Publisher, PublishError> {
-        let (base, len) = page.guest();
-        let layout = layout(len, nr_cpus, max_threads)?;
+impl<'p> Publisher<'p> {
+    /// Lays out the guest section of `page` for `nr_cpus` CPUs, taking the page's one
+    /// writer. Nothing is written yet.
+    pub fn new(
+        page: &'p Page,
+        nr_cpus: u32,
+        max_threads: u32,
+    ) -> Result<Publisher<'p>, PublishError> {
+        let section = page.guest_writer()?;
+        let layout = layout(section.len(), nr_cpus, max_threads)?;
         Ok(Publisher {
-            base,
+            section,
             layout,
             nr_cpus,
             slots: Vec::new(),
@@ -263,30 +299,14 @@ impl Publisher {
         self.layout
     }
 
-    fn at<T>(&self, off: u64) -> *mut T {
-        // SAFETY: every offset used is inside the guest section (the layout checked it
-        // against the section's size) and a multiple of 8, in a mapping that outlives `self`
-        // (the agent drops the publisher before the page).
-        unsafe { self.base.add(off as usize).cast::<T>() }
-    }
-
     fn write_header(&mut self) {
-        // SAFETY: the header is at the section's start; the agent is its only writer (checked
-        // by `publish`).
-        unsafe { write_record(self.at::<GuestHeader>(0), &self.header) };
-        // SAFETY: as above; a read of the counter this thread just wrote.
-        let seq = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Relaxed);
-        self.wrote = Some(seq);
+        self.section.write(0, &self.header);
+        self.wrote = self.section.header_seq();
     }
 
     /// Publishes what `c` sampled, and `me`.
-    pub fn publish(
-        &mut self,
-        page: &Page,
-        c: &Collector,
-        me: &AgentFigures,
-    ) -> Result<(), PublishError> {
-        if let Err(h) = page.unchanged() {
+    pub fn publish(&mut self, c: &Collector, me: &AgentFigures) -> Result<(), PublishError> {
+        if let Err(h) = self.section.page().unchanged() {
             return Err(PublishError::RegionChanged {
                 magic: h.magic,
                 major: h.major,
@@ -295,8 +315,7 @@ impl Publisher {
             });
         }
         if let Some(wrote) = self.wrote {
-            // SAFETY: the header's counter is the section's first u32, aligned.
-            let found = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Acquire);
+            let found = self.section.header_seq().unwrap_or(0);
             if found != wrote {
                 return Err(PublishError::Foreign { found, wrote });
             }
@@ -333,15 +352,13 @@ impl Publisher {
         for r in c.cpus() {
             if r.cpu < self.nr_cpus {
                 let off = u64::from(self.layout.cpus_offset) + u64::from(r.cpu) * 192;
-                // SAFETY: CPU record `cpu` < nr_cpus lies inside the CPU table; one writer.
-                unsafe { write_record(self.at::<GuestCpu>(off), r) };
+                self.section.write(off, r);
             }
         }
         for (i, tid) in self.slots.iter().enumerate() {
             if let Some(t) = by_tid.get(tid) {
                 let off = u64::from(self.layout.threads_offset) + i as u64 * 192;
-                // SAFETY: slot i < capacity lies inside the thread table; one writer.
-                unsafe { write_record(self.at::<GuestThread>(off), &thread_record(t, now)) };
+                self.section.write(off, &thread_record(t, now));
             }
         }
         let mut flags = 0;
@@ -380,9 +397,7 @@ impl Publisher {
             updated_ns: now,
             reserved: [0; 7],
         };
-        // SAFETY: the agent record is at 64, inside the section (the layout needs 256 bytes
-        // before the tables); one writer.
-        unsafe { write_record(self.at::<GuestAgent>(u64::from(HEADER)), &a) };
+        self.section.write(u64::from(HEADER), &a);
         self.write_header();
         self.published = self.header.threads_count;
         Ok(())
