@@ -10,17 +10,18 @@
 //! 256 + 192·nr_cpus   capacity × GuestThread (192)
 //! ```
 //!
-//! Data flow: [`Publisher::new`] computes the layout and the thread capacity (what fits,
-//! capped by `max_threads` and by the 1024 records a reader takes). Each
-//! [`Publisher::publish`] first checks that the region header is still the one the agent
-//! checked and that nobody else wrote the guest header since its last write (it stops
-//! rather than interleave with another writer), takes the threads the collector chose
-//! ([`select`]: most on-CPU time in the last interval first, up to the capacity; then the
-//! exited threads still lingering, state `X`, in the room left), keeps each in the slot it
-//! had ([`assign`]), sums the live threads left out into the aggregate, takes the transient
-//! figures less the exited threads it lists ([`transient`]), and writes the CPU
-//! records, the thread records, its own record and the header, each under the protocol. When the header's thread count shrinks it is written
-//! first, so a reader never counts a slot that is being rewritten for another thread.
+//! Data flow: [`Publisher::new`] takes the page's one writer ([`GuestWriter`]) and computes
+//! the layout and the thread capacity (what fits, capped by `max_threads` and by the 1024
+//! records a reader takes). Each [`Publisher::publish`] first checks that the region header
+//! is still the one the agent checked and that nobody else wrote the guest header since its
+//! last write (it stops rather than interleave with another writer), takes the threads the
+//! collector chose ([`crate::collect::rank::select`]: most on-CPU time in the last interval
+//! first, up to the capacity; then the exited threads still lingering, state `X`, in the room
+//! left), keeps each in the slot it had ([`assign`]), sums the live threads left out into the
+//! aggregate, takes the transient figures less the exited threads it lists ([`transient`]),
+//! and writes the CPU records, the thread records, its own record and the header, each under
+//! the protocol. When the header's thread count shrinks it is written first, so a reader
+//! never counts a slot that is being rewritten for another thread.
 
 use std::collections::{HashMap, HashSet};
 
@@ -104,22 +105,6 @@ pub fn layout(size: usize, nr_cpus: u32, max_threads: u32) -> Result<Layout, Pub
         threads_offset: threads_offset as u32,
         capacity: fit.min(u64::from(max_threads.min(abi::READER_MAX_RECORDS))) as u32,
     })
-}
-
-/// The indices of the threads to publish, best first: most on-CPU time in the last interval,
-/// then most on-CPU time, then lowest tid. `cands` holds (interval ns, total ns, tid).
-pub fn select(cands: &[(u64, u64, u32)], capacity: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..cands.len()).collect();
-    let key = |i: &usize| {
-        let (iv, total, tid) = cands[*i];
-        (std::cmp::Reverse(iv), std::cmp::Reverse(total), tid)
-    };
-    if capacity < idx.len() {
-        idx.select_nth_unstable_by_key(capacity, key);
-        idx.truncate(capacity);
-    }
-    idx.sort_unstable_by_key(key);
-    idx
 }
 
 /// Puts the `chosen` tids in `slots` (slot i holds `slots[i]`): a tid keeps the slot it had,

@@ -25,21 +25,6 @@ fn the_layout_and_its_capacity() {
 }
 
 #[test]
-fn threads_are_ranked_by_last_interval_then_total_then_tid() {
-    let c = [
-        (0, 900, 10), // idle now, busy once
-        (50, 10, 11), // busy now
-        (0, 900, 3),  // same as the first, lower tid
-        (50, 20, 12), // busy now, more in total
-        (0, 0, 13),
-    ];
-    assert_eq!(select(&c, 10), vec![3, 1, 2, 0, 4]);
-    assert_eq!(select(&c, 2), vec![3, 1]);
-    assert_eq!(select(&c, 0), Vec::<usize>::new());
-    assert_eq!(select(&[], 3), Vec::<usize>::new());
-}
-
-#[test]
 fn slots_stay_put_new_threads_fill_holes_and_the_tail_closes_them() {
     let mut s = vec![];
     assign(&mut s, &[5, 6, 7]);
