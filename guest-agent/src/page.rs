@@ -315,128 +315,157 @@ fn lockdown() -> Option<String> {
     (mode != "none").then_some(mode)
 }
 
+/// A page file or /dev/mem, opened and locked, not yet mapped.
+struct Opened {
+    file: File,
+    /// Bytes to map.
+    size: u64,
+    /// Offset in `file` (the GPA for /dev/mem).
+    offset: u64,
+    /// Where the page is, in words.
+    what: String,
+    /// The one-agent lock, when it is a file of its own.
+    lock: Option<File>,
+}
+
+/// Opens the page file at `path` (never through a symbolic link) and, to publish, locks it.
+fn open_file(path: &Path, write: bool) -> Result<Opened, PageError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open_err = |source| PageError::OpenFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A symbolic link is never followed (ELOOP): a link planted at the path must not make a
+    // root agent write into the file it points to.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
+    let meta = f.metadata().map_err(open_err)?;
+    if !meta.is_file() {
+        return Err(PageError::NotRegular(path.to_path_buf()));
+    }
+    let size = meta.len();
+    if size < 64 {
+        return Err(PageError::FileTooSmall {
+            path: path.to_path_buf(),
+            size,
+        });
+    }
+    if write {
+        lock(&f, path)?;
+    }
+    Ok(Opened {
+        file: f,
+        size: size.min(MAX_SIZE),
+        offset: 0,
+        what: path.display().to_string(),
+        lock: None,
+    })
+}
+
+/// Opens /dev/mem for the `size` bytes at `gpa` and, to publish, takes the one-agent lock.
+fn open_devmem(gpa: u64, size: u64, write: bool) -> Result<Opened, PageError> {
+    if !(4096..=MAX_SIZE).contains(&size) {
+        return Err(PageError::Size(size));
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open("/dev/mem")
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => PageError::NoDevMem,
+            _ => PageError::DevMemDenied {
+                why: match lockdown() {
+                    Some(m) => format!(
+                        " (the kernel is in lockdown mode \"{m}\", which forbids /dev/mem; boot without lockdown, e.g. without Secure Boot)"
+                    ),
+                    // SAFETY: geteuid has no preconditions.
+                    None if unsafe { libc::geteuid() } != 0 => {
+                        " (the agent must run as root, with CAP_SYS_RAWIO)".into()
+                    }
+                    None => String::new(),
+                },
+                source,
+            },
+        })?;
+    // One agent per guest: the lock is a file of its own, where /run exists.
+    let lock_path = Path::new("/run/ppa-agent.lock");
+    let lock_file = if write {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symbolic link, never readable by others.
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(lock_path)
+            .ok()
+    } else {
+        None
+    };
+    if let Some(l) = &lock_file {
+        lock(l, lock_path)?;
+    }
+    Ok(Opened {
+        file: f,
+        size,
+        offset: gpa,
+        what: format!("/dev/mem at GPA {gpa:#x}"),
+        lock: lock_file,
+    })
+}
+
+/// Maps what `o` opened, shared, read-write to publish; the mapping is the caller's to
+/// unmap.
+fn map(o: &Opened, place: &Place, write: bool) -> Result<*mut u8, PageError> {
+    // SAFETY: a new shared mapping of `size` bytes of a descriptor we hold; the result is
+    // checked. The mapping is the caller's until it unmaps it (`Page`'s `Drop`).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            o.size as usize,
+            if write {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else {
+                libc::PROT_READ
+            },
+            libc::MAP_SHARED,
+            o.file.as_raw_fd(),
+            o.offset as libc::off_t,
+        )
+    };
+    if ptr != libc::MAP_FAILED {
+        return Ok(ptr.cast());
+    }
+    let (what, why) = match place {
+        Place::Phys { .. } => ("/dev/mem".to_string(), " (with CONFIG_STRICT_DEVMEM the kernel maps only ranges that are neither RAM nor claimed busy by a driver; the VMM's page is an e820 reserved range, which qualifies, so check the address the VMM gave)"),
+        Place::File(p) => (p.display().to_string(), ""),
+    };
+    Err(PageError::Map {
+        what,
+        offset: o.offset,
+        size: o.size,
+        why,
+        source: io::Error::last_os_error(),
+    })
+}
+
 impl Page {
     /// Maps `place` (read-write to publish) and checks its header. Nothing is written.
     pub fn open(place: &Place, access: Access) -> Result<Page, PageError> {
         let write = access == Access::Publish;
-        let (file, size, offset, what, lock_file) = match place {
-            Place::File(path) => {
-                use std::os::unix::fs::OpenOptionsExt;
-                let open_err = |source| PageError::OpenFile {
-                    path: path.clone(),
-                    source,
-                };
-                // A symbolic link is never followed (ELOOP): a link planted at the path must
-                // not make a root agent write into the file it points to.
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(write)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(path)
-                    .map_err(open_err)?;
-                let meta = f.metadata().map_err(open_err)?;
-                if !meta.is_file() {
-                    return Err(PageError::NotRegular(path.clone()));
-                }
-                let size = meta.len();
-                if size < 64 {
-                    return Err(PageError::FileTooSmall {
-                        path: path.clone(),
-                        size,
-                    });
-                }
-                if write {
-                    lock(&f, path)?;
-                }
-                (f, size.min(MAX_SIZE), 0, path.display().to_string(), None)
-            }
-            Place::Phys { gpa, size } => {
-                if !(4096..=MAX_SIZE).contains(size) {
-                    return Err(PageError::Size(*size));
-                }
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(write)
-                    .open("/dev/mem")
-                    .map_err(|source| match source.kind() {
-                        io::ErrorKind::NotFound => PageError::NoDevMem,
-                        _ => PageError::DevMemDenied {
-                            why: match lockdown() {
-                                Some(m) => format!(
-                                    " (the kernel is in lockdown mode \"{m}\", which forbids /dev/mem; boot without lockdown, e.g. without Secure Boot)"
-                                ),
-                                // SAFETY: geteuid has no preconditions.
-                                None if unsafe { libc::geteuid() } != 0 => {
-                                    " (the agent must run as root, with CAP_SYS_RAWIO)".into()
-                                }
-                                None => String::new(),
-                            },
-                            source,
-                        },
-                    })?;
-                // One agent per guest: the lock is a file of its own, where /run exists.
-                let lock_path = Path::new("/run/ppa-agent.lock");
-                let lock_file = if write {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    // Never through a symbolic link, never readable by others.
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .mode(0o600)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(lock_path)
-                        .ok()
-                } else {
-                    None
-                };
-                if let Some(l) = &lock_file {
-                    lock(l, lock_path)?;
-                }
-                (
-                    f,
-                    *size,
-                    *gpa,
-                    format!("/dev/mem at GPA {gpa:#x}"),
-                    lock_file,
-                )
-            }
+        let o = match place {
+            Place::File(path) => open_file(path, write)?,
+            Place::Phys { gpa, size } => open_devmem(*gpa, *size, write)?,
         };
-        // SAFETY: a new shared mapping of `size` bytes of a descriptor we hold; the result
-        // is checked. The mapping is ours until `Drop` unmaps it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                if write {
-                    libc::PROT_READ | libc::PROT_WRITE
-                } else {
-                    libc::PROT_READ
-                },
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let why = match place {
-                Place::Phys { .. } => " (with CONFIG_STRICT_DEVMEM the kernel maps only ranges that are neither RAM nor claimed busy by a driver; the VMM's page is an e820 reserved range, which qualifies, so check the address the VMM gave)",
-                Place::File(_) => "",
-            };
-            return Err(PageError::Map {
-                what: match place {
-                    Place::Phys { .. } => "/dev/mem".to_string(),
-                    Place::File(p) => p.display().to_string(),
-                },
-                offset,
-                size,
-                why,
-                source: io::Error::last_os_error(),
-            });
-        }
+        let ptr = map(&o, place, write)?;
         let mut page = Page {
-            ptr: ptr.cast(),
-            len: size as usize,
+            ptr,
+            len: o.size as usize,
             header: RegionHeader {
                 magic: 0,
                 major: 0,
@@ -453,14 +482,14 @@ impl Page {
                 vm_size: 0,
                 reserved: [0; 2],
             },
-            at: what,
+            at: o.what,
             writable: write,
             writing: Cell::new(false),
-            _file: file,
-            _lock: lock_file,
+            _file: o.file,
+            _lock: o.lock,
         };
         page.header = page.read_header();
-        check_header(&page.header, size).map_err(|source| PageError::Header {
+        check_header(&page.header, o.size).map_err(|source| PageError::Header {
             at: page.at.clone(),
             source,
         })?;
