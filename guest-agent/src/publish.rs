@@ -289,8 +289,9 @@ impl<'p> Publisher<'p> {
         self.wrote = self.section.header_seq();
     }
 
-    /// Publishes what `c` sampled, and `me`.
-    pub fn publish(&mut self, c: &Collector, me: &AgentFigures) -> Result<(), PublishError> {
+    /// Whether the region header is still the one checked and the guest header still the
+    /// one the agent last wrote.
+    fn still_ours(&self) -> Result<(), PublishError> {
         if let Err(h) = self.section.page().unchanged() {
             return Err(PublishError::RegionChanged {
                 magic: h.magic,
@@ -305,24 +306,19 @@ impl<'p> Publisher<'p> {
                 return Err(PublishError::Foreign { found, wrote });
             }
         }
+        Ok(())
+    }
+
+    /// Publishes what `c` sampled, and `me`.
+    pub fn publish(&mut self, c: &Collector, me: &AgentFigures) -> Result<(), PublishError> {
+        self.still_ours()?;
         let now = c.now_ns();
-        let threads: Vec<&ThreadInfo> = c.threads().collect();
         // The collector chose (and refreshed) the threads to publish, live ones first, then
         // exited ones; at most capacity.
         let picked: Vec<&ThreadInfo> = c.selected().take(self.layout.capacity as usize).collect();
         let by_tid: HashMap<u32, &ThreadInfo> = picked.iter().map(|t| (t.tid, *t)).collect();
         let chosen: Vec<u32> = picked.iter().map(|t| t.tid).collect();
         assign(&mut self.slots, &chosen);
-        // The aggregate: live threads not published (an exited one is published or in the
-        // transient figures, never here).
-        let mut rest = (0u64, 0u64, 0u64);
-        for t in &threads {
-            if !by_tid.contains_key(&t.tid) {
-                rest.0 += 1;
-                rest.1 += t.sched.on_cpu_ns;
-                rest.2 += t.interval_on_cpu_ns;
-            }
-        }
         let totals = c.totals();
         self.header.updated_ns = now;
         self.header.threads_count = self.slots.len() as u32;
@@ -346,46 +342,68 @@ impl<'p> Publisher<'p> {
                 self.section.write(off, &thread_record(t, now));
             }
         }
-        let mut flags = 0;
-        for (on, bit) in [
-            (c.taskstats(), abi::AGENT_TASKSTATS),
-            (c.delayacct(), abi::AGENT_DELAYACCT),
-            (totals.exits_lost, abi::AGENT_EXITS_LOST),
-            (c.cpu_switches(), abi::AGENT_CPU_SWITCHES),
-            (me.stopped, abi::AGENT_STOPPED),
-        ] {
-            if on {
-                flags |= bit;
-            }
-        }
-        let a = GuestAgent {
-            seq: 0,
-            magic: abi::AGENT_MAGIC,
-            size: AGENT,
-            flags,
-            pid: std::process::id(),
-            threads_seen: threads.len() as u32,
-            threads_published: self.slots.len() as u32,
-            reserved0: 0,
-            interval_ns: me.interval_ns,
-            samples: me.samples,
-            sample_cpu_ns: me.sample_cpu_ns,
-            sample_max_cpu_ns: me.sample_max_cpu_ns,
-            agent_cpu_ns: me.agent_cpu_ns,
-            rest_count: rest.0,
-            rest_on_cpu_ns: rest.1,
-            rest_interval_on_cpu_ns: rest.2,
-            unseen_count: totals.unseen_count,
-            unseen_cpu_ns: totals.unseen_cpu_ns,
-            exited_processes: totals.exited_processes,
-            exits_missed: totals.exits_missed,
-            updated_ns: now,
-            reserved: [0; 7],
-        };
+        let a = agent_record(c, me, |tid| by_tid.contains_key(&tid), self.slots.len());
         self.section.write(u64::from(HEADER), &a);
         self.write_header();
         self.published = self.header.threads_count;
         Ok(())
+    }
+}
+
+/// The agent's record: `me`, and of what `c` sampled the live threads not published (the
+/// aggregate: those for which `published` is false; an exited thread is published or in the
+/// transient figures, never here), `listed` records published, and the collector's totals.
+fn agent_record(
+    c: &Collector,
+    me: &AgentFigures,
+    published: impl Fn(u32) -> bool,
+    listed: usize,
+) -> GuestAgent {
+    let totals = c.totals();
+    let (mut seen, mut rest) = (0u32, (0u64, 0u64, 0u64));
+    for t in c.threads() {
+        seen += 1;
+        if !published(t.tid) {
+            rest.0 += 1;
+            rest.1 += t.sched.on_cpu_ns;
+            rest.2 += t.interval_on_cpu_ns;
+        }
+    }
+    let mut flags = 0;
+    for (on, bit) in [
+        (c.taskstats(), abi::AGENT_TASKSTATS),
+        (c.delayacct(), abi::AGENT_DELAYACCT),
+        (totals.exits_lost, abi::AGENT_EXITS_LOST),
+        (c.cpu_switches(), abi::AGENT_CPU_SWITCHES),
+        (me.stopped, abi::AGENT_STOPPED),
+    ] {
+        if on {
+            flags |= bit;
+        }
+    }
+    GuestAgent {
+        seq: 0,
+        magic: abi::AGENT_MAGIC,
+        size: AGENT,
+        flags,
+        pid: std::process::id(),
+        threads_seen: seen,
+        threads_published: listed as u32,
+        reserved0: 0,
+        interval_ns: me.interval_ns,
+        samples: me.samples,
+        sample_cpu_ns: me.sample_cpu_ns,
+        sample_max_cpu_ns: me.sample_max_cpu_ns,
+        agent_cpu_ns: me.agent_cpu_ns,
+        rest_count: rest.0,
+        rest_on_cpu_ns: rest.1,
+        rest_interval_on_cpu_ns: rest.2,
+        unseen_count: totals.unseen_count,
+        unseen_cpu_ns: totals.unseen_cpu_ns,
+        exited_processes: totals.exited_processes,
+        exits_missed: totals.exits_missed,
+        updated_ns: c.now_ns(),
+        reserved: [0; 7],
     }
 }
 
