@@ -276,7 +276,7 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
         me.samples += 1;
         me.agent_cpu_ns = crate::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
         // The publication's own cost lands in the next sample's figure.
-        p.publish(&page, &c, &me).map_err(AgentError::Publish)?;
+        p.publish(&c, &me).map_err(AgentError::Publish)?;
         me.sample_cpu_ns = crate::thread_cpu_ns() - t0;
         me.sample_max_cpu_ns = me.sample_max_cpu_ns.max(me.sample_cpu_ns);
         if limit.samples.is_some_and(|n| me.samples >= n) {
@@ -301,7 +301,7 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
     }
     me.stopped = true;
     me.agent_cpu_ns = crate::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
-    p.publish(&page, &c, &me).map_err(AgentError::Publish)?;
+    p.publish(&c, &me).map_err(AgentError::Publish)?;
     log(&format!(
         "stopped after {} samples, {:.3} ms of CPU",
         me.samples,

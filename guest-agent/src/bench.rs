@@ -104,15 +104,10 @@ impl Case {
     }
 }
 
-fn sample(
-    c: &mut Collector,
-    p: &mut Publisher,
-    page: &Page,
-    case: &mut Case,
-) -> Result<(), String> {
+fn sample(c: &mut Collector, p: &mut Publisher<'_>, case: &mut Case) -> Result<(), String> {
     let t0 = crate::thread_cpu_ns();
     c.sample().map_err(|e| format!("sample: {e}"))?;
-    p.publish(page, c, &AgentFigures::default())
+    p.publish(c, &AgentFigures::default())
         .map_err(|e| format!("publish: {e}"))?;
     case.cpu.push(crate::thread_cpu_ns() - t0);
     let ph = c.phases();
@@ -222,13 +217,13 @@ fn measure(
         phases: Phases::default(),
     };
     let mut first = new();
-    sample(&mut c, &mut p, &page, &mut first)?;
+    sample(&mut c, &mut p, &mut first)?;
     let total = c.thread_count();
     let mut idle = new();
     for _ in 0..opts.samples {
         std::thread::sleep(Duration::from_millis(20));
         c.drain_exits().map_err(|e| e.to_string())?;
-        sample(&mut c, &mut p, &page, &mut idle)?;
+        sample(&mut c, &mut p, &mut idle)?;
     }
     let mut active = new();
     for round in round0 + 1..=round0 + opts.samples as u32 {
@@ -239,7 +234,7 @@ fn measure(
             std::thread::sleep(Duration::from_millis(1));
         }
         c.drain_exits().map_err(|e| e.to_string())?;
-        sample(&mut c, &mut p, &page, &mut active)?;
+        sample(&mut c, &mut p, &mut active)?;
     }
     let share = |ns: u64| 100.0 * ns as f64 / opts.interval.as_nanos() as f64;
     let ms = |ns: u64| ns as f64 / 1e6;

@@ -18,7 +18,7 @@
 //!    `stat` of every thread that ran is read).
 //!    Every exit also goes to [`linger::Lingering`], which keeps the exited thread's final
 //!    record for a few samples.
-//! 6. The threads to publish are chosen ([`crate::publish::select`]: most on-CPU time in the
+//! 6. The threads to publish are chosen ([`rank::select`]: most on-CPU time in the
 //!    interval first, up to the page's capacity; then, in the room left, the exited threads
 //!    still lingering, newest exit first), and only those live ones whose figures moved since
 //!    their last full read have their `stat` (state, last CPU, utime/stime split), `status`
@@ -30,6 +30,7 @@
 
 pub mod cpus;
 pub mod linger;
+pub mod rank;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -512,7 +513,7 @@ impl Collector {
                 )
             })
             .collect();
-        let chosen = crate::publish::select(&cands, self.opts.capacity);
+        let chosen = rank::select(&cands, self.opts.capacity);
         self.selected.clear();
         for i in chosen {
             let tid = cands[i].2;

@@ -14,13 +14,16 @@
 //! above 1 MiB, which Linux registers but never marks busy, so the mapping is allowed under
 //! both. A kernel in lockdown mode (Secure Boot) refuses /dev/mem altogether.
 
+use std::cell::Cell;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ppa_guest_abi::ppa_page::{
-    read_record, HostVcpu, HostVm, ReadError, RegionHeader, MAJOR, REGION_MAGIC,
+    read_record, write_record, GuestHeader, HostVcpu, HostVm, ReadError, Record, RegionHeader,
+    MAJOR, REGION_MAGIC,
 };
 use thiserror::Error;
 
@@ -207,8 +210,93 @@ pub struct Page {
     len: usize,
     header: RegionHeader,
     at: String,
+    /// Mapped read-write ([`Access::Publish`]).
+    writable: bool,
+    /// A [`GuestWriter`] of this page is alive.
+    writing: Cell<bool>,
     _file: File,
     _lock: Option<File>,
+}
+
+/// Why the page has no writer to give.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum WriterError {
+    /// Mapped to look, not to publish.
+    #[error("the page is mapped read-only (opened to look, not to publish)")]
+    ReadOnly,
+    /// Another writer of this page is alive in this process.
+    #[error("another publisher in this process is already writing the page's guest section")]
+    Taken,
+}
+
+/// The guest section of a [`Page`], for its one writer: it borrows the page, so the page
+/// (whose drop unmaps the memory) outlives it, and while it lives [`Page::guest_writer`]
+/// gives no other. Every write is checked against the section and made under the sequence
+/// protocol of `ppa_guest_abi::ppa_page`.
+#[derive(Debug)]
+pub struct GuestWriter<'p> {
+    page: &'p Page,
+    base: *mut u8,
+    len: usize,
+}
+
+impl GuestWriter<'_> {
+    /// Bytes in the section.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the section is empty (never: `check_header` accepts no such region for
+    /// publishing, since the layout needs room).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The record at byte offset `off` when it lies inside the section, 8-byte aligned.
+    fn at<T: Record>(&self, off: u64) -> Option<*mut T> {
+        let end = off.checked_add(std::mem::size_of::<T>() as u64)?;
+        if off % 8 != 0 || end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: `off + size_of::<T>() <= len`, so the pointer stays inside the section,
+        // which `check_header` placed inside the mapping.
+        Some(unsafe { self.base.add(off as usize) }.cast::<T>())
+    }
+
+    /// Writes `rec` at byte offset `off` under the sequence protocol; false (nothing
+    /// written) when the record would not lie inside the section, 8-byte aligned.
+    pub fn write<T: Record>(&mut self, off: u64, rec: &T) -> bool {
+        let Some(p) = self.at::<T>(off) else {
+            return false;
+        };
+        // SAFETY: `at` checked the record lies inside the section, 8-byte aligned (the
+        // section's offset is a multiple of 8 and the mapping page-aligned); the mapping is
+        // read-write (`guest_writer` gives none otherwise) and lives as long as the page this
+        // writer borrows; this writer is the process's only one (`Page::writing`) and the
+        // advisory lock keeps other agents out.
+        unsafe { write_record(p, rec) };
+        true
+    }
+
+    /// The guest header's sequence counter (the section's first `u32`) as it is now; `None`
+    /// when the section cannot hold a header.
+    pub fn header_seq(&self) -> Option<u32> {
+        let p = self.at::<GuestHeader>(0)?;
+        // SAFETY: an aligned `u32` inside the live mapping (`at`); an `AtomicU32` has the
+        // layout of a `u32`, and others write the word only atomically or not at all.
+        Some(unsafe { &*p.cast::<AtomicU32>() }.load(Ordering::Acquire))
+    }
+
+    /// The page this writer writes.
+    pub fn page(&self) -> &Page {
+        self.page
+    }
+}
+
+impl Drop for GuestWriter<'_> {
+    fn drop(&mut self) {
+        self.page.writing.set(false);
+    }
 }
 
 /// Takes an exclusive advisory lock on `f`, or says another agent holds it.
@@ -227,128 +315,157 @@ fn lockdown() -> Option<String> {
     (mode != "none").then_some(mode)
 }
 
+/// A page file or /dev/mem, opened and locked, not yet mapped.
+struct Opened {
+    file: File,
+    /// Bytes to map.
+    size: u64,
+    /// Offset in `file` (the GPA for /dev/mem).
+    offset: u64,
+    /// Where the page is, in words.
+    what: String,
+    /// The one-agent lock, when it is a file of its own.
+    lock: Option<File>,
+}
+
+/// Opens the page file at `path` (never through a symbolic link) and, to publish, locks it.
+fn open_file(path: &Path, write: bool) -> Result<Opened, PageError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open_err = |source| PageError::OpenFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A symbolic link is never followed (ELOOP): a link planted at the path must not make a
+    // root agent write into the file it points to.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
+    let meta = f.metadata().map_err(open_err)?;
+    if !meta.is_file() {
+        return Err(PageError::NotRegular(path.to_path_buf()));
+    }
+    let size = meta.len();
+    if size < 64 {
+        return Err(PageError::FileTooSmall {
+            path: path.to_path_buf(),
+            size,
+        });
+    }
+    if write {
+        lock(&f, path)?;
+    }
+    Ok(Opened {
+        file: f,
+        size: size.min(MAX_SIZE),
+        offset: 0,
+        what: path.display().to_string(),
+        lock: None,
+    })
+}
+
+/// Opens /dev/mem for the `size` bytes at `gpa` and, to publish, takes the one-agent lock.
+fn open_devmem(gpa: u64, size: u64, write: bool) -> Result<Opened, PageError> {
+    if !(4096..=MAX_SIZE).contains(&size) {
+        return Err(PageError::Size(size));
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open("/dev/mem")
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => PageError::NoDevMem,
+            _ => PageError::DevMemDenied {
+                why: match lockdown() {
+                    Some(m) => format!(
+                        " (the kernel is in lockdown mode \"{m}\", which forbids /dev/mem; boot without lockdown, e.g. without Secure Boot)"
+                    ),
+                    // SAFETY: geteuid has no preconditions.
+                    None if unsafe { libc::geteuid() } != 0 => {
+                        " (the agent must run as root, with CAP_SYS_RAWIO)".into()
+                    }
+                    None => String::new(),
+                },
+                source,
+            },
+        })?;
+    // One agent per guest: the lock is a file of its own, where /run exists.
+    let lock_path = Path::new("/run/ppa-agent.lock");
+    let lock_file = if write {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Never through a symbolic link, never readable by others.
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(lock_path)
+            .ok()
+    } else {
+        None
+    };
+    if let Some(l) = &lock_file {
+        lock(l, lock_path)?;
+    }
+    Ok(Opened {
+        file: f,
+        size,
+        offset: gpa,
+        what: format!("/dev/mem at GPA {gpa:#x}"),
+        lock: lock_file,
+    })
+}
+
+/// Maps what `o` opened, shared, read-write to publish; the mapping is the caller's to
+/// unmap.
+fn map(o: &Opened, place: &Place, write: bool) -> Result<*mut u8, PageError> {
+    // SAFETY: a new shared mapping of `size` bytes of a descriptor we hold; the result is
+    // checked. The mapping is the caller's until it unmaps it (`Page`'s `Drop`).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            o.size as usize,
+            if write {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else {
+                libc::PROT_READ
+            },
+            libc::MAP_SHARED,
+            o.file.as_raw_fd(),
+            o.offset as libc::off_t,
+        )
+    };
+    if ptr != libc::MAP_FAILED {
+        return Ok(ptr.cast());
+    }
+    let (what, why) = match place {
+        Place::Phys { .. } => ("/dev/mem".to_string(), " (with CONFIG_STRICT_DEVMEM the kernel maps only ranges that are neither RAM nor claimed busy by a driver; the VMM's page is an e820 reserved range, which qualifies, so check the address the VMM gave)"),
+        Place::File(p) => (p.display().to_string(), ""),
+    };
+    Err(PageError::Map {
+        what,
+        offset: o.offset,
+        size: o.size,
+        why,
+        source: io::Error::last_os_error(),
+    })
+}
+
 impl Page {
     /// Maps `place` (read-write to publish) and checks its header. Nothing is written.
     pub fn open(place: &Place, access: Access) -> Result<Page, PageError> {
         let write = access == Access::Publish;
-        let (file, size, offset, what, lock_file) = match place {
-            Place::File(path) => {
-                use std::os::unix::fs::OpenOptionsExt;
-                let open_err = |source| PageError::OpenFile {
-                    path: path.clone(),
-                    source,
-                };
-                // A symbolic link is never followed (ELOOP): a link planted at the path must
-                // not make a root agent write into the file it points to.
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(write)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(path)
-                    .map_err(open_err)?;
-                let meta = f.metadata().map_err(open_err)?;
-                if !meta.is_file() {
-                    return Err(PageError::NotRegular(path.clone()));
-                }
-                let size = meta.len();
-                if size < 64 {
-                    return Err(PageError::FileTooSmall {
-                        path: path.clone(),
-                        size,
-                    });
-                }
-                if write {
-                    lock(&f, path)?;
-                }
-                (f, size.min(MAX_SIZE), 0, path.display().to_string(), None)
-            }
-            Place::Phys { gpa, size } => {
-                if !(4096..=MAX_SIZE).contains(size) {
-                    return Err(PageError::Size(*size));
-                }
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(write)
-                    .open("/dev/mem")
-                    .map_err(|source| match source.kind() {
-                        io::ErrorKind::NotFound => PageError::NoDevMem,
-                        _ => PageError::DevMemDenied {
-                            why: match lockdown() {
-                                Some(m) => format!(
-                                    " (the kernel is in lockdown mode \"{m}\", which forbids /dev/mem; boot without lockdown, e.g. without Secure Boot)"
-                                ),
-                                // SAFETY: geteuid has no preconditions.
-                                None if unsafe { libc::geteuid() } != 0 => {
-                                    " (the agent must run as root, with CAP_SYS_RAWIO)".into()
-                                }
-                                None => String::new(),
-                            },
-                            source,
-                        },
-                    })?;
-                // One agent per guest: the lock is a file of its own, where /run exists.
-                let lock_path = Path::new("/run/ppa-agent.lock");
-                let lock_file = if write {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    // Never through a symbolic link, never readable by others.
-                    OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .mode(0o600)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(lock_path)
-                        .ok()
-                } else {
-                    None
-                };
-                if let Some(l) = &lock_file {
-                    lock(l, lock_path)?;
-                }
-                (
-                    f,
-                    *size,
-                    *gpa,
-                    format!("/dev/mem at GPA {gpa:#x}"),
-                    lock_file,
-                )
-            }
+        let o = match place {
+            Place::File(path) => open_file(path, write)?,
+            Place::Phys { gpa, size } => open_devmem(*gpa, *size, write)?,
         };
-        // SAFETY: a new shared mapping of `size` bytes of a descriptor we hold; the result
-        // is checked. The mapping is ours until `Drop` unmaps it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                if write {
-                    libc::PROT_READ | libc::PROT_WRITE
-                } else {
-                    libc::PROT_READ
-                },
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let why = match place {
-                Place::Phys { .. } => " (with CONFIG_STRICT_DEVMEM the kernel maps only ranges that are neither RAM nor claimed busy by a driver; the VMM's page is an e820 reserved range, which qualifies, so check the address the VMM gave)",
-                Place::File(_) => "",
-            };
-            return Err(PageError::Map {
-                what: match place {
-                    Place::Phys { .. } => "/dev/mem".to_string(),
-                    Place::File(p) => p.display().to_string(),
-                },
-                offset,
-                size,
-                why,
-                source: io::Error::last_os_error(),
-            });
-        }
+        let ptr = map(&o, place, write)?;
         let mut page = Page {
-            ptr: ptr.cast(),
-            len: size as usize,
+            ptr,
+            len: o.size as usize,
             header: RegionHeader {
                 magic: 0,
                 major: 0,
@@ -365,12 +482,14 @@ impl Page {
                 vm_size: 0,
                 reserved: [0; 2],
             },
-            at: what,
-            _file: file,
-            _lock: lock_file,
+            at: o.what,
+            writable: write,
+            writing: Cell::new(false),
+            _file: o.file,
+            _lock: o.lock,
         };
         page.header = page.read_header();
-        check_header(&page.header, size).map_err(|source| PageError::Header {
+        check_header(&page.header, o.size).map_err(|source| PageError::Header {
             at: page.at.clone(),
             source,
         })?;
@@ -404,7 +523,24 @@ impl Page {
         }
     }
 
-    /// The guest section: its start and length.
+    /// The guest section's one writer, while nobody else in this process has it: the
+    /// page must be mapped to publish.
+    pub fn guest_writer(&self) -> Result<GuestWriter<'_>, WriterError> {
+        if !self.writable {
+            return Err(WriterError::ReadOnly);
+        }
+        if self.writing.replace(true) {
+            return Err(WriterError::Taken);
+        }
+        let (base, len) = self.guest();
+        Ok(GuestWriter {
+            page: self,
+            base,
+            len,
+        })
+    }
+
+    /// The guest section: its start and length (to read it; [`Page::guest_writer`] writes).
     pub fn guest(&self) -> (*mut u8, usize) {
         // SAFETY: `check_header` placed the guest section inside the mapping.
         let p = unsafe { self.ptr.add(self.header.guest_offset as usize) };

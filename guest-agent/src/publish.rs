@@ -10,30 +10,29 @@
 //! 256 + 192·nr_cpus   capacity × GuestThread (192)
 //! ```
 //!
-//! Data flow: [`Publisher::new`] computes the layout and the thread capacity (what fits,
-//! capped by `max_threads` and by the 1024 records a reader takes). Each
-//! [`Publisher::publish`] first checks that the region header is still the one the agent
-//! checked and that nobody else wrote the guest header since its last write (it stops
-//! rather than interleave with another writer), takes the threads the collector chose
-//! ([`select`]: most on-CPU time in the last interval first, up to the capacity; then the
-//! exited threads still lingering, state `X`, in the room left), keeps each in the slot it
-//! had ([`assign`]), sums the live threads left out into the aggregate, takes the transient
-//! figures less the exited threads it lists ([`transient`]), and writes the CPU
-//! records, the thread records, its own record and the header, each under the protocol. When the header's thread count shrinks it is written
-//! first, so a reader never counts a slot that is being rewritten for another thread.
+//! Data flow: [`Publisher::new`] takes the page's one writer ([`GuestWriter`]) and computes
+//! the layout and the thread capacity (what fits, capped by `max_threads` and by the 1024
+//! records a reader takes). Each [`Publisher::publish`] first checks that the region header
+//! is still the one the agent checked and that nobody else wrote the guest header since its
+//! last write (it stops rather than interleave with another writer), takes the threads the
+//! collector chose ([`crate::collect::rank::select`]: most on-CPU time in the last interval
+//! first, up to the capacity; then the exited threads still lingering, state `X`, in the room
+//! left), keeps each in the slot it had ([`assign`]), sums the live threads left out into the
+//! aggregate, takes the transient figures less the exited threads it lists ([`transient`]),
+//! and writes the CPU records, the thread records, its own record and the header, each under
+//! the protocol. When the header's thread count shrinks it is written first, so a reader
+//! never counts a slot that is being rewritten for another thread.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use ppa_guest_abi::ppa_page::{
-    self as abi, write_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR,
-    MINOR,
+    self as abi, GuestAgent, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR, MINOR,
 };
 use thiserror::Error;
 
 use crate::collect::linger::transient;
 use crate::collect::{Collector, ThreadInfo};
-use crate::page::Page;
+use crate::page::{GuestWriter, Page, WriterError};
 
 const HEADER: u32 = 64;
 const AGENT: u32 = 192;
@@ -64,6 +63,9 @@ pub enum PublishError {
         /// Size now.
         total: u32,
     },
+    /// The page has no writer to give (mapped to look, or another publisher has it).
+    #[error("the agent cannot write the guest section")]
+    Writer(#[from] WriterError),
     /// Someone else wrote the guest header.
     #[error("another writer changed the guest header (sequence {found}, the agent last wrote {wrote}): stopping so as not to interleave with it")]
     Foreign {
@@ -103,22 +105,6 @@ pub fn layout(size: usize, nr_cpus: u32, max_threads: u32) -> Result<Layout, Pub
         threads_offset: threads_offset as u32,
         capacity: fit.min(u64::from(max_threads.min(abi::READER_MAX_RECORDS))) as u32,
     })
-}
-
-/// The indices of the threads to publish, best first: most on-CPU time in the last interval,
-/// then most on-CPU time, then lowest tid. `cands` holds (interval ns, total ns, tid).
-pub fn select(cands: &[(u64, u64, u32)], capacity: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..cands.len()).collect();
-    let key = |i: &usize| {
-        let (iv, total, tid) = cands[*i];
-        (std::cmp::Reverse(iv), std::cmp::Reverse(total), tid)
-    };
-    if capacity < idx.len() {
-        idx.select_nth_unstable_by_key(capacity, key);
-        idx.truncate(capacity);
-    }
-    idx.sort_unstable_by_key(key);
-    idx
 }
 
 /// Puts the `chosen` tids in `slots` (slot i holds `slots[i]`): a tid keeps the slot it had,
@@ -177,10 +163,40 @@ pub struct AgentFigures {
     pub stopped: bool,
 }
 
-/// The agent's writer into the guest section.
+/// The agent's writer into the guest section. It borrows the page's one
+/// [`GuestWriter`], so the page cannot be dropped (and unmapped) while a publisher lives:
+///
+/// ```compile_fail,E0505
+/// use ppa_agent::discover::Place;
+/// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::publish::Publisher;
+///
+/// fn publish_after_unmap(place: &Place) {
+///     let page = Page::open(place, Access::Publish).unwrap();
+///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     drop(page); // error[E0505]: cannot move out of `page` because it is borrowed
+///     let _ = p.layout();
+/// }
+/// ```
+///
+/// while the same code with the publisher dropped first compiles:
+///
+/// ```no_run
+/// use ppa_agent::discover::Place;
+/// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::publish::Publisher;
+///
+/// fn publish_then_unmap(place: &Place) {
+///     let page = Page::open(place, Access::Publish).unwrap();
+///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     let _ = p.layout();
+///     drop(p);
+///     drop(page);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct Publisher {
-    base: *mut u8,
+pub struct Publisher<'p> {
+    section: GuestWriter<'p>,
     layout: Layout,
     nr_cpus: u32,
     slots: Vec<u32>,
@@ -227,13 +243,18 @@ fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
     r
 }
 
-impl Publisher {
-    /// Lays out the guest section of `page` for `nr_cpus` CPUs. Nothing is written yet.
-    pub fn new(page: &Page, nr_cpus: u32, max_threads: u32) -> Result<Publisher, PublishError> {
-        let (base, len) = page.guest();
-        let layout = layout(len, nr_cpus, max_threads)?;
+impl<'p> Publisher<'p> {
+    /// Lays out the guest section of `page` for `nr_cpus` CPUs, taking the page's one
+    /// writer. Nothing is written yet.
+    pub fn new(
+        page: &'p Page,
+        nr_cpus: u32,
+        max_threads: u32,
+    ) -> Result<Publisher<'p>, PublishError> {
+        let section = page.guest_writer()?;
+        let layout = layout(section.len(), nr_cpus, max_threads)?;
         Ok(Publisher {
-            base,
+            section,
             layout,
             nr_cpus,
             slots: Vec::new(),
@@ -263,30 +284,15 @@ impl Publisher {
         self.layout
     }
 
-    fn at<T>(&self, off: u64) -> *mut T {
-        // SAFETY: every offset used is inside the guest section (the layout checked it
-        // against the section's size) and a multiple of 8, in a mapping that outlives `self`
-        // (the agent drops the publisher before the page).
-        unsafe { self.base.add(off as usize).cast::<T>() }
-    }
-
     fn write_header(&mut self) {
-        // SAFETY: the header is at the section's start; the agent is its only writer (checked
-        // by `publish`).
-        unsafe { write_record(self.at::<GuestHeader>(0), &self.header) };
-        // SAFETY: as above; a read of the counter this thread just wrote.
-        let seq = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Relaxed);
-        self.wrote = Some(seq);
+        self.section.write(0, &self.header);
+        self.wrote = self.section.header_seq();
     }
 
-    /// Publishes what `c` sampled, and `me`.
-    pub fn publish(
-        &mut self,
-        page: &Page,
-        c: &Collector,
-        me: &AgentFigures,
-    ) -> Result<(), PublishError> {
-        if let Err(h) = page.unchanged() {
+    /// Whether the region header is still the one checked and the guest header still the
+    /// one the agent last wrote.
+    fn still_ours(&self) -> Result<(), PublishError> {
+        if let Err(h) = self.section.page().unchanged() {
             return Err(PublishError::RegionChanged {
                 magic: h.magic,
                 major: h.major,
@@ -295,30 +301,24 @@ impl Publisher {
             });
         }
         if let Some(wrote) = self.wrote {
-            // SAFETY: the header's counter is the section's first u32, aligned.
-            let found = unsafe { &*self.at::<AtomicU32>(0) }.load(Ordering::Acquire);
+            let found = self.section.header_seq().unwrap_or(0);
             if found != wrote {
                 return Err(PublishError::Foreign { found, wrote });
             }
         }
+        Ok(())
+    }
+
+    /// Publishes what `c` sampled, and `me`.
+    pub fn publish(&mut self, c: &Collector, me: &AgentFigures) -> Result<(), PublishError> {
+        self.still_ours()?;
         let now = c.now_ns();
-        let threads: Vec<&ThreadInfo> = c.threads().collect();
         // The collector chose (and refreshed) the threads to publish, live ones first, then
         // exited ones; at most capacity.
         let picked: Vec<&ThreadInfo> = c.selected().take(self.layout.capacity as usize).collect();
         let by_tid: HashMap<u32, &ThreadInfo> = picked.iter().map(|t| (t.tid, *t)).collect();
         let chosen: Vec<u32> = picked.iter().map(|t| t.tid).collect();
         assign(&mut self.slots, &chosen);
-        // The aggregate: live threads not published (an exited one is published or in the
-        // transient figures, never here).
-        let mut rest = (0u64, 0u64, 0u64);
-        for t in &threads {
-            if !by_tid.contains_key(&t.tid) {
-                rest.0 += 1;
-                rest.1 += t.sched.on_cpu_ns;
-                rest.2 += t.interval_on_cpu_ns;
-            }
-        }
         let totals = c.totals();
         self.header.updated_ns = now;
         self.header.threads_count = self.slots.len() as u32;
@@ -333,59 +333,77 @@ impl Publisher {
         for r in c.cpus() {
             if r.cpu < self.nr_cpus {
                 let off = u64::from(self.layout.cpus_offset) + u64::from(r.cpu) * 192;
-                // SAFETY: CPU record `cpu` < nr_cpus lies inside the CPU table; one writer.
-                unsafe { write_record(self.at::<GuestCpu>(off), r) };
+                self.section.write(off, r);
             }
         }
         for (i, tid) in self.slots.iter().enumerate() {
             if let Some(t) = by_tid.get(tid) {
                 let off = u64::from(self.layout.threads_offset) + i as u64 * 192;
-                // SAFETY: slot i < capacity lies inside the thread table; one writer.
-                unsafe { write_record(self.at::<GuestThread>(off), &thread_record(t, now)) };
+                self.section.write(off, &thread_record(t, now));
             }
         }
-        let mut flags = 0;
-        for (on, bit) in [
-            (c.taskstats(), abi::AGENT_TASKSTATS),
-            (c.delayacct(), abi::AGENT_DELAYACCT),
-            (totals.exits_lost, abi::AGENT_EXITS_LOST),
-            (c.cpu_switches(), abi::AGENT_CPU_SWITCHES),
-            (me.stopped, abi::AGENT_STOPPED),
-        ] {
-            if on {
-                flags |= bit;
-            }
-        }
-        let a = GuestAgent {
-            seq: 0,
-            magic: abi::AGENT_MAGIC,
-            size: AGENT,
-            flags,
-            pid: std::process::id(),
-            threads_seen: threads.len() as u32,
-            threads_published: self.slots.len() as u32,
-            reserved0: 0,
-            interval_ns: me.interval_ns,
-            samples: me.samples,
-            sample_cpu_ns: me.sample_cpu_ns,
-            sample_max_cpu_ns: me.sample_max_cpu_ns,
-            agent_cpu_ns: me.agent_cpu_ns,
-            rest_count: rest.0,
-            rest_on_cpu_ns: rest.1,
-            rest_interval_on_cpu_ns: rest.2,
-            unseen_count: totals.unseen_count,
-            unseen_cpu_ns: totals.unseen_cpu_ns,
-            exited_processes: totals.exited_processes,
-            exits_missed: totals.exits_missed,
-            updated_ns: now,
-            reserved: [0; 7],
-        };
-        // SAFETY: the agent record is at 64, inside the section (the layout needs 256 bytes
-        // before the tables); one writer.
-        unsafe { write_record(self.at::<GuestAgent>(u64::from(HEADER)), &a) };
+        let a = agent_record(c, me, |tid| by_tid.contains_key(&tid), self.slots.len());
+        self.section.write(u64::from(HEADER), &a);
         self.write_header();
         self.published = self.header.threads_count;
         Ok(())
+    }
+}
+
+/// The agent's record: `me`, and of what `c` sampled the live threads not published (the
+/// aggregate: those for which `published` is false; an exited thread is published or in the
+/// transient figures, never here), `listed` records published, and the collector's totals.
+fn agent_record(
+    c: &Collector,
+    me: &AgentFigures,
+    published: impl Fn(u32) -> bool,
+    listed: usize,
+) -> GuestAgent {
+    let totals = c.totals();
+    let (mut seen, mut rest) = (0u32, (0u64, 0u64, 0u64));
+    for t in c.threads() {
+        seen += 1;
+        if !published(t.tid) {
+            rest.0 += 1;
+            rest.1 += t.sched.on_cpu_ns;
+            rest.2 += t.interval_on_cpu_ns;
+        }
+    }
+    let mut flags = 0;
+    for (on, bit) in [
+        (c.taskstats(), abi::AGENT_TASKSTATS),
+        (c.delayacct(), abi::AGENT_DELAYACCT),
+        (totals.exits_lost, abi::AGENT_EXITS_LOST),
+        (c.cpu_switches(), abi::AGENT_CPU_SWITCHES),
+        (me.stopped, abi::AGENT_STOPPED),
+    ] {
+        if on {
+            flags |= bit;
+        }
+    }
+    GuestAgent {
+        seq: 0,
+        magic: abi::AGENT_MAGIC,
+        size: AGENT,
+        flags,
+        pid: std::process::id(),
+        threads_seen: seen,
+        threads_published: listed as u32,
+        reserved0: 0,
+        interval_ns: me.interval_ns,
+        samples: me.samples,
+        sample_cpu_ns: me.sample_cpu_ns,
+        sample_max_cpu_ns: me.sample_max_cpu_ns,
+        agent_cpu_ns: me.agent_cpu_ns,
+        rest_count: rest.0,
+        rest_on_cpu_ns: rest.1,
+        rest_interval_on_cpu_ns: rest.2,
+        unseen_count: totals.unseen_count,
+        unseen_cpu_ns: totals.unseen_cpu_ns,
+        exited_processes: totals.exited_processes,
+        exits_missed: totals.exits_missed,
+        updated_ns: c.now_ns(),
+        reserved: [0; 7],
     }
 }
 

@@ -511,16 +511,20 @@ const _: () = {
     assert!(AGENT_OFFSET as usize == size_of::<GuestHeader>());
 };
 
-/// Plain-old-data records: every bit pattern is a valid value, and the first field is the
-/// `u32` sequence counter.
+/// Plain-old-data records: every bit pattern is a valid value, every byte belongs to a field
+/// (so a record may be copied as bytes or 8-byte words), and the first field is the `u32`
+/// sequence counter.
 ///
 /// # Safety
 ///
 /// Implementors must be `#[repr(C)]`, contain only integer fields (any bit pattern valid),
-/// and have a `u32` sequence counter at offset 0.
+/// have no padding bytes and a size that is a multiple of 8, and have a `u32` sequence
+/// counter at offset 0.
 pub unsafe trait Record: Copy {}
 
-// SAFETY: repr(C), integers only, `seq: u32` first.
+// SAFETY: repr(C), integers only, `seq: u32` first; no padding and a size a multiple of 8:
+// each field is aligned where the one before it ends (the sizes and offsets are asserted
+// above, and `every_record_is_its_fields_without_padding` checks the fields fill it).
 unsafe impl Record for HostVcpu {}
 // SAFETY: as above.
 unsafe impl Record for HostVm {}

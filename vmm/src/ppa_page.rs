@@ -7,7 +7,8 @@
 //! [`crate::arch::x86_64::layout::PPA_PAGE_GPA`], outside RAM; it writes the region header
 //! and tells each vCPU the address in its boot-info record. Every 8 ms the sampler writes
 //! each started vCPU's section 4 figures into its host record with the sequence protocol of
-//! `ppa_guest_abi::ppa_page`. The guest section is the guest's:
+//! `ppa_guest_abi::ppa_page`, through the page's one [`HostWriter`], which it takes at start
+//! and keeps for its whole run. The guest section is the guest's:
 //! [`decode`] checks it on demand (`guest`, the final report) and
 //! `ppa_vmm_client::guest_view` prints it.
 
@@ -15,6 +16,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ppa_guest_abi::ppa_page::{
@@ -86,6 +88,43 @@ pub struct PpaPage {
     vcpus: usize,
     header: RegionHeader,
     file: Option<PathBuf>,
+    /// A [`HostWriter`] of this page is alive.
+    writing: AtomicBool,
+}
+
+/// The host section's one writer (the sampler's): the sequence protocol allows one writer
+/// per record, so the records are written only through this handle, which is not `Clone`
+/// and of which [`PpaPage::host_writer`] gives at most one at a time. It borrows the page,
+/// so the mapping outlives it.
+#[derive(Debug)]
+pub struct HostWriter<'p> {
+    page: &'p PpaPage,
+}
+
+impl HostWriter<'_> {
+    /// Publishes vCPU `vcpu`'s host record (nothing past the last vCPU).
+    pub fn publish(&mut self, vcpu: usize, rec: &HostVcpu) {
+        if let Some(p) = self.page.host_ptr(vcpu) {
+            // SAFETY: `p` is an aligned record inside the mapping (`host_ptr`), which lives as
+            // long as the page this writer borrows; this writer is the page's only one
+            // (`PpaPage::writing`); the guest and host tools only read it.
+            unsafe { write_record(p, rec) };
+        }
+    }
+
+    /// Publishes the VM-wide host record.
+    pub fn publish_vm(&mut self, rec: &HostVm) {
+        // SAFETY: an aligned record inside the mapping (`vm_ptr`), which lives as long as the
+        // page this writer borrows; this writer is the page's only one; the guest and host
+        // tools only read it.
+        unsafe { write_record(self.page.vm_ptr(), rec) };
+    }
+}
+
+impl Drop for HostWriter<'_> {
+    fn drop(&mut self) {
+        self.page.writing.store(false, Ordering::Release);
+    }
 }
 
 /// The layout of a region of `size` bytes for `vcpus` vCPUs: host records after the header,
@@ -160,6 +199,7 @@ impl PpaPage {
             vcpus,
             header,
             file: file.map(Path::to_path_buf),
+            writing: AtomicBool::new(false),
         })
     }
 
@@ -192,13 +232,10 @@ impl PpaPage {
         })
     }
 
-    /// Publishes vCPU `vcpu`'s host record. Only the sampler calls this (one writer).
-    pub fn publish(&self, vcpu: usize, rec: &HostVcpu) {
-        if let Some(p) = self.host_ptr(vcpu) {
-            // SAFETY: `p` is an aligned record inside the mapping; the sampler is its only
-            // writer; the guest and host tools only read it.
-            unsafe { write_record(p, rec) };
-        }
+    /// The host section's one writer, or `None` while another lives (the sampler holds it
+    /// for its whole run).
+    pub fn host_writer(&self) -> Option<HostWriter<'_>> {
+        (!self.writing.swap(true, Ordering::Acquire)).then_some(HostWriter { page: self })
     }
 
     fn vm_ptr(&self) -> *mut HostVm {
@@ -210,13 +247,6 @@ impl PpaPage {
                 .add(self.header.vm_offset as usize)
                 .cast::<HostVm>()
         }
-    }
-
-    /// Publishes the VM-wide host record. Only the sampler calls this (one writer).
-    pub fn publish_vm(&self, rec: &HostVm) {
-        // SAFETY: an aligned record inside the mapping (`vm_ptr`); the sampler is its only
-        // writer; the guest and host tools only read it.
-        unsafe { write_record(self.vm_ptr(), rec) };
     }
 
     /// Reads the VM-wide host record (at most `tries` attempts).
@@ -306,12 +336,13 @@ mod tests {
         let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
         let path = dir.as_path().join("page");
         let page = PpaPage::create(8192, 2, Some(&path)).unwrap();
+        let mut w = page.host_writer().unwrap();
         let rec = HostVcpu {
             vcpu: 1,
             steal_ns: 77,
             ..Default::default()
         };
-        page.publish(1, &rec);
+        w.publish(1, &rec);
         let got = page.read_host(1, 4).unwrap().unwrap();
         assert_eq!(got.steal_ns, 77);
         // Another mapping of the file (as a host tool has) sees the header and the record.
@@ -323,7 +354,7 @@ mod tests {
             77
         );
         // The VM record sits after the two vCPU records; a host tool finds it there.
-        page.publish_vm(&HostVm {
+        w.publish_vm(&HostVm {
             flags: ppa_guest_abi::ppa_page::VM_PRESSURE,
             pressure_some_total_us: 4242,
             ..Default::default()
@@ -340,6 +371,7 @@ mod tests {
             4242
         );
         assert!(page.read_host(2, 4).is_none());
+        drop(w);
         drop(page);
         assert!(!path.exists(), "the file goes with the VM");
     }
@@ -408,14 +440,24 @@ mod tests {
             (h.magic, h.host_count, h.total_size),
             (REGION_MAGIC, 3, 16384)
         );
+        let mut w = page.host_writer().unwrap();
+        assert!(
+            page.host_writer().is_none(),
+            "one writer at a time: a second is refused while the first lives"
+        );
         for vcpu in 0..3 {
             let rec = HostVcpu {
                 vcpu: vcpu as u32,
                 used_ns: 1000 + vcpu as u64,
                 ..Default::default()
             };
-            page.publish(vcpu, &rec);
+            w.publish(vcpu, &rec);
         }
+        drop(w);
+        assert!(
+            page.host_writer().is_some(),
+            "the writer comes back when the first is dropped"
+        );
         for vcpu in 0..3 {
             let got = page.read_host(vcpu, 4).unwrap().unwrap();
             assert_eq!((got.vcpu, got.used_ns), (vcpu as u32, 1000 + vcpu as u64));

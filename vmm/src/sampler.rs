@@ -24,7 +24,7 @@ use crate::accounting::{AccountingControl, Threshold};
 use crate::api::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
-use crate::ppa_page::PpaPage;
+use crate::ppa_page::{HostWriter, PpaPage};
 use crate::pressure::Tracker;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
@@ -139,7 +139,7 @@ fn summaries(vcpus: &[Arc<VcpuShared>]) -> Vec<Option<VcpuSummary>> {
 }
 
 /// Writes every started vCPU's figures into its host record of the PPA page.
-fn publish(page: &PpaPage, updated_ns: u64, summaries: &[Option<VcpuSummary>]) {
+fn publish(page: &mut HostWriter<'_>, updated_ns: u64, summaries: &[Option<VcpuSummary>]) {
     for t in summaries.iter().flatten() {
         page.publish(
             t.id,
@@ -246,8 +246,9 @@ struct Refresh {
     slow: Slow,
 }
 
-/// One refresh: the summaries, the pressure tick, the page.
-fn refresh(vm: &VmHandle, r: &mut Refresh, now: u64) {
+/// One refresh: the summaries, the pressure tick, the page (through its writer, when the
+/// VM has a page).
+fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, now: u64) {
     let vcpus = vm.vcpus();
     let s = summaries(vcpus);
     let uptime = vm.uptime_ns();
@@ -258,7 +259,7 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, now: u64) {
         .map(|(t, v)| t.as_ref().filter(|_| v.acct.finals.get().is_none()));
     r.tracker.tick(now, live);
     r.tracker.post(vm.pressure(), now, uptime);
-    if let Some(page) = vm.ppa_page() {
+    if let Some(page) = page {
         if r.count % SERVICE_CPU_EVERY == 0 {
             r.slow = Slow::read(vm);
         }
@@ -288,6 +289,8 @@ fn run(
         count: 0,
         slow: Slow::default(),
     };
+    // The page's one writer, held for the whole run.
+    let mut page = vm.ppa_page().and_then(PpaPage::host_writer);
     let mut detectors = vec![Detector::default(); vcpus.len()];
     let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];
@@ -307,7 +310,7 @@ fn run(
             continue;
         }
         if now >= next_page {
-            refresh(vm, &mut refresher, now);
+            refresh(vm, &mut refresher, page.as_mut(), now);
             next_page = (next_page + PAGE_REFRESH_NS).max(now + PAGE_REFRESH_NS / 2);
         }
         if now < next {

@@ -25,21 +25,6 @@ fn the_layout_and_its_capacity() {
 }
 
 #[test]
-fn threads_are_ranked_by_last_interval_then_total_then_tid() {
-    let c = [
-        (0, 900, 10), // idle now, busy once
-        (50, 10, 11), // busy now
-        (0, 900, 3),  // same as the first, lower tid
-        (50, 20, 12), // busy now, more in total
-        (0, 0, 13),
-    ];
-    assert_eq!(select(&c, 10), vec![3, 1, 2, 0, 4]);
-    assert_eq!(select(&c, 2), vec![3, 1]);
-    assert_eq!(select(&c, 0), Vec::<usize>::new());
-    assert_eq!(select(&[], 3), Vec::<usize>::new());
-}
-
-#[test]
 fn slots_stay_put_new_threads_fill_holes_and_the_tail_closes_them() {
     let mut s = vec![];
     assign(&mut s, &[5, 6, 7]);
@@ -98,6 +83,30 @@ fn temp(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("ppa-agent-{tag}-{}", std::process::id()))
 }
 
+#[test]
+fn a_page_has_one_publisher_at_a_time_and_none_when_mapped_to_look() {
+    let path = temp("one-writer");
+    write_region_file(&path, 16384, 1).unwrap();
+    let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+    let p = Publisher::new(&page, 1, 8).unwrap();
+    let e = Publisher::new(&page, 1, 8).unwrap_err();
+    assert!(matches!(e, PublishError::Writer(WriterError::Taken)), "{e}");
+    drop(p);
+    assert!(
+        Publisher::new(&page, 1, 8).is_ok(),
+        "the writer comes back when the publisher goes"
+    );
+    let look = crate::page::Page::open(&Place::File(path.clone()), Access::Look).unwrap();
+    let e = Publisher::new(&look, 1, 8).unwrap_err();
+    assert!(
+        matches!(e, PublishError::Writer(WriterError::ReadOnly)),
+        "{e}"
+    );
+    drop(page);
+    drop(look);
+    std::fs::remove_file(&path).unwrap();
+}
+
 fn read_header(base: *const u8) -> GuestHeader {
     // SAFETY: the caller passes the guest section's start inside a live mapping.
     unsafe { read_record(base.cast::<GuestHeader>(), 8) }.unwrap()
@@ -117,7 +126,7 @@ fn this_machines_threads_published_and_read_back() {
         samples: 1,
         ..Default::default()
     };
-    p.publish(&page, &c, &me).unwrap();
+    p.publish(&c, &me).unwrap();
     let (base, _) = page.guest();
     let h = read_header(base);
     assert_eq!((h.magic, h.major, h.minor), (GUEST_MAGIC, MAJOR, MINOR));
@@ -155,7 +164,7 @@ fn this_machines_threads_published_and_read_back() {
     // SAFETY: the header's counter, in the mapping; a plain store as another writer would.
     unsafe { base.cast::<u32>().write_volatile(h.seq + 2) };
     let before = std::fs::read(&path).unwrap();
-    let e = p.publish(&page, &c, &me).unwrap_err();
+    let e = p.publish(&c, &me).unwrap_err();
     assert!(matches!(e, PublishError::Foreign { .. }), "{e}");
     assert_eq!(std::fs::read(&path).unwrap(), before, "nothing written");
     drop(p);
@@ -172,13 +181,13 @@ fn a_region_header_rewritten_under_the_agent_stops_it() {
     let mut c = Collector::new(None, Options::default()).unwrap();
     c.sample().unwrap();
     let mut p = Publisher::new(&page, c.nr_cpus(), 4).unwrap();
-    p.publish(&page, &c, &AgentFigures::default()).unwrap();
+    p.publish(&c, &AgentFigures::default()).unwrap();
     // The VMM (or anyone) writes another magic over the region header.
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(b"XXXX", 0).unwrap();
     let bytes = std::fs::read(&path).unwrap();
-    let e = p.publish(&page, &c, &AgentFigures::default()).unwrap_err();
+    let e = p.publish(&c, &AgentFigures::default()).unwrap_err();
     assert!(
         e.to_string()
             .starts_with("the region header changed under the agent (magic 0x58585858"),
@@ -221,11 +230,11 @@ fn short_thread(ms: u64) -> (u32, u64) {
 /// all exits) is in exactly one of the thread records, the aggregate and the transient
 /// figures, and so is every thread. Returns the header and the records.
 fn publish_and_add_up(
-    p: &mut Publisher,
+    p: &mut Publisher<'_>,
     page: &crate::page::Page,
     c: &Collector,
 ) -> (GuestHeader, Vec<GuestThread>) {
-    p.publish(page, c, &AgentFigures::default()).unwrap();
+    p.publish(c, &AgentFigures::default()).unwrap();
     let (base, _) = page.guest();
     let h = read_header(base);
     // SAFETY: the agent record is at 64 inside the mapping.

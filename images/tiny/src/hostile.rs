@@ -7,9 +7,7 @@
 //! pause, or in every mode in turn, 10 ms each. All writes are volatile stores of words into
 //! the shared section; nothing here makes an exit.
 
-use ppa_guest_abi::ppa_page::{
-    write_record, GuestHeader, GuestThread, COMM_LEN, GUEST_MAGIC, MAJOR,
-};
+use ppa_guest_abi::ppa_page::{GuestHeader, GuestThread, Record, COMM_LEN, GUEST_MAGIC, MAJOR};
 use ppa_guest_abi::workload as w;
 
 use crate::ppa::Section;
@@ -40,7 +38,7 @@ fn header(threads: u32) -> GuestHeader {
     }
 }
 
-/// Writes through raw pointers into the guest section, each checked against its length.
+/// Writes into the guest section, each write checked against its length ([`Section`]).
 struct Writer {
     sec: Section,
 }
@@ -48,11 +46,7 @@ struct Writer {
 impl Writer {
     /// Stores `v` at byte offset `off` when the word lies inside the section.
     fn word(&self, off: u64, v: u64) {
-        if off.is_multiple_of(8) && off + 8 <= self.sec.len {
-            // SAFETY: the word is inside the guest section (checked), which the VMM maps into
-            // the identity map; it is aligned; volatile, as the VMM reads concurrently.
-            unsafe { core::ptr::write_volatile((self.sec.base + off) as *mut u64, v) };
-        }
+        self.sec.word(off, v);
     }
 
     /// Writes `h` at offset 0 (plainly: seq is whatever `h` says).
@@ -60,14 +54,14 @@ impl Writer {
         self.record(0, h);
     }
 
-    /// Copies the plain-data record `r` to offset `off`, word by word.
-    fn record<T: Copy>(&self, off: u64, r: &T) {
+    /// Copies the record `r` to offset `off`, word by word (plainly: no protocol).
+    fn record<T: Record>(&self, off: u64, r: &T) {
         let words = core::mem::size_of::<T>() / 8;
         let p = r as *const T as *const u64;
         for i in 0..words {
-            // SAFETY: `i` < size/8, and the records here are repr(C) integer structs whose
-            // size is a multiple of 8, so the read is in bounds; read_unaligned needs no
-            // alignment.
+            // SAFETY: `T: Record` is repr(C) integers with no padding and a size that is a
+            // multiple of 8 (the trait's contract), so word `i` < size/8 is in bounds and
+            // initialised; read_unaligned needs no alignment.
             let v = unsafe { core::ptr::read_unaligned(p.add(i)) };
             self.word(off + 8 * i as u64, v);
         }
@@ -91,7 +85,7 @@ fn pass(wr: &Writer, mode: u64, x: &mut u64, k: u64) {
     match mode {
         w::HOSTILE_STORM => {
             let mut off = 0;
-            while off < wr.sec.len {
+            while off < wr.sec.size() {
                 *x ^= *x << 13;
                 *x ^= *x >> 7;
                 *x ^= *x << 17;
@@ -114,7 +108,7 @@ fn pass(wr: &Writer, mode: u64, x: &mut u64, k: u64) {
         }),
         w::HOSTILE_OFFSETS => wr.header(&GuestHeader {
             threads_offset: 0xFFFF_FF00,
-            cpus_offset: wr.sec.len as u32 - 64,
+            cpus_offset: wr.sec.size() as u32 - 64,
             cpus_count: 1,
             ..header(1)
         }),
@@ -145,12 +139,8 @@ fn pass(wr: &Writer, mode: u64, x: &mut u64, k: u64) {
                 reserved: [k; 7],
                 ..Default::default()
             };
-            let rec = (wr.sec.base + 64) as *mut GuestThread;
-            if 64 + core::mem::size_of::<GuestThread>() as u64 <= wr.sec.len {
-                // SAFETY: the record is inside the section (checked), 8-byte aligned; this
-                // vCPU is the only writer that follows the protocol.
-                unsafe { write_record(rec, &t) };
-            }
+            // This vCPU is the only writer that follows the protocol.
+            wr.sec.write(64, &t);
         }
     }
 }
@@ -160,7 +150,7 @@ pub fn run(ctx: &mut Ctx, ms: u64, mode: u64) -> bool {
     let Some((sec, _)) = crate::ppa::find(ctx.boot) else {
         return false;
     };
-    if sec.len < 64 + core::mem::size_of::<GuestThread>() as u64 * 3 {
+    if sec.size() < 64 + core::mem::size_of::<GuestThread>() as u64 * 3 {
         return false;
     }
     let wr = Writer { sec };

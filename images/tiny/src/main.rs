@@ -24,6 +24,7 @@
 #![no_std]
 #![no_main]
 
+mod boot;
 mod hostile;
 mod mem;
 mod memtouch;
@@ -33,10 +34,9 @@ mod ppa;
 use core::arch::asm;
 use core::panic::PanicInfo;
 
-use ppa_guest_abi::{
-    doorbell, report, workload, BootInfo, WorkloadDesc, BOOT_INFO_MAGIC, DOORBELL_GPA,
-    DOORBELL_SIZE, WORKLOAD_PIO_PORT,
-};
+use ppa_guest_abi::{doorbell, report, workload, BootInfo, WorkloadDesc, WORKLOAD_PIO_PORT};
+
+use boot::{Boot, Doorbell};
 
 /// Exit code: the boot-info record is missing or not one this guest understands.
 const EXIT_BAD_BOOT: u64 = 0xE1;
@@ -52,41 +52,6 @@ const EXIT_NO_NET: u64 = 0xE5;
 const EXIT_PANIC: u64 = 0xDEAD;
 /// Longest single halt of the `idle` workload.
 const IDLE_STEP_NS: u64 = 10_000_000;
-
-/// The doorbell page of this vCPU.
-#[derive(Clone, Copy)]
-struct Doorbell {
-    /// Guest-physical (= virtual, identity mapped) address of the page, page aligned.
-    base: u64,
-}
-
-impl Doorbell {
-    /// Writes `value` to the 8-byte doorbell register at `offset`: one MMIO exit.
-    fn write(self, offset: u64, value: u64) {
-        let reg = (self.base + offset) as *mut u64;
-        // SAFETY: `base` is the page-aligned doorbell page (checked in `boot_info` or the ABI
-        // constant), identity mapped by the VMM; `offset` is an 8-byte aligned ABI offset inside
-        // the page, so `reg` is aligned and mapped. No Rust object lives there, so the write
-        // aliases nothing; it is volatile so it happens exactly once, in program order.
-        unsafe { core::ptr::write_volatile(reg, value) }
-    }
-
-    /// Writes one console byte: one MMIO exit.
-    fn console(self, byte: u8) {
-        let reg = (self.base + doorbell::CONSOLE) as *mut u8;
-        // SAFETY: as in `write`: the CONSOLE register is inside the mapped doorbell page, a
-        // byte needs no alignment, no Rust object lives there, and the write is volatile.
-        unsafe { core::ptr::write_volatile(reg, byte) }
-    }
-
-    /// Stops the vCPU with `code`. The VMM never resumes it; spin if it does.
-    fn exit(self, code: u64) -> ! {
-        self.write(doorbell::EXIT, code);
-        loop {
-            core::hint::spin_loop();
-        }
-    }
-}
 
 /// Converts between TSC cycles and time.
 #[derive(Clone, Copy)]
@@ -174,7 +139,7 @@ fn spin_until(deadline: u64, gap: u64, st: &mut Stats) -> u64 {
 /// One vCPU's running state: its boot record, doorbell, clock, measurements and publisher.
 pub struct Ctx {
     /// This vCPU's boot-info record.
-    pub boot: &'static BootInfo,
+    pub boot: Boot,
     db: Doorbell,
     /// Its TSC clock.
     pub clk: Clock,
@@ -363,25 +328,6 @@ fn hello(db: Doorbell, vcpus: u32, st: &mut Stats) {
     tail.iter().for_each(|&b| put(b));
 }
 
-/// The boot-info record at `boot` if it is one this guest understands: non-null, aligned,
-/// right magic, major version 1, a non-zero TSC frequency and a page-aligned doorbell.
-fn boot_info(boot: *const BootInfo) -> Option<&'static BootInfo> {
-    if boot.is_null() || !boot.is_aligned() {
-        return None;
-    }
-    // SAFETY: the VMM puts this vCPU's record at `boot` (checked non-null and aligned above) in
-    // identity-mapped guest memory before the vCPU starts and never changes it afterwards, so
-    // it is valid, initialised (all-integer type: any bits are a valid value) and immutable for
-    // the rest of the run.
-    let b = unsafe { &*boot };
-    let ok = b.magic == BOOT_INFO_MAGIC
-        && b.version >> 16 == 1
-        && b.tsc_khz != 0
-        && b.doorbell_gpa != 0
-        && b.doorbell_gpa % DOORBELL_SIZE == 0;
-    ok.then_some(b)
-}
-
 /// The thread name of a workload kind.
 fn kind_name(kind: u32) -> &'static [u8] {
     match kind {
@@ -395,16 +341,22 @@ fn kind_name(kind: u32) -> &'static [u8] {
 }
 
 /// The entry point of every vCPU: RDI = this vCPU's [`BootInfo`], RSP = its own stack.
+///
+/// # Safety
+///
+/// Only the VMM enters here, as the ABI says: `boot` is this vCPU's boot-info record, written
+/// before the vCPU started and never changed, and every address in it is one the VMM mapped.
 #[no_mangle]
-pub extern "C" fn _start(boot: *const BootInfo) -> ! {
+pub unsafe extern "C" fn _start(boot: *const BootInfo) -> ! {
     let t_start = rdtsc();
-    let Some(b) = boot_info(boot) else {
+    // SAFETY: this function's contract (the ABI's entry): `boot` is this vCPU's record, which
+    // the VMM wrote before the vCPU started and never changes, with the addresses it mapped.
+    let Some(b) = (unsafe { Boot::from_vmm(boot) }) else {
         // The record's doorbell address cannot be trusted: use the ABI's fixed one.
-        Doorbell { base: DOORBELL_GPA }.exit(EXIT_BAD_BOOT)
+        // SAFETY: the VMM maps the doorbell page at the ABI's fixed address for every vCPU.
+        unsafe { Doorbell::fixed() }.exit(EXIT_BAD_BOOT)
     };
-    let db = Doorbell {
-        base: b.doorbell_gpa,
-    };
+    let db = b.doorbell();
     let clk = Clock { khz: b.tsc_khz };
     let WorkloadDesc {
         kind,
@@ -443,7 +395,10 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
             }
         }
         workload::NET_TX | workload::NET_RX | workload::NET_ECHO => {
-            let Ok(mut nic) = net::Nic::init(b.net_mmio_gpa, b.net_ram_gpa, b.net_ram_size) else {
+            // SAFETY: `b` is the VMM's checked record: its network window and RAM area are
+            // ones the VMM mapped for this VM's virtio-net device and for nothing else.
+            let nic = unsafe { net::Nic::init(b.net_mmio_gpa, b.net_ram_gpa, b.net_ram_size) };
+            let Ok(mut nic) = nic else {
                 db.exit(EXIT_NO_NET)
             };
             let c = match kind {
@@ -461,7 +416,9 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
                 db.write(doorbell::REPORT_BASE + 8 * key, value);
             }
         }
-        workload::MEMTOUCH => match memtouch::run(params[1], params[0]) {
+        // SAFETY: the VMM's checked record gives this range as RAM of this VM, identity
+        // mapped and used by nothing else (no image, stack, table or record lies there).
+        workload::MEMTOUCH => match unsafe { memtouch::run(params[1], params[0]) } {
             Some(t) => {
                 ctx.st.iterations = 1;
                 for (key, value) in [
@@ -520,7 +477,8 @@ pub extern "C" fn _start(boot: *const BootInfo) -> ! {
 /// the stack, so this uses the ABI's fixed doorbell address.
 #[panic_handler]
 fn panic(_: &PanicInfo) -> ! {
-    Doorbell { base: DOORBELL_GPA }.exit(EXIT_PANIC)
+    // SAFETY: the VMM maps the doorbell page at the ABI's fixed address for every vCPU.
+    unsafe { Doorbell::fixed() }.exit(EXIT_PANIC)
 }
 
 /// Never called: the guest is built with `panic = "abort"` and never unwinds. The prebuilt

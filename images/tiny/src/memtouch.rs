@@ -19,7 +19,12 @@ pub struct Touched {
 
 /// Writes then checks `[base, base + bytes)` (whole 8-byte words; the tail is left alone).
 /// Returns None when the range is not 8-byte aligned or wraps.
-pub fn run(base: u64, bytes: u64) -> Option<Touched> {
+///
+/// # Safety
+///
+/// `[base, base + bytes)` must be RAM of this VM, identity mapped and used by nothing else
+/// (no image, stack, table or record lies there) for the whole call.
+pub unsafe fn run(base: u64, bytes: u64) -> Option<Touched> {
     if !base.is_multiple_of(8) || base.checked_add(bytes).is_none() {
         return None;
     }
@@ -27,9 +32,9 @@ pub fn run(base: u64, bytes: u64) -> Option<Touched> {
     let p = base as *mut u64;
     for i in 0..words {
         let a = base + i * 8;
-        // SAFETY: the VMM gave this range as RAM of this VM, identity-mapped and used by
-        // nothing else (no image, stack, table or record lies there); `a` is 8-byte aligned and
-        // inside it. Volatile so the stores really reach memory.
+        // SAFETY: the caller's contract: this range is RAM of this VM, identity-mapped and used
+        // by nothing else (no image, stack, table or record lies there); `a` is 8-byte aligned
+        // and inside it. Volatile so the stores really reach memory.
         unsafe { core::ptr::write_volatile(p.add(i as usize), a ^ SEED) };
     }
     let mut errors = 0;

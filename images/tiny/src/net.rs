@@ -176,8 +176,8 @@ pub struct Nic {
 
 impl Nic {
     fn r(&self, off: u64) -> u32 {
-        // SAFETY: the device's window (a page the VMM gave, identity-mapped), 4-byte
-        // registers; a read is one MMIO exit.
+        // SAFETY: the device's window (a page the VMM gave, identity-mapped: `init`'s
+        // contract, and only `init` makes a `Nic`), 4-byte registers; a read is one MMIO exit.
         unsafe { get(self.base + off) }
     }
 
@@ -192,7 +192,13 @@ impl Nic {
     }
 
     /// Brings the device at `base` up with its rings and buffers in `[ram, ram + size)`.
-    pub fn init(base: u64, ram: u64, size: u64) -> Result<Nic, InitError> {
+    ///
+    /// # Safety
+    ///
+    /// `base`, when not 0, must be a virtio-mmio window the VMM mapped (identity mapped), and
+    /// `[ram, ram + size)` RAM the VMM gave for the rings and buffers, used by nothing else,
+    /// for as long as the returned `Nic` lives.
+    pub unsafe fn init(base: u64, ram: u64, size: u64) -> Result<Nic, InitError> {
         if ram == 0 || size < RAM_NEEDED || !ram.is_multiple_of(4096) {
             return Err(InitError::Ram);
         }

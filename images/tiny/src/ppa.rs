@@ -15,11 +15,11 @@
 //! small for that is not published to.
 
 use ppa_guest_abi::ppa_page::{
-    read_record, write_record, GuestCpu, GuestHeader, GuestThread, HostVcpu, RegionHeader,
+    read_record, write_record, GuestCpu, GuestHeader, GuestThread, HostVcpu, Record, RegionHeader,
     COMM_LEN, GUEST_MAGIC, MAJOR, MINOR, REGION_MAGIC,
 };
-use ppa_guest_abi::BootInfo;
 
+use crate::boot::Boot;
 use crate::{Clock, Stats};
 
 /// How often a vCPU republishes its records, guest TSC time.
@@ -29,24 +29,64 @@ const THREADS_OFFSET: u64 = 64;
 /// Tries per read of the host record.
 const HOST_TRIES: u32 = 8;
 
-/// Where the guest section is, once the region header checked out.
+/// Where the guest section is, once the region header checked out. Only [`find`] makes one,
+/// from the VMM's checked boot record, so its memory is the VMM's mapping for the whole run
+/// and its writes are safe; the VMM reads it concurrently, never through Rust references.
 #[derive(Clone, Copy)]
 pub struct Section {
-    /// Guest address of the section (identity mapped).
-    pub base: u64,
+    /// Guest address of the section (identity mapped), 8-byte aligned.
+    base: u64,
     /// Its size in bytes.
-    pub len: u64,
+    len: u64,
+}
+
+impl Section {
+    /// Its size in bytes.
+    pub fn size(self) -> u64 {
+        self.len
+    }
+
+    /// The record of type `T` at byte offset `off`, when it lies inside the section, 8-byte
+    /// aligned.
+    fn at<T>(self, off: u64) -> Option<*mut T> {
+        let end = off.checked_add(core::mem::size_of::<T>() as u64)?;
+        (off.is_multiple_of(8) && end <= self.len).then_some((self.base + off) as *mut T)
+    }
+
+    /// Stores the word `v` at byte offset `off` (volatile, plainly: no protocol) when it lies
+    /// inside the section, 8-byte aligned.
+    pub fn word(self, off: u64, v: u64) {
+        if let Some(p) = self.at::<u64>(off) {
+            // SAFETY: the word is inside the guest section (checked), which the VMM maps into
+            // the identity map for the whole run (a `Section` only comes from `find`); it is
+            // aligned; volatile, as the VMM reads concurrently.
+            unsafe { core::ptr::write_volatile(p, v) };
+        }
+    }
+
+    /// Writes `r` at byte offset `off` under the sequence protocol, when it lies inside the
+    /// section, 8-byte aligned. The caller is the record's one writer that follows the
+    /// protocol (others may write it plainly: the VMM's reader copes with anything).
+    pub fn write<T: Record>(self, off: u64, r: &T) {
+        if let Some(p) = self.at::<T>(off) {
+            // SAFETY: the record is inside the section (checked), which the VMM maps for the
+            // whole run, 8-byte aligned; no Rust reference points into the section, and the
+            // VMM only reads it.
+            unsafe { write_record(p, r) };
+        }
+    }
 }
 
 /// The region's guest section and this vCPU's host record, if the VMM gave a region that
 /// makes sense: right magic and major version, header and tables inside the size it gave.
-pub fn find(b: &BootInfo) -> Option<(Section, *const HostVcpu)> {
+pub fn find(b: Boot) -> Option<(Section, *const HostVcpu)> {
     let (gpa, size) = (b.ppa_page_gpa, b.ppa_page_size);
     if gpa == 0 || gpa % 4096 != 0 || size < 64 {
         return None;
     }
-    // SAFETY: the VMM maps `size` (>= 64) bytes at the page-aligned `gpa` into the identity
-    // map before the vCPU starts; the header is plain integers and written once before that.
+    // SAFETY: `b` is the VMM's checked record (`Boot`), so the VMM maps `size` (>= 64) bytes
+    // at the page-aligned `gpa` into the identity map before the vCPU starts; the header is
+    // plain integers and written once before that.
     let h: RegionHeader = unsafe { core::ptr::read_volatile(gpa as *const RegionHeader) };
     let host_end =
         u64::from(h.host_offset) + u64::from(h.host_count) * u64::from(h.host_record_size);
@@ -96,7 +136,7 @@ pub struct Publisher {
 impl Publisher {
     /// Claims this vCPU's records and publishes them once, named `name`; `None` when there is
     /// no usable region or the guest section cannot hold the tables.
-    pub fn new(b: &BootInfo, clk: Clock, name: &[u8; COMM_LEN]) -> Option<Publisher> {
+    pub fn new(b: Boot, clk: Clock, name: &[u8; COMM_LEN]) -> Option<Publisher> {
         let (sec, host) = find(b)?;
         let n = u64::from(b.vcpu_count);
         let rec = core::mem::size_of::<GuestThread>() as u64;

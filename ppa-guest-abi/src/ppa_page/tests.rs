@@ -444,3 +444,251 @@ fn a_torn_record_is_never_returned_as_valid() {
     assert!(ok > 0, "some reads succeeded ({ok} ok, {torn} torn)");
     let _ = Vec::<u8>::new();
 }
+
+/// Every byte of each record belongs to a field (no padding), as the `Record` contract
+/// requires: the fields' sizes add up to the record's. The patterns name every field, so a
+/// field added without updating this test does not compile.
+#[test]
+fn every_record_is_its_fields_without_padding() {
+    use core::mem::{size_of, size_of_val};
+    let HostVcpu {
+        seq,
+        vcpu,
+        updated_ns,
+        wall_ns,
+        used_ns,
+        guest_ns,
+        vmm_ns,
+        steal_ns,
+        halted_ns,
+        idle_ns,
+        limited_ns,
+        paused_ns,
+        exits,
+        overloads,
+        blocked_ns,
+        kvm_ns,
+        interrupted_ns,
+    } = HostVcpu::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&vcpu)
+            + size_of_val(&updated_ns)
+            + size_of_val(&wall_ns)
+            + size_of_val(&used_ns)
+            + size_of_val(&guest_ns)
+            + size_of_val(&vmm_ns)
+            + size_of_val(&steal_ns)
+            + size_of_val(&halted_ns)
+            + size_of_val(&idle_ns)
+            + size_of_val(&limited_ns)
+            + size_of_val(&paused_ns)
+            + size_of_val(&exits)
+            + size_of_val(&overloads)
+            + size_of_val(&blocked_ns)
+            + size_of_val(&kvm_ns)
+            + size_of_val(&interrupted_ns),
+        size_of::<HostVcpu>(),
+        "HostVcpu"
+    );
+    let HostVm {
+        seq,
+        flags,
+        updated_ns,
+        host_cpu_vcpus_ns,
+        host_cpu_devices_ns,
+        host_cpu_service_ns,
+        net_tx_packets,
+        net_rx_packets,
+        net_tx_bytes,
+        net_rx_bytes,
+        net_drops,
+        pressure_some_total_us,
+        pressure_full_total_us,
+        pressure_some_avg,
+        pressure_full_avg,
+        reserved,
+    } = HostVm::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&flags)
+            + size_of_val(&updated_ns)
+            + size_of_val(&host_cpu_vcpus_ns)
+            + size_of_val(&host_cpu_devices_ns)
+            + size_of_val(&host_cpu_service_ns)
+            + size_of_val(&net_tx_packets)
+            + size_of_val(&net_rx_packets)
+            + size_of_val(&net_tx_bytes)
+            + size_of_val(&net_rx_bytes)
+            + size_of_val(&net_drops)
+            + size_of_val(&pressure_some_total_us)
+            + size_of_val(&pressure_full_total_us)
+            + size_of_val(&pressure_some_avg)
+            + size_of_val(&pressure_full_avg)
+            + size_of_val(&reserved),
+        size_of::<HostVm>(),
+        "HostVm"
+    );
+    let GuestHeader {
+        seq,
+        magic,
+        major,
+        minor,
+        nr_cpus,
+        updated_ns,
+        threads_offset,
+        threads_count,
+        thread_record_size,
+        cpus_offset,
+        cpus_count,
+        cpu_record_size,
+        transient_count,
+        transient_cpu_ns,
+    } = GuestHeader::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&magic)
+            + size_of_val(&major)
+            + size_of_val(&minor)
+            + size_of_val(&nr_cpus)
+            + size_of_val(&updated_ns)
+            + size_of_val(&threads_offset)
+            + size_of_val(&threads_count)
+            + size_of_val(&thread_record_size)
+            + size_of_val(&cpus_offset)
+            + size_of_val(&cpus_count)
+            + size_of_val(&cpu_record_size)
+            + size_of_val(&transient_count)
+            + size_of_val(&transient_cpu_ns),
+        size_of::<GuestHeader>(),
+        "GuestHeader"
+    );
+    let GuestThread {
+        seq,
+        tid,
+        tgid,
+        last_cpu,
+        comm,
+        on_cpu_ns,
+        utime_ns,
+        stime_ns,
+        run_delay_ns,
+        timeslices,
+        nvcsw,
+        nivcsw,
+        blkio_delay_ns,
+        swapin_delay_ns,
+        freepages_delay_ns,
+        irq_delay_ns,
+        updated_ns,
+        work,
+        reserved,
+    } = GuestThread::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&tid)
+            + size_of_val(&tgid)
+            + size_of_val(&last_cpu)
+            + size_of_val(&comm)
+            + size_of_val(&on_cpu_ns)
+            + size_of_val(&utime_ns)
+            + size_of_val(&stime_ns)
+            + size_of_val(&run_delay_ns)
+            + size_of_val(&timeslices)
+            + size_of_val(&nvcsw)
+            + size_of_val(&nivcsw)
+            + size_of_val(&blkio_delay_ns)
+            + size_of_val(&swapin_delay_ns)
+            + size_of_val(&freepages_delay_ns)
+            + size_of_val(&irq_delay_ns)
+            + size_of_val(&updated_ns)
+            + size_of_val(&work)
+            + size_of_val(&reserved),
+        size_of::<GuestThread>(),
+        "GuestThread"
+    );
+    let GuestCpu {
+        seq,
+        cpu,
+        user_ns,
+        system_ns,
+        idle_ns,
+        iowait_ns,
+        irq_ns,
+        softirq_ns,
+        steal_ns,
+        interrupts,
+        context_switches,
+        softirqs,
+        updated_ns,
+        reserved,
+    } = GuestCpu::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&cpu)
+            + size_of_val(&user_ns)
+            + size_of_val(&system_ns)
+            + size_of_val(&idle_ns)
+            + size_of_val(&iowait_ns)
+            + size_of_val(&irq_ns)
+            + size_of_val(&softirq_ns)
+            + size_of_val(&steal_ns)
+            + size_of_val(&interrupts)
+            + size_of_val(&context_switches)
+            + size_of_val(&softirqs)
+            + size_of_val(&updated_ns)
+            + size_of_val(&reserved),
+        size_of::<GuestCpu>(),
+        "GuestCpu"
+    );
+    let GuestAgent {
+        seq,
+        magic,
+        size,
+        flags,
+        pid,
+        threads_seen,
+        threads_published,
+        reserved0,
+        interval_ns,
+        samples,
+        sample_cpu_ns,
+        sample_max_cpu_ns,
+        agent_cpu_ns,
+        rest_count,
+        rest_on_cpu_ns,
+        rest_interval_on_cpu_ns,
+        unseen_count,
+        unseen_cpu_ns,
+        exited_processes,
+        exits_missed,
+        updated_ns,
+        reserved,
+    } = GuestAgent::default();
+    assert_eq!(
+        size_of_val(&seq)
+            + size_of_val(&magic)
+            + size_of_val(&size)
+            + size_of_val(&flags)
+            + size_of_val(&pid)
+            + size_of_val(&threads_seen)
+            + size_of_val(&threads_published)
+            + size_of_val(&reserved0)
+            + size_of_val(&interval_ns)
+            + size_of_val(&samples)
+            + size_of_val(&sample_cpu_ns)
+            + size_of_val(&sample_max_cpu_ns)
+            + size_of_val(&agent_cpu_ns)
+            + size_of_val(&rest_count)
+            + size_of_val(&rest_on_cpu_ns)
+            + size_of_val(&rest_interval_on_cpu_ns)
+            + size_of_val(&unseen_count)
+            + size_of_val(&unseen_cpu_ns)
+            + size_of_val(&exited_processes)
+            + size_of_val(&exits_missed)
+            + size_of_val(&updated_ns)
+            + size_of_val(&reserved),
+        size_of::<GuestAgent>(),
+        "GuestAgent"
+    );
+}

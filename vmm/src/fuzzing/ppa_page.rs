@@ -143,6 +143,17 @@ fn check_view(v: &GuestView, b: &Bytes) {
         )
     );
 
+    check_threads(v, b, updated);
+    check_cpus(v, b);
+}
+
+/// The thread records shown against the bytes of the table the header declares.
+fn check_threads(v: &GuestView, b: &Bytes, updated: u64) {
+    let len = b.0.len();
+    let h = |field: usize| {
+        b.u32(field)
+            .expect("a published header is inside the section")
+    };
     let threads = Table {
         off: h(offset_of!(GuestHeader, threads_offset)).into(),
         size: h(offset_of!(GuestHeader, thread_record_size)).into(),
@@ -196,7 +207,15 @@ fn check_view(v: &GuestView, b: &Bytes) {
             "written thread records missing"
         );
     }
+}
 
+/// The CPU records shown against the bytes of the table the header declares.
+fn check_cpus(v: &GuestView, b: &Bytes) {
+    let len = b.0.len();
+    let h = |field: usize| {
+        b.u32(field)
+            .expect("a published header is inside the section")
+    };
     let cpus = Table {
         off: h(offset_of!(GuestHeader, cpus_offset)).into(),
         size: h(offset_of!(GuestHeader, cpu_record_size)).into(),

@@ -215,29 +215,56 @@ pub fn decode(section: Section<'_>) -> GuestView {
         agent: None,
         host_reset: Vec::new(),
     };
+    let Some(h) = header(&section, &mut v) else {
+        return v;
+    };
+    v.published = true;
+    v.nr_cpus = h.nr_cpus;
+    v.updated_ns = h.updated_ns;
+    v.transient_count = h.transient_count;
+    v.transient_cpu_ns = h.transient_cpu_ns;
+    if abi::agent_record_fits(&h) {
+        v.agent = agent(&section, &mut v.errors);
+    }
+    threads(&section, &h, &mut v);
+    v.threads
+        .sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.slot.cmp(&b.slot)));
+    cpus(&section, &h, &mut v);
+    if v.errors.len() > 64 {
+        let n = v.errors.len() - 64;
+        v.errors.truncate(64);
+        v.errors.push(format!("and {n} more problems"));
+    }
+    v
+}
+
+/// The guest header, when the guest published one this VMM reads (right magic, major
+/// version); otherwise `None`, with the problem in `v.errors` (none when nothing was
+/// published yet). Sets `v.version` once the magic is right.
+fn header(section: &Section, v: &mut GuestView) -> Option<GuestHeader> {
     let h: GuestHeader = match section.read::<GuestHeader>(0) {
         Err(e) => {
             v.errors.push(e);
-            return v;
+            return None;
         }
         Ok(Err(())) => {
             v.errors.push(format!(
                 "the guest header stayed mid-update (odd or changing sequence counter) for {MAX_TRIES} tries"
             ));
-            return v;
+            return None;
         }
         Ok(Ok(h)) => h,
     };
     if h.magic == 0 && h.seq == 0 {
         // Nothing published yet: not an error.
-        return v;
+        return None;
     }
     if h.magic != GUEST_MAGIC {
         v.errors.push(format!(
             "the guest header's magic is {:#010x}, not \"PPAG\"",
             h.magic
         ));
-        return v;
+        return None;
     }
     v.version = format!("{}.{}", h.major, h.minor);
     if h.major != MAJOR {
@@ -245,19 +272,14 @@ pub fn decode(section: Section<'_>) -> GuestView {
             "the guest writes layout {}.{}; this VMM reads major version {MAJOR}",
             h.major, h.minor
         ));
-        return v;
+        return None;
     }
-    v.published = true;
-    v.nr_cpus = h.nr_cpus;
-    v.updated_ns = h.updated_ns;
-    v.transient_count = h.transient_count;
-    v.transient_cpu_ns = h.transient_cpu_ns;
-    let ext = h.minor >= 1;
-    if abi::agent_record_fits(&h) {
-        v.agent = agent(&section, &mut v.errors);
-    }
+    Some(h)
+}
 
-    match table(
+/// The thread records `h` declares, into `v.threads` (problems into `v.errors`).
+fn threads(section: &Section, h: &GuestHeader, v: &mut GuestView) {
+    let (off, size, count) = match table(
         "thread",
         h.threads_offset,
         h.threads_count,
@@ -265,56 +287,67 @@ pub fn decode(section: Section<'_>) -> GuestView {
         std::mem::size_of::<GuestThread>(),
         section.len,
     ) {
-        Err(e) => v.errors.push(e),
-        Ok((off, size, count)) => {
-            for slot in 0..count as usize {
-                match section.read::<GuestThread>(off + slot as u64 * size) {
-                    Err(e) => v.errors.push(e),
-                    Ok(Err(())) => v.errors.push(format!(
-                        "thread record {slot} stayed mid-update for {MAX_TRIES} tries"
-                    )),
-                    // Never written (a writer leaves seq at 2 or more): an empty slot.
-                    Ok(Ok(t)) if t.seq == 0 => {}
-                    Ok(Ok(t)) => {
-                        let name = comm(&t.comm, &mut v.errors, slot);
-                        let lag_ns = h.updated_ns.saturating_sub(t.updated_ns);
-                        v.threads.push(GuestThreadView {
-                            slot,
-                            tid: t.tid,
-                            tgid: t.tgid,
-                            comm: name,
-                            last_cpu: t.last_cpu,
-                            on_cpu_ns: t.on_cpu_ns,
-                            utime_ns: t.utime_ns,
-                            stime_ns: t.stime_ns,
-                            run_delay_ns: t.run_delay_ns,
-                            timeslices: t.timeslices,
-                            nvcsw: t.nvcsw,
-                            nivcsw: t.nivcsw,
-                            delays_ns: [
-                                t.blkio_delay_ns,
-                                t.swapin_delay_ns,
-                                t.freepages_delay_ns,
-                                t.irq_delay_ns,
-                            ],
-                            work: t.work,
-                            updated_ns: t.updated_ns,
-                            lag_ns,
-                            stale: lag_ns > STALE_NS
-                                && !(ext && t.state() == abi::THREAD_STATE_EXITED),
-                            state: if ext { state(t.state()) } else { String::new() },
-                            kernel: ext && t.flags() & abi::THREAD_KERNEL != 0,
-                            interval_on_cpu_ns: if ext { t.interval_on_cpu_ns() } else { 0 },
-                        });
-                    }
-                }
+        Err(e) => return v.errors.push(e),
+        Ok(t) => t,
+    };
+    for slot in 0..count as usize {
+        match section.read::<GuestThread>(off + slot as u64 * size) {
+            Err(e) => v.errors.push(e),
+            Ok(Err(())) => v.errors.push(format!(
+                "thread record {slot} stayed mid-update for {MAX_TRIES} tries"
+            )),
+            // Never written (a writer leaves seq at 2 or more): an empty slot.
+            Ok(Ok(t)) if t.seq == 0 => {}
+            Ok(Ok(t)) => {
+                let view = thread_view(&t, h, slot, &mut v.errors);
+                v.threads.push(view);
             }
         }
     }
-    v.threads
-        .sort_by(|a, b| b.on_cpu_ns.cmp(&a.on_cpu_ns).then(a.slot.cmp(&b.slot)));
+}
 
-    match table(
+/// Thread record `slot`, `t`, as the view shows it; the layout 1.1 fields only where `h`
+/// is 1.1 or later.
+fn thread_view(
+    t: &GuestThread,
+    h: &GuestHeader,
+    slot: usize,
+    errors: &mut Vec<String>,
+) -> GuestThreadView {
+    let ext = h.minor >= 1;
+    let lag_ns = h.updated_ns.saturating_sub(t.updated_ns);
+    GuestThreadView {
+        slot,
+        tid: t.tid,
+        tgid: t.tgid,
+        comm: comm(&t.comm, errors, slot),
+        last_cpu: t.last_cpu,
+        on_cpu_ns: t.on_cpu_ns,
+        utime_ns: t.utime_ns,
+        stime_ns: t.stime_ns,
+        run_delay_ns: t.run_delay_ns,
+        timeslices: t.timeslices,
+        nvcsw: t.nvcsw,
+        nivcsw: t.nivcsw,
+        delays_ns: [
+            t.blkio_delay_ns,
+            t.swapin_delay_ns,
+            t.freepages_delay_ns,
+            t.irq_delay_ns,
+        ],
+        work: t.work,
+        updated_ns: t.updated_ns,
+        lag_ns,
+        stale: lag_ns > STALE_NS && !(ext && t.state() == abi::THREAD_STATE_EXITED),
+        state: if ext { state(t.state()) } else { String::new() },
+        kernel: ext && t.flags() & abi::THREAD_KERNEL != 0,
+        interval_on_cpu_ns: if ext { t.interval_on_cpu_ns() } else { 0 },
+    }
+}
+
+/// The CPU records `h` declares, into `v.cpus` (problems into `v.errors`).
+fn cpus(section: &Section, h: &GuestHeader, v: &mut GuestView) {
+    let (off, size, count) = match table(
         "CPU",
         h.cpus_offset,
         h.cpus_count,
@@ -322,41 +355,34 @@ pub fn decode(section: Section<'_>) -> GuestView {
         std::mem::size_of::<GuestCpu>(),
         section.len,
     ) {
-        Err(e) => v.errors.push(e),
-        Ok((off, size, count)) => {
-            for slot in 0..count as usize {
-                match section.read::<GuestCpu>(off + slot as u64 * size) {
-                    Err(e) => v.errors.push(e),
-                    Ok(Err(())) => v.errors.push(format!(
-                        "CPU record {slot} stayed mid-update for {MAX_TRIES} tries"
-                    )),
-                    Ok(Ok(c)) if c.seq == 0 => {}
-                    Ok(Ok(c)) => v.cpus.push(GuestCpuView {
-                        cpu: c.cpu,
-                        times_ns: [
-                            c.user_ns,
-                            c.system_ns,
-                            c.idle_ns,
-                            c.iowait_ns,
-                            c.irq_ns,
-                            c.softirq_ns,
-                            c.steal_ns,
-                        ],
-                        interrupts: c.interrupts,
-                        context_switches: c.context_switches,
-                        softirqs: c.softirqs,
-                        updated_ns: c.updated_ns,
-                    }),
-                }
-            }
+        Err(e) => return v.errors.push(e),
+        Ok(t) => t,
+    };
+    for slot in 0..count as usize {
+        match section.read::<GuestCpu>(off + slot as u64 * size) {
+            Err(e) => v.errors.push(e),
+            Ok(Err(())) => v.errors.push(format!(
+                "CPU record {slot} stayed mid-update for {MAX_TRIES} tries"
+            )),
+            Ok(Ok(c)) if c.seq == 0 => {}
+            Ok(Ok(c)) => v.cpus.push(GuestCpuView {
+                cpu: c.cpu,
+                times_ns: [
+                    c.user_ns,
+                    c.system_ns,
+                    c.idle_ns,
+                    c.iowait_ns,
+                    c.irq_ns,
+                    c.softirq_ns,
+                    c.steal_ns,
+                ],
+                interrupts: c.interrupts,
+                context_switches: c.context_switches,
+                softirqs: c.softirqs,
+                updated_ns: c.updated_ns,
+            }),
         }
     }
-    if v.errors.len() > 64 {
-        let n = v.errors.len() - 64;
-        v.errors.truncate(64);
-        v.errors.push(format!("and {n} more problems"));
-    }
-    v
 }
 
 #[cfg(test)]
