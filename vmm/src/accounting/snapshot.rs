@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
 use super::meter::{MeterReading, MicroState, ParkKind, TraceState, VcpuMeter};
 use super::{Level, Threshold};
-use crate::exit::ExitReason;
+use crate::accounting::ExitReason;
 use crate::hypervisor::stats::{KnownStat, KvmStats, StatKind};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::host::{thread_cpu_ns, SchedStatFile, ThreadClock};
-use super::meter::Counter;
+use crate::sync::Counter;
 use crate::sync::now_ns;
 
 /// Kinds of work a thread's CPU is split into (the device names them).

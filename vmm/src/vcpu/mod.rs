@@ -19,7 +19,8 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::accounting::meter::{Counter, MicroState};
+use crate::accounting::meter::MicroState;
+use crate::sync::Counter;
 use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
 use crate::accounting::AccountingControl;
 use crate::devices::Buses;

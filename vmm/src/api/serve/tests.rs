@@ -11,7 +11,8 @@ use std::time::Duration;
 use vmm_sys_util::tempdir::TempDir;
 
 use super::super::listen::{ClientLimits, DropReason, Listener, CLIENT_OUT_PAUSE};
-use super::super::server::{ApiServer, EventHub, ServerOptions};
+use super::super::server::{ApiServer, ServerOptions};
+use crate::event_hub::EventHub;
 use crate::api::tests_support::handle;
 
 struct Fixture {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use ppa_guest_abi::doorbell::{self, REPORT_KEYS};
 
 use super::{le_value, BusAccess, BusDevice, VcpuRequest};
-use crate::accounting::meter::Counter;
+use crate::sync::Counter;
 use crate::sync::now_ns;
 
 indexed_enum! {

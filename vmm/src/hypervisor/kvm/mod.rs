@@ -64,7 +64,7 @@ impl super::Hypervisor for Kvm {
     }
 
     fn exit_cost(&self) -> Option<ExitCost> {
-        crate::arch::x86_64::calibrate::exit_cost(self, 200)
+        super::calibrate::exit_cost(self, 200)
     }
 
     fn cannot_boot_kernels(&self) -> Option<String> {
@@ -261,7 +261,7 @@ impl Vcpu for KvmVcpu {
 
     fn warm_up(&mut self, stub: Option<WarmUpStub>) -> bool {
         match stub {
-            Some(stub) => crate::arch::x86_64::calibrate::run_stub(self, stub),
+            Some(stub) => super::calibrate::run_stub(self, stub),
             None => {
                 // KVM_RUN with immediate_exit set binds the vCPU to this thread (the part that
                 // can wait for an RCU grace period) and returns before entering the guest.
