@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, Once};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    ExitEvent, HvError, IoAddr, IrqLine, Kicker, KvmStats, MemorySlot, RunError, Vcpu, Vm,
+    ExitEvent, HvError, IoAddr, IrqLine, Kicker, MemorySlot, RunError, Vcpu, VcpuStats, Vm,
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 use crate::sync::now_ns;
@@ -387,7 +387,7 @@ impl Vcpu for FakeVcpu {
         Ok(())
     }
 
-    fn stats(&self) -> Option<KvmStats> {
+    fn stats(&self) -> Option<VcpuStats> {
         None
     }
 

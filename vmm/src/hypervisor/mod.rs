@@ -27,7 +27,7 @@ pub mod kvm;
 pub mod stats;
 pub mod timer_signal;
 
-pub use stats::KvmStats;
+pub use stats::VcpuStats;
 
 /// The error number of a failed hypervisor call.
 pub type Errno = vmm_sys_util::errno::Error;
@@ -419,7 +419,7 @@ pub trait Vcpu: Send {
     fn pause_notify(&self) {}
 
     /// The vCPU's statistics file, when the hypervisor keeps one.
-    fn stats(&self) -> Option<KvmStats>;
+    fn stats(&self) -> Option<VcpuStats>;
     /// The guest's TSC frequency, when the hypervisor knows it.
     fn tsc_khz(&self) -> Option<u64>;
 

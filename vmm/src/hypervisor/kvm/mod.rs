@@ -17,15 +17,17 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
-    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu,
-    Vm, WarmUpStub,
+    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, MemorySlot, RunError, Vcpu,
+    VcpuStats, Vm, WarmUpStub,
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
 pub mod kick;
+pub mod stats;
 pub mod x86_64;
 
 pub use kick::SignalKicker;
+pub use stats::KvmStats;
 
 /// KVM, opened on its device node.
 pub struct Kvm {
@@ -368,8 +370,9 @@ impl Vcpu for KvmVcpu {
         let _ = self.fd.kvmclock_ctrl();
     }
 
-    fn stats(&self) -> Option<KvmStats> {
+    fn stats(&self) -> Option<VcpuStats> {
         KvmStats::from_fd(&self.fd)
+            .map(|s| VcpuStats::new(Box::new(s)))
             .map_err(|e| log::warn!("no KVM statistics for a vCPU: {e}"))
             .ok()
     }
