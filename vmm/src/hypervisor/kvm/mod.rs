@@ -22,6 +22,7 @@ use super::{
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
+pub mod ioctls;
 pub mod kick;
 pub mod stats;
 pub mod x86_64;
