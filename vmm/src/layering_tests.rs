@@ -5,7 +5,8 @@
 //! the `#[cfg(test)] mod` that ends a file, collects each top-level module's `crate::NAME`
 //! references (plain paths and `use crate::{a, b::c}` groups) as edges, and fails naming the
 //! modules of every circle and their edges inside it. Test files (`tests.rs`, `*_tests.rs`,
-//! anything under a `tests/` folder) may reach anywhere.
+//! anything under a `tests/` folder) may reach anywhere. A second test keeps the client crate
+//! to the command line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -156,6 +157,23 @@ fn no_import_circle_between_top_level_modules() {
         "import circles between top-level modules of vmm/src: {found:?}\n{}",
         text.join("\n")
     );
+}
+
+/// Only the command line reaches the client crate (its `ctl`, `top` and `host` subcommands and
+/// the run directory); the rest of the library uses `ppa-vmm-api` for what they share.
+#[test]
+fn only_the_command_line_uses_the_client_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    files.push(src.join("main.rs"));
+    let mut users: Vec<String> = files
+        .iter()
+        .filter(|f| production_code(&std::fs::read_to_string(f).unwrap()).contains("ppa_vmm_client"))
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    users.sort();
+    assert_eq!(users, ["cli.rs", "main.rs"]);
 }
 
 #[test]

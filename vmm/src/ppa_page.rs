@@ -9,7 +9,7 @@
 //! each started vCPU's section 4 figures into its host record with the sequence protocol of
 //! `ppa_guest_abi::ppa_page`. The guest section is the guest's:
 //! [`decode`] checks it on demand (`guest`, the final report) and
-//! `ppa_vmm_client::guest_view` prints it.
+//! `ppa_vmm_api::guest_view` prints it.
 
 use std::fs::File;
 use std::io;
