@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-use crate::devices::{Buses, VcpuRequest};
 pub use crate::accounting::ExitReason;
+use crate::devices::{Buses, VcpuRequest};
 pub use crate::hypervisor::{ExitEvent, FatalExit};
 
 /// Why a vCPU stopped for good, decided by the guest's behaviour.

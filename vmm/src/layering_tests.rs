@@ -90,7 +90,12 @@ fn graph(src: &Path) -> Graph {
     let mut edges = Graph::new();
     for f in files {
         let rel = f.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         let top = first.strip_suffix(".rs").unwrap_or(&first).to_string();
         if !mods.contains(&top) {
             continue;
@@ -169,7 +174,9 @@ fn only_the_command_line_uses_the_client_crate() {
     files.push(src.join("main.rs"));
     let mut users: Vec<String> = files
         .iter()
-        .filter(|f| production_code(&std::fs::read_to_string(f).unwrap()).contains("ppa_vmm_client"))
+        .filter(|f| {
+            production_code(&std::fs::read_to_string(f).unwrap()).contains("ppa_vmm_client")
+        })
         .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
         .collect();
     users.sort();
@@ -197,6 +204,12 @@ fn circles_are_found_and_layers_pass() {
         e
     };
     assert!(circles(&g(&[("a", "b"), ("b", "c"), ("a", "c")])).is_empty());
-    let found = circles(&g(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e")]));
+    let found = circles(&g(&[
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "a"),
+        ("c", "d"),
+        ("d", "e"),
+    ]));
     assert_eq!(found, [["a", "b", "c"]]);
 }

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ppa_vmm_api::{GuestView, VcpuEndKind, VmEnd};
 use ppa_vmm_api::guest_view::{guest_view_text, HostColumns};
+use ppa_vmm_api::{GuestView, VcpuEndKind, VmEnd};
 use serde::Serialize;
 use thiserror::Error;
 

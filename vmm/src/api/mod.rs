@@ -73,7 +73,6 @@ pub enum SocketError {
     Spawn(#[source] io::Error),
 }
 
-
 /// Synthetic VMs for unit tests and the fuzz checks: vCPUs that never ran, with meters a test
 /// can drive.
 #[cfg(any(test, feature = "fuzzing"))]

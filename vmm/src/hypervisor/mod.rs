@@ -305,7 +305,6 @@ pub trait Kicker: Send + Sync {
     }
 }
 
-
 /// A hypervisor: makes VMs.
 pub trait Hypervisor {
     /// Its VMs.

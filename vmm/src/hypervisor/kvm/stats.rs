@@ -609,7 +609,10 @@ mod tests {
             KvmStatType::from_flags(KVM_STATS_TYPE_INSTANT),
             KvmStatType::Instant
         );
-        assert_eq!(KvmStatType::from_flags(KVM_STATS_TYPE_PEAK), KvmStatType::Peak);
+        assert_eq!(
+            KvmStatType::from_flags(KVM_STATS_TYPE_PEAK),
+            KvmStatType::Peak
+        );
         assert_eq!(
             KvmStatType::from_flags(KVM_STATS_TYPE_LINEAR_HIST),
             KvmStatType::LinearHist
@@ -804,7 +807,10 @@ mod tests {
         let kvm = KvmStats::from_stats_file(file).unwrap();
         let want_kinds: Vec<Option<KvmStatType>> = (0..3).map(|i| kvm.scalar_kind(i)).collect();
         let s = crate::hypervisor::stats::VcpuStats::new(Box::new(kvm));
-        assert_eq!(s.scalar_names().collect::<Vec<_>>(), ["exits", "halt_wait_ns"]);
+        assert_eq!(
+            s.scalar_names().collect::<Vec<_>>(),
+            ["exits", "halt_wait_ns"]
+        );
         assert_eq!(s.scalar_count(), 2);
         for (i, want) in want_kinds.into_iter().enumerate() {
             let neutral = want.map(|k| match k {
