@@ -170,8 +170,8 @@ fn no_import_circle_between_top_level_modules() {
 fn only_the_command_line_uses_the_client_crate() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
+    // The crate roots are among the sources (`sources` walks every file).
     sources(&src, &mut files);
-    files.push(src.join("main.rs"));
     let mut users: Vec<String> = files
         .iter()
         .filter(|f| {
