@@ -56,6 +56,19 @@ pub fn clip_middle(s: &str) -> Cow<'_, str> {
     ))
 }
 
+/// The error and each of its causes, joined into one line; each is cut to about
+/// [`MESSAGE_MAX`] bytes (a message that quotes its input whole stays bounded).
+pub fn describe(e: &dyn std::error::Error) -> String {
+    let mut s = clip_middle(&e.to_string()).into_owned();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&clip_middle(&c.to_string()));
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

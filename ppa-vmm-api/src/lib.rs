@@ -12,20 +12,26 @@
 //! Values drawn from a closed set of words (states, end reasons, the split kind, backends,
 //! threshold names) are enums that serialise as those words ([`VmState`], [`SplitKind`], ...);
 //! a vCPU's time split reaches code as one [`TimeSplit`], while the wire keeps its fields flat.
+//!
+//! Text that both the VMM's final report and the clients print is made here too, from these
+//! types only: [`guest_view`] (GUEST VIEW tables), [`devices_text`] (devices and the VMM
+//! process's CPU) and [`describe`] (an error and its causes on one line).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod clip;
 mod devices;
+pub mod devices_text;
 mod event;
+pub mod guest_view;
 mod names;
 mod pressure;
 mod request;
 mod time_split;
 mod types;
 
-pub use clip::{clip, clip_middle, MESSAGE_MAX, QUOTE_MAX};
+pub use clip::{clip, clip_middle, describe, MESSAGE_MAX, QUOTE_MAX};
 pub use devices::{
     DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, HostCpuSplit,
     PerPacket, QueueStats,

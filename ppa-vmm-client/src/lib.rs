@@ -1,13 +1,13 @@
 //! The clients of PPA-VMM's control socket, in a crate of their own: a [`Client`] that talks
 //! the JSON Lines protocol of `ppa-vmm-api`, the two commands built on it, [`ctl`] (one request,
-//! its result printed) and [`top`] (an esxtop-like view refreshed from `stats`), and
-//! [`guest_view`], the text form of what a guest published on its PPA page.
+//! its result printed) and [`top`] (an esxtop-like view refreshed from `stats`). The text forms
+//! they print that the VMM's final report prints too (the guest view, devices, `describe`) are
+//! in `ppa-vmm-api`, re-exported here.
 //!
 //! This crate links no KVM code: it depends on `ppa-vmm-api`, serde_json, thiserror and clap,
 //! not on kvm-ioctls, kvm-bindings, vm-memory or the `ppa-vmm` library (`cargo tree -p
 //! ppa-vmm-client` shows it), so a monitoring tool can use it on a host without the VMM's
-//! machine layer. The `ppa-vmm` binary's `ctl` and `top` subcommands call into it, and the
-//! VMM's final report uses [`guest_view`] for its GUEST VIEW tables.
+//! machine layer. The `ppa-vmm` binary's `ctl` and `top` subcommands call into it.
 //!
 //! Data flow: [`Client::connect`] opens the Unix stream the VMM serves with `--api-sock`;
 //! [`Client::call`] numbers a [`Command`] into a [`Request`], writes it as one line and reads
@@ -27,10 +27,11 @@ use ppa_vmm_api::{Command, Event, Request, RequestId, Response, VmEnd};
 use serde_json::Value;
 use thiserror::Error;
 
+/// The text renderers the report and these clients share, now in `ppa-vmm-api`.
+pub use ppa_vmm_api::{describe, devices_text as devices, guest_view};
+
 pub mod commands;
 pub mod ctl;
-pub mod devices;
-pub mod guest_view;
 pub mod host;
 pub mod rundir;
 pub mod top;
@@ -338,19 +339,6 @@ impl Client {
             source,
         }
     }
-}
-
-/// The error and each of its causes, joined into one line; each is cut to about
-/// [`ppa_vmm_api::MESSAGE_MAX`] bytes (a message that quotes its input whole stays bounded).
-pub fn describe(e: &dyn std::error::Error) -> String {
-    let mut s = ppa_vmm_api::clip_middle(&e.to_string()).into_owned();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&ppa_vmm_api::clip_middle(&c.to_string()));
-        cur = c.source();
-    }
-    s
 }
 
 /// The kebab-case name of an error kind, as the protocol spells it.

@@ -8,36 +8,9 @@
 
 use std::fmt;
 
+pub use crate::accounting::ExitReason;
 use crate::devices::{Buses, VcpuRequest};
 pub use crate::hypervisor::{ExitEvent, FatalExit};
-
-indexed_enum! {
-    /// Userspace exit reasons, the keys of the per-vCPU `exits` counts (spec section 4).
-    pub enum ExitReason {
-        /// Port read.
-        IoIn = "io_in",
-        /// Port write.
-        IoOut = "io_out",
-        /// MMIO read.
-        MmioRead = "mmio_read",
-        /// MMIO write.
-        MmioWrite = "mmio_write",
-        /// HLT with no in-kernel irqchip.
-        Hlt = "hlt",
-        /// Triple fault or other shutdown.
-        Shutdown = "shutdown",
-        /// KVM_RUN interrupted by a signal or `immediate_exit` (a kick).
-        Intr = "intr",
-        /// The hardware refused VM entry.
-        FailEntry = "fail_entry",
-        /// KVM could not handle something (emulation failure, ...).
-        InternalError = "internal_error",
-        /// A system event (reset, shutdown, crash request).
-        SystemEvent = "system_event",
-        /// Anything else.
-        Other = "other",
-    }
-}
 
 /// Why a vCPU stopped for good, decided by the guest's behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]

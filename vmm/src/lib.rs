@@ -48,6 +48,7 @@ pub(crate) mod calibration_cache;
 pub mod cli;
 pub mod config;
 pub mod devices;
+pub(crate) mod event_hub;
 pub mod exit;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -70,3 +71,6 @@ pub mod signals;
 pub mod sync;
 pub(crate) mod vcpu;
 pub mod vm;
+
+#[cfg(test)]
+mod layering_tests;

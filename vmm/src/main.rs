@@ -21,7 +21,7 @@ use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::{Caught, StopSignals};
 use ppa_vmm::vm::Vm;
-use ppa_vmm_client::describe;
+use ppa_vmm_api::describe;
 use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
 
 /// The config file named by `--config`, with the command line laid over it.

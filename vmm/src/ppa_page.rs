@@ -10,7 +10,7 @@
 //! `ppa_guest_abi::ppa_page`, through the page's one [`HostWriter`], which it takes at start
 //! and keeps for its whole run. The guest section is the guest's:
 //! [`decode`] checks it on demand (`guest`, the final report) and
-//! `ppa_vmm_client::guest_view` prints it.
+//! `ppa_vmm_api::guest_view` prints it.
 
 use std::fs::File;
 use std::io;

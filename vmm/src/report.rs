@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use ppa_vmm_api::guest_view::{guest_view_text, HostColumns};
 use ppa_vmm_api::{GuestView, VcpuEndKind, VmEnd};
-use ppa_vmm_client::guest_view::{guest_view_text, HostColumns};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -606,9 +606,9 @@ impl Report {
                 g.kicks.limiter,
             );
         }
-        out.push_str(&ppa_vmm_client::devices::devices_text(&self.devices));
+        out.push_str(&ppa_vmm_api::devices_text::devices_text(&self.devices));
         if !self.devices.is_empty() {
-            out.push_str(&ppa_vmm_client::devices::host_cpu_line(
+            out.push_str(&ppa_vmm_api::devices_text::host_cpu_line(
                 &self.vm.host_cpu_ns,
             ));
         }

@@ -21,7 +21,7 @@ use ppa_vmm_api::{Event, OverloadKind, VcpuSummary};
 
 use crate::accounting::meter::MicroState;
 use crate::accounting::{AccountingControl, Threshold};
-use crate::api::EventHub;
+use crate::event_hub::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
 use crate::ppa_page::{HostWriter, PpaPage};

@@ -1,11 +1,11 @@
-//! Parking and clocks shared by every thread of the VMM: the vDSO monotonic clock, and futex
-//! waits with absolute deadlines.
+//! Parking, clocks and counters shared by every thread of the VMM: the vDSO monotonic clock,
+//! futex waits with absolute deadlines, and the single-writer [`Counter`].
 //!
 //! A parked vCPU, the limiter and the sampler wait on a futex word with an absolute
 //! CLOCK_MONOTONIC deadline; whoever wants them to act bumps the word ([`futex_wake`]). No lock
 //! is involved, so nothing a reader holds can delay a vCPU.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Monotonic time in ns (vDSO, no syscall).
 pub fn now_ns() -> u64 {
@@ -55,6 +55,31 @@ pub fn futex_wake(word: &AtomicU32) {
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
             i32::MAX,
         );
+    }
+}
+
+/// A single-writer counter: one thread adds, anyone reads.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n` (writer only: a plain load and store, no locked instruction).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    /// Sets the value (writer only).
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    /// Reads the value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 

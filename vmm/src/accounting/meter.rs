@@ -24,32 +24,8 @@ use super::histogram::Histogram;
 use super::switches::pairing::IRQ_KINDS;
 use super::switches::{Pairing, RingView};
 use super::{ByKey, Key, Level, PerThreshold, Threshold};
-use crate::exit::ExitReason;
-
-/// A single-writer counter: one thread adds, anyone reads.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n` (writer only: a plain load and store, no locked instruction).
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(n),
-            Ordering::Relaxed,
-        );
-    }
-    /// Sets the value (writer only).
-    #[inline]
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    /// Reads the value.
-    #[inline]
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+use crate::accounting::ExitReason;
+use crate::sync::Counter;
 
 /// Micro-states of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

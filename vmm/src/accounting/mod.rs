@@ -22,6 +22,7 @@ use std::marker::PhantomData;
 use std::ops::{Index, IndexMut};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+mod exit_reason;
 pub mod histogram;
 pub mod host;
 pub mod kvm_reasons;
@@ -30,6 +31,7 @@ pub mod snapshot;
 pub mod switches;
 pub mod worker;
 
+pub use exit_reason::ExitReason;
 pub use ppa_vmm_api::{Level, Threshold, Thresholds};
 
 /// A fieldless enum whose `N` values number 0 to N − 1: the key of a [`ByKey`] array.

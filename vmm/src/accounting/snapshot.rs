@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
 use super::meter::{MeterReading, MicroState, ParkKind, TraceState, VcpuMeter};
 use super::{Level, Threshold};
-use crate::exit::ExitReason;
-use crate::hypervisor::stats::{KnownStat, KvmStats, StatKind};
+use crate::accounting::ExitReason;
+use crate::hypervisor::stats::{KnownStat, StatKind, VcpuStats};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;
 pub use ppa_vmm_api::{HostCpu, VcpuTimes};
@@ -91,8 +91,9 @@ pub struct VcpuAccounting {
     pub live: OnceLock<LiveSources>,
     /// Published by the thread at its end.
     pub finals: OnceLock<FinalReadings>,
-    /// KVM binary statistics of the vCPU, when the host has them.
-    pub kvm: Option<KvmStats>,
+    /// The hypervisor's statistics of the vCPU (KVM's binary statistics), when the host has
+    /// them.
+    pub kvm: Option<VcpuStats>,
     /// The VM's measured in-kernel exit cost, for the kvm_ns estimate.
     pub exit_cost: Option<ExitCost>,
     /// Thread start, CLOCK_MONOTONIC (0 before).
@@ -125,13 +126,10 @@ fn sub_vec(a: &[u64], b: &[u64]) -> Vec<u64> {
 
 impl VcpuAccounting {
     /// Accounting for a vCPU that has not started.
-    pub fn new(meter: Arc<VcpuMeter>, kvm: Option<KvmStats>, exit_cost: Option<ExitCost>) -> Self {
+    pub fn new(meter: Arc<VcpuMeter>, kvm: Option<VcpuStats>, exit_cost: Option<ExitCost>) -> Self {
         let kvm_cumulative = kvm.as_ref().map_or_else(Vec::new, |k| {
-            k.layout()
-                .descs
-                .iter()
-                .filter(|d| d.size == 1)
-                .map(|d| d.kind == StatKind::Cumulative)
+            (0..k.scalar_count())
+                .map(|i| k.scalar_kind(i) == Some(StatKind::Cumulative))
                 .collect()
         });
         VcpuAccounting {
@@ -526,7 +524,7 @@ pub struct Kernel<'a> {
 pub fn derive(
     cur: &RawSample,
     base: Option<&RawSample>,
-    kvm: Option<&KvmStats>,
+    kvm: Option<&VcpuStats>,
     exit_cost: Option<ExitCost>,
     detail: bool,
     kernel: Kernel<'_>,
@@ -575,7 +573,7 @@ pub fn derive(
     let guest = used - vmm - irq - kvm_ns.unwrap_or(0);
     let blocked = m.blocked.since(&bm.blocked);
     // Scalar `i` since the baseline (a cumulative one; a gauge as it is).
-    let kvm_delta = |k: &KvmStats, i: usize| {
+    let kvm_delta = |k: &VcpuStats, i: usize| {
         let v = *cur.kvm.get(i)?;
         Some(match (k.scalar_kind(i)?, b.kvm.get(i)) {
             (StatKind::Cumulative, Some(o)) => v.saturating_sub(*o),

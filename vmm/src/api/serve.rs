@@ -39,11 +39,11 @@ use super::listen::{
     ChangeBudget, ClientLimits, DropReason, FdReserve, Listener, ListenerStats, WorkBudget,
     CLIENT_OUT_PAUSE, EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
 };
-use super::server::EventHub;
-use crate::accounting::meter::Counter;
 use crate::accounting::{PerThreshold, Threshold};
+use crate::event_hub::EventHub;
 use crate::pressure::trigger::Trigger;
 use crate::sync::now_ns;
+use crate::sync::Counter;
 
 pub(super) const TOKEN_API: u32 = 0;
 pub(super) const TOKEN_HTTP: u32 = 1;

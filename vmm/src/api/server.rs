@@ -5,14 +5,13 @@
 //! before any vCPU starts, so a bad path or a busy port is an error at start, raises the
 //! descriptor limit to fit both listeners' caps, and starts the `api` thread, whose event
 //! loop drives the subscriber in [`super::serve`]: accept, read, answer, write, time limits.
-//! The run loop pushes events (vcpu-exit, vm-exit, ...) into the [`EventHub`], which wakes
+//! The run loop pushes events (vcpu-exit, vm-exit, ...) into the `EventHub` (`crate::event_hub`), which wakes
 //! the thread through an eventfd. What a client may hold is set by [`ClientLimits`]
 //! (`super::listen`): a cap per listener, a client timeout and an idle timeout, a queue per
 //! client past which it gets no more answers, and a budget for all queues together; a
 //! client that does not read is dropped, never waited for, and the vCPU threads never wait
 //! on this thread at all. [`ListenerStats`] counts clients connected and dropped.
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -21,8 +20,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use event_manager::{EventManager, SubscriberOps};
-use ppa_vmm_api::Event;
-use thiserror::Error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::board::{run_refresher, Board};
@@ -30,56 +27,12 @@ use super::handler::Handler;
 use super::listen::{raise_fd_limit, ClientLimits, ListenerStats};
 use super::serve::{Serve, ServeParts};
 use super::unix::bind_unix;
+use super::SocketError;
+use crate::event_hub::EventHub;
 use crate::handle::VmHandle;
 
 /// Descriptors the VMM wants besides its clients' (vCPUs, KVM, files, threads).
 const OWN_FDS: u64 = 2048;
-
-/// Why the server could not start.
-#[derive(Debug, Error)]
-pub enum SocketError {
-    /// The path exists and is not a socket.
-    #[error("{0} exists and is not a socket; remove it or choose another path")]
-    NotASocket(PathBuf),
-    /// Another process serves the path.
-    #[error("another process already serves {0}")]
-    InUse(PathBuf),
-    /// The path is too long for a Unix socket address.
-    #[error("the socket path {0} is longer than a Unix socket address allows (107 bytes)")]
-    PathTooLong(PathBuf),
-    /// The directory that would hold the socket does not exist.
-    #[error("cannot serve the control socket at {path}: the directory {dir} does not exist")]
-    NoDirectory {
-        /// The socket path.
-        path: PathBuf,
-        /// Its directory.
-        dir: PathBuf,
-    },
-    /// Binding the Unix socket failed.
-    #[error("cannot serve the control socket at {path}")]
-    Bind {
-        /// The path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: io::Error,
-    },
-    /// Binding the metrics address failed.
-    #[error("cannot serve metrics on {addr}")]
-    Metrics {
-        /// The address.
-        addr: SocketAddr,
-        /// Cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The event loop could not be set up.
-    #[error("cannot set up the control socket's event loop: {0}")]
-    EventLoop(String),
-    /// The thread could not be started.
-    #[error("cannot start the control socket thread")]
-    Spawn(#[source] io::Error),
-}
 
 /// What to serve.
 #[derive(Debug, Clone, Default)]
@@ -92,43 +45,6 @@ pub struct ServerOptions {
     pub stats_max_age_ns: u64,
     /// Caps and time limits for clients.
     pub limits: ClientLimits,
-}
-
-/// Events pushed by other threads (the run loop) for the server to stream.
-#[derive(Debug)]
-pub struct EventHub {
-    queue: Mutex<VecDeque<Event>>,
-    efd: EventFd,
-}
-
-impl EventHub {
-    /// An empty hub.
-    pub fn new() -> io::Result<Self> {
-        Ok(EventHub {
-            queue: Mutex::new(VecDeque::new()),
-            efd: EventFd::new(EFD_NONBLOCK)?,
-        })
-    }
-
-    /// Queues an event for every subscriber (never blocks on a client).
-    pub fn push(&self, e: Event) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() < 65_536 {
-            q.push_back(e);
-        }
-        drop(q);
-        let _ = self.efd.write(1);
-    }
-
-    pub(super) fn efd(&self) -> &EventFd {
-        &self.efd
-    }
-
-    pub(super) fn drain(&self) -> Vec<Event> {
-        let _ = self.efd.read();
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.drain(..).collect()
-    }
 }
 
 /// A running server.

@@ -20,7 +20,7 @@ pub fn remove_socket_file(path: &Path) -> bool {
     owned_files::remove(path)
 }
 
-use super::server::SocketError;
+use super::SocketError;
 
 /// Makes a Unix listener at `path` whose file has mode 0600 from the start: the mode of the
 /// socket inode is set before bind, which creates the file with it.

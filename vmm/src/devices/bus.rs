@@ -12,7 +12,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::{BusAccess, BusDevice, VcpuRequest};
-use crate::accounting::meter::Counter;
+use crate::sync::Counter;
 
 /// Why a device could not be added.
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, Once};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    ExitEvent, HvError, IoAddr, IrqLine, Kicker, KvmStats, MemorySlot, RunError, Vcpu, Vm,
+    ExitEvent, HvError, IoAddr, IrqLine, Kicker, MemorySlot, RunError, Vcpu, VcpuStats, Vm,
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 use crate::sync::now_ns;
@@ -189,7 +189,7 @@ fn fake_signal() -> libc::c_int {
 extern "C" fn on_fake_kick(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel's siginfo (SA_SIGINFO); the only timers delivering this signal are
     // kick timers, whose value points at their `fired` flag in the vCPU's shared state.
-    unsafe { super::mark_timer_fired(info) };
+    unsafe { super::timer_signal::mark_timer_fired(info) };
     let p = BOUND_FLAG.with(Cell::get);
     if !p.is_null() {
         // SAFETY: set by `bind_thread` on this thread to the flag of the bound vCPU, an Arc
@@ -387,7 +387,7 @@ impl Vcpu for FakeVcpu {
         Ok(())
     }
 
-    fn stats(&self) -> Option<KvmStats> {
+    fn stats(&self) -> Option<VcpuStats> {
         None
     }
 

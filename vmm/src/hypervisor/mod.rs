@@ -20,12 +20,14 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
+pub mod calibrate;
 #[cfg(test)]
 pub mod fake;
 pub mod kvm;
 pub mod stats;
+pub mod timer_signal;
 
-pub use stats::KvmStats;
+pub use stats::VcpuStats;
 
 /// The error number of a failed hypervisor call.
 pub type Errno = vmm_sys_util::errno::Error;
@@ -296,36 +298,10 @@ pub trait Kicker: Send + Sync {
     /// The signal that kicks the vCPU when it reaches the bound thread, for a POSIX timer that
     /// thread aims at itself (`SIGEV_THREAD_ID`: the kernel-armed kick of CPU limits), or None
     /// when kicks are not signals. The signal's handler also passes its `siginfo` to
-    /// [`mark_timer_fired`], so such a timer may carry a pointer to an `AtomicBool` it sets.
+    /// [`timer_signal::mark_timer_fired`], so such a timer may carry a pointer to an `AtomicBool`
+    /// it sets.
     fn timer_signal(&self) -> Option<libc::c_int> {
         None
-    }
-}
-
-/// For a kick signal's handler: when the signal came from a POSIX timer (`SI_TIMER`) whose
-/// value is a non-null pointer, sets the `AtomicBool` it points at (async-signal-safe: one
-/// atomic store).
-///
-/// # Safety
-/// `info` must be null or the `siginfo_t` the kernel passed to the handler, and every POSIX
-/// timer that delivers this signal to this process must carry a null value or a pointer to an
-/// `AtomicBool` that stays valid for as long as the timer can fire.
-pub unsafe fn mark_timer_fired(info: *const libc::siginfo_t) {
-    if info.is_null() {
-        return;
-    }
-    // SAFETY: `info` is the kernel's siginfo for this delivery (caller's contract); reading
-    // `si_code`, then the `_rt` member when the code says a timer sent it, is what the kernel
-    // filled in.
-    let p = unsafe {
-        if (*info).si_code != libc::SI_TIMER {
-            return;
-        }
-        (*info).si_value().sival_ptr as *const std::sync::atomic::AtomicBool
-    };
-    if !p.is_null() {
-        // SAFETY: a timer's non-null value points at a live AtomicBool (caller's contract).
-        unsafe { (*p).store(true, std::sync::atomic::Ordering::Relaxed) };
     }
 }
 
@@ -442,7 +418,7 @@ pub trait Vcpu: Send {
     fn pause_notify(&self) {}
 
     /// The vCPU's statistics file, when the hypervisor keeps one.
-    fn stats(&self) -> Option<KvmStats>;
+    fn stats(&self) -> Option<VcpuStats>;
     /// The guest's TSC frequency, when the hypervisor knows it.
     fn tsc_khz(&self) -> Option<u64>;
 

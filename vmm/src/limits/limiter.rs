@@ -31,7 +31,7 @@ use super::engine::{decide, next_look_ns, Member};
 use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
-use crate::api::EventHub;
+use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{
     slot_of, Deadline, TimerMode, VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY,

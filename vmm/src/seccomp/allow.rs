@@ -133,43 +133,18 @@ mod sys {
     pub const timer_delete: i64 = libc::SYS_timer_delete;
 }
 
-/// The ioctl numbers of KVM that a vCPU thread uses after its set-up.
-pub mod kvm_ioctl {
-    use std::mem::size_of;
-
-    const KVMIO: u64 = 0xae;
-    const fn io(nr: u64) -> u64 {
-        (KVMIO << 8) | nr
-    }
-    const fn ior(nr: u64, size: usize) -> u64 {
-        (2 << 30) | ((size as u64) << 16) | (KVMIO << 8) | nr
-    }
-
-    /// KVM_RUN.
-    pub const KVM_RUN: u64 = io(0x80);
-    /// KVM_GET_REGS.
-    pub const KVM_GET_REGS: u64 = ior(0x81, size_of::<kvm_bindings::kvm_regs>());
-    /// KVM_GET_SREGS.
-    pub const KVM_GET_SREGS: u64 = ior(0x83, size_of::<kvm_bindings::kvm_sregs>());
-    /// KVM_GET_MP_STATE.
-    pub const KVM_GET_MP_STATE: u64 = ior(0x98, size_of::<kvm_bindings::kvm_mp_state>());
-    /// KVM_KVMCLOCK_CTRL.
-    pub const KVM_KVMCLOCK_CTRL: u64 = io(0xad);
-}
-
 use crate::accounting::switches::events::PERF_EVENT_IOC_SET_OUTPUT;
 use crate::accounting::switches::{
     PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE, PERF_FLAG_FD_CLOEXEC,
 };
-use kvm_ioctl::*;
+use crate::hypervisor::kvm::ioctls::VCPU_THREAD_IOCTLS;
 
-/// The ioctls of a vCPU thread's loop.
-const VCPU_IOCTLS: &[(&str, u64)] = &[
-    ("KVM_RUN", KVM_RUN),
-    ("KVM_KVMCLOCK_CTRL", KVM_KVMCLOCK_CTRL),
-    ("KVM_GET_MP_STATE", KVM_GET_MP_STATE),
-    ("KVM_GET_REGS", KVM_GET_REGS),
-    ("KVM_GET_SREGS", KVM_GET_SREGS),
+/// The ioctls of a vCPU thread's loop: the hypervisor backend's, then level full's perf ones.
+const VCPU_IOCTLS: &[(&str, u64)] =
+    &concat::<{ VCPU_THREAD_IOCTLS.len() + PERF_IOCTLS.len() }>(VCPU_THREAD_IOCTLS, PERF_IOCTLS);
+
+/// The perf ioctls of a vCPU thread.
+const PERF_IOCTLS: &[(&str, u64)] = &[
     // Level full's context-switch records (accounting::switches) on and off as the level
     // changes; the ring itself is read from memory, with no call.
     ("PERF_EVENT_IOC_ENABLE", PERF_EVENT_IOC_ENABLE),
@@ -178,6 +153,25 @@ const VCPU_IOCTLS: &[(&str, u64)] = &[
     // thread's own ring.
     ("PERF_EVENT_IOC_SET_OUTPUT", PERF_EVENT_IOC_SET_OUTPUT),
 ];
+
+/// `a` then `b`, at compile time (`N` must be their total length: a wrong one fails the build).
+const fn concat<const N: usize>(
+    a: &[(&'static str, u64)],
+    b: &[(&'static str, u64)],
+) -> [(&'static str, u64); N] {
+    assert!(a.len() + b.len() == N);
+    let mut out = [("", 0); N];
+    let mut i = 0;
+    while i < a.len() {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < N {
+        out[i] = b[i - a.len()];
+        i += 1;
+    }
+    out
+}
 
 /// The fcntl commands of a vCPU thread: its perf ring's wakeup signal aimed at itself.
 const PERF_FCNTLS: &[(&str, u64)] = &[

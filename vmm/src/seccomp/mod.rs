@@ -184,9 +184,9 @@ pub fn enter(kind: Kind) {
             mode.name(),
             caps::names(kept)
         ),
-        Err(e) if mode == Mode::Log => log::warn!("{}", ppa_vmm_client::describe(&e)),
+        Err(e) if mode == Mode::Log => log::warn!("{}", ppa_vmm_api::describe(&e)),
         Err(e) => {
-            log::error!("{}", ppa_vmm_client::describe(&e));
+            log::error!("{}", ppa_vmm_api::describe(&e));
             std::process::exit(EXIT_SECCOMP);
         }
     }

@@ -19,12 +19,13 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::accounting::meter::{Counter, MicroState};
+use crate::accounting::meter::MicroState;
 use crate::accounting::snapshot::{HistSnapshots, VcpuAccounting, VcpuTimes};
 use crate::accounting::AccountingControl;
 use crate::devices::Buses;
 use crate::exit::Failure;
 use crate::hypervisor::{self as hv, Kicker, RegsDump, RunError, WarmUpStub};
+use crate::sync::Counter;
 use crate::sync::{futex_wake, now_ns};
 use ppa_vmm_api::VcpuSummary;
 

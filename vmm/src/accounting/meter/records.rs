@@ -9,7 +9,7 @@ use super::super::switches::events::TraceError;
 use super::super::switches::{Bounds, OpenedRing, SwitchRing, Tally};
 use super::super::Level;
 use super::{KvmExits, MicroState, Recorder, Stamp, TraceState};
-use crate::exit::ExitReason;
+use crate::accounting::ExitReason;
 
 impl Recorder {
     /// Starts the clocks at `start` (after `use_records`, whose cost is then nobody's time):

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::super::histogram::{HistogramJson, HistogramSnapshot};
 use super::super::kvm_reasons;
 use super::super::meter::{decode_kvm_slot, VcpuMeter};
-use crate::exit::ExitReason;
+use crate::accounting::ExitReason;
 
 /// The name of in-kernel exit handling, every reason merged; `PREFIX.REASON` per reason.
 pub const KVM_EXIT_HANDLING: &str = "kvm_exit_handling";

@@ -4,7 +4,7 @@
 
 use super::super::meter::MicroState;
 use super::super::Level;
-use super::{KnownStat, KvmStats, RawSample};
+use super::{KnownStat, RawSample, VcpuStats};
 
 /// What [`off_cpu_split`] works from.
 pub(super) struct OffCpuInputs<'a> {
@@ -68,7 +68,7 @@ pub(super) fn off_cpu_split(i: OffCpuInputs<'_>) -> (u64, u64) {
 }
 
 /// A known scalar KVM statistic of a sample (cumulative since the thread started).
-pub(super) fn cur_kvm_stat(kvm: Option<&KvmStats>, values: &[u64], s: KnownStat) -> Option<u64> {
+pub(super) fn cur_kvm_stat(kvm: Option<&VcpuStats>, values: &[u64], s: KnownStat) -> Option<u64> {
     kvm.and_then(|k| k.known_index(s))
         .and_then(|i| values.get(i).copied())
 }

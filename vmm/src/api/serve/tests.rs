@@ -11,8 +11,9 @@ use std::time::Duration;
 use vmm_sys_util::tempdir::TempDir;
 
 use super::super::listen::{ClientLimits, DropReason, Listener, CLIENT_OUT_PAUSE};
-use super::super::server::{ApiServer, EventHub, ServerOptions};
+use super::super::server::{ApiServer, ServerOptions};
 use crate::api::tests_support::handle;
+use crate::event_hub::EventHub;
 
 struct Fixture {
     srv: Option<ApiServer>,

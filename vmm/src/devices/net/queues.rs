@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use ppa_vmm_api::{DropReason, QueueKind, QueueStats};
 
-use crate::accounting::meter::Counter;
+use crate::sync::Counter;
 
 /// One queue's counters.
 #[derive(Debug, Default)]

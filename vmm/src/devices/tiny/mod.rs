@@ -17,8 +17,8 @@ use std::sync::Arc;
 use ppa_guest_abi::doorbell::{self, REPORT_KEYS};
 
 use super::{le_value, BusAccess, BusDevice, VcpuRequest};
-use crate::accounting::meter::Counter;
 use crate::sync::now_ns;
+use crate::sync::Counter;
 
 indexed_enum! {
     /// Doorbell accesses by kind, so that workload exits are told apart from the protocol's

@@ -11,7 +11,7 @@
 //!
 //! The same signal is what a vCPU's kick timer delivers (`vcpu::kick_timer`: a POSIX timer the
 //! vCPU thread aims at itself): the handler then also sets the timer's `fired` flag, whose
-//! address the timer carries as its value ([`crate::hypervisor::mark_timer_fired`]).
+//! address the timer carries as its value (`hypervisor::timer_signal::mark_timer_fired`).
 //!
 //! The thread-local pointer is set by `KvmVcpu::bind_thread` (unsafe: the caller promises to
 //! unbind before the vCPU is dropped or leaves the thread) and cleared by `unbind_thread`.
@@ -35,7 +35,7 @@ extern "C" fn on_kick(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::
     // only timers that deliver the kick signal are the vCPUs' kick timers
     // (`vcpu::kick_timer`), whose value points at their `fired` flag, alive as long as the
     // timer (it lives in the vCPU's shared state, which outlives the thread's timer).
-    unsafe { crate::hypervisor::mark_timer_fired(info) };
+    unsafe { crate::hypervisor::timer_signal::mark_timer_fired(info) };
     let p = IMMEDIATE_EXIT.with(Cell::get);
     if !p.is_null() {
         // SAFETY: a non-null pointer was registered by `set_immediate_exit_ptr` on this thread,

@@ -17,15 +17,18 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VcpuExit, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
-    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, KvmStats, MemorySlot, RunError, Vcpu,
-    Vm, WarmUpStub,
+    ExitCost, ExitEvent, FatalExit, HvError, IoAddr, IrqLine, MemorySlot, RunError, Vcpu,
+    VcpuStats, Vm, WarmUpStub,
 };
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
+pub mod ioctls;
 pub mod kick;
+pub mod stats;
 pub mod x86_64;
 
 pub use kick::SignalKicker;
+pub use stats::KvmStats;
 
 /// KVM, opened on its device node.
 pub struct Kvm {
@@ -64,7 +67,7 @@ impl super::Hypervisor for Kvm {
     }
 
     fn exit_cost(&self) -> Option<ExitCost> {
-        crate::arch::x86_64::calibrate::exit_cost(self, 200)
+        super::calibrate::exit_cost(self, 200)
     }
 
     fn cannot_boot_kernels(&self) -> Option<String> {
@@ -261,7 +264,7 @@ impl Vcpu for KvmVcpu {
 
     fn warm_up(&mut self, stub: Option<WarmUpStub>) -> bool {
         match stub {
-            Some(stub) => crate::arch::x86_64::calibrate::run_stub(self, stub),
+            Some(stub) => super::calibrate::run_stub(self, stub),
             None => {
                 // KVM_RUN with immediate_exit set binds the vCPU to this thread (the part that
                 // can wait for an RCU grace period) and returns before entering the guest.
@@ -368,8 +371,9 @@ impl Vcpu for KvmVcpu {
         let _ = self.fd.kvmclock_ctrl();
     }
 
-    fn stats(&self) -> Option<KvmStats> {
+    fn stats(&self) -> Option<VcpuStats> {
         KvmStats::from_fd(&self.fd)
+            .map(|s| VcpuStats::new(Box::new(s)))
             .map_err(|e| log::warn!("no KVM statistics for a vCPU: {e}"))
             .ok()
     }

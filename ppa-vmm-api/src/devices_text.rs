@@ -7,13 +7,13 @@
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::{DeviceStats, HostCpuSplit, QueueKind};
+use crate::{DeviceStats, HostCpuSplit, QueueKind};
 
 fn ms(ns: u64) -> String {
     format!("{:.2}", ns as f64 / 1e6)
 }
 
-fn sum(d: &DeviceStats, kind: QueueKind, f: impl Fn(&ppa_vmm_api::QueueStats) -> u64) -> u64 {
+fn sum(d: &DeviceStats, kind: QueueKind, f: impl Fn(&crate::QueueStats) -> u64) -> u64 {
     d.queues.iter().filter(|q| q.kind == kind).map(f).sum()
 }
 
@@ -123,7 +123,7 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
 mod tests {
     use std::collections::BTreeMap;
 
-    use ppa_vmm_api::{
+    use crate::{
         DeviceCpu, DeviceHealth, DeviceKind, DeviceThreadStats, DriverStats, DropReason, PerPacket,
         QueueStats,
     };

@@ -10,9 +10,9 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use super::cpl3::{entry_regs, tss, Cpl3Layout};
-use super::regs::Fpu;
-use crate::hypervisor::{ExitCost, ExitEvent, Hypervisor, MemorySlot, Vcpu, Vm, WarmUpStub};
+use super::{ExitCost, ExitEvent, Hypervisor, MemorySlot, Vcpu, Vm, WarmUpStub};
+use crate::arch::x86_64::cpl3::{entry_regs, tss, Cpl3Layout};
+use crate::arch::x86_64::regs::Fpu;
 use crate::sync::now_ns;
 
 /// The stub: `mov [rax], ecx` then `jmp` back to it.

@@ -5,11 +5,11 @@
 //! [`GuestView`], which the VMM's page decoder (`ppa_vmm::ppa_page::decode`) made; the caller
 //! chooses which three host figures stand beside the guest's busy, idle and steal columns.
 //! What a guest agent adds (its own record, threads grouped by process) is shown when it
-//! published one. It lives here, beside `ctl`, because it needs only `ppa-vmm-api`'s types.
+//! published one. It lives in `ppa-vmm-api`, which both use, because it needs only the protocol's types.
 
 use std::fmt::Write as _;
 
-use ppa_vmm_api::GuestView;
+use crate::GuestView;
 
 /// Threads shown; the rest are counted.
 const MAX_THREADS: usize = 20;
@@ -151,7 +151,7 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
 }
 
 /// A guest agent's record, and the published threads grouped by process.
-fn agent_text(out: &mut String, g: &GuestView, a: &ppa_vmm_api::GuestAgentView) {
+fn agent_text(out: &mut String, g: &GuestView, a: &crate::GuestAgentView) {
     let ms = |ns: u64| ns as f64 / 1e6;
     let _ = writeln!(
         out,
@@ -240,7 +240,7 @@ pub fn page_host_columns(g: &GuestView) -> impl Fn(u32) -> Option<[u64; 3]> + '_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ppa_vmm_api::{GuestCpuView, GuestThreadView};
+    use crate::{GuestCpuView, GuestThreadView};
 
     fn view() -> GuestView {
         GuestView {
@@ -370,8 +370,8 @@ mod tests {
         );
     }
 
-    fn agent() -> ppa_vmm_api::GuestAgentView {
-        ppa_vmm_api::GuestAgentView {
+    fn agent() -> crate::GuestAgentView {
+        crate::GuestAgentView {
             pid: 77,
             interval_ns: 1_000_000_000,
             samples: 10,
@@ -420,7 +420,7 @@ mod tests {
             values: &none,
             reset: &[],
         };
-        g.agent = Some(ppa_vmm_api::GuestAgentView {
+        g.agent = Some(crate::GuestAgentView {
             threads_seen: 40,
             threads_published: 3,
             ..agent()
