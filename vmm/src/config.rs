@@ -572,10 +572,10 @@ impl RunOptions {
         }
     }
 
-    /// Checks the options and splits them into the VM's config and the report's.
-    pub fn into_config(self) -> Result<(VmConfig, ReportOptions), ConfigError> {
-        let d = VmConfig::default();
-        let image = match (self.guest, self.tiny_image, &self.kernel) {
+    /// The tiny guest's image, or None for a Linux kernel; refuses options that belong to the
+    /// other kind of guest.
+    fn take_tiny_image(&mut self) -> Result<Option<TinyImage>, ConfigError> {
+        let image = match (self.guest.take(), self.tiny_image.take(), &self.kernel) {
             (Some(g), None, None) if g == "tiny" => Some(TinyImage::Embedded),
             (Some(g), None, None) => return Err(ConfigError::UnknownGuest(g)),
             (None, Some(path), None) => Some(TinyImage::File(path)),
@@ -589,23 +589,11 @@ impl RunOptions {
         if image.is_none() && !self.workload.is_empty() {
             return Err(ConfigError::WorkloadForLinux);
         }
-        let max_runtime = match self.max_runtime {
-            None => None,
-            Some(s) if s.is_finite() && s > 0.0 && s < MAX_SECONDS => {
-                Some(Duration::from_secs_f64(s))
-            }
-            Some(s) => return Err(ConfigError::MaxRuntime(s)),
-        };
-        let workloads = self
-            .workload
-            .iter()
-            .map(|spec| {
-                Assignment::parse(spec).map_err(|source| ConfigError::Workload {
-                    spec: spec.clone(),
-                    source,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        Ok(image)
+    }
+
+    /// Checks the VM's name and the control socket's path; parses the metrics address.
+    fn service_names(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         if let Some(n) = &self.name {
             if n.is_empty() || n.chars().count() > 128 || n.chars().any(char::is_control) {
                 return Err(ConfigError::Name(n.clone()));
@@ -618,24 +606,24 @@ impl RunOptions {
         {
             return Err(ConfigError::ApiSock);
         }
-        let metrics_addr = match &self.metrics_addr {
-            None => None,
-            Some(a) => Some(
+        match &self.metrics_addr {
+            None => Ok(None),
+            Some(a) => Ok(Some(
                 a.parse::<std::net::SocketAddr>()
                     .map_err(|_| ConfigError::MetricsAddr(a.clone()))?,
-            ),
-        };
+            )),
+        }
+    }
+
+    /// Checks the options and splits them into the VM's config and the report's.
+    pub fn into_config(mut self) -> Result<(VmConfig, ReportOptions), ConfigError> {
+        let d = VmConfig::default();
+        let image = self.take_tiny_image()?;
+        let max_runtime = parse_max_runtime(self.max_runtime)?;
+        let workloads = parse_workloads(&self.workload)?;
+        let metrics_addr = self.service_names()?;
         let client_limits = client_limits(self.client_timeout, self.idle_timeout)?;
-        let net = self
-            .net
-            .iter()
-            .map(|spec| {
-                crate::devices::net::spec::NetSpec::parse(spec).map_err(|source| ConfigError::Net {
-                    spec: spec.chars().take(200).collect(),
-                    source,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let net = parse_nets(&self.net)?;
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         // Before anything sized by it (the limits' checks): a count out of range is refused
         // as such, whatever else the config says.
@@ -696,6 +684,43 @@ impl RunOptions {
         };
         Ok((config, report))
     }
+}
+
+/// `--max-runtime` in seconds: finite, positive, below [`MAX_SECONDS`].
+fn parse_max_runtime(seconds: Option<f64>) -> Result<Option<Duration>, ConfigError> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s < MAX_SECONDS => {
+            Ok(Some(Duration::from_secs_f64(s)))
+        }
+        Some(s) => Err(ConfigError::MaxRuntime(s)),
+    }
+}
+
+/// Each `--workload` assignment.
+fn parse_workloads(specs: &[String]) -> Result<Vec<Assignment>, ConfigError> {
+    specs
+        .iter()
+        .map(|spec| {
+            Assignment::parse(spec).map_err(|source| ConfigError::Workload {
+                spec: spec.clone(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Each `--net` device.
+fn parse_nets(specs: &[String]) -> Result<Vec<crate::devices::net::spec::NetSpec>, ConfigError> {
+    specs
+        .iter()
+        .map(|spec| {
+            crate::devices::net::spec::NetSpec::parse(spec).map_err(|source| ConfigError::Net {
+                spec: spec.chars().take(200).collect(),
+                source,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! without depending on `vm`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ppa_vmm_api::{VmState, VmStats};
 use thiserror::Error;
@@ -42,6 +42,8 @@ pub struct VmStatus {
     /// CLOCK_MONOTONIC when the vCPUs were released (0 before).
     start_ns: AtomicU64,
     shutdown: AtomicBool,
+    /// The stop signal (`SIGTERM`, `SIGINT`, `SIGHUP`) that asked for the shutdown, if one did.
+    stop_signal: OnceLock<&'static str>,
     finished: AtomicBool,
     /// CPU pressure of the VM and its groups, posted by the sampler.
     pressure: PressureBoard,
@@ -54,6 +56,7 @@ impl VmStatus {
             name,
             start_ns: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
+            stop_signal: OnceLock::new(),
             finished: AtomicBool::new(false),
             pressure: PressureBoard::default(),
         }
@@ -171,6 +174,18 @@ impl VmHandle {
     pub fn shutdown(&self) {
         self.status.shutdown.store(true, Ordering::Release);
         self.vcpus.iter().for_each(|v| v.kick(REQ_STOP));
+    }
+
+    /// [`VmHandle::shutdown`] on a stop signal, named in the final report (the first one
+    /// named stays).
+    pub fn shutdown_by_signal(&self, name: &'static str) {
+        let _ = self.status.stop_signal.set(name);
+        self.shutdown();
+    }
+
+    /// The stop signal that asked for the shutdown, when one did.
+    pub fn stop_signal(&self) -> Option<&'static str> {
+        self.status.stop_signal.get().copied()
     }
 
     /// Whether a shutdown was asked for.

@@ -13,13 +13,13 @@
 //! 129 SIGHUP), without a report.
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use ppa_vmm::cli::{BenchArgs, BenchKind, Cli, Command};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
-use ppa_vmm::signals::{Caught, StopSignals};
+use ppa_vmm::signals::StopSignals;
 use ppa_vmm::vm::Vm;
 use ppa_vmm_api::describe;
 use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
@@ -139,20 +139,15 @@ fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::e
     // The `signals` thread outlives the run: it holds the VM's handle only until the run
     // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
     let handle = Arc::new(Mutex::new(Some(vm.handle())));
-    let caught: Arc<OnceLock<Caught>> = Arc::default();
-    let (target, seen) = (Arc::clone(&handle), Arc::clone(&caught));
+    let target = Arc::clone(&handle);
     signals.watch(move |c| {
         if let Some(h) = target.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = seen.set(c);
-            h.shutdown();
+            h.shutdown_by_signal(c.name());
         }
     })?;
     let outcome = vm.run();
     drop(handle.lock().unwrap_or_else(|e| e.into_inner()).take());
-    let mut outcome = outcome?;
-    if let Some(c) = caught.get() {
-        outcome.report.vm.signal = Some(c.name().to_string());
-    }
+    let outcome = outcome?;
     if let Err(e) = emit(&outcome.report, &report_opts) {
         eprintln!(
             "ppa-vmm: error: the run ended ({}) but {}",

@@ -1,9 +1,11 @@
 //! The final report: what each vCPU published, as JSON (spec section 7) or as a text table,
 //! and how it reaches its file.
 //!
-//! Data flow: after the vCPU threads are joined, `Vm::run` calls [`Report::build`] with the
-//! shared per-vCPU state and the payload's part of each vCPU (for the tiny guest: workload,
-//! doorbells, its own measurements); the binary serialises the report (`serde_json`) or prints
+//! Data flow: after the vCPU threads are joined, `Vm::run` gathers everything the run knows
+//! into one [`RunRecord`] (the shared per-vCPU state, the payload's part of the VM and of each
+//! vCPU, the end facts, the stop signal the VM's handle recorded, the limiter's groups, the
+//! devices, the pressure and the PPA page's guest view) and [`Report::build`] turns it into the
+//! report, which nothing patches afterwards; the binary serialises it (`serde_json`) or prints
 //! [`Report::to_text`]. The report only reads atomics, so it could equally be built while the
 //! vCPUs run. A report file is checked before the VM starts ([`check_writable`]) and written
 //! whole or not at all ([`write_atomic`]: a temporary file in the same directory, renamed over
@@ -198,9 +200,18 @@ pub struct VmInfo {
     pub kvm_exit_cost_after_park_ns: Option<u64>,
 }
 
-/// Facts of a finished run.
-#[derive(Debug, Clone)]
-pub struct RunFacts {
+/// Everything a finished run knows, gathered once by `Vm::run` after the vCPU threads are
+/// joined: the one value [`Report::build`] turns into the report.
+#[derive(Debug)]
+pub struct RunRecord<'a> {
+    /// VM facts fixed at build time.
+    pub info: &'a VmInfo,
+    /// Each vCPU's published state.
+    pub vcpus: &'a [Arc<VcpuShared>],
+    /// The payload's part of the VM.
+    pub vm_payload: PayloadVmReport,
+    /// The payload's part of each vCPU, in vCPU order.
+    pub vcpu_payloads: Vec<PayloadVcpuReport>,
     /// The VM's name.
     pub name: String,
     /// CLOCK_REALTIME when the vCPU threads were started, ns.
@@ -211,14 +222,26 @@ pub struct RunFacts {
     pub uptime_ns: u64,
     /// Whether --max-runtime stopped it.
     pub timed_out: bool,
-    /// Whether an operator asked for a shutdown (control socket).
+    /// Whether an operator asked for a shutdown (control socket or stop signal).
     pub shutdown: bool,
+    /// The stop signal that asked for the shutdown, when one did.
+    pub signal: Option<&'static str>,
     /// CPU time of every non-vCPU thread of the process.
     pub host_threads_ns: u64,
+    /// The process's CPU split into vCPU threads, device threads and the rest.
+    pub host_cpu_ns: ppa_vmm_api::HostCpuSplit,
     /// Paravirt steal this host suffered during the run (all CPUs), when it is itself a VM.
     pub host_steal_ns: Option<u64>,
     /// Accounting level at the end.
     pub level: Level,
+    /// CPU pressure over the run, as the sampler last computed it.
+    pub pressure: Option<ppa_vmm_api::PressureReport>,
+    /// CPU limits and what they did.
+    pub groups: Vec<ppa_vmm_api::GroupStats>,
+    /// Each device's figures.
+    pub devices: Vec<ppa_vmm_api::DeviceStats>,
+    /// The guest's view from the PPA page, when there is a page.
+    pub guest: Option<GuestView>,
 }
 
 /// Per-VM part of the report.
@@ -382,56 +405,52 @@ fn merge_all(all: &[HistSnapshots]) -> BTreeMap<String, HistogramJson> {
 }
 
 impl Report {
-    /// Builds the report from the vCPUs' published state.
-    pub fn build(
-        info: &VmInfo,
-        vcpus: &[std::sync::Arc<VcpuShared>],
-        (vm_payload, payload): (PayloadVmReport, Vec<PayloadVcpuReport>),
-        facts: RunFacts,
-    ) -> Report {
-        let guest_stop = vcpus
+    /// Builds the report from everything the run recorded.
+    pub fn build(run: RunRecord<'_>) -> Report {
+        let guest_stop = run
+            .vcpus
             .iter()
             .any(|v| matches!(v.end(), Some(VcpuEnd::GuestStop)));
-        let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = vcpus
+        let (vcpus, hists): (Vec<VcpuReport>, Vec<HistSnapshots>) = run
+            .vcpus
             .iter()
-            .zip(payload)
+            .zip(run.vcpu_payloads)
             .map(|(s, p)| vcpu_report(s, p))
             .unzip();
-        let timed_out = facts.timed_out;
         let any_failed = vcpus.iter().any(|v| v.failure.is_some());
         // A guest that asked the VM to stop (a Linux `reboot`) ended it cleanly, even though
         // the VMM stopped its other vCPUs.
         let all_ok = vcpus.iter().all(|v| v.exit_code == Some(0)) || (guest_stop && !any_failed);
-        let end = match (timed_out, all_ok) {
+        let end = match (run.timed_out, all_ok) {
             (_, true) => VmEnd::Completed,
-            _ if facts.shutdown && !any_failed => VmEnd::Shutdown,
+            _ if run.shutdown && !any_failed => VmEnd::Shutdown,
             (true, false) => VmEnd::Timeout,
             (false, false) => VmEnd::Failed,
         };
         Report {
             vm: VmReport {
-                name: facts.name,
+                name: run.name,
                 pid: std::process::id(),
-                started_at: rfc3339_utc(facts.start_realtime_ns),
-                ended_at: rfc3339_utc(facts.end_realtime_ns),
-                started_realtime_ns: facts.start_realtime_ns,
-                ended_realtime_ns: facts.end_realtime_ns,
-                signal: None,
-                info: info.clone(),
-                uptime_ns: facts.uptime_ns,
+                started_at: rfc3339_utc(run.start_realtime_ns),
+                ended_at: rfc3339_utc(run.end_realtime_ns),
+                started_realtime_ns: run.start_realtime_ns,
+                ended_realtime_ns: run.end_realtime_ns,
+                signal: run.signal.map(str::to_string),
+                info: run.info.clone(),
+                uptime_ns: run.uptime_ns,
                 end,
-                level: facts.level,
-                host_threads_ns: facts.host_threads_ns,
-                host_cpu_ns: Default::default(),
-                host_steal_ns: facts.host_steal_ns,
+                level: run.level,
+                host_threads_ns: run.host_threads_ns,
+                host_cpu_ns: run.host_cpu_ns,
+                host_steal_ns: run.host_steal_ns,
                 histograms: merge_all(&hists),
-                pressure: None,
-                payload: vm_payload,
+                pressure: run.pressure,
+                payload: run.vm_payload,
             },
             vcpus,
-            groups: Vec::new(),
-            guest: None,
-            devices: Vec::new(),
+            groups: run.groups,
+            guest: run.guest,
+            devices: run.devices,
         }
     }
 
@@ -461,8 +480,41 @@ impl Report {
     /// A table for people: the time split per vCPU beside /proc's tick-based figure, the
     /// guest's own measurements, then failures.
     pub fn to_text(&self) -> String {
-        let ms = |ns: u64| ns as f64 / 1e6;
         let mut out = String::new();
+        self.vm_text(&mut out);
+        self.vcpu_table_text(&mut out);
+        self.kernel_text(&mut out);
+        if self.vcpus.iter().any(|v| v.reset) {
+            let _ = writeln!(
+                out,
+                "* reset during the run: that vCPU's figures count from its last reset, its \
+                 /proc ms and the VM's uptime from the start."
+            );
+        }
+        self.groups_text(&mut out);
+        out.push_str(&ppa_vmm_api::devices_text::devices_text(&self.devices));
+        if !self.devices.is_empty() {
+            out.push_str(&ppa_vmm_api::devices_text::host_cpu_line(
+                &self.vm.host_cpu_ns,
+            ));
+        }
+        let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self
+            .vcpus
+            .iter()
+            .map(|v| {
+                let p99 = v.histograms.get("exit_handling").map(|h| h.p99);
+                (v.times.id, &v.payload, p99)
+            })
+            .collect();
+        out.push_str(&crate::payload::text(&self.vm.payload, &rows));
+        self.guest_text(&mut out);
+        self.failures_text(&mut out);
+        out
+    }
+
+    /// The VM's lines: name, pid and times; its facts; its pressure.
+    fn vm_text(&self, out: &mut String) {
+        let ms = |ns: u64| ns as f64 / 1e6;
         let vm = &self.vm;
         let cost = vm
             .info
@@ -511,6 +563,11 @@ impl Report {
                 line(&p.vm.full)
             );
         }
+    }
+
+    /// The time split table, one row per vCPU, and its legend.
+    fn vcpu_table_text(&self, out: &mut String) {
+        let ms = |ns: u64| ns as f64 / 1e6;
         let _ = writeln!(
             out,
             "{:>4} {:<24} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}",
@@ -578,14 +635,11 @@ impl Report {
                 .first()
                 .map_or("-".to_string(), |v| v.times.split.legend(v.times.split_source)),
         );
-        self.kernel_text(&mut out);
-        if self.vcpus.iter().any(|v| v.reset) {
-            let _ = writeln!(
-                out,
-                "* reset during the run: that vCPU's figures count from its last reset, its \
-                 /proc ms and the VM's uptime from the start."
-            );
-        }
+    }
+
+    /// One line per CPU limit group.
+    fn groups_text(&self, out: &mut String) {
+        let ms = |ns: u64| ns as f64 / 1e6;
         for g in &self.groups {
             let _ = writeln!(
                 out,
@@ -606,22 +660,10 @@ impl Report {
                 g.kicks.limiter,
             );
         }
-        out.push_str(&ppa_vmm_api::devices_text::devices_text(&self.devices));
-        if !self.devices.is_empty() {
-            out.push_str(&ppa_vmm_api::devices_text::host_cpu_line(
-                &self.vm.host_cpu_ns,
-            ));
-        }
-        let rows: Vec<(usize, &PayloadVcpuReport, Option<u64>)> = self
-            .vcpus
-            .iter()
-            .map(|v| {
-                let p99 = v.histograms.get("exit_handling").map(|h| h.p99);
-                (v.times.id, &v.payload, p99)
-            })
-            .collect();
-        out.push_str(&crate::payload::text(&self.vm.payload, &rows));
-        self.guest_text(&mut out);
+    }
+
+    /// Each failed vCPU's reason and registers.
+    fn failures_text(&self, out: &mut String) {
         for v in &self.vcpus {
             if let Some(f) = &v.failure {
                 let _ = writeln!(out, "vCPU {} {}: {}", v.times.id, v.end, f.reason);
@@ -634,7 +676,6 @@ impl Report {
                 }
             }
         }
-        out
     }
 
     /// Per vCPU, its in-kernel exits by reason (most first) and its host interrupts by kind;

@@ -5,21 +5,19 @@
 //! histograms — either live (reading the thread's clocks) or, after the thread ended, from the
 //! [`FinalReadings`] it published on its way out. [`VcpuAccounting::reset`] stores a sample as
 //! the baseline; [`VcpuAccounting::times`] subtracts it and derives [`VcpuTimes`]. The baseline
-//! sits behind a mutex that only readers take: the vCPU thread never waits on it.
+//! sits behind a mutex that only readers take: the vCPU thread never waits on it. The
+//! derivation itself (a pure function of a sample and its baseline) is in `derivation`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
-use super::meter::{MeterReading, MicroState, ParkKind, TraceState, VcpuMeter};
-use super::{Level, Threshold};
-use crate::accounting::ExitReason;
+use super::meter::{MeterReading, MicroState, TraceState, VcpuMeter};
 use crate::hypervisor::stats::{KnownStat, StatKind, VcpuStats};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;
+use ppa_vmm_api::TimeSplit;
 pub use ppa_vmm_api::{HostCpu, VcpuTimes};
-use ppa_vmm_api::{SplitKind, SplitSource, TimeSplit};
 
 /// Live sources of a running vCPU thread, opened by the thread itself when it starts.
 #[derive(Debug)]
@@ -244,64 +242,7 @@ impl VcpuAccounting {
             };
         };
         // Add the micro-state in progress, so live figures do not lag by one interval.
-        let mut steal_ns = steal_ns;
-        let mut on_cpu_complete = true;
-        let mut blocking_ns = 0;
-        if meter.since != 0 {
-            let dt = at.saturating_sub(meter.since);
-            let state = meter.micro_state();
-            if state.park_kind().is_none() && !meter.records_on {
-                // The meter's on-CPU figures of level full stop at the interval's start, and
-                // nothing here can see its on-CPU part so far (level basic, or full reading
-                // the thread CPU clock): the split takes on-CPU time from the clock. Without
-                // this, a busy vCPU that had not yet left its first KVM_RUN at level basic
-                // (no exit counted at any level) showed its whole on-CPU time as blocked too.
-                on_cpu_complete = false;
-            }
-            if state.park_kind().is_none() && meter.records_on {
-                // Its on-CPU part so far, from the records not yet drained (retried if the
-                // vCPU thread drains them meanwhile: the meter moved on too).
-                let mut look = self.look_in_progress(&meter, at);
-                for _ in 0..3 {
-                    if look.is_some() {
-                        break;
-                    }
-                    meter = self.meter.read();
-                    look = self.look_in_progress(&meter, at);
-                }
-                match look {
-                    Some(l) if meter.micro_state() == state => {
-                        let on = dt.saturating_sub(l.off);
-                        let irq = l.irq.min(on);
-                        match state {
-                            MicroState::Guest => {
-                                meter.cpu_guest_full += on;
-                                meter.irq_run += irq;
-                                if meter.kvm_trace == TraceState::Firing {
-                                    meter.kvm_full += on.saturating_sub(l.guest + irq);
-                                }
-                            }
-                            _ => {
-                                meter.cpu_vmm_full += on;
-                                meter.irq_vmm += irq;
-                            }
-                        }
-                        // run_delay counts a wait only when it ends.
-                        steal_ns += l.preempting;
-                        if state == MicroState::Guest {
-                            blocking_ns = l.blocking;
-                        }
-                    }
-                    _ => on_cpu_complete = false,
-                }
-            }
-            let dt = at.saturating_sub(meter.since);
-            let state = meter.micro_state();
-            meter.wall[state] += dt;
-            if let Some(k) = state.park_kind() {
-                meter.blocked[k] += dt;
-            }
-        }
+        let now = self.add_in_progress(&mut meter, at);
         RawSample {
             at_ns: at,
             wall_ns: if start == 0 {
@@ -311,14 +252,89 @@ impl VcpuAccounting {
             },
             meter,
             used_ns,
-            steal_ns,
+            steal_ns: steal_ns + now.steal_ns,
             kvm,
             hist,
             ticks: None,
-            on_cpu_complete,
-            blocking_ns,
+            on_cpu_complete: now.on_cpu_complete,
+            blocking_ns: now.blocking_ns,
             live: true,
             began_in_ns,
+        }
+    }
+
+    /// Adds the micro-state in progress at `at` to `meter` (its wall time, and at level full
+    /// its on-CPU part from the records not yet drained); returns what it adds beside the
+    /// meter.
+    fn add_in_progress(&self, meter: &mut MeterReading, at: u64) -> InProgressAdded {
+        let mut added = InProgressAdded {
+            steal_ns: 0,
+            on_cpu_complete: true,
+            blocking_ns: 0,
+        };
+        if meter.since == 0 {
+            return added;
+        }
+        let state = meter.micro_state();
+        if state.park_kind().is_none() && !meter.records_on {
+            // The meter's on-CPU figures of level full stop at the interval's start, and
+            // nothing here can see its on-CPU part so far (level basic, or full reading
+            // the thread CPU clock): the split takes on-CPU time from the clock. Without
+            // this, a busy vCPU that had not yet left its first KVM_RUN at level basic
+            // (no exit counted at any level) showed its whole on-CPU time as blocked too.
+            added.on_cpu_complete = false;
+        }
+        if state.park_kind().is_none() && meter.records_on {
+            self.add_recorded_part(meter, at, &mut added);
+        }
+        let dt = at.saturating_sub(meter.since);
+        let state = meter.micro_state();
+        meter.wall[state] += dt;
+        if let Some(k) = state.park_kind() {
+            meter.blocked[k] += dt;
+        }
+        added
+    }
+
+    /// At level full, the on-CPU part of the interval in progress, from the records not yet
+    /// drained (retried if the vCPU thread drains them meanwhile: the meter moved on too).
+    fn add_recorded_part(&self, meter: &mut MeterReading, at: u64, added: &mut InProgressAdded) {
+        let state = meter.micro_state();
+        // As before the split: the interval's length from the first reading, even when a
+        // retry below reads the meter again.
+        let dt = at.saturating_sub(meter.since);
+        let mut look = self.look_in_progress(meter, at);
+        for _ in 0..3 {
+            if look.is_some() {
+                break;
+            }
+            *meter = self.meter.read();
+            look = self.look_in_progress(meter, at);
+        }
+        match look {
+            Some(l) if meter.micro_state() == state => {
+                let on = dt.saturating_sub(l.off);
+                let irq = l.irq.min(on);
+                match state {
+                    MicroState::Guest => {
+                        meter.cpu_guest_full += on;
+                        meter.irq_run += irq;
+                        if meter.kvm_trace == TraceState::Firing {
+                            meter.kvm_full += on.saturating_sub(l.guest + irq);
+                        }
+                    }
+                    _ => {
+                        meter.cpu_vmm_full += on;
+                        meter.irq_vmm += irq;
+                    }
+                }
+                // run_delay counts a wait only when it ends.
+                added.steal_ns += l.preempting;
+                if state == MicroState::Guest {
+                    added.blocking_ns = l.blocking;
+                }
+            }
+            _ => added.on_cpu_complete = false,
         }
     }
 
@@ -494,6 +510,37 @@ impl VcpuAccounting {
     }
 }
 
+impl RawSample {
+    /// A sample of nothing (a thread that never started), with histograms `hist`: the
+    /// baseline when there is none.
+    fn zero(hist: HistSnapshots) -> RawSample {
+        RawSample {
+            at_ns: 0,
+            wall_ns: 0,
+            meter: MeterReading::default(),
+            used_ns: 0,
+            steal_ns: 0,
+            kvm: Vec::new(),
+            hist,
+            ticks: None,
+            on_cpu_complete: true,
+            blocking_ns: 0,
+            live: false,
+            began_in_ns: 0,
+        }
+    }
+}
+
+/// What the interval in progress adds to a live sample beside the meter reading.
+struct InProgressAdded {
+    /// A preemption still going on (run_delay counts a wait only when it ends).
+    steal_ns: u64,
+    /// Whether the meter's on-CPU split covers the interval so far.
+    on_cpu_complete: bool,
+    /// A block still going on, in guest mode.
+    blocking_ns: u64,
+}
+
 /// What a reader sees of the interval in progress in the records not yet drained.
 #[derive(Debug, Clone, Copy)]
 struct InProgress {
@@ -520,214 +567,6 @@ pub struct Kernel<'a> {
     pub irq_time_accounted: bool,
 }
 
-/// Derives the section 4 fields from a sample and an optional baseline.
-pub fn derive(
-    cur: &RawSample,
-    base: Option<&RawSample>,
-    kvm: Option<&VcpuStats>,
-    exit_cost: Option<ExitCost>,
-    detail: bool,
-    kernel: Kernel<'_>,
-) -> (VcpuTimes, HistSnapshots) {
-    let zero;
-    let b = match base {
-        Some(b) => b,
-        None => {
-            zero = RawSample {
-                at_ns: 0,
-                wall_ns: 0,
-                meter: MeterReading::default(),
-                used_ns: 0,
-                steal_ns: 0,
-                kvm: Vec::new(),
-                hist: cur.hist.clone(),
-                ticks: None,
-                on_cpu_complete: true,
-                blocking_ns: 0,
-                live: false,
-                began_in_ns: 0,
-            };
-            &zero
-        }
-    };
-    let (m, bm) = (&cur.meter, &b.meter);
-    let hist = if base.is_some() {
-        cur.hist.since(&b.hist)
-    } else {
-        cur.hist.clone()
-    };
-    let wall = cur.wall_ns.saturating_sub(b.wall_ns);
-    let kf = kernel::figures(m, bm, kernel.why);
-    let irq = kf.interrupted_ns.unwrap_or(0);
-    let mut used = cur.used_ns.saturating_sub(b.used_ns);
-    if kernel.irq_time_accounted {
-        used += irq;
-    }
-    let steal = cur.steal_ns.saturating_sub(b.steal_ns);
-    let vmm = (m.cpu_vmm_full + m.vmm_wall_basic + m.park_cpu)
-        .saturating_sub(bm.cpu_vmm_full + bm.vmm_wall_basic + bm.park_cpu + kf.irq_vmm_ns)
-        .min(used);
-    // used = guest + kvm + interrupted + vmm: the measured parts, each within what is left.
-    let irq = irq.min(used - vmm);
-    let kvm_ns = kf.kvm_ns.map(|k| k.min(used - vmm - irq));
-    let guest = used - vmm - irq - kvm_ns.unwrap_or(0);
-    let blocked = m.blocked.since(&bm.blocked);
-    // Scalar `i` since the baseline (a cumulative one; a gauge as it is).
-    let kvm_delta = |k: &VcpuStats, i: usize| {
-        let v = *cur.kvm.get(i)?;
-        Some(match (k.scalar_kind(i)?, b.kvm.get(i)) {
-            (StatKind::Cumulative, Some(o)) => v.saturating_sub(*o),
-            _ => v,
-        })
-    };
-    let kvm_stat = |s: KnownStat| kvm.and_then(|k| kvm_delta(k, k.known_index(s)?));
-    let levels = m.exits_at_level.since(&bm.exits_at_level);
-    let records_runs = m.records_runs.saturating_sub(bm.records_runs);
-    let records_lost = m.records_lost.saturating_sub(bm.records_lost);
-    let (halted, blocked_ns) = off_cpu_split(OffCpuInputs {
-        cur,
-        base: b,
-        levels: *levels.values(),
-        records_lost,
-        used,
-        steal,
-        halt_wait: kvm_stat(KnownStat::HaltWaitNs).unwrap_or(0),
-        halts_in_kernel: cur_kvm_stat(kvm, &cur.kvm, KnownStat::HaltExits).unwrap_or(0) > 0,
-    });
-    let kvm_exits = kvm_stat(KnownStat::Exits);
-    let kvm_stats: BTreeMap<String, u64> = match kvm {
-        Some(k) if detail => k
-            .scalar_names()
-            .enumerate()
-            .filter_map(|(i, n)| Some((n.to_string(), kvm_delta(k, i)?)))
-            .collect(),
-        _ => BTreeMap::new(),
-    };
-    let parks = m.parks.saturating_sub(bm.parks);
-    // KVM counts every exit, those handled in the kernel included; each paid about one measured
-    // round trip, the first after a park the cold one.
-    let kvm_ns_estimate = match (kvm_exits, exit_cost) {
-        (Some(exits), Some(c)) => {
-            let cold = parks.min(exits);
-            Some(((exits - cold) * c.hot_ns + cold * c.after_park_ns).min(used))
-        }
-        _ => None,
-    };
-    let split_source = match (levels[Level::Full], records_runs) {
-        (0, _) => SplitSource::None,
-        (n, r) if r >= n && kf.kvm_runs >= n => SplitSource::Tracepoints,
-        (n, r) if r >= n => SplitSource::Records,
-        (_, 0) => SplitSource::CpuClock,
-        _ => SplitSource::Mixed,
-    };
-    let split = match levels.values() {
-        [_, 0, 0] => SplitKind::None,
-        [0, 0, _] => SplitKind::Exact,
-        [0, _, 0] => SplitKind::Estimated,
-        _ => SplitKind::Mixed,
-    };
-    let time = TimeSplit {
-        wall_ns: wall,
-        used_ns: used,
-        guest_ns: guest,
-        kvm_ns: kvm_ns.unwrap_or(0),
-        interrupted_ns: irq,
-        vmm_ns: vmm,
-        steal_ns: steal,
-        halted_ns: halted,
-        idle_ns: blocked[ParkKind::Idle],
-        limited_ns: blocked[ParkKind::Limited],
-        paused_ns: blocked[ParkKind::Paused],
-        blocked_ns,
-    };
-    let exits = sub_arr(m.exits, bm.exits);
-    let exit_ns = sub_arr(m.exit_ns, bm.exit_ns);
-    let run_by_cpu = sub_vec(&m.guest_wall_by_cpu, &bm.guest_wall_by_cpu);
-    let entries_by_cpu = sub_vec(&m.entries_by_cpu, &bm.entries_by_cpu);
-    let run_total: u64 = run_by_cpu.iter().sum();
-    let host_cpus = run_by_cpu
-        .iter()
-        .filter(|_| detail)
-        .zip(&entries_by_cpu)
-        .enumerate()
-        .filter(|(_, (r, e))| **r > 0 || **e > 0)
-        .map(|(cpu, (r, e))| HostCpu {
-            cpu,
-            guest_ns: if run_total == 0 {
-                0
-            } else {
-                (u128::from(guest) * u128::from(*r) / u128::from(run_total)) as u64
-            },
-            entries: *e,
-        })
-        .collect();
-    let exceeded = m.exceeded.since(&bm.exceeded);
-    let thresholds = Threshold::ALL
-        .into_iter()
-        .filter(|_| detail)
-        .map(|t| (t.to_string(), exceeded[t]))
-        .collect();
-    let times = VcpuTimes {
-        id: 0,
-        host_tid: 0,
-        wall_ns: time.wall_ns,
-        used_ns: time.used_ns,
-        guest_ns: time.guest_ns,
-        kvm_ns,
-        interrupted_ns: kf.interrupted_ns.map(|_| irq),
-        kvm_ns_estimate,
-        guest_code_ns_estimate: kvm_ns_estimate.map(|k| guest.saturating_sub(k)),
-        parks,
-        vmm_ns: time.vmm_ns,
-        steal_ns: time.steal_ns,
-        halted_ns: time.halted_ns,
-        idle_ns: time.idle_ns,
-        limited_ns: time.limited_ns,
-        paused_ns: time.paused_ns,
-        blocked_ns: time.blocked_ns,
-        split,
-        split_source,
-        records_lost,
-        records_preempted_ns: m.records_preempted.saturating_sub(bm.records_preempted),
-        identity_error_ns: time.identity_error_ns(),
-        state: m.micro_state().into(),
-        // Without detail (the `stats` overview, the PPA page) only the reasons that occurred:
-        // the overview drops the others anyway, and each is an allocation.
-        exits: ExitReason::ALL
-            .iter()
-            .filter(|r| detail || exits[r.index()] > 0)
-            .map(|r| (r.name().to_string(), exits[r.index()]))
-            .collect(),
-        exit_ns: ExitReason::ALL
-            .iter()
-            .filter(|_| detail)
-            .map(|r| (r.name().to_string(), exit_ns[r.index()]))
-            .collect(),
-        kvm_ns_reason: kf.kvm_ns_reason,
-        interrupted_reason: kf.interrupted_reason,
-        kvm_exits: kf.kvm_exits,
-        kvm_exit_ns: if detail {
-            kf.kvm_exit_ns
-        } else {
-            BTreeMap::new()
-        },
-        kvm_exits_to_user: kf.kvm_exits_to_user,
-        interrupts: kf.interrupts,
-        kvm_stats,
-        host_cpus,
-        migrations: m.migrations.saturating_sub(bm.migrations),
-        thresholds,
-        kvm_run_wall_ns: m.wall[MicroState::Guest].saturating_sub(bm.wall[MicroState::Guest]),
-        kvm_run_cpu_ns: (levels[Level::Full] > 0)
-            .then(|| m.cpu_guest_full.saturating_sub(bm.cpu_guest_full)),
-        park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
-        proc_ticks: cur.ticks,
-        overloads: 0,
-        steal_before_start_ns: 0,
-    };
-    (times, hist)
-}
-
 /// Puts a held split into `t`, with the figures derived from it.
 fn set_split(t: &mut VcpuTimes, s: TimeSplit) {
     t.wall_ns = s.wall_ns;
@@ -746,13 +585,15 @@ fn set_split(t: &mut VcpuTimes, s: TimeSplit) {
     t.guest_code_ns_estimate = t.kvm_ns_estimate.map(|k| s.guest_ns.saturating_sub(k));
 }
 
+mod derivation;
+pub use derivation::derive;
 mod floor;
 use floor::Floor;
 mod hists;
 pub use hists::HistSnapshots;
 mod kernel;
 mod off_cpu;
-use off_cpu::{cur_kvm_stat, off_cpu_split, OffCpuInputs};
+use off_cpu::cur_kvm_stat;
 
 #[cfg(test)]
 mod tests;

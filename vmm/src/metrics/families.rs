@@ -15,7 +15,8 @@
 //!   (`exit_handling`, not `exit_handling_ns`): the values of these families are seconds.
 
 use ppa_vmm_api::{
-    GroupPressure, GroupStats, Level, Pressure, SplitKind, Threshold, VcpuMicroState, VmState,
+    GroupPressure, GroupStats, Level, Pressure, SplitKind, Threshold, VcpuMicroState, VcpuTimes,
+    VmState,
 };
 
 use super::buckets::Buckets;
@@ -187,81 +188,8 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
         SplitKind::NAMES,
         v.split.as_str(),
     );
-    // Each part of the time split is the family ppa_vcpu_PART_seconds_total; kvm and
-    // interrupted only where measured (null on the wire).
-    for (part, ns) in v.split().named() {
-        let measured = match part {
-            "kvm" => v.kvm_ns.is_some(),
-            "interrupted" => v.interrupted_ns.is_some(),
-            _ => true,
-        };
-        if measured {
-            f.add(
-                &format!("ppa_vcpu_{part}_seconds_total"),
-                &base,
-                Seconds(ns),
-            );
-        }
-    }
-    let times = [
-        ("ppa_vcpu_kvm_run_wall_seconds_total", v.kvm_run_wall_ns),
-        ("ppa_vcpu_park_cpu_seconds_total", v.park_cpu_ns),
-    ];
-    for (name, ns) in times {
-        f.add(name, &base, Seconds(ns));
-    }
-    let optional = [
-        ("ppa_vcpu_kvm_estimated_seconds_total", v.kvm_ns_estimate),
-        (
-            "ppa_vcpu_guest_code_estimated_seconds_total",
-            v.guest_code_ns_estimate,
-        ),
-    ];
-    for (name, ns) in optional {
-        if let Some(ns) = ns {
-            f.add(name, &base, Seconds(ns));
-        }
-    }
-    for (reason, n) in &v.exits {
-        if !reason_shown(reason, *n) {
-            continue;
-        }
-        f.add(
-            "ppa_vcpu_exits_total",
-            &[("vm", vm), ("vcpu", &id), ("reason", reason)],
-            n,
-        );
-    }
-    for (reason, ns) in &v.exit_ns {
-        if !reason_shown(reason, v.exits.get(reason).copied().unwrap_or(0)) {
-            continue;
-        }
-        f.add(
-            "ppa_vcpu_exit_handling_seconds_total",
-            &[("vm", vm), ("vcpu", &id), ("reason", reason)],
-            Seconds(*ns),
-        );
-    }
-    if let Some(n) = v.kvm_stats.get("exits") {
-        f.add("ppa_vcpu_kvm_stat_exits_total", &base, n);
-    }
-    for (reason, n) in &v.kvm_exits {
-        let labels = [
-            ("vm", vm),
-            ("vcpu", id.as_str()),
-            ("reason", reason.as_str()),
-        ];
-        f.add("ppa_vcpu_kvm_exits_total", &labels, n);
-        let ns = v.kvm_exit_ns.get(reason).copied().unwrap_or(0);
-        f.add("ppa_vcpu_kvm_exit_seconds_total", &labels, Seconds(ns));
-    }
-    for (kind, n) in &v.interrupts {
-        f.add(
-            "ppa_vcpu_interrupts_total",
-            &[("vm", vm), ("vcpu", &id), ("kind", kind)],
-            n,
-        );
-    }
+    add_vcpu_times(f, &base, v);
+    add_vcpu_exits(f, vm, &id, v);
     f.add("ppa_vcpu_migrations_total", &base, v.migrations);
     f.add("ppa_vcpu_parks_total", &base, v.parks);
     for (threshold, n) in &v.thresholds {
@@ -291,6 +219,83 @@ pub fn add_vcpu(f: &mut Families, vm: &str, d: &VcpuDetail) {
     ];
     for (name, h) in hists {
         f.add_histogram(name, &base, &Buckets::of_snapshot(h));
+    }
+}
+
+/// One vCPU's times: each part of the split, the KVM_RUN wall and park CPU, the estimates.
+fn add_vcpu_times(f: &mut Families, base: &[(&str, &str); 2], v: &VcpuTimes) {
+    // Each part of the time split is the family ppa_vcpu_PART_seconds_total; kvm and
+    // interrupted only where measured (null on the wire).
+    for (part, ns) in v.split().named() {
+        let measured = match part {
+            "kvm" => v.kvm_ns.is_some(),
+            "interrupted" => v.interrupted_ns.is_some(),
+            _ => true,
+        };
+        if measured {
+            f.add(&format!("ppa_vcpu_{part}_seconds_total"), base, Seconds(ns));
+        }
+    }
+    let times = [
+        ("ppa_vcpu_kvm_run_wall_seconds_total", v.kvm_run_wall_ns),
+        ("ppa_vcpu_park_cpu_seconds_total", v.park_cpu_ns),
+    ];
+    for (name, ns) in times {
+        f.add(name, base, Seconds(ns));
+    }
+    let optional = [
+        ("ppa_vcpu_kvm_estimated_seconds_total", v.kvm_ns_estimate),
+        (
+            "ppa_vcpu_guest_code_estimated_seconds_total",
+            v.guest_code_ns_estimate,
+        ),
+    ];
+    for (name, ns) in optional {
+        if let Some(ns) = ns {
+            f.add(name, base, Seconds(ns));
+        }
+    }
+}
+
+/// One vCPU's exits: by reason (count and handling time), KVM's count, the in-kernel exits
+/// and the host interrupts.
+fn add_vcpu_exits(f: &mut Families, vm: &str, id: &str, v: &VcpuTimes) {
+    let base: [(&str, &str); 2] = [("vm", vm), ("vcpu", id)];
+    for (reason, n) in &v.exits {
+        if !reason_shown(reason, *n) {
+            continue;
+        }
+        f.add(
+            "ppa_vcpu_exits_total",
+            &[("vm", vm), ("vcpu", id), ("reason", reason)],
+            n,
+        );
+    }
+    for (reason, ns) in &v.exit_ns {
+        if !reason_shown(reason, v.exits.get(reason).copied().unwrap_or(0)) {
+            continue;
+        }
+        f.add(
+            "ppa_vcpu_exit_handling_seconds_total",
+            &[("vm", vm), ("vcpu", id), ("reason", reason)],
+            Seconds(*ns),
+        );
+    }
+    if let Some(n) = v.kvm_stats.get("exits") {
+        f.add("ppa_vcpu_kvm_stat_exits_total", &base, n);
+    }
+    for (reason, n) in &v.kvm_exits {
+        let labels = [("vm", vm), ("vcpu", id), ("reason", reason.as_str())];
+        f.add("ppa_vcpu_kvm_exits_total", &labels, n);
+        let ns = v.kvm_exit_ns.get(reason).copied().unwrap_or(0);
+        f.add("ppa_vcpu_kvm_exit_seconds_total", &labels, Seconds(ns));
+    }
+    for (kind, n) in &v.interrupts {
+        f.add(
+            "ppa_vcpu_interrupts_total",
+            &[("vm", vm), ("vcpu", id), ("kind", kind)],
+            n,
+        );
     }
 }
 

@@ -46,6 +46,21 @@ pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=1 pci=off";
 pub const MIN_RAM_MIB: u64 = 64;
 /// The initrd ends below this (64-bit kernels' `initrd_addr_max`).
 const INITRD_CEILING: u64 = 0x8000_0000;
+
+/// Where a bzImage's setup header starts in the file (the boot protocol's 0x1f1).
+pub(crate) const SETUP_HEADER_OFFSET: u64 = 0x1f1;
+
+/// The setup header's `header` field in a bzImage: "HdrS", little-endian.
+pub(crate) const SETUP_HEADER_MAGIC: u32 = u32::from_le_bytes(*b"HdrS");
+
+/// Whether `bytes` (a file's start) carry a bzImage's setup header magic.
+pub(crate) fn looks_like_bzimage(bytes: &[u8]) -> bool {
+    let at = SETUP_HEADER_OFFSET as usize + std::mem::offset_of!(setup_header, header);
+    bytes
+        .get(at..at + 4)
+        .is_some_and(|m| m == SETUP_HEADER_MAGIC.to_le_bytes())
+}
+
 /// Room below the initrd for the kernel's own early allocations after decompression.
 const KERNEL_SLACK: u64 = 16 << 20;
 
@@ -98,16 +113,14 @@ pub struct LinuxBoot {
 /// starts (`init_size` of its setup header), or None when the file is not a bzImage.
 fn bzimage_init_size(file: &mut File) -> Option<u64> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut hdr = [0u8; 0x100];
-    file.seek(SeekFrom::Start(0x1f1)).ok()?;
-    file.read_exact(&mut hdr).ok()?;
+    use vm_memory::ByteValued;
+    let mut hdr = setup_header::default();
+    file.seek(SeekFrom::Start(SETUP_HEADER_OFFSET)).ok()?;
+    file.read_exact(hdr.as_mut_slice()).ok()?;
     let _ = file.seek(SeekFrom::Start(0));
-    // "HdrS" at 0x202, init_size at 0x260.
-    (&hdr[0x202 - 0x1f1..0x206 - 0x1f1] == b"HdrS").then(|| {
-        u64::from(u32::from_le_bytes(
-            hdr[0x260 - 0x1f1..0x264 - 0x1f1].try_into().unwrap(),
-        ))
-    })
+    // Copied out of the packed header before use.
+    let (magic, init_size) = (hdr.header, hdr.init_size);
+    (magic == SETUP_HEADER_MAGIC).then_some(u64::from(init_size))
 }
 
 impl LinuxBoot {

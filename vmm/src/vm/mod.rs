@@ -248,6 +248,34 @@ fn limiter(
     )))
 }
 
+/// KVM's exit cost: from the calibration cache when the config names one, else measured.
+fn measured_exit_cost<H: Hypervisor>(hv: &H, config: &VmConfig) -> Option<ExitCost> {
+    match &config.calibration_cache {
+        Some(file) => crate::calibration_cache::exit_cost(file, || hv.exit_cost()),
+        None => hv.exit_cost(),
+    }
+}
+
+/// The VM's accounting control at the config's level, thresholds and histogram resolution,
+/// with the kernel tracepoints discovered (before any thread drops its privileges: tracefs is
+/// root's) unless the config turns them off.
+fn accounting_control(config: &VmConfig) -> Arc<AccountingControl> {
+    let trace = if config.kernel_trace {
+        TraceCatalog::discover()
+    } else {
+        TraceCatalog::unavailable(|| TraceError::Disabled)
+    };
+    Arc::new(
+        AccountingControl::new(
+            config.accounting,
+            config.thresholds,
+            config.histogram_bits,
+            10_000_000,
+        )
+        .with_trace(trace),
+    )
+}
+
 impl<H: Hypervisor> Vm<H> {
     /// Builds the VM of `config` on `hv`.
     pub fn build(config: VmConfig, hv: H) -> Result<Self, VmError> {
@@ -263,10 +291,7 @@ impl<H: Hypervisor> Vm<H> {
             .flatten();
         let virtio = devices::virtio_slots(&config)?;
         let boot = Boot::prepare(&config.payload, config.vcpus, &regions, page, &virtio)?;
-        let exit_cost = match &config.calibration_cache {
-            Some(file) => crate::calibration_cache::exit_cost(file, || hv.exit_cost()),
-            None => hv.exit_cost(),
-        };
+        let exit_cost = measured_exit_cost(&hv, &config);
         let hv_vm = create_vm(&hv, config.vcpus)?;
         let cpuid = if boot.needs_platform() {
             hv_vm.create_platform()?;
@@ -301,21 +326,7 @@ impl<H: Hypervisor> Vm<H> {
         )?;
         devices::register_ioevents(&hv_vm, &buses);
         let shared = accounting(&vcpus, config.histogram_bits, exit_cost);
-        // Found before any thread drops its privileges (tracefs is root's).
-        let trace = if config.kernel_trace {
-            TraceCatalog::discover()
-        } else {
-            TraceCatalog::unavailable(|| TraceError::Disabled)
-        };
-        let control = Arc::new(
-            AccountingControl::new(
-                config.accounting,
-                config.thresholds,
-                config.histogram_bits,
-                10_000_000,
-            )
-            .with_trace(trace),
-        );
+        let control = accounting_control(&config);
         let hub = Arc::new(EventHub::new().map_err(|e| VmError::Thread("event hub", e))?);
         let limiter = limiter(&config, &shared, &hub, exit_cost)?;
         let name = config

@@ -21,7 +21,7 @@ use crate::api::ApiServer;
 use crate::handle::VmHandle;
 use crate::hypervisor::{self as hv, ExitEvent, Hypervisor};
 use crate::limits::limiter::Limiter;
-use crate::report::{realtime_ns, Report, RunFacts};
+use crate::report::{realtime_ns, Report, RunRecord};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
 use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_STOP};
@@ -137,6 +137,20 @@ fn supervise(
     timed_out
 }
 
+/// How and when a run ended, as the supervision saw it.
+struct Ended {
+    /// First spawn to last join.
+    uptime_ns: u64,
+    /// CLOCK_REALTIME when the vCPU threads were started, ns.
+    start_realtime_ns: u64,
+    /// CLOCK_REALTIME when the last vCPU thread was joined, ns.
+    end_realtime_ns: u64,
+    /// The host's steal counter at the start, when it has one.
+    steal_at_start: Option<u64>,
+    /// Whether --max-runtime stopped the run.
+    timed_out: bool,
+}
+
 /// Waits (at most 1 s, in 100 µs steps) until every vCPU thread has left its start gate.
 fn wait_running(vcpus: &[Arc<VcpuShared>]) {
     let until = Instant::now() + std::time::Duration::from_secs(1);
@@ -176,6 +190,55 @@ where
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
         crate::seccomp::arm(self.seccomp);
+        let mut run = self.start_helpers(&handle)?;
+        let start = Instant::now();
+        let start_realtime_ns = realtime_ns();
+        let steal_at_start = host_steal_ns();
+        let done_rx = self.spawn_vcpus(&mut run)?;
+        self.limiter.place_threads().map_err(VmError::Cgroup)?;
+        crate::seccomp::enter(crate::seccomp::Kind::Main);
+        self.status.mark_started();
+        futex_wake(&run.gate);
+        if let Some(n) = &self.notifier {
+            // The control socket was bound and served before the vCPUs started.
+            wait_running(&run.shared);
+            let _ = n.send(&format!(
+                "READY=1\nSTATUS=running: {} vCPUs of VM {}\nMAINPID={}",
+                run.shared.len(),
+                handle.name(),
+                std::process::id()
+            ));
+        }
+
+        let timed_out = supervise(&run, &done_rx, self.max_runtime.map(|d| start + d), &handle);
+        if let Some(n) = &self.notifier {
+            let _ = n.send("STOPPING=1\nSTATUS=stopping: every vCPU has ended");
+        }
+        run.join_vcpus_and_helpers();
+        self.status.mark_finished();
+        let report = self.report(
+            &run,
+            &handle,
+            Ended {
+                uptime_ns: start.elapsed().as_nanos() as u64,
+                start_realtime_ns,
+                end_realtime_ns: realtime_ns(),
+                steal_at_start,
+                timed_out,
+            },
+        );
+        let exit_code = report.exit_code();
+        run.push(ppa_vmm_api::Event::VmExit {
+            uptime_ns: report.vm.uptime_ns,
+            end: report.vm.end,
+        });
+        drop(run);
+        Ok(RunOutcome { report, exit_code })
+    }
+
+    /// Starts the control socket, the limiter, the sampler and the device threads, each owned
+    /// by the returned guard (so a failure further on stops those already started).
+    fn start_helpers(&mut self, handle: &VmHandle) -> Result<Running, VmError> {
         let mut run = Running {
             shared: std::mem::take(&mut self.shared),
             gate: Arc::new(AtomicU32::new(0)),
@@ -217,9 +280,12 @@ where
             d.start(&self.control)
                 .map_err(|e| VmError::Thread("device", e))?;
         }
-        let start = Instant::now();
-        let start_realtime_ns = realtime_ns();
-        let steal_at_start = host_steal_ns();
+        Ok(run)
+    }
+
+    /// Spawns one thread per vCPU, each waiting at the start gate; returns the channel on
+    /// which each sends its index when it ends.
+    fn spawn_vcpus(&mut self, run: &mut Running) -> Result<Receiver<usize>, VmError> {
         let (done_tx, done_rx) = channel();
         let warm_up = self.boot.warm_up();
         for (s, vcpu) in run.shared.clone().iter().zip(self.vcpus.drain(..)) {
@@ -233,30 +299,12 @@ where
                 warm_up,
             })?);
         }
-        drop(done_tx);
-        self.limiter.place_threads().map_err(VmError::Cgroup)?;
-        crate::seccomp::enter(crate::seccomp::Kind::Main);
-        self.status.mark_started();
-        futex_wake(&run.gate);
-        if let Some(n) = &self.notifier {
-            // The control socket was bound and served before the vCPUs started.
-            wait_running(&run.shared);
-            let _ = n.send(&format!(
-                "READY=1\nSTATUS=running: {} vCPUs of VM {}\nMAINPID={}",
-                run.shared.len(),
-                handle.name(),
-                std::process::id()
-            ));
-        }
+        Ok(done_rx)
+    }
 
-        let timed_out = supervise(&run, &done_rx, self.max_runtime.map(|d| start + d), &handle);
-        if let Some(n) = &self.notifier {
-            let _ = n.send("STOPPING=1\nSTATUS=stopping: every vCPU has ended");
-        }
-        run.join_vcpus_and_helpers();
-        self.status.mark_finished();
-        let uptime_ns = start.elapsed().as_nanos() as u64;
-        let end_realtime_ns = realtime_ns();
+    /// The final report, from everything the run published; called once every thread but the
+    /// server's has been joined.
+    fn report(&self, run: &Running, handle: &VmHandle, ended: Ended) -> Report {
         // Every vCPU thread has exited: the process CPU clock includes them, and each published
         // its own CPU time on its way out.
         let vcpu_cpu: u64 = run
@@ -264,52 +312,42 @@ where
             .iter()
             .filter_map(|s| s.acct.finals.get().map(|f| f.cpu_ns))
             .sum();
-        let process_cpu = process_cpu_ns();
-        let host_threads_ns = process_cpu.saturating_sub(vcpu_cpu);
+        let host_threads_ns = process_cpu_ns().saturating_sub(vcpu_cpu);
         let devices: Vec<ppa_vmm_api::DeviceStats> =
             run.devices.iter().map(|d| d.stats()).collect();
         let device_cpu: u64 = devices.iter().map(|d| d.cpu_ns).sum();
-        let host_cpu = ppa_vmm_api::HostCpuSplit {
-            vcpus: vcpu_cpu,
-            devices: device_cpu,
-            service: host_threads_ns.saturating_sub(device_cpu),
-        };
-        let host_steal_ns = steal_at_start
-            .zip(host_steal_ns())
-            .map(|(a, b)| b.saturating_sub(a));
-        let payload = (0..run.shared.len())
-            .map(|i| self.boot.vcpu_report(i, &self.buses))
-            .collect();
-        let mut report = Report::build(
-            &self.info,
-            &run.shared,
-            (self.boot.vm_report(), payload),
-            RunFacts {
-                name: handle.name().to_string(),
-                start_realtime_ns,
-                end_realtime_ns,
-                uptime_ns,
-                timed_out,
-                shutdown: handle.shutdown_requested(),
-                host_threads_ns,
-                host_steal_ns,
-                level: self.control.level(),
+        Report::build(RunRecord {
+            info: &self.info,
+            vcpus: &run.shared,
+            vm_payload: self.boot.vm_report(),
+            vcpu_payloads: (0..run.shared.len())
+                .map(|i| self.boot.vcpu_report(i, &self.buses))
+                .collect(),
+            name: handle.name().to_string(),
+            start_realtime_ns: ended.start_realtime_ns,
+            end_realtime_ns: ended.end_realtime_ns,
+            uptime_ns: ended.uptime_ns,
+            timed_out: ended.timed_out,
+            shutdown: handle.shutdown_requested(),
+            signal: handle.stop_signal(),
+            host_threads_ns,
+            host_cpu_ns: ppa_vmm_api::HostCpuSplit {
+                vcpus: vcpu_cpu,
+                devices: device_cpu,
+                service: host_threads_ns.saturating_sub(device_cpu),
             },
-        );
-        report.groups = self.limiter.groups();
-        report.devices = devices;
-        report.vm.host_cpu_ns = host_cpu;
-        report.vm.pressure = Some(handle.pressure().report());
-        report.guest = self
-            .ppa_page
-            .as_ref()
-            .map(|p| crate::report::guest_view(p, &run.shared));
-        let exit_code = report.exit_code();
-        run.push(ppa_vmm_api::Event::VmExit {
-            uptime_ns,
-            end: report.vm.end,
-        });
-        drop(run);
-        Ok(RunOutcome { report, exit_code })
+            host_steal_ns: ended
+                .steal_at_start
+                .zip(host_steal_ns())
+                .map(|(a, b)| b.saturating_sub(a)),
+            level: self.control.level(),
+            pressure: Some(handle.pressure().report()),
+            groups: self.limiter.groups(),
+            devices,
+            guest: self
+                .ppa_page
+                .as_ref()
+                .map(|p| crate::report::guest_view(p, &run.shared)),
+        })
     }
 }

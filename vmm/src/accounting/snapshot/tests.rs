@@ -1,7 +1,13 @@
 //! Unit tests of the snapshot: resets, parks, derived fields.
 
+use std::collections::BTreeMap;
+
+use super::off_cpu::{off_cpu_split, OffCpuInputs};
 use super::*;
-use crate::accounting::ByKey;
+use crate::accounting::meter::ParkKind;
+use crate::accounting::{ByKey, Threshold};
+use crate::exit::ExitReason;
+use ppa_vmm_api::SplitKind;
 
 fn accounting() -> VcpuAccounting {
     VcpuAccounting::new(Arc::new(VcpuMeter::new(3, 1)), None, None)

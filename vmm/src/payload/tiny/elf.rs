@@ -107,9 +107,61 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
+/// Program header `index` (`ph`) as a segment to load, None when it is not a PT_LOAD with
+/// memory; checked against the file (`bytes`) and the guest window.
+fn load_segment(
+    bytes: &[u8],
+    ph: &[u8],
+    index: usize,
+    window: &Range<u64>,
+) -> Result<Option<Segment>, LoaderError> {
+    let bad = LoaderError::BadSegment { index };
+    if u32_at(ph, 0).ok_or(LoaderError::BadProgramHeaders)? != PT_LOAD {
+        return Ok(None);
+    }
+    let offset = u64_at(ph, 8).ok_or(LoaderError::BadProgramHeaders)?;
+    let paddr = u64_at(ph, 24).ok_or(LoaderError::BadProgramHeaders)?;
+    let filesz = u64_at(ph, 32).ok_or(LoaderError::BadProgramHeaders)?;
+    let memsz = u64_at(ph, 40).ok_or(LoaderError::BadProgramHeaders)?;
+    if memsz == 0 {
+        return Ok(None);
+    }
+    let file_end = offset.checked_add(filesz).ok_or(bad.clone())?;
+    if filesz > memsz || file_end > bytes.len() as u64 {
+        return Err(bad);
+    }
+    let end = paddr.checked_add(memsz).ok_or(LoaderError::OutsideMemory {
+        index,
+        start: paddr,
+        end: u64::MAX,
+        limit: window.end,
+    })?;
+    if paddr < window.start {
+        return Err(LoaderError::OverlapsBootArea {
+            index,
+            start: paddr,
+            end,
+            min: window.start,
+        });
+    }
+    if end > window.end {
+        return Err(LoaderError::OutsideMemory {
+            index,
+            start: paddr,
+            end,
+            limit: window.end,
+        });
+    }
+    Ok(Some(Segment {
+        gpa: paddr,
+        file: offset as usize..file_end as usize,
+        mem_size: memsz,
+    }))
+}
+
 /// Parses `bytes` as a tiny-guest ELF image whose segments must lie inside `window`.
 pub fn parse_elf(bytes: &[u8], window: Range<u64>) -> Result<Image, LoaderError> {
-    if bytes.get(0x202..0x206) == Some(b"HdrS") {
+    if crate::payload::linux::looks_like_bzimage(bytes) {
         return Err(LoaderError::LinuxKernel);
     }
     if bytes.len() < 64 || &bytes[0..4] != b"\x7fELF" {
@@ -146,51 +198,9 @@ pub fn parse_elf(bytes: &[u8], window: Range<u64>) -> Result<Image, LoaderError>
     let mut segments: Vec<(usize, Segment)> = Vec::new();
     for index in 0..phnum {
         let ph = &bytes[phoff + index * phentsize..phoff + (index + 1) * phentsize];
-        let bad = LoaderError::BadSegment { index };
-        if u32_at(ph, 0).ok_or(LoaderError::BadProgramHeaders)? != PT_LOAD {
-            continue;
+        if let Some(segment) = load_segment(bytes, ph, index, &window)? {
+            segments.push((index, segment));
         }
-        let offset = u64_at(ph, 8).ok_or(LoaderError::BadProgramHeaders)?;
-        let paddr = u64_at(ph, 24).ok_or(LoaderError::BadProgramHeaders)?;
-        let filesz = u64_at(ph, 32).ok_or(LoaderError::BadProgramHeaders)?;
-        let memsz = u64_at(ph, 40).ok_or(LoaderError::BadProgramHeaders)?;
-        if memsz == 0 {
-            continue;
-        }
-        let file_end = offset.checked_add(filesz).ok_or(bad.clone())?;
-        if filesz > memsz || file_end > bytes.len() as u64 {
-            return Err(bad);
-        }
-        let end = paddr.checked_add(memsz).ok_or(LoaderError::OutsideMemory {
-            index,
-            start: paddr,
-            end: u64::MAX,
-            limit: window.end,
-        })?;
-        if paddr < window.start {
-            return Err(LoaderError::OverlapsBootArea {
-                index,
-                start: paddr,
-                end,
-                min: window.start,
-            });
-        }
-        if end > window.end {
-            return Err(LoaderError::OutsideMemory {
-                index,
-                start: paddr,
-                end,
-                limit: window.end,
-            });
-        }
-        segments.push((
-            index,
-            Segment {
-                gpa: paddr,
-                file: offset as usize..file_end as usize,
-                mem_size: memsz,
-            },
-        ));
     }
     if segments.is_empty() {
         return Err(LoaderError::NoSegments);

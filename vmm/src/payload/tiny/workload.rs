@@ -280,6 +280,57 @@ impl<'a> Params<'a> {
     }
 }
 
+/// `periodic:run_us=…,period_us=…,count=…`.
+fn periodic(rest: &str) -> Result<Workload, WorkloadError> {
+    let p = Params::parse("periodic", "run_us, period_us, count", rest)?;
+    let period_us = p.num("period_us", 3000, (1, 10_000_000))?;
+    let run_us = p.num("run_us", 300, (0, period_us))?;
+    if run_us > period_us {
+        // Only the default can be: a given run_us is checked against the period.
+        return Err(WorkloadError::BadValue {
+            key: "run_us".into(),
+            value: format!("{run_us} (the default)"),
+            why: "longer than period_us; give a run_us up to the period",
+        });
+    }
+    let count = p.num("count", 300, (1, MAX_COUNT))?;
+    Ok(Workload::Periodic {
+        run_us,
+        period_us,
+        count,
+    })
+}
+
+/// `exits:n=…,kind=mmio|pio|cpuid`.
+fn exits(rest: &str) -> Result<Workload, WorkloadError> {
+    let p = Params::parse("exits", "n, kind", rest)?;
+    Ok(Workload::Exits {
+        n: p.num("n", 10_000, (0, MAX_COUNT))?,
+        kind: p.choice(
+            "kind",
+            &[
+                ("mmio", ExitKind::Mmio),
+                ("pio", ExitKind::Pio),
+                ("cpuid", ExitKind::Cpuid),
+            ],
+        )?,
+    })
+}
+
+/// `hostile:ms=…,mode=…` (the modes of the ABI's `HOSTILE_MODES`).
+fn hostile(rest: &str) -> Result<Workload, WorkloadError> {
+    let p = Params::parse("hostile", "ms, mode", rest)?;
+    let modes: Vec<(&str, HostileMode)> = abi::HOSTILE_MODES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, HostileMode(i as u64)))
+        .collect();
+    Ok(Workload::Hostile {
+        ms: p.num("ms", 1000, (0, MAX_MS))?,
+        mode: p.choice("mode", &modes)?,
+    })
+}
+
 impl FromStr for Spec {
     type Err = WorkloadError;
 
@@ -298,57 +349,15 @@ impl FromStr for Spec {
                     ms: p.num("ms", 1000, (0, MAX_MS))?,
                 })
             }
-            "periodic" => {
-                let p = Params::parse("periodic", "run_us, period_us, count", rest)?;
-                let period_us = p.num("period_us", 3000, (1, 10_000_000))?;
-                let run_us = p.num("run_us", 300, (0, period_us))?;
-                if run_us > period_us {
-                    // Only the default can be: a given run_us is checked against the period.
-                    return Err(WorkloadError::BadValue {
-                        key: "run_us".into(),
-                        value: format!("{run_us} (the default)"),
-                        why: "longer than period_us; give a run_us up to the period",
-                    });
-                }
-                let count = p.num("count", 300, (1, MAX_COUNT))?;
-                Spec::One(Workload::Periodic {
-                    run_us,
-                    period_us,
-                    count,
-                })
-            }
-            "exits" => {
-                let p = Params::parse("exits", "n, kind", rest)?;
-                Spec::One(Workload::Exits {
-                    n: p.num("n", 10_000, (0, MAX_COUNT))?,
-                    kind: p.choice(
-                        "kind",
-                        &[
-                            ("mmio", ExitKind::Mmio),
-                            ("pio", ExitKind::Pio),
-                            ("cpuid", ExitKind::Cpuid),
-                        ],
-                    )?,
-                })
-            }
+            "periodic" => Spec::One(periodic(rest)?),
+            "exits" => Spec::One(exits(rest)?),
             "fault" => {
                 let p = Params::parse("fault", "kind", rest)?;
                 Spec::One(Workload::Fault {
                     kind: p.choice("kind", &[("hlt", FaultKind::Hlt), ("ud", FaultKind::Ud)])?,
                 })
             }
-            "hostile" => {
-                let p = Params::parse("hostile", "ms, mode", rest)?;
-                let modes: Vec<(&str, HostileMode)> = abi::HOSTILE_MODES
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| (*n, HostileMode(i as u64)))
-                    .collect();
-                Spec::One(Workload::Hostile {
-                    ms: p.num("ms", 1000, (0, MAX_MS))?,
-                    mode: p.choice("mode", &modes)?,
-                })
-            }
+            "hostile" => Spec::One(hostile(rest)?),
             "memtouch" => {
                 let p = Params::parse("memtouch", "mib", rest)?;
                 Spec::One(Workload::Memtouch {
