@@ -92,6 +92,65 @@ pub struct Handler {
     metrics: crate::metrics::Exporter,
 }
 
+/// What `version` answers.
+fn version_info() -> VersionInfo {
+    VersionInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        api: ppa_vmm_api::API_VERSION,
+        guest_abi: format!(
+            "{}.{}",
+            ppa_guest_abi::BOOT_INFO_VERSION >> 16,
+            ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
+        ),
+    }
+}
+
+/// What `threads` answers: the vCPU threads and every device's.
+fn threads(vm: &VmHandle) -> Threads {
+    Threads {
+        pid: std::process::id(),
+        vcpus: vm
+            .vcpus()
+            .iter()
+            .map(|v| ThreadInfo {
+                vcpu: v.id,
+                host_tid: v.host_tid(),
+                name: format!("vcpu{}", v.id),
+                state: match v.state() {
+                    VcpuState::Created => ThreadState::Created,
+                    VcpuState::Running => ThreadState::Running,
+                    VcpuState::Parked => ThreadState::Parked,
+                    VcpuState::Finished => ThreadState::Finished,
+                },
+            })
+            .collect(),
+        devices: vm.devices().iter().flat_map(|d| d.threads()).collect(),
+    }
+}
+
+/// What `device` answers for the device named `id`.
+fn device(vm: &VmHandle, id: &str) -> Result<Value, ErrorBody> {
+    match vm.devices().iter().find(|d| d.id() == id) {
+        Some(d) => to_value(&d.stats()),
+        None => Err(ErrorBody::new(
+            ErrorKind::NoSuchDevice,
+            format!(
+                "the VM has no device {} (it has: {})",
+                id.chars().take(64).collect::<String>(),
+                if vm.devices().is_empty() {
+                    "none".to_string()
+                } else {
+                    vm.devices()
+                        .iter()
+                        .map(|d| d.id().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        )),
+    }
+}
+
 /// Every vCPU's overview and the VM's figures, taken now.
 pub fn fresh_stats(vm: &VmHandle) -> Stats {
     let vcpus = vm.vcpus().iter().map(|v| v.summary()).collect();
@@ -250,15 +309,7 @@ impl Handler {
     fn run(&mut self, cmd: Command) -> Result<Value, ErrorBody> {
         let vm = self.vm.clone();
         match cmd {
-            Command::Version {} => to_value(&VersionInfo {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                api: ppa_vmm_api::API_VERSION,
-                guest_abi: format!(
-                    "{}.{}",
-                    ppa_guest_abi::BOOT_INFO_VERSION >> 16,
-                    ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
-                ),
-            }),
+            Command::Version {} => to_value(&version_info()),
             Command::Vcpu { vcpu } => to_value(&vm.times(vcpu).map_err(no_such_vcpu)?.0),
             Command::Histogram { name, vcpu, format } => self.histogram(&name, vcpu, format),
             Command::Reset { vcpu } => {
@@ -289,44 +340,8 @@ impl Handler {
                 self.invalidate();
                 to_value(&t)
             }
-            Command::Threads {} => to_value(&Threads {
-                pid: std::process::id(),
-                vcpus: vm
-                    .vcpus()
-                    .iter()
-                    .map(|v| ThreadInfo {
-                        vcpu: v.id,
-                        host_tid: v.host_tid(),
-                        name: format!("vcpu{}", v.id),
-                        state: match v.state() {
-                            VcpuState::Created => ThreadState::Created,
-                            VcpuState::Running => ThreadState::Running,
-                            VcpuState::Parked => ThreadState::Parked,
-                            VcpuState::Finished => ThreadState::Finished,
-                        },
-                    })
-                    .collect(),
-                devices: vm.devices().iter().flat_map(|d| d.threads()).collect(),
-            }),
-            Command::Device { name: id } => match vm.devices().iter().find(|d| d.id() == id) {
-                Some(d) => to_value(&d.stats()),
-                None => Err(ErrorBody::new(
-                    ErrorKind::NoSuchDevice,
-                    format!(
-                        "the VM has no device {} (it has: {})",
-                        id.chars().take(64).collect::<String>(),
-                        if vm.devices().is_empty() {
-                            "none".to_string()
-                        } else {
-                            vm.devices()
-                                .iter()
-                                .map(|d| d.id().to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        }
-                    ),
-                )),
-            },
+            Command::Threads {} => to_value(&threads(&vm)),
+            Command::Device { name } => device(&vm, &name),
             Command::Pause {} | Command::Resume {} | Command::Shutdown {} if vm.finished() => Err(
                 ErrorBody::new(ErrorKind::InvalidState, "every vCPU has already ended"),
             ),
