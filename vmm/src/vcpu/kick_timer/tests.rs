@@ -403,7 +403,7 @@ fn a_pause_during_a_timer_does_not_enter_the_guest() {
     r.until("it is paused", |s| micro(s) == MicroState::Paused);
     // The timer fires while the vCPU is paused (or, on a loaded host, fired before).
     r.until("the timer fired", |s| {
-        s.kick_timer.fired.load(Ordering::Relaxed) || s.kick_timer.rearms(2) >= 1
+        s.kick_timer.fired.fired.load(Ordering::Relaxed) || s.kick_timer.rearms(2) >= 1
     });
     r.shared.resume();
     let wasted = Arc::clone(&r.wasted);
