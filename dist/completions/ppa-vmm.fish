@@ -81,9 +81,9 @@ kill\t'Stop the VMM: a message on stderr naming the thread and the call, exit st
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l net -d 'A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID] (repeatable: net0, net1, …)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand demo" -s h -l help -d 'Print help'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (overhead; default 40000)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (overhead; default 8000)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l window-ms -d 'Length of each run\'s measured window, ms (socket)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default 3; limit and socket: 5)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default 3; limit and socket: 5; overhead: 15)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l vcpus -d 'vCPUs of the VM (socket)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rate -d '`stats` requests per second in the loaded runs (socket)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l client-nice -d 'Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE)' -r

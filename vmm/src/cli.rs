@@ -70,13 +70,13 @@ pub struct BenchArgs {
     /// Print one JSON object whose last key is "verdict".
     #[arg(long)]
     pub json: bool,
-    /// Exits per run (overhead; default 40000).
+    /// Exits per run (overhead; default 8000).
     #[arg(long)]
     pub exits: Option<u64>,
     /// Length of each run's measured window, ms (socket).
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub window_ms: u64,
-    /// Rounds of alternated runs (default 3; limit and socket: 5).
+    /// Rounds of alternated runs (default 3; limit and socket: 5; overhead: 15).
     #[arg(long)]
     pub rounds: Option<usize>,
     /// vCPUs of the VM (socket).

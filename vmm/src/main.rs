@@ -178,8 +178,8 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
     match args.which {
         BenchKind::Overhead => print_result(
             &ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
-                exits: args.exits.unwrap_or(40_000),
-                rounds: args.rounds.unwrap_or(3),
+                exits: args.exits.unwrap_or(ppa_vmm::bench::OVERHEAD_EXITS),
+                rounds: args.rounds.unwrap_or(ppa_vmm::bench::OVERHEAD_ROUNDS),
             })?,
             args.json,
             ppa_vmm::bench::OverheadResult::to_text,

@@ -33,8 +33,15 @@ use crate::accounting::histogram::HistogramSnapshot;
 use crate::accounting::host::host_steal_ns;
 use crate::config::RunOptions;
 use crate::handle::VmHandle;
+use crate::hypervisor::kvm::kick;
 use crate::sync::now_ns;
+use crate::vcpu::signal_path;
 use crate::vm::{Vm, VmError};
+
+mod text;
+
+/// Firings of the signal floor's timer after each VMM run (`StageFigures::signal_floor`).
+const SIGNAL_SAMPLES: usize = 100;
 
 /// Options of `bench limit`.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +115,26 @@ pub struct KickFigures {
     pub rearms: u64,
     /// Stops by the limiter thread's kick (the fallback).
     pub limiter_kicks: u64,
+    /// The stages of the timer stops, wall time each (docs/limits.md).
+    pub stages: StageFigures,
+}
+
+/// Where a timer stop's time goes, per stop (docs/limits.md, "Where the overshoot comes
+/// from").
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageFigures {
+    /// From the time the timer was armed for to its signal handler on the vCPU thread: the
+    /// hrtimer's expiry, the signal, the way out of the guest and out of KVM_RUN.
+    pub to_handler: Lateness,
+    /// From the handler to the run loop's stop decision (sigreturn, the exit's bookkeeping,
+    /// the CPU clock read).
+    pub to_decision: Lateness,
+    /// From the decision to the park (its clock readings, the paravirtual clock's notice).
+    pub to_park: Lateness,
+    /// The same kind of timer and signal aimed at a thread spinning in user space, measured
+    /// between the runs: the hrtimer's expiry and the signal's delivery without KVM. What
+    /// `to_handler` adds to it is the way out of the guest and KVM_RUN.
+    pub signal_floor: Lateness,
 }
 
 /// One round of one measurement: each backend once, back to back.
@@ -121,6 +148,9 @@ pub struct Round {
     pub members: usize,
     /// The VMM's enforcement.
     pub vmm: ErrorStats,
+    /// The same periods of the VMM's run had each overshoot been carried as debt into the
+    /// next period, as CFS does (computed from the errors: a candidate, issue 29).
+    pub vmm_debt: ErrorStats,
     /// CFS bandwidth control.
     pub cgroup: ErrorStats,
     /// The VMM's stops.
@@ -142,6 +172,8 @@ pub struct LimitRun {
     pub periods: u64,
     /// The VMM's median round (by p99 overshoot).
     pub vmm: ErrorStats,
+    /// The median round of the VMM's periods with overshoot carried as debt (a candidate).
+    pub vmm_debt: ErrorStats,
     /// The cgroup backend's median round.
     pub cgroup: ErrorStats,
     /// cgroup RMS over VMM RMS, of the median rounds.
@@ -190,6 +222,8 @@ pub struct LimitResult {
     pub periods: u64,
     /// VMM backend at 100 ms, its median round.
     pub vmm: ErrorStats,
+    /// The VMM's periods at 100 ms with overshoot carried as debt, its median round.
+    pub vmm_debt: ErrorStats,
     /// cgroup backend at 100 ms, its median round.
     pub cgroup: ErrorStats,
     /// cgroup RMS over VMM RMS at 100 ms (median rounds).
@@ -233,6 +267,22 @@ pub fn error_stats(errors: &[i64]) -> ErrorStats {
         p99_overshoot_ns: pct(errors.iter().map(|&e| e.max(0) as u64).collect()),
         max_overshoot_ns: errors.iter().copied().max().unwrap_or(0),
     }
+}
+
+/// The errors of periods had each overshoot been carried as debt into the next period (its
+/// quota less the overshoot, as CFS bandwidth control does): a stop comes as early in the
+/// period's budget with or without the debt, so each period's error less the debt carried
+/// in, `e'_k = e_k − max(e'_{k−1}, 0)`.
+pub fn with_debt(errors: &[i64]) -> Vec<i64> {
+    let mut debt = 0i64;
+    errors
+        .iter()
+        .map(|&e| {
+            let d = e - debt;
+            debt = d.max(0);
+            d
+        })
+        .collect()
 }
 
 /// The median of `runs` by p99 overshoot (then RMS): its index. The lower median when even.
@@ -329,7 +379,9 @@ fn poll_cgroup(h: &VmHandle, name: &str, stop: &AtomicBool) -> Vec<u64> {
 /// What one VMM run leaves for the figures: its errors and its stops, raw.
 struct VmmRun {
     stats: ErrorStats,
+    debt: ErrorStats,
     looks: HistogramSnapshot,
+    stages: [HistogramSnapshot; 4],
     timer: HistogramSnapshot,
     overrun: HistogramSnapshot,
     counts: [u64; 3],
@@ -344,9 +396,18 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
     v.run()?;
     let mut timer = HistogramSnapshot::empty(3);
     let mut overrun = HistogramSnapshot::empty(3);
+    let mut stages: [HistogramSnapshot; 4] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
     for vc in h.vcpus() {
         timer.merge(&vc.kick_timer.lateness());
         overrun.merge(&vc.kick_timer.overrun());
+        let s = vc.kick_timer.stages();
+        stages[0].merge(&s.to_handler);
+        stages[1].merge(&s.to_decision);
+        stages[2].merge(&s.to_park);
+    }
+    // The kernel's part alone, on the host as it is now (after the run, before the next).
+    if let Ok(floor) = signal_path(kick::kick_signal(), SIGNAL_SAMPLES) {
+        stages[3].merge(&floor);
     }
     let counts = h
         .limiter()
@@ -354,9 +415,12 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
         .iter()
         .find(|g| g.name == name)
         .map_or([0; 3], |g| [g.kicks.timer, g.kicks.rearms, g.kicks.limiter]);
+    let errors = trim(&h.limiter().period_log(name), quota_ns);
     Ok(VmmRun {
-        stats: error_stats(&trim(&h.limiter().period_log(name), quota_ns)),
+        stats: error_stats(&errors),
+        debt: error_stats(&with_debt(&errors)),
         looks: h.limiter().look_lateness(),
+        stages,
         timer,
         overrun,
         counts,
@@ -381,7 +445,7 @@ fn run_cgroup(o: &LimitOptions, period_ns: u64, members: usize) -> Result<ErrorS
 }
 
 /// The one-minute load average (0 if /proc/loadavg cannot be read).
-fn load_avg() -> f64 {
+pub(super) fn load_avg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
@@ -395,7 +459,7 @@ fn online_cpus() -> usize {
 }
 
 /// The host's steal between two readings, and as a share of the CPUs' time over `wall_ns`.
-fn steal_between(before: Option<u64>, after: Option<u64>, wall_ns: u64) -> (u64, f64) {
+pub(super) fn steal_between(before: Option<u64>, after: Option<u64>, wall_ns: u64) -> (u64, f64) {
     let steal = after.unwrap_or(0).saturating_sub(before.unwrap_or(0));
     let pct = steal as f64 * 100.0 / (wall_ns.max(1) as f64 * online_cpus() as f64);
     (steal, pct)
@@ -423,6 +487,7 @@ fn round(
         period_ns,
         members,
         vmm: vmm.stats.clone(),
+        vmm_debt: vmm.debt.clone(),
         cgroup,
         kicks: kick_figures(std::slice::from_ref(&vmm)),
         host_steal_ns: steal,
@@ -437,7 +502,11 @@ fn kick_figures(runs: &[VmmRun]) -> KickFigures {
     let mut timer = HistogramSnapshot::empty(3);
     let mut overrun = HistogramSnapshot::empty(3);
     let mut counts = [0u64; 3];
+    let mut stages: [HistogramSnapshot; 4] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
     for r in runs {
+        for (s, r) in stages.iter_mut().zip(&r.stages) {
+            s.merge(r);
+        }
         looks.merge(&r.looks);
         timer.merge(&r.timer);
         overrun.merge(&r.overrun);
@@ -452,11 +521,18 @@ fn kick_figures(runs: &[VmmRun]) -> KickFigures {
         timer_kicks: counts[0],
         rearms: counts[1],
         limiter_kicks: counts[2],
+        stages: StageFigures {
+            to_handler: Lateness::of(&stages[0]),
+            to_decision: Lateness::of(&stages[1]),
+            to_park: Lateness::of(&stages[2]),
+            signal_floor: Lateness::of(&stages[3]),
+        },
     }
 }
 
 fn summarize(o: &LimitOptions, period_ns: u64, rounds: &[Round], runs: &[VmmRun]) -> LimitRun {
     let vi = median_index(&rounds.iter().map(|r| &r.vmm).collect::<Vec<_>>());
+    let di = median_index(&rounds.iter().map(|r| &r.vmm_debt).collect::<Vec<_>>());
     let ci = median_index(&rounds.iter().map(|r| &r.cgroup).collect::<Vec<_>>());
     let (vmm, cgroup) = (rounds[vi].vmm.clone(), rounds[ci].cgroup.clone());
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
@@ -466,6 +542,7 @@ fn summarize(o: &LimitOptions, period_ns: u64, rounds: &[Round], runs: &[VmmRun]
         rms_ratio: ratio(cgroup.rms_err_ns, vmm.rms_err_ns),
         p99_ratio: ratio(cgroup.p99_abs_err_ns as f64, vmm.p99_abs_err_ns as f64),
         vmm,
+        vmm_debt: rounds[di].vmm_debt.clone(),
         cgroup,
         kicks: kick_figures(runs),
         median_round: MedianRound {
@@ -552,6 +629,7 @@ pub fn limit(o: LimitOptions) -> Result<LimitResult, VmError> {
         period_ns: main.period_ns,
         periods: main.periods,
         vmm: main.vmm,
+        vmm_debt: main.vmm_debt,
         cgroup: main.cgroup,
         rms_ratio: main.rms_ratio,
         p99_ratio: main.p99_ratio,
@@ -563,122 +641,6 @@ pub fn limit(o: LimitOptions) -> Result<LimitResult, VmError> {
         host,
         verdict,
     })
-}
-
-fn error_row(s: &mut String, label: &str, name: LimitBackend, e: &ErrorStats) {
-    s.push_str(&format!(
-        "{label:>14} {name:>8} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>12.1} {:>8}\n",
-        e.mean_err_ns / 1e3,
-        e.rms_err_ns / 1e3,
-        e.p99_abs_err_ns as f64 / 1e3,
-        e.p99_overshoot_ns as f64 / 1e3,
-        e.max_overshoot_ns as f64 / 1e3,
-        e.periods
-    ));
-}
-
-fn lateness_text(l: &Lateness) -> String {
-    format!(
-        "{} (p50 {:.1} / p99 {:.1} / max {:.1} us)",
-        l.count,
-        l.p50_ns as f64 / 1e3,
-        l.p99_ns as f64 / 1e3,
-        l.max_ns as f64 / 1e3
-    )
-}
-
-impl LimitResult {
-    /// A table for people.
-    pub fn to_text(&self) -> String {
-        let mut s = format!(
-            "bench limit: busy vCPUs held to {} periods per run, {} round(s) of each backend{}\n\
-             {:>14} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>8}\n",
-            self.periods,
-            self.rounds.len() / MEASUREMENTS.len(),
-            if self.host.hogs > 0 {
-                format!(", beside {} spinning host processes", self.host.hogs)
-            } else {
-                String::new()
-            },
-            "run",
-            "backend",
-            "mean us",
-            "RMS us",
-            "p99 |err| us",
-            "p99 over us",
-            "max over us",
-            "periods"
-        );
-        let main = LimitRun {
-            period_ns: self.period_ns,
-            periods: self.periods,
-            vmm: self.vmm.clone(),
-            cgroup: self.cgroup.clone(),
-            rms_ratio: self.rms_ratio,
-            p99_ratio: self.p99_ratio,
-            kicks: self.kicks.clone(),
-            median_round: self.median_round,
-        };
-        for (r, &(period_ns, members)) in [&main, &self.at_10ms, &self.group_of_2]
-            .into_iter()
-            .zip(&MEASUREMENTS)
-        {
-            let what = format!(
-                "{} ms{}",
-                period_ns / 1_000_000,
-                if members > 1 {
-                    ", group of 2 (not in the verdict)"
-                } else {
-                    ""
-                }
-            );
-            s += &format!("{what}: each round (load average, host steal)\n");
-            for round in self
-                .rounds
-                .iter()
-                .filter(|x| x.period_ns == period_ns && x.members == members)
-            {
-                let label = format!(
-                    "#{} {:.1} {:.2}%",
-                    round.round, round.load_avg, round.host_steal_pct
-                );
-                error_row(&mut s, &label, LimitBackend::Vmm, &round.vmm);
-                error_row(&mut s, "", LimitBackend::Cgroup, &round.cgroup);
-            }
-            error_row(
-                &mut s,
-                &format!("median #{}", r.median_round.vmm),
-                LimitBackend::Vmm,
-                &r.vmm,
-            );
-            error_row(
-                &mut s,
-                &format!("median #{}", r.median_round.cgroup),
-                LimitBackend::Cgroup,
-                &r.cgroup,
-            );
-            s += &format!(
-                "  ratios cgroup/vmm: RMS {:.1}, p99 |err| {:.1}; VMM stops: {} by timer ({} re-arms), {} by the limiter\n  lateness: limiter looks {}, timer kicks {}; CPU past the target at timer stops {}\n",
-                r.rms_ratio,
-                r.p99_ratio,
-                r.kicks.timer_kicks,
-                r.kicks.rearms,
-                r.kicks.limiter_kicks,
-                lateness_text(&r.kicks.looks),
-                lateness_text(&r.kicks.timer),
-                lateness_text(&r.kicks.timer_overrun),
-            );
-        }
-        s += &format!(
-            "host: {} CPUs, steal {:.2} % ({:.1} ms) over the bench, load average {:.1} -> {:.1}\n",
-            self.host.cpus,
-            self.host.steal_pct,
-            self.host.steal_ns as f64 / 1e6,
-            self.host.load_avg_start,
-            self.host.load_avg_end
-        );
-        s + &format!("verdict: {}\n", self.verdict)
-    }
 }
 
 #[cfg(test)]
@@ -696,6 +658,18 @@ mod tests {
         assert_eq!(e.p99_overshoot_ns, 300);
         assert_eq!(error_stats(&[]).periods, 0);
         assert_eq!(trim(&[9, 9, 30, 20, 9], 25), vec![5, -5]);
+    }
+
+    #[test]
+    fn debt_carries_only_overshoot_into_the_next_period() {
+        assert_eq!(
+            with_debt(&[10, 0, -5, 20, 20, 0]),
+            vec![10, -10, -5, 20, 0, 0]
+        );
+        assert_eq!(with_debt(&[]), Vec::<i64>::new());
+        // A burst is paid back at once, so the periods' sum is the burst's alone.
+        let e = with_debt(&[1_000, 3, -2, 3]);
+        assert_eq!(e, vec![1_000, -997, -2, 3]);
     }
 
     fn with_p99(ns: u64) -> ErrorStats {
@@ -731,6 +705,7 @@ mod tests {
                 periods: 47,
                 ..with_p99(vmm)
             },
+            vmm_debt: ErrorStats::default(),
             cgroup: ErrorStats {
                 periods: 47,
                 ..with_p99(cgroup)

@@ -298,8 +298,8 @@ pub trait Kicker: Send + Sync {
     /// The signal that kicks the vCPU when it reaches the bound thread, for a POSIX timer that
     /// thread aims at itself (`SIGEV_THREAD_ID`: the kernel-armed kick of CPU limits), or None
     /// when kicks are not signals. The signal's handler also passes its `siginfo` to
-    /// [`timer_signal::mark_timer_fired`], so such a timer may carry a pointer to an `AtomicBool`
-    /// it sets.
+    /// [`timer_signal::mark_timer_fired`], so such a timer may carry a pointer to a
+    /// [`timer_signal::TimerFired`] it sets.
     fn timer_signal(&self) -> Option<libc::c_int> {
         None
     }

@@ -28,6 +28,7 @@ use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, Thrott
 
 use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, next_look_ns, Member};
+use super::margin::StopMargin;
 use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
@@ -41,10 +42,6 @@ use crate::vcpu::{
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
 pub use super::{Backend, LimitConfig};
-
-/// Bounds of the learnt stop margin.
-const MIN_MARGIN_NS: i64 = 5_000;
-const MAX_MARGIN_NS: i64 = 2_000_000;
 
 /// Per-period CPU use kept per limit once [`Limiter::keep_period_log`] asked for it (`bench
 /// limit`): the first periods, at most this many.
@@ -87,9 +84,9 @@ struct Entity {
     /// CPU time used in each closed period, most recent last; kept only while
     /// [`Limiter::keep_period_log`] asks for it (a VM that runs for days must not grow it).
     log: Vec<u64>,
-    /// The stop margin, learnt: after each period in which members were stopped, it moves
-    /// by half the period's error shared among them, so the mean error tends to zero.
-    margin_ns: u64,
+    /// The stop margin, learnt ([`StopMargin`]: the median of the last periods' stop
+    /// latencies); `None` until the first look gives it the limiter's estimate.
+    margin: Option<StopMargin>,
     /// Members stopped in the period in progress.
     stops_this_period: u64,
     /// What each member is expected to want this period: its use in the previous period,
@@ -171,7 +168,7 @@ impl Entity {
             limited_base: vec![0; n],
             next_look: None,
             log: Vec::new(),
-            margin_ns: 0,
+            margin: None,
             stops_this_period: 0,
             last_used: vec![0; n],
             was_stopped: vec![false; n],
@@ -536,9 +533,9 @@ impl Limiter {
                 e.throttled_periods += 1;
                 // Learn the margin from the error of a period that ended in stops.
                 let err = used as i64 - l.quota_ns as i64;
-                let step = err / 2 / e.stops_this_period.max(1) as i64;
-                e.margin_ns =
-                    (e.margin_ns as i64 + step).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS) as u64;
+                if let Some(m) = e.margin.as_mut() {
+                    m.learn(err, e.stops_this_period);
+                }
             }
             if used > l.quota_ns {
                 let over = used - l.quota_ns;
@@ -614,10 +611,11 @@ impl Limiter {
                 expected_ns: e.last_used[k],
             });
         }
-        if e.margin_ns == 0 {
-            e.margin_ns = self.margin_ns;
-        }
-        let d = decide(l.quota_ns, &members, e.margin_ns, self.host_cpus);
+        let margin_ns = e
+            .margin
+            .get_or_insert(StopMargin::new(self.margin_ns))
+            .get();
+        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
         let mut newly = Vec::new();
         let mut released = false;
         for (k, &i) in e.members.iter().enumerate() {

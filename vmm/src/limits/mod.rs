@@ -16,6 +16,7 @@ use thiserror::Error;
 pub mod cgroup;
 pub mod engine;
 pub mod limiter;
+pub mod margin;
 pub mod overload;
 
 /// Shortest period accepted.

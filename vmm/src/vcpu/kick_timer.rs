@@ -30,11 +30,12 @@
 //! a hold to wake; all four are sequentially consistent, so one of them sees the other (the
 //! tests below run every interleaving).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 
 use super::{VcpuShared, REQ_LIMIT_GROUP, REQ_LIMIT_VM};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::host::{current_cpu, thread_cpu_ns};
+use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
 /// Deadline slots per vCPU: one per limit request bit (group, VM, runaway throttle).
@@ -170,8 +171,12 @@ pub struct KickDeadlines {
     epoch: AtomicU64,
     /// 0, or the slot and `seq` the vCPU stopped for ([`hold_word`]).
     hold: AtomicU64,
-    /// Set by the kick signal's handler when the timer fired (the timer's value points here).
-    fired: AtomicBool,
+    /// Set by the kick signal's handler when the timer fired, with the time the handler ran
+    /// (the timer's value points here).
+    fired: TimerFired,
+    /// When the vCPU decided to stop for a firing (0: no stop waiting for its park); written
+    /// and read by the vCPU thread only.
+    stop_at: AtomicU64,
     mode: AtomicU8,
     /// What the vCPU's timer is armed for (0: not armed), and the epoch that arming reflects
     /// (written by the vCPU after each arming).
@@ -181,6 +186,30 @@ pub struct KickDeadlines {
     nudges: AtomicU64,
     lateness: Histogram,
     overrun: Histogram,
+    stages: StageHistograms,
+}
+
+/// The stages of a timer stop, wall time each ([`KickDeadlines::stages`]).
+struct StageHistograms {
+    to_handler: Histogram,
+    to_decision: Histogram,
+    to_park: Histogram,
+}
+
+/// Snapshots of the stages of the timer stops, wall time each (docs/limits.md):
+/// `to_handler` from the time the timer was armed for to its signal handler (the hrtimer's
+/// expiry, the signal, the vCPU's way out of the guest and out of KVM_RUN: the handler runs
+/// as the ioctl returns to user mode), `to_decision` from the handler to the run loop's stop
+/// decision (sigreturn, the exit's bookkeeping, the clock read), `to_park` from the decision
+/// to the park (the park's clock readings, the paravirtual clock's notice).
+#[derive(Debug, Clone)]
+pub struct StopStages {
+    /// Armed-for time to the signal handler.
+    pub to_handler: HistogramSnapshot,
+    /// Handler to the stop decision.
+    pub to_decision: HistogramSnapshot,
+    /// Decision to the park.
+    pub to_park: HistogramSnapshot,
 }
 
 impl std::fmt::Debug for KickDeadlines {
@@ -198,7 +227,8 @@ impl Default for KickDeadlines {
             slots: Default::default(),
             epoch: AtomicU64::new(0),
             hold: AtomicU64::new(0),
-            fired: AtomicBool::new(false),
+            fired: TimerFired::default(),
+            stop_at: AtomicU64::new(0),
             mode: AtomicU8::new(TimerMode::Wanted as u8),
             armed_at: AtomicU64::new(0),
             armed_epoch: AtomicU64::new(0),
@@ -206,6 +236,11 @@ impl Default for KickDeadlines {
             nudges: AtomicU64::new(0),
             lateness: Histogram::new(3).expect("3 fractional bits are valid"),
             overrun: Histogram::new(3).expect("3 fractional bits are valid"),
+            stages: StageHistograms {
+                to_handler: Histogram::new(3).expect("3 fractional bits are valid"),
+                to_decision: Histogram::new(3).expect("3 fractional bits are valid"),
+                to_park: Histogram::new(3).expect("3 fractional bits are valid"),
+            },
         }
     }
 }
@@ -385,6 +420,25 @@ impl KickDeadlines {
     pub fn overrun(&self) -> HistogramSnapshot {
         self.overrun.snapshot()
     }
+
+    /// The stages of this vCPU's timer stops.
+    pub fn stages(&self) -> StopStages {
+        StopStages {
+            to_handler: self.stages.to_handler.snapshot(),
+            to_decision: self.stages.to_decision.snapshot(),
+            to_park: self.stages.to_park.snapshot(),
+        }
+    }
+
+    /// The vCPU parks as limited at `now` (vCPU thread): ends the stage of a timer stop's
+    /// park. One relaxed load when the park is not a timer stop's.
+    pub(super) fn parked(&self, now: u64) {
+        let at = self.stop_at.load(Ordering::Relaxed);
+        if at != 0 {
+            self.stop_at.store(0, Ordering::Relaxed);
+            self.stages.to_park.record(now.saturating_sub(at));
+        }
+    }
 }
 
 /// What the loop does after [`KickTimer::prepare`].
@@ -403,7 +457,7 @@ struct OsTimer(libc::timer_t);
 
 impl OsTimer {
     /// A CLOCK_MONOTONIC timer that sends `signal` to this thread with `fired` as its value.
-    fn create(signal: libc::c_int, fired: &AtomicBool) -> std::io::Result<Self> {
+    fn create(signal: libc::c_int, fired: &TimerFired) -> std::io::Result<Self> {
         // SAFETY: sigevent is plain data (integers, a pointer, padding): all zeroes is valid.
         let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
         ev.sigev_notify = libc::SIGEV_THREAD_ID;
@@ -411,7 +465,7 @@ impl OsTimer {
         // SAFETY: gettid has no preconditions.
         ev.sigev_notify_thread_id = unsafe { libc::gettid() };
         ev.sigev_value = libc::sigval {
-            sival_ptr: fired as *const AtomicBool as *mut libc::c_void,
+            sival_ptr: fired as *const TimerFired as *mut libc::c_void,
         };
         let mut id: libc::timer_t = std::ptr::null_mut();
         // SAFETY: `ev` and `id` are valid for the call; the kernel copies `ev`. The value it
@@ -451,6 +505,34 @@ impl Drop for OsTimer {
         // SAFETY: `self.0` is a live timer created by `create` and deleted only here.
         unsafe { libc::timer_delete(self.0) };
     }
+}
+
+/// The kernel's part of a timer stop without KVM, for `bench limit`: `samples` firings of a
+/// timer made as a vCPU's is (CLOCK_MONOTONIC, `SIGEV_THREAD_ID` at the calling thread,
+/// `signal`, whose handler must call [`crate::hypervisor::timer_signal::mark_timer_fired`]), each armed
+/// 300-1,000 µs ahead while the thread spins in user space, as a vCPU runs in the guest:
+/// from the armed-for time to the handler, per firing (the hrtimer's expiry and the signal's
+/// delivery to a running thread; what the vCPU's `to_handler` adds is leaving KVM_RUN).
+pub fn signal_path(signal: libc::c_int, samples: usize) -> std::io::Result<HistogramSnapshot> {
+    let fired = TimerFired::default();
+    let timer = OsTimer::create(signal, &fired)?;
+    let h = Histogram::new(3).expect("3 fractional bits are valid");
+    for k in 0..samples {
+        fired.fired.store(false, Ordering::Relaxed);
+        // Spread the expiries over the tick: 300 µs to 1 ms ahead, not a multiple of it.
+        let at = now_ns() + 300_000 + (k as u64 * 7_919) % 700_000;
+        timer.set(at)?;
+        let give_up = at + 20_000_000;
+        while !fired.fired.load(Ordering::Acquire) && now_ns() < give_up {
+            std::hint::spin_loop();
+        }
+        let handler = fired.at_ns.load(Ordering::Acquire);
+        if fired.fired.load(Ordering::Acquire) && handler >= at {
+            h.record(handler - at);
+        }
+    }
+    timer.set(0)?;
+    Ok(h.snapshot())
 }
 
 /// The vCPU thread's side: its timer and what it last read of its deadlines. Lives on the
@@ -516,7 +598,7 @@ impl KickTimer {
         if self.os.is_none() {
             return Prepared::Enter;
         }
-        let fired = t.fired.load(Ordering::Relaxed);
+        let fired = t.fired.fired.load(Ordering::Relaxed);
         let epoch = t.epoch.load(Ordering::Acquire);
         if !fired
             && epoch == self.seen_epoch
@@ -550,11 +632,14 @@ impl KickTimer {
         }
         let now = now_ns();
         let mut due = false;
+        // The firing's armed-for time and handler time, for the stages of a stop.
+        let mut firing = None;
         if fired {
-            t.fired.store(false, Ordering::Relaxed);
+            t.fired.fired.store(false, Ordering::Relaxed);
             // A signal before the time armed for is a stale one, of an earlier arming.
             if self.armed_at != 0 && now >= self.armed_at {
                 t.lateness.record(now - self.armed_at);
+                firing = Some((self.armed_at, t.fired.at_ns.load(Ordering::Acquire)));
                 self.armed_at = 0;
                 due = true;
             }
@@ -571,6 +656,11 @@ impl KickTimer {
                     self.arm(t, 0);
                     if t.take_hold(slot, self.seen[slot].0) {
                         t.slots[slot].stops.fetch_add(1, Ordering::Relaxed);
+                        if let Some((armed, handler)) = firing.filter(|f| f.1 >= f.0) {
+                            t.stages.to_handler.record(handler - armed);
+                            t.stages.to_decision.record(now.saturating_sub(handler));
+                            t.stop_at.store(now, Ordering::Relaxed);
+                        }
                         return Prepared::Hold;
                     }
                     return Prepared::Again;
@@ -594,7 +684,7 @@ impl KickTimer {
         // meanwhile is taken now, or the limiter sees this arming is stale and kicks.
         t.armed_at.store(self.armed_at, Ordering::SeqCst);
         t.armed_epoch.store(self.seen_epoch, Ordering::SeqCst);
-        if t.fired.load(Ordering::Relaxed) || t.epoch.load(Ordering::SeqCst) != epoch {
+        if t.fired.fired.load(Ordering::Relaxed) || t.epoch.load(Ordering::SeqCst) != epoch {
             Prepared::Again
         } else {
             Prepared::Enter

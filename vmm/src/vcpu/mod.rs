@@ -35,7 +35,7 @@ mod run;
 #[cfg(test)]
 mod tests;
 
-pub use kick_timer::{slot_of, Deadline, KickDeadlines, TimerMode};
+pub use kick_timer::{signal_path, slot_of, Deadline, KickDeadlines, TimerMode};
 
 /// Errors of a vCPU thread's life outside the guest's control.
 #[derive(Debug, Error)]

@@ -49,7 +49,11 @@ pub(super) fn park<V: Vcpu>(
     deadline_ns: Option<u64>,
 ) {
     shared.set_state(VcpuState::Parked);
-    rec.park_begin(kind, consistent_stamp(shared));
+    let begin = consistent_stamp(shared);
+    if kind == MicroState::Limited {
+        shared.kick_timer.parked(begin.now);
+    }
+    rec.park_begin(kind, begin);
     if matches!(kind, MicroState::Paused | MicroState::Limited) {
         // The guest did not ask for this stop: tell its paravirtual clock, so its watchdogs
         // do not report the parked time as a soft lockup.

@@ -10,8 +10,9 @@
 //! it) does not also cost an `intr` exit on the next entry.
 //!
 //! The same signal is what a vCPU's kick timer delivers (`vcpu::kick_timer`: a POSIX timer the
-//! vCPU thread aims at itself): the handler then also sets the timer's `fired` flag, whose
-//! address the timer carries as its value (`hypervisor::timer_signal::mark_timer_fired`).
+//! vCPU thread aims at itself): the handler then also records the firing (a flag and the time)
+//! in the timer's `TimerFired`, whose address the timer carries as its value
+//! (`hypervisor::timer_signal::mark_timer_fired`).
 //!
 //! The thread-local pointer is set by `KvmVcpu::bind_thread` (unsafe: the caller promises to
 //! unbind before the vCPU is dropped or leaves the thread) and cleared by `unbind_thread`.

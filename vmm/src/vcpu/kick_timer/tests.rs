@@ -1,7 +1,7 @@
 //! The kick timer: its pure decisions, the hold protocol run through every interleaving, and
 //! the vCPU loop with it on the fake hypervisor (whose kicks are signals, like KVM's).
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::Duration;
@@ -359,6 +359,16 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     assert!(r.shared.kick_timer.active());
     assert_eq!(r.shared.kick_timer.stops(vm), 1);
     assert!(r.shared.kick_timer.lateness().count() >= 1);
+    // The stop's stages: one of each (the handler stored its time; the park ended the last).
+    let st = r.shared.kick_timer.stages();
+    assert_eq!(
+        (
+            st.to_handler.count(),
+            st.to_decision.count(),
+            st.to_park.count()
+        ),
+        (1, 1, 1)
+    );
     // The limiter publishes anew (here: no deadline): the hold ends, the vCPU runs on.
     r.shared.set_kick_deadline(REQ_LIMIT_VM, None);
     r.until("it runs again", |s| micro(s) != MicroState::Limited);
@@ -403,7 +413,7 @@ fn a_pause_during_a_timer_does_not_enter_the_guest() {
     r.until("it is paused", |s| micro(s) == MicroState::Paused);
     // The timer fires while the vCPU is paused (or, on a loaded host, fired before).
     r.until("the timer fired", |s| {
-        s.kick_timer.fired.load(Ordering::Relaxed) || s.kick_timer.rearms(2) >= 1
+        s.kick_timer.fired.fired.load(Ordering::Relaxed) || s.kick_timer.rearms(2) >= 1
     });
     r.shared.resume();
     let wasted = Arc::clone(&r.wasted);
@@ -414,6 +424,15 @@ fn a_pause_during_a_timer_does_not_enter_the_guest() {
         "handled on the way back in"
     );
     assert_eq!(wasted.load(Ordering::Relaxed), 0, "no run left at once");
+}
+
+#[test]
+fn the_signal_path_is_measured_on_a_spinning_thread() {
+    // The fake's kick signal has a handler that records firings (`mark_timer_fired`).
+    let shared = start(vec![Step::now(bell(doorbell::EXIT, 0))], |_| {}).finish();
+    let signal = shared.kicker.get().and_then(|k| k.timer_signal()).unwrap();
+    let h = signal_path(signal, 5).unwrap();
+    assert_eq!(h.count(), 5, "every firing reached the handler");
 }
 
 #[test]
