@@ -34,10 +34,7 @@ use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{
-    slot_of, Deadline, TimerMode, VcpuShared, VcpuState, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY,
-    REQ_LIMIT_VM,
-};
+use crate::vcpu::{Deadline, LimitKind, TimerMode, VcpuShared, VcpuState};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
@@ -61,7 +58,7 @@ pub const FALLBACK_LOOK_MIN_NS: u64 = 1_000_000;
 struct Entity {
     name: String,
     members: Vec<usize>,
-    bit: u32,
+    kind: LimitKind,
     limit: Option<(Limit, String)>,
     /// A change waiting for the next boundary (`Some(None)`: remove the limit).
     pending: Option<Option<(Limit, String)>>,
@@ -147,12 +144,17 @@ fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
 }
 
 impl Entity {
-    fn new(name: String, members: Vec<usize>, bit: u32, limit: Option<(Limit, String)>) -> Self {
+    fn new(
+        name: String,
+        members: Vec<usize>,
+        kind: LimitKind,
+        limit: Option<(Limit, String)>,
+    ) -> Self {
         let n = members.len();
         Entity {
             name,
             members,
-            bit,
+            kind,
             limit,
             pending: None,
             period_start: 0,
@@ -179,7 +181,7 @@ impl Entity {
 
     /// Members' kick-timer (stops, re-arms) for this limit now.
     fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<(u64, u64)> {
-        let slot = slot_of(self.bit);
+        let slot = self.kind.slot();
         self.members
             .iter()
             .map(|&i| {
@@ -283,7 +285,7 @@ impl Limiter {
             entities.push(Entity::new(
                 VM_GROUP.into(),
                 all,
-                REQ_LIMIT_VM,
+                LimitKind::Vm,
                 Some(vm.clone()),
             ));
         }
@@ -291,7 +293,7 @@ impl Limiter {
             entities.push(Entity::new(
                 g.name.clone(),
                 g.vcpus.clone(),
-                REQ_LIMIT_GROUP,
+                LimitKind::Group,
                 Some((g.limit, g.given.clone())),
             ));
         }
@@ -414,7 +416,7 @@ impl Limiter {
                 if let Some((l, text)) = &new {
                     l.check_members(text, all.len())?;
                 }
-                let mut e = Entity::new(VM_GROUP.into(), all, REQ_LIMIT_VM, new);
+                let mut e = Entity::new(VM_GROUP.into(), all, LimitKind::Vm, new);
                 let now = now_ns();
                 for (k, &i) in e.members.iter().enumerate() {
                     e.limited_base[k] = limited_total(&self.vcpus[i], now);
@@ -446,7 +448,7 @@ impl Limiter {
         let mut e = Entity::new(
             name,
             vec![vcpu],
-            REQ_LIMIT_RUNAWAY,
+            LimitKind::Runaway,
             Some((limit, given.to_string())),
         );
         e.limited_base[0] = limited_total(&self.vcpus[vcpu], now_ns());
@@ -480,11 +482,11 @@ impl Limiter {
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             if e.stopped[k] {
-                self.vcpus[i].release(e.bit);
+                self.vcpus[i].release(e.kind.bit());
                 e.stopped[k] = false;
             }
             // A member its timer stopped that no look has adopted yet.
-            was_stopped |= self.vcpus[i].release_kick_hold(e.bit);
+            was_stopped |= self.vcpus[i].release_kick_hold(e.kind);
         }
         if was_stopped {
             self.event(Event::ThrottleEnd {
@@ -622,8 +624,8 @@ impl Limiter {
             match (e.stopped[k], d.stop[k]) {
                 (false, true) => {
                     // This thread's kick: every stop without a timer, else the fallback.
-                    self.vcpus[i].kick(e.bit);
-                    self.vcpus[i].set_kick_deadline(e.bit, None);
+                    self.vcpus[i].kick(e.kind.bit());
+                    self.vcpus[i].set_kick_deadline(e.kind, None);
                     e.limiter_kicks += 1;
                     e.stopped[k] = true;
                     e.was_stopped[k] = true;
@@ -631,7 +633,7 @@ impl Limiter {
                     newly.push(i);
                 }
                 (true, false) => {
-                    self.vcpus[i].release(e.bit);
+                    self.vcpus[i].release(e.kind.bit());
                     e.stopped[k] = false;
                     released = true;
                 }
@@ -666,7 +668,7 @@ impl Limiter {
                         (Some(r), Some(c)) => Some(Deadline::after(now, c, r)),
                         _ => None,
                     };
-                    v.set_kick_deadline(e.bit, deadline);
+                    v.set_kick_deadline(e.kind, deadline);
                 }
             }
         }
@@ -685,8 +687,8 @@ impl Limiter {
         }
         let mut newly = Vec::new();
         for (k, &i) in e.members.iter().enumerate() {
-            if !e.stopped[k] && self.vcpus[i].kick_held(e.bit) {
-                self.vcpus[i].adopt_kick_hold(e.bit);
+            if !e.stopped[k] && self.vcpus[i].kick_held(e.kind) {
+                self.vcpus[i].adopt_kick_hold(e.kind);
                 e.stopped[k] = true;
                 e.was_stopped[k] = true;
                 e.stops_this_period += 1;
@@ -715,7 +717,7 @@ impl Limiter {
     /// No deadline for the members' timers (the limit is gone, or the thread ends).
     fn clear_deadlines(&self, e: &Entity) {
         for &i in &e.members {
-            self.vcpus[i].set_kick_deadline(e.bit, None);
+            self.vcpus[i].set_kick_deadline(e.kind, None);
         }
     }
 
@@ -732,7 +734,7 @@ impl Limiter {
                     self.clear_deadlines(e);
                     for (k, &i) in e.members.iter().enumerate() {
                         if e.stopped[k] {
-                            self.vcpus[i].release(e.bit);
+                            self.vcpus[i].release(e.kind.bit());
                             e.stopped[k] = false;
                         }
                     }

@@ -32,28 +32,18 @@
 
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 
-use super::{VcpuShared, REQ_LIMIT_GROUP, REQ_LIMIT_VM};
+use super::VcpuShared;
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::host::{current_cpu, thread_cpu_ns};
 use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
-/// Deadline slots per vCPU: one per limit request bit (group, VM, runaway throttle).
-pub const SLOTS: usize = 3;
+/// Deadline slots per vCPU: one per [`super::LimitKind`] (group, VM, runaway throttle).
+pub const SLOTS: usize = super::LimitKind::ALL.len();
 
 /// With less CPU than this left when the timer fires, the vCPU stops rather than re-arms for
 /// a moment shorter than an exit.
 pub const REARM_MIN_NS: u64 = 10_000;
-
-/// The slot of limit request bit `bit` (`REQ_LIMIT_GROUP`, `REQ_LIMIT_VM` or
-/// `REQ_LIMIT_RUNAWAY`).
-pub fn slot_of(bit: u32) -> usize {
-    match bit {
-        REQ_LIMIT_GROUP => 0,
-        REQ_LIMIT_VM => 1,
-        _ => 2,
-    }
-}
 
 /// When a vCPU must stop for one limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

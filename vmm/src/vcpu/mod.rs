@@ -35,7 +35,7 @@ mod run;
 #[cfg(test)]
 mod tests;
 
-pub use kick_timer::{signal_path, slot_of, Deadline, KickDeadlines, TimerMode};
+pub use kick_timer::{signal_path, Deadline, KickDeadlines, TimerMode};
 
 /// Errors of a vCPU thread's life outside the guest's control.
 #[derive(Debug, Error)]
@@ -83,6 +83,37 @@ pub const REQ_LIMIT_VM: u32 = 8;
 pub const REQ_LIMIT_RUNAWAY: u32 = 16;
 /// Any limit bit.
 pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM | REQ_LIMIT_RUNAWAY;
+
+/// A limit that can stop a vCPU: each has its request bit and its kick-timer slot, so neither
+/// can be given for another kind of request (`REQ_STOP` has no slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// The vCPU's group is out of budget ([`REQ_LIMIT_GROUP`]).
+    Group,
+    /// The VM-wide limit ([`REQ_LIMIT_VM`]).
+    Vm,
+    /// A throttle runaway detection applied ([`REQ_LIMIT_RUNAWAY`]).
+    Runaway,
+}
+
+impl LimitKind {
+    /// Every kind, in slot order.
+    pub const ALL: [LimitKind; 3] = [LimitKind::Group, LimitKind::Vm, LimitKind::Runaway];
+
+    /// Its request bit.
+    pub const fn bit(self) -> u32 {
+        match self {
+            LimitKind::Group => REQ_LIMIT_GROUP,
+            LimitKind::Vm => REQ_LIMIT_VM,
+            LimitKind::Runaway => REQ_LIMIT_RUNAWAY,
+        }
+    }
+
+    /// Its kick-timer deadline slot (0 to `kick_timer::SLOTS` - 1).
+    pub const fn slot(self) -> usize {
+        self as usize
+    }
+}
 
 /// How a vCPU's loop ended.
 #[derive(Debug)]
@@ -307,10 +338,10 @@ impl VcpuShared {
         futex_wake(&self.wake);
     }
 
-    /// Publishes the kick-timer deadline of the limit with request bit `bit` (None: none). A
-    /// vCPU its timer holds for that limit is released by the change, and woken.
-    pub fn set_kick_deadline(&self, bit: u32, deadline: Option<Deadline>) {
-        if !self.kick_timer.publish(slot_of(bit), deadline) {
+    /// Publishes the kick-timer deadline of limit `kind` (None: none). A vCPU its timer holds
+    /// for that limit is released by the change, and woken.
+    pub fn set_kick_deadline(&self, kind: LimitKind, deadline: Option<Deadline>) {
+        if !self.kick_timer.publish(kind.slot(), deadline) {
             return;
         }
         self.wake_holder();
@@ -328,27 +359,27 @@ impl VcpuShared {
         }
     }
 
-    /// Ends a hold of the kick timer for the limit with bit `bit` (a new period); true if the
-    /// vCPU was held.
-    pub fn release_kick_hold(&self, bit: u32) -> bool {
-        let held = self.kick_timer.release_hold(slot_of(bit));
+    /// Ends a hold of the kick timer for limit `kind` (a new period); true if the vCPU was
+    /// held.
+    pub fn release_kick_hold(&self, kind: LimitKind) -> bool {
+        let held = self.kick_timer.release_hold(kind.slot());
         if held {
             self.wake_holder();
         }
         held
     }
 
-    /// Whether its kick timer stopped it for the limit with bit `bit` (current deadline).
-    pub fn kick_held(&self, bit: u32) -> bool {
-        self.kick_timer.held(slot_of(bit))
+    /// Whether its kick timer stopped it for limit `kind` (current deadline).
+    pub fn kick_held(&self, kind: LimitKind) -> bool {
+        self.kick_timer.held(kind.slot())
     }
 
-    /// Turns a kick timer's hold for the limit with bit `bit` into that limit's stop: sets
-    /// the request bit (the vCPU is parked, or about to park: no signal), then clears the
-    /// deadline, which ends the hold while the bit keeps the vCPU parked.
-    pub fn adopt_kick_hold(&self, bit: u32) {
-        self.requests.fetch_or(bit, Ordering::AcqRel);
-        self.set_kick_deadline(bit, None);
+    /// Turns a kick timer's hold for limit `kind` into that limit's stop: sets its request
+    /// bit (the vCPU is parked, or about to park: no signal), then clears the deadline, which
+    /// ends the hold while the bit keeps the vCPU parked.
+    pub fn adopt_kick_hold(&self, kind: LimitKind) {
+        self.requests.fetch_or(kind.bit(), Ordering::AcqRel);
+        self.set_kick_deadline(kind, None);
     }
 
     fn wake_holder(&self) {

@@ -14,7 +14,10 @@ use crate::accounting::snapshot::VcpuAccounting;
 use crate::accounting::{AccountingControl, Level};
 use crate::devices::Buses;
 use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
-use crate::vcpu::{spawn, VcpuEnd, VcpuThread, REQ_LIMIT_RUNAWAY, REQ_PAUSE};
+use crate::vcpu::{
+    spawn, LimitKind, VcpuEnd, VcpuThread, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM,
+    REQ_PAUSE,
+};
 
 fn d(fire_at: u64, cpu_target: u64) -> Option<Deadline> {
     Some(Deadline {
@@ -35,9 +38,10 @@ fn a_deadline_is_the_runway_on_both_clocks() {
     // A zero runway fires at once; fire_at 0 would mean "none", so it is at least 1.
     assert_eq!(Deadline::after(0, 7, 0).fire_at, 1);
     assert_eq!(Deadline::after(u64::MAX, 0, 5).fire_at, u64::MAX);
+    assert_eq!(LimitKind::ALL.map(LimitKind::slot), [0, 1, 2]);
     assert_eq!(
-        [REQ_LIMIT_GROUP, REQ_LIMIT_VM, REQ_LIMIT_RUNAWAY].map(slot_of),
-        [0, 1, 2]
+        LimitKind::ALL.map(LimitKind::bit),
+        [REQ_LIMIT_GROUP, REQ_LIMIT_VM, REQ_LIMIT_RUNAWAY]
     );
 }
 
@@ -343,7 +347,7 @@ fn fire_only(in_ns: u64) -> Option<Deadline> {
 
 #[test]
 fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
-    let vm = slot_of(REQ_LIMIT_VM);
+    let vm = LimitKind::Vm.slot();
     // A busy guest: 10 ms steps (a kick loses the rest of one), then the exit.
     let mut script = vec![Step::after(10_000_000, FakeExit::IoIn(0x80, 1)); 500];
     script.push(Step::now(bell(doorbell::EXIT, 7)));
@@ -351,10 +355,10 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     r.until("the guest runs", |s| micro(s) == MicroState::Guest);
     let cpu = r.shared.acct.thread_cpu_ns().unwrap();
     r.shared.set_kick_deadline(
-        REQ_LIMIT_VM,
+        LimitKind::Vm,
         Some(Deadline::after(now_ns(), cpu, 3_000_000)),
     );
-    r.until("its timer stops it", |s| s.kick_held(REQ_LIMIT_VM));
+    r.until("its timer stops it", |s| s.kick_held(LimitKind::Vm));
     r.until("it parks as limited", |s| micro(s) == MicroState::Limited);
     assert!(r.shared.kick_timer.active());
     assert_eq!(r.shared.kick_timer.stops(vm), 1);
@@ -370,7 +374,7 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
         (1, 1, 1)
     );
     // The limiter publishes anew (here: no deadline): the hold ends, the vCPU runs on.
-    r.shared.set_kick_deadline(REQ_LIMIT_VM, None);
+    r.shared.set_kick_deadline(LimitKind::Vm, None);
     r.until("it runs again", |s| micro(s) != MicroState::Limited);
     r.shared.kick(crate::vcpu::REQ_STOP);
     let shared = r.finish();
@@ -391,7 +395,7 @@ fn a_firing_while_parked_idle_costs_no_run() {
                 Step::after(1_000_000, bell(doorbell::HALT, 40_000_000)),
                 Step::after(1_000_000, bell(doorbell::EXIT, 0)),
             ],
-            |s| s.set_kick_deadline(REQ_LIMIT_GROUP, fire_only(10_000_000)),
+            |s| s.set_kick_deadline(LimitKind::Group, fire_only(10_000_000)),
         );
         wasted = Arc::clone(&r.wasted);
         r.finish()
@@ -406,7 +410,7 @@ fn a_firing_while_parked_idle_costs_no_run() {
 fn a_pause_during_a_timer_does_not_enter_the_guest() {
     let r = start(
         vec![Step::after(2_000_000_000, bell(doorbell::EXIT, 0))],
-        |s| s.set_kick_deadline(REQ_LIMIT_RUNAWAY, fire_only(20_000_000)),
+        |s| s.set_kick_deadline(LimitKind::Runaway, fire_only(20_000_000)),
     );
     r.until("the guest runs", |s| micro(s) == MicroState::Guest);
     r.shared.kick(REQ_PAUSE);
@@ -441,7 +445,7 @@ fn without_timers_a_deadline_kicks_nothing() {
         vec![Step::after(30_000_000, bell(doorbell::EXIT, 0))],
         |s| {
             s.kick_timer.set_wanted(false);
-            s.set_kick_deadline(REQ_LIMIT_VM, Some(Deadline::after(now_ns(), 0, 0)));
+            s.set_kick_deadline(LimitKind::Vm, Some(Deadline::after(now_ns(), 0, 0)));
         },
     );
     let shared = r.finish();
