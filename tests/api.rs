@@ -384,28 +384,9 @@ fn ctl_and_top_as_an_operator_uses_them() {
     // promtool accepts the metrics of a live VM.
     let o = ctl(&vmm.sock, &["--text", "metrics"]);
     assert!(o.status.success(), "{o:?}");
-    promtool_accepts(&o.stdout);
+    common::prom::promtool_accepts(std::str::from_utf8(&o.stdout).expect("the text is UTF-8"));
     let (code, _) = vmm.shutdown();
     assert_eq!(code, 0);
-}
-
-fn promtool_accepts(text: &[u8]) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("promtool is needed (Debian package prometheus; .ci/run installs it): {e}")
-        });
-    p.stdin.take().unwrap().write_all(text).unwrap();
-    let o = p.wait_with_output().unwrap();
-    assert!(
-        o.status.success() && o.stdout.is_empty() && o.stderr.is_empty(),
-        "promtool: {o:?}\n{}",
-        String::from_utf8_lossy(text)
-    );
 }
 
 #[test]

@@ -3,26 +3,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::prom::{free_port, promtool_accepts, Killed};
 use common::vmm::{bin, connect_when_up, temp_dir, Conn};
 use serde_json::{json, Value};
-
-/// Kills a child when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A tiny idle VM named `name` in `dir`, its socket up.
 fn start(dir: &Path, name: &str) -> Killed {
@@ -164,32 +153,6 @@ fn a_world_writable_run_directory_is_refused_with_a_sentence() {
     assert!(err.contains("world-writable"), "{err}");
 }
 
-fn get(port: u16) -> Option<(String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_string(), body.to_string()))
-}
-
-fn promtool_accepts(text: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; scripts/setup.sh installs it)");
-    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let o = p.wait_with_output().unwrap();
-    assert!(
-        o.status.success() && o.stdout.is_empty() && o.stderr.is_empty(),
-        "promtool: {o:?}"
-    );
-}
-
 #[test]
 fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_away() {
     let d = temp_dir("host-serve");
@@ -197,11 +160,7 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     std::fs::create_dir(&dir).unwrap();
     let a = start(&dir, "a");
     let mut b = start(&dir, "b");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let _serve = Killed(
         Command::new(bin())
             .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
@@ -214,7 +173,7 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     );
     let mut body = None;
     for _ in 0..200 {
-        if let Some((status, text)) = get(port) {
+        if let Some((status, text)) = common::prom::get(port, "/metrics") {
             assert_eq!(status, "HTTP/1.1 200 OK");
             body = Some(text);
             break;
@@ -244,7 +203,7 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     // b dies during the scrapes: the next scrape succeeds without it.
     b.0.kill().unwrap();
     b.0.wait().unwrap();
-    let (status, text) = get(port).unwrap();
+    let (status, text) = common::prom::get(port, "/metrics").unwrap();
     assert_eq!(status, "HTTP/1.1 200 OK");
     promtool_accepts(&text);
     assert!(

@@ -2,186 +2,34 @@
 //! scrapes a running VMM's /metrics endpoint: per-vCPU series come back from its query API,
 //! every expression of the Grafana dashboard (docs/grafana-dashboard.json) names only metrics
 //! the endpoint really exports and returns data, promtool accepts the live text, and a scrape
-//! flood is served from the render cache.
+//! flood is served from the render cache. The same for `ppa-vmm host serve` over two VMs of
+//! a run directory: series for each VM under its `vm` label, the `--compat` families, and
+//! every expression of the host board (docs/grafana-host-dashboard.json) returning data.
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use common::prom::{self, get, metric_names, promtool_accepts, sample_value, Killed, Prometheus};
+use common::vmm::{bin, connect_when_up, temp_dir};
 
-/// The dashboard, as shipped.
+/// The single-VM dashboard, as shipped.
 const DASHBOARD: &str = include_str!("../docs/grafana-dashboard.json");
+/// The host board, as shipped.
+const HOST_DASHBOARD: &str = include_str!("../docs/grafana-host-dashboard.json");
 
-/// Kills a child process when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET over HTTP/1.0 (no chunked encoding); returns (status line, body).
-fn get(port: u16, target: &str) -> Option<(String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_string(), body.to_string()))
-}
-
-/// Percent-encodes a query parameter value.
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            b => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// The sample names and the families' types (`# TYPE` lines) of an exposition text.
-fn exported(text: &str) -> (BTreeSet<String>, BTreeMap<String, String>) {
-    let mut names = BTreeSet::new();
-    let mut types = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(t) = line.strip_prefix("# TYPE ") {
-            let mut it = t.split(' ');
-            types.insert(
-                it.next().unwrap().to_string(),
-                it.next().unwrap().to_string(),
-            );
-        } else if !line.starts_with('#') && !line.is_empty() {
-            let end = line.find(['{', ' ']).unwrap();
-            names.insert(line[..end].to_string());
-        }
-    }
-    (names, types)
-}
-
-/// The value of the first sample of `name` in `text`.
-fn sample_value(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// Every PromQL expression of the dashboard: panel targets (`expr`) and variable queries.
-fn dashboard_exprs(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m {
-                match (k.as_str(), x) {
-                    ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
-                    ("query", Value::String(s)) if s.contains('(') => out.push(s.clone()),
-                    _ => dashboard_exprs(x, out),
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|x| dashboard_exprs(x, out)),
-        _ => {}
-    }
-}
-
-/// The metric names an expression uses, found loosely: identifiers starting `ppa_` or
-/// `process_` outside string literals (label values, regexes).
-fn metric_names(expr: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut chars = expr.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' | '\'' | '`' => {
-                // Skip the literal, escapes included.
-                while let Some((_, d)) = chars.next() {
-                    if d == '\\' {
-                        chars.next();
-                    } else if d == c {
-                        break;
-                    }
-                }
-            }
-            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
-                let mut end = i + c.len_utf8();
-                while let Some(&(j, d)) = chars.peek() {
-                    if d.is_ascii_alphanumeric() || d == '_' || d == ':' {
-                        end = j + d.len_utf8();
-                        chars.next();
-                    } else {
-                        break;
-                    }
-                }
-                let word = &expr[i..end];
-                if word.starts_with("ppa_") || word.starts_with("process_") {
-                    names.push(word.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    names
-}
-
-/// The dashboard's expressions with its variables replaced for this run, as PromQL (a
-/// variable's `label_values(SELECTOR, LABEL)` becomes its selector).
+/// The single-VM dashboard's expressions for VM `vm`, its vCPU 0.
 fn queries(vm: &str) -> Vec<String> {
-    let dash: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
-    let mut exprs = Vec::new();
-    dashboard_exprs(&dash, &mut exprs);
-    exprs.sort();
-    exprs.dedup();
-    exprs
-        .into_iter()
-        .map(|e| {
-            let e = match e.strip_prefix("label_values(") {
-                Some(args) => args[..args.rfind(',').unwrap_or(args.len())].to_string(),
-                None => e,
-            };
-            e.replace("$__rate_interval", "15s")
-                .replace("$vcpu", "0")
-                .replace("$vm", vm)
-        })
-        .collect()
+    prom::queries(DASHBOARD, &[("$vcpu", "0"), ("$vm", vm)])
 }
 
-fn promtool_accepts(text: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "promtool is needed (Debian package prometheus; scripts/setup.sh installs it): {e}"
-            )
-        });
-    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let o = p.wait_with_output().unwrap();
-    assert!(
-        o.status.success() && o.stdout.is_empty() && o.stderr.is_empty(),
-        "promtool: {o:?}\n{text}"
-    );
+/// The host board's expressions with its `$vm` multi-select set to `vms` (as Grafana writes a
+/// multi-value regex, `a|b`).
+fn host_queries(vms: &str) -> Vec<String> {
+    prom::queries(HOST_DASHBOARD, &[("$vm", vms)])
 }
 
 #[test]
@@ -205,12 +53,51 @@ fn metric_names_are_found_in_promql() {
 }
 
 #[test]
+fn the_host_board_shows_every_vm_its_pressure_device_cpu_and_host_totals() {
+    let q = host_queries("a|b");
+    assert!(q.contains(&"ppa_vm_info".to_string()), "{q:?}");
+    assert!(q.iter().all(|e| !metric_names(e).is_empty()), "{q:?}");
+    let used: Vec<String> = q.iter().flat_map(|e| metric_names(e)).collect();
+    for family in [
+        // esxtop's columns per VM.
+        "ppa_vcpu_used_seconds_total",
+        "ppa_vcpu_guest_seconds_total",
+        "ppa_vcpu_steal_seconds_total",
+        "ppa_vcpu_limited_seconds_total",
+        "ppa_vcpu_halted_seconds_total",
+        "ppa_vcpu_idle_seconds_total",
+        // Pressure.
+        "ppa_vm_pressure_some_seconds_total",
+        "ppa_vm_pressure_full_seconds_total",
+        "ppa_vm_pressure_avg_ratio",
+        // Device and service threads.
+        "ppa_vm_host_cpu_seconds_total",
+        "ppa_vmm_thread_cpu_seconds_total",
+        // Host totals.
+        "ppa_host_vms",
+        "ppa_host_vm_up",
+        "ppa_host_vcpus",
+        "ppa_host_vcpu_used_seconds",
+        "ppa_host_scrape_duration_seconds",
+    ] {
+        assert!(
+            used.iter().any(|u| u == family),
+            "{family} not on the board"
+        );
+    }
+    // Every per-VM breakdown follows the $vm selection.
+    for e in q.iter().filter(|e| e.contains("by (vm")) {
+        assert!(e.contains(r#"vm=~"a|b""#), "{e}");
+    }
+}
+
+#[test]
 fn prometheus_scrapes_per_vcpu_series() {
     common::require_kvm();
     let _g = common::serial();
     let tmp = common::vmm::temp_dir("prometheus");
     let dir = tmp.as_path();
-    let vmm_port = free_port();
+    let vmm_port = prom::free_port();
     let _vmm = Killed(
         Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
             .args(["run", "--vcpus", "2", "--workload", "mixed:ms=60000"])
@@ -233,16 +120,7 @@ fn prometheus_scrapes_per_vcpu_series() {
             .unwrap(),
     );
     // Our own endpoint first: status, content type, and content.
-    // Polled every 50 ms, given up after 600 attempts.
-    let (status, body) = (0..600)
-        .find_map(|_| {
-            let r = get(vmm_port, "/metrics");
-            if r.is_none() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            r
-        })
-        .expect("/metrics did not come up");
+    let (status, body) = prom::metrics_when_up(vmm_port);
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(
         body.contains("ppa_vcpu_used_seconds_total{vm=\"prom-test\",vcpu=\"1\"}"),
@@ -252,22 +130,11 @@ fn prometheus_scrapes_per_vcpu_series() {
     promtool_accepts(&body);
 
     // Every metric the dashboard uses is exported; a `_bucket` is a histogram's.
-    let (names, types) = exported(&body);
-    for expr in queries("prom-test") {
-        for name in metric_names(&expr) {
-            assert!(
-                names.contains(&name),
-                "the dashboard uses {name}, which /metrics does not export (in {expr})"
-            );
-            if let Some(family) = name.strip_suffix("_bucket") {
-                assert_eq!(
-                    types.get(family).map(String::as_str),
-                    Some("histogram"),
-                    "{name} in {expr}"
-                );
-            }
-        }
-    }
+    prom::assert_dashboard_uses_only_exported(
+        "docs/grafana-dashboard.json",
+        &queries("prom-test"),
+        &body,
+    );
 
     // A flood of scrapes is served from the render cache: at most one render per 100 ms.
     let t0 = Instant::now();
@@ -309,43 +176,10 @@ fn prometheus_scrapes_per_vcpu_series() {
         "{renders} renders for {served} scrapes: the cache served none"
     );
 
-    let prom_port = free_port();
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: ppa\n    static_configs:\n      - targets: ['127.0.0.1:{vmm_port}']\n"
-        ),
-    )
-    .unwrap();
-    let _prom = Killed(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("the Prometheus server is needed (Debian package prometheus; scripts/setup.sh installs it): {e}")
-            }),
-    );
-    let query = |q: &str| -> Option<Value> {
-        let (_, body) = get(prom_port, &format!("/api/v1/query?query={}", url_encode(q)))?;
-        serde_json::from_str::<Value>(&body).ok()
-    };
-    // Polled every 250 ms, given up after 240 attempts (Prometheus scrapes every second).
-    let series = (0..240)
-        .find_map(|_| {
-            let result = query(r#"ppa_vcpu_used_seconds_total{vm="prom-test"}"#)
-                .and_then(|v| v["data"]["result"].as_array().cloned())
-                .filter(|r| r.len() == 2);
-            if result.is_none() {
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            result
-        })
-        .expect("Prometheus did not return two per-vCPU series");
+    let prometheus = Prometheus::start(dir, &[vmm_port]);
+    let series = prometheus.result_when(r#"ppa_vcpu_used_seconds_total{vm="prom-test"}"#, |r| {
+        r.len() == 2
+    });
     let mut vcpus: Vec<String> = series
         .iter()
         .map(|s| s["metric"]["vcpu"].as_str().unwrap().to_string())
@@ -359,20 +193,116 @@ fn prometheus_scrapes_per_vcpu_series() {
     }
 
     // Every dashboard expression parses and returns data once rates have two scrapes.
-    // Polled every 500 ms, given up after 120 attempts.
-    for expr in queries("prom-test") {
-        let mut last = Value::Null;
-        let found = (0..120).any(|_| {
-            last = query(&expr).unwrap_or(Value::Null);
-            assert_ne!(last["status"], "error", "{expr}: {last}");
-            let some = last["data"]["result"]
-                .as_array()
-                .is_some_and(|r| !r.is_empty());
-            if !some {
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            some
-        });
-        assert!(found, "no data for the dashboard's {expr}: {last}");
+    prometheus.assert_each_returns_data("docs/grafana-dashboard.json", &queries("prom-test"));
+}
+
+/// A tiny VM named `name` registered in the run directory `dir`, its socket up.
+fn start_in(dir: &std::path::Path, name: &str, args: &[&str]) -> Killed {
+    let child = Command::new(bin())
+        .args([
+            "run",
+            "--guest",
+            "tiny",
+            "--memory-mib",
+            "16",
+            "--prefault",
+            "false",
+        ])
+        .args(["--report", "none", "--max-runtime", "60", "--name", name])
+        .args(args)
+        .arg("--run-dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let vm = Killed(child);
+    drop(connect_when_up(&dir.join(format!("{name}.sock"))));
+    vm
+}
+
+/// The sorted (label `by`, label `id`) pairs of an instant query's result.
+fn label_pairs(result: &[serde_json::Value], by: &str, id: &str) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = result
+        .iter()
+        .map(|s| {
+            let l = |k: &str| s["metric"][k].as_str().unwrap_or("").to_string();
+            (l(by), l(id))
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+#[test]
+fn prometheus_scrapes_every_vm_of_host_serve() {
+    common::require_kvm();
+    let _g = common::serial();
+    let tmp = temp_dir("host-prometheus");
+    let run = tmp.as_path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    // a: two busy vCPUs held to half a CPU (steal, limited time, full pressure); b: one mixed.
+    let _a = start_in(
+        &run,
+        "a",
+        &[
+            "--vcpus",
+            "2",
+            "--workload",
+            "busy:ms=60000",
+            "--cpu-limit",
+            "50%",
+        ],
+    );
+    let _b = start_in(&run, "b", &["--vcpus", "1", "--workload", "mixed:ms=60000"]);
+    let port = prom::free_port();
+    let _serve = Killed(
+        Command::new(bin())
+            .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
+            .arg(&run)
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (status, text) = prom::metrics_when_up(port);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    promtool_accepts(&text);
+    for (vm, vcpu) in [("a", 0), ("a", 1), ("b", 0)] {
+        let series = format!("ppa_vcpu_used_seconds_total{{vm=\"{vm}\",vcpu=\"{vcpu}\"}} ");
+        assert!(text.contains(&series), "{series} missing:\n{text}");
     }
+    assert!(text.contains("ppa_host_vms 2\n"), "{text}");
+    prom::assert_dashboard_uses_only_exported(
+        "docs/grafana-host-dashboard.json",
+        &host_queries("a|b"),
+        &text,
+    );
+
+    let prometheus = Prometheus::start(tmp.as_path(), &[port]);
+    let vcpus: [(String, String); 3] =
+        [("a", "0"), ("a", "1"), ("b", "0")].map(|(v, i)| (v.into(), i.into()));
+    let used = prometheus.result_when("ppa_vcpu_used_seconds_total", |r| r.len() == 3);
+    assert_eq!(label_pairs(&used, "vm", "vcpu"), vcpus);
+    for s in &used {
+        assert_eq!(s["metric"]["job"], "ppa");
+        let v: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
+        assert!(v > 0.0, "a vCPU that ran has used time: {s}");
+    }
+    // The compat families, one series per vCPU, under their own tools' labels.
+    for (family, by, id) in [
+        ("kubevirt_vmi_vcpu_seconds_total", "name", "id"),
+        ("kubevirt_vmi_vcpu_delay_seconds_total", "name", "id"),
+        ("libvirt_domain_vcpu_time_seconds_total", "domain", "vcpu"),
+        ("libvirt_domain_vcpu_delay_seconds_total", "domain", "vcpu"),
+    ] {
+        let r = prometheus.result_when(family, |r| r.len() == 3);
+        assert_eq!(label_pairs(&r, by, id), vcpus, "{family}");
+    }
+    // a's limit stalls both its busy vCPUs at once: full pressure accrues.
+    prometheus.result_when(r#"ppa_vm_pressure_full_seconds_total{vm="a"} > 0"#, |r| {
+        r.len() == 1
+    });
+    prometheus.assert_each_returns_data("docs/grafana-host-dashboard.json", &host_queries("a|b"));
 }

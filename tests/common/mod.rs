@@ -5,6 +5,7 @@
 pub mod limits;
 pub mod netns;
 pub mod page;
+pub mod prom;
 pub mod vmm;
 
 use std::sync::{Mutex, MutexGuard};
