@@ -241,23 +241,7 @@ impl SwitchRing {
             clockid: libc::CLOCK_MONOTONIC,
             ..Default::default()
         };
-        // SAFETY: `attr` is a valid perf_event_attr whose `size` field says how much the
-        // kernel may read; pid 0 / cpu -1 is the calling thread on any CPU; no group fd.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const PerfEventAttr,
-                0,
-                -1,
-                -1,
-                PERF_FLAG_FD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the syscall returned a new file descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = open_on_self(&attr)?;
         let pages: &[usize] = match trace {
             Some(t) if t.any() => &TRACE_DATA_PAGES,
             _ => &DATA_PAGES,
@@ -457,6 +441,27 @@ fn map(fd: &OwnedFd, pages: usize, layout: Layout) -> io::Result<RingView> {
         view.data_size = size;
     }
     Ok(view)
+}
+
+/// Opens the perf event `attr` on the calling thread (any CPU, no group), close-on-exec.
+pub(super) fn open_on_self(attr: &PerfEventAttr) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a valid perf_event_attr whose `size` field says how much the kernel
+    // may read; pid 0 / cpu -1 is the calling thread on any CPU; no group fd.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            0,
+            -1,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

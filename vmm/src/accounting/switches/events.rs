@@ -12,11 +12,11 @@
 //! that the reports carry beside the null figure.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::pairing::{EventKind, Layout};
-use super::{PerfEventAttr, PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE, PERF_FLAG_FD_CLOEXEC};
+use super::{PerfEventAttr, PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE};
 
 const PERF_TYPE_TRACEPOINT: u32 = 2;
 const PERF_SAMPLE_TIME: u64 = 1 << 2;
@@ -313,26 +313,10 @@ fn open_one(
         clockid: libc::CLOCK_MONOTONIC,
         ..Default::default()
     };
-    // SAFETY: `attr` is a valid perf_event_attr whose `size` says how much the kernel may
-    // read; pid 0 / cpu -1 is the calling thread on any CPU; no group fd.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            0,
-            -1,
-            -1,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(TraceError::Open {
-            event: e.name,
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: the syscall returned a new file descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let fd = super::open_on_self(&attr).map_err(|source| TraceError::Open {
+        event: e.name,
+        source,
+    })?;
     // SAFETY: SET_OUTPUT takes the fd of the event whose ring receives the records; both are
     // this thread's own events, alive for the call.
     let r = unsafe {
