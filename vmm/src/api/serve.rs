@@ -1,11 +1,12 @@
 //! The `api` thread's event-loop subscriber: every client connection, from accept to close.
 //!
 //! Data flow: epoll reports a listener (accept: check the peer's uid with SO_PEERCRED on the
-//! control socket, apply the listener's cap, register), a connection (read → [`LineBuffer`]
-//! → complete lines → [`Handler`] → [`OutQueue`] → write as the socket allows), the
-//! [`EventHub`]'s eventfd (events from the run loop, queued for subscribers), the threshold
-//! timer (growth of the threshold counters, as events), the sweep timer (time limits), the
-//! kick eventfd (connections with requests left over from their turn) and the stop eventfd.
+//! control socket, apply the listener's cap, register), a connection ([`Conn`], in
+//! `client.rs`: read → `LineBuffer` → complete lines → [`Handler`] → `OutQueue` → write as
+//! the socket allows), the [`EventHub`]'s eventfd (events from the run loop, queued for
+//! subscribers), the threshold timer (growth of the threshold counters, as events), the sweep
+//! timer (time limits), the kick eventfd (connections with requests left over from their
+//! turn) and the stop eventfd.
 //!
 //! Fairness: a connection's turn is at most [`REQUESTS_PER_TURN`] answers and [`TURN_NS`]
 //! of work; what is left waits in the ready list for its next turn, after every other ready
@@ -20,10 +21,10 @@
 //! counted in [`ListenerStats`].
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io;
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,18 +33,19 @@ use ppa_vmm_api::{ErrorBody, ErrorKind, Event, EventKind, Response, MAX_REQUEST_
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::conn::{LineBuffer, Next, OutQueue};
+use super::conn::Next;
 use super::handler::{kind_bit, Handler, Outcome, STATS_TAIL};
-use super::http::{http_head, http_reply, http_response, Head, MAX_HTTP_HEAD};
+use super::http::{http_head, http_reply, http_response, Head};
 use super::listen::{
-    ChangeBudget, ClientLimits, DropReason, FdReserve, Listener, ListenerStats, WorkBudget,
-    CLIENT_OUT_PAUSE, EVENT_QUEUE_BYTES, REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
+    ClientLimits, DropReason, FdReserve, Listener, ListenerStats, EVENT_QUEUE_BYTES,
+    REQUESTS_PER_TURN, ROUND_NS, TURN_NS,
 };
 use crate::accounting::{PerThreshold, Threshold};
 use crate::event_hub::EventHub;
 use crate::pressure::trigger::Trigger;
 use crate::sync::now_ns;
 use crate::sync::Counter;
+use client::{Conn, Stream};
 
 pub(super) const TOKEN_API: u32 = 0;
 pub(super) const TOKEN_HTTP: u32 = 1;
@@ -56,187 +58,6 @@ pub(super) const TOKEN_REST: u32 = 7;
 const FIRST_CONN: u32 = 16;
 /// Connections accepted per listener wake-up; epoll reports the rest.
 const ACCEPTS_PER_WAKE: usize = 64;
-
-enum Stream {
-    Api(UnixStream),
-    Http(TcpStream),
-}
-
-impl Stream {
-    fn fd(&self) -> RawFd {
-        match self {
-            Stream::Api(s) => s.as_raw_fd(),
-            Stream::Http(s) => s.as_raw_fd(),
-        }
-    }
-
-    fn listener(&self) -> Listener {
-        match self {
-            Stream::Api(_) => Listener::Api,
-            Stream::Http(_) => Listener::Http,
-        }
-    }
-
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let r = match self {
-                Stream::Api(s) => s.read(buf),
-                Stream::Http(s) => s.read(buf),
-            };
-            match r {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => return r,
-            }
-        }
-    }
-
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Api(s) => s.write(buf),
-            Stream::Http(s) => s.write(buf),
-        }
-    }
-
-    fn write_parts(&mut self, parts: [&[u8]; 3]) -> io::Result<usize> {
-        let io = parts.map(io::IoSlice::new);
-        match self {
-            Stream::Api(s) => s.write_vectored(&io),
-            Stream::Http(s) => s.write_vectored(&io),
-        }
-    }
-}
-
-struct Conn {
-    stream: Stream,
-    /// The peer's uid (control socket; `u32::MAX` for HTTP).
-    uid: u32,
-    input: LineBuffer,
-    out: OutQueue,
-    /// Subscribed event kinds (bit per kind).
-    mask: u8,
-    /// The pressure trigger, checked with the threshold timer.
-    trigger: Option<Trigger>,
-    /// Close once `out` is written (an HTTP answer, or the server stopping).
-    closing: bool,
-    /// The peer sent all it will send; close once its requests are answered and written.
-    eof: bool,
-    /// The interest currently registered.
-    interest: EventSet,
-    /// When it was accepted.
-    since: u64,
-    /// The last byte read or written.
-    active_at: u64,
-    /// When its last request was answered (at accept: the accept).
-    request_at: u64,
-    /// Since when a request has been begun and not finished.
-    partial_since: Option<u64>,
-    /// Since when answers have waited without the client taking any.
-    stalled_since: Option<u64>,
-    /// In the ready list.
-    ready: bool,
-    /// What is left of its state-changing requests.
-    changes: ChangeBudget,
-    /// Its share of the thread's time.
-    work: WorkBudget,
-    /// Past its share: neither read nor answered until then.
-    resting_until: Option<u64>,
-    /// A request taken from `input` and not run yet (its state change waits for the budget).
-    held: Option<Vec<u8>>,
-}
-
-impl Conn {
-    /// Sends a response line: written to the socket at once as far as it takes it when
-    /// nothing is queued before it, the rest queued. A 20 KB `stats` answer then goes from its
-    /// string to the socket without a copy through the queue (and the queue's allocation of
-    /// it, given back after each answer); an error is left for the next flush to find.
-    fn send(&mut self, line: &str) {
-        self.send_parts([line.as_bytes(), &[], &[]]);
-    }
-
-    /// [`Conn::send`] of a line made of three parts, written with one `writev`.
-    fn send_parts(&mut self, parts: [&[u8]; 3]) {
-        let mut written = if self.out.is_empty() && !self.closing {
-            match self.stream.write_parts(parts) {
-                Ok(n) => {
-                    self.active_at = now_ns();
-                    n
-                }
-                Err(_) => 0,
-            }
-        } else {
-            0
-        };
-        for p in parts {
-            let taken = written.min(p.len());
-            self.out.push_bytes(&p[taken..]);
-            written -= taken;
-        }
-    }
-
-    fn new(stream: Stream, uid: u32, interest: EventSet, now: u64) -> Self {
-        Conn {
-            stream,
-            uid,
-            input: LineBuffer::default(),
-            out: OutQueue::default(),
-            mask: 0,
-            trigger: None,
-            closing: false,
-            eof: false,
-            interest,
-            since: now,
-            active_at: now,
-            request_at: now,
-            partial_since: None,
-            stalled_since: None,
-            ready: false,
-            changes: ChangeBudget::default(),
-            work: WorkBudget::default(),
-            resting_until: None,
-            held: None,
-        }
-    }
-
-    fn is_http(&self) -> bool {
-        matches!(self.stream, Stream::Http(_))
-    }
-
-    /// Nothing in flight (no input, no output queued) and no subscription.
-    fn is_quiet(&self) -> bool {
-        self.mask == 0 && self.out.is_empty() && self.input.is_empty() && self.held.is_none()
-    }
-
-    /// Whether the server reads this connection's socket now: it is waiting for bytes to
-    /// complete a request, and the client has read its answers.
-    fn wants_input(&self) -> bool {
-        if self.closing || self.eof || self.resting_until.is_some() {
-            return false;
-        }
-        if self.is_http() {
-            return self.input.len() <= MAX_HTTP_HEAD;
-        }
-        self.out.len() <= CLIENT_OUT_PAUSE && !self.input.has_line() && self.held.is_none()
-    }
-
-    /// Whether complete requests wait and may be answered now.
-    fn can_answer(&self) -> bool {
-        !self.closing
-            && self.resting_until.is_none()
-            && !self.is_http()
-            && self.out.len() <= CLIENT_OUT_PAUSE
-            && (self.input.has_line() || self.held.is_some())
-    }
-
-    /// The largest read that keeps the input within what the protocol needs to see.
-    fn read_room(&self) -> usize {
-        let limit = if self.is_http() {
-            MAX_HTTP_HEAD
-        } else {
-            MAX_REQUEST_BYTES
-        };
-        (limit + 1).saturating_sub(self.input.len()).max(1)
-    }
-}
 
 /// The answer to a line that passed the limit without a newline after `n` bytes.
 fn too_long(n: usize) -> String {
@@ -864,5 +685,6 @@ impl MutEventSubscriber for Serve {
 }
 
 mod accept;
+mod client;
 #[cfg(test)]
 mod tests;
