@@ -95,8 +95,10 @@ fn parse_request_line(line: &str) -> RequestLine<'_> {
     }
     let path_and_query = if target.starts_with('/') {
         target
-    } else if target.len() > 7 && target[..7].eq_ignore_ascii_case("http://") {
-        // Absolute form: the authority, then the path (empty means `/`).
+    } else if target.len() > 7 && target.as_bytes()[..7].eq_ignore_ascii_case(b"http://") {
+        // Absolute form: the authority, then the path (empty means `/`). Compared as bytes: a
+        // target may have a multi-byte character across byte 7, and the 7 bytes matched are
+        // ASCII, so byte 7 is then a character boundary.
         let rest = &target[7..];
         rest.find('/').map_or("/", |i| &rest[i..])
     } else {
@@ -189,6 +191,8 @@ mod tests {
             );
         }
         assert!(http_reply("GET http://host HTTP/1.1", &mut h).starts_with("HTTP/1.1 404"));
+        // A multi-byte character across byte 7 of the target (the fuzzer's find: it panicked).
+        assert!(http_reply("GET ÿÿÿÿ/metrics HTTP/1.1", &mut h).starts_with("HTTP/1.1 404"));
         for line in [
             "GET /metrics",
             "GET /metrics HTTP/1.1 extra",
