@@ -491,6 +491,7 @@ fn times() -> VcpuTimes {
         split_source: SplitSource::Records,
         records_lost: 1,
         records_preempted_ns: 0,
+        records_on_cpu_ns: None,
         identity_error_ns: s.identity_error_ns(),
         state: VcpuMicroState::Limited,
         exits: [("hlt".to_string(), 5), ("io_out".to_string(), 0)].into(),
@@ -524,7 +525,7 @@ fn vcpu_figures_keep_their_json() {
          \"kvm_ns\":15000,\"interrupted_ns\":5000,\"kvm_ns_estimate\":3,\"guest_code_ns_estimate\":4,\"parks\":2,\
          \"vmm_ns\":100000,\"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\
          \"limited_ns\":60000,\"paused_ns\":45000,\"blocked_ns\":3000,\"split\":\"mixed\",\
-         \"split_source\":\"records\",\"records_lost\":1,\"records_preempted_ns\":0,\"identity_error_ns\":2000,\
+         \"split_source\":\"records\",\"records_lost\":1,\"records_preempted_ns\":0,\"records_on_cpu_ns\":null,\"identity_error_ns\":2000,\
          \"state\":\"limited\",\"exits\":{\"hlt\":5,\"io_out\":0},\"exit_ns\":{},\
          \"kvm_ns_reason\":null,\"interrupted_reason\":null,\"kvm_exits\":{\"npf\":7},\
          \"kvm_exit_ns\":{\"npf\":700},\"kvm_exits_to_user\":5,\"interrupts\":{\"local_timer\":2},\

@@ -238,6 +238,12 @@ pub struct VcpuTimes {
     /// off-CPU episodes): a cross-check of steal_ns from an independent source (steal_ns also
     /// holds the wake-up wait after a sleep and the run-queue wait around parks).
     pub records_preempted_ns: u64,
+    /// Time on a CPU outside parks as the vCPU thread measured it per interval at level full
+    /// (each interval's wall time less the records' off-CPU episodes): a cross-check of
+    /// used_ns less the parks' CPU from an independent source. Null unless every interval of
+    /// the window was measured so (level full throughout, no record lost).
+    #[serde(default)]
+    pub records_on_cpu_ns: Option<u64>,
     /// wall − (used + steal + halted + idle + limited + paused + blocked).
     pub identity_error_ns: i64,
     /// Micro-state at the time of reading: guest, vmm, idle, limited, paused, or finished.

@@ -129,6 +129,7 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         split_source: SplitSource::Records,
         records_lost: 0,
         records_preempted_ns: 0,
+        records_on_cpu_ns: None,
         identity_error_ns: 0,
         state: VcpuMicroState::Guest,
         exits: exits.iter().map(|(r, c)| (r.to_string(), *c)).collect(),

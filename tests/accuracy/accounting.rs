@@ -111,6 +111,19 @@ fn four_busy_vcpus_at(level: Level) {
                 t.steal_ns,
                 t.wall_ns
             );
+            // And of its time on a CPU: the thread CPU clock (used_ns, the split's) and the
+            // records' per-interval wall time less their off-CPU episodes.
+            let on = t.used_ns - t.park_cpu_ns;
+            let records = t
+                .records_on_cpu_ns
+                .expect("records_on_cpu_ns at level full");
+            assert!(
+                records.abs_diff(on) <= t.wall_ns / 100,
+                "vCPU {}: the records saw {records} ns on a CPU, the clock {on} ns, over 1 % \
+                 of wall {}",
+                t.id,
+                t.wall_ns
+            );
         }
         assert!(
             pct(t.steal_ns, t.wall_ns) >= 30.0,

@@ -83,6 +83,7 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         split_source: SplitSource::None,
         records_lost: 0,
         records_preempted_ns: 0,
+        records_on_cpu_ns: None,
         identity_error_ns: if id == 0 { -150_000 } else { 1 },
         state: if id == 0 {
             VcpuMicroState::Guest

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::super::meter::{MeterReading, MicroState, ParkKind, PerLevel};
 use super::super::{Level, Threshold};
 use super::kernel::{self, KernelFigures};
-use super::off_cpu::{cur_kvm_stat, off_cpu_split, OffCpuInputs};
+use super::off_cpu::{cur_kvm_stat, off_cpu_split, records_on_cpu, OffCpuInputs};
 use super::{sub_arr, sub_vec, HistSnapshots, HostCpu, Kernel, RawSample, VcpuTimes};
 use crate::accounting::ExitReason;
 use crate::hypervisor::stats::{KnownStat, StatKind, VcpuStats};
@@ -73,7 +73,6 @@ impl Since<'_> {
             cur,
             base: b,
             levels: *levels.values(),
-            records_lost: m.records_lost.saturating_sub(bm.records_lost),
             used,
             steal,
             halt_wait: self.kvm_stat(KnownStat::HaltWaitNs).unwrap_or(0),
@@ -247,6 +246,12 @@ pub fn derive(
         split_source,
         records_lost: m.records_lost.saturating_sub(bm.records_lost),
         records_preempted_ns: m.records_preempted.saturating_sub(bm.records_preempted),
+        records_on_cpu_ns: records_on_cpu(
+            cur,
+            b,
+            *levels.values(),
+            m.records_lost.saturating_sub(bm.records_lost),
+        ),
         identity_error_ns: time.identity_error_ns(),
         state: m.micro_state().into(),
         exits,
