@@ -1,5 +1,5 @@
 //! Writing a sample into the guest section with the sequence protocol of
-//! `ppa_guest_abi::ppa_page` (layout 1.1).
+//! `ppa_guest_abi::ppa_page` (the guest section: layout 1.1 and later).
 //!
 //! The agent's layout of the guest section (offsets from its start):
 //!
