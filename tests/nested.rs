@@ -103,9 +103,11 @@ fn count(v: &Value, path: &[&str]) -> u64 {
 
 /// At level full on SVM, KVM's tracepoints split every KVM_RUN: KVM's in-kernel exits by
 /// reason with the userspace exits that came from a VM exit make up KVM's `exits` statistic
-/// exactly, kvm_ns is measured, and the run's on-CPU time inside KVM_RUN is guest + kvm + the
-/// interrupts taken there.
-fn assert_kvm_split(v: &Value) {
+/// exactly, kvm_ns is measured, and the records' time on a CPU agrees with the clock's; with
+/// `strict`, the run's on-CPU time inside KVM_RUN is guest + kvm + the interrupts taken there
+/// within the identity's tolerance (vCPUs that run long enough for the clocks' difference at
+/// context switches to stay inside it).
+fn assert_kvm_split(v: &Value, strict: bool) {
     let id = &v["id"];
     let n = |k: &str| {
         v[k].as_u64()
@@ -160,6 +162,18 @@ fn assert_kvm_split(v: &Value) {
         "vCPU {id}: the records saw {records} ns on a CPU, the clock {on} (tolerance {tol})"
     );
     let parts = guest + kvm + irq;
+    if strict {
+        // Issue 25's bar for the Linux guest: guest + kvm + interrupted is the time on a CPU
+        // inside KVM_RUN within the identity's own tolerance (interrupts outside KVM_RUN are in
+        // interrupted_ns too). Its vCPUs run for seconds, so the clocks' difference at switches
+        // (0.2-0.6 % of on-CPU time here) stays inside it.
+        let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(wall, true);
+        assert!(
+            parts + tol >= in_run && parts <= in_run + irq + tol,
+            "vCPU {id}: guest {guest} + kvm {kvm} + interrupted {irq} against {in_run} on a \
+             CPU inside KVM_RUN (tolerance {tol})"
+        );
+    }
     eprintln!(
         "vCPU {id}: guest {guest} kvm {kvm} interrupted {irq} ns, {} ns more than the records \
          saw inside KVM_RUN; clock - records {} ns; in-kernel exits {}; interrupts {}",
@@ -199,7 +213,7 @@ fn exits_workloads_make_exactly_n_mmio_and_pio_exits_on_svm() {
     assert_eq!(vcpus.len(), 4);
     for v in vcpus {
         assert_eq!(v["exit_code"], 0, "vCPU {} ended {}", v["id"], v["end"]);
-        assert_kvm_split(v);
+        assert_kvm_split(v, false);
     }
     // Each CPUID was one in-kernel exit, exactly, and none reached the VMM.
     let c = &vcpus[3];
@@ -466,7 +480,7 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
         );
         // KVM's tracepoints split every KVM_RUN of a Linux guest too: its in-kernel exits by
         // reason, kvm_ns, the interrupts (and the identity below holds with them).
-        assert_kvm_split(v);
+        assert_kvm_split(v, true);
         // A Linux guest halts in the kernel (in-kernel irqchip) and its exits are mostly
         // handled there: both show in KVM's statistics.
         assert!(n("halted_ns") > 0, "vCPU {i} never halted: {v}");
