@@ -1,5 +1,6 @@
-//! Tiny-guest image loading: a strict ELF64 parser that checks every PT_LOAD against the part
-//! of guest memory the tiny layout leaves for the image.
+//! Tiny-guest image loading: a strict ELF64 parser (linux-loader's ELF header types and
+//! constants) that checks every PT_LOAD against the part of guest memory the tiny layout
+//! leaves for the image.
 //!
 //! Data flow: the image bytes (embedded tiny guest or a `--tiny-image` file) go to
 //! [`parse_elf`] with the window of guest memory the image may occupy; it returns the entry
@@ -9,7 +10,12 @@
 
 use std::ops::Range;
 
+use linux_loader::elf::{
+    Elf64_Ehdr, Elf64_Phdr, EI_CLASS, EI_DATA, ELFCLASS64, ELFDATA2LSB, ELFMAG, EM_X86_64, ET_EXEC,
+    PT_LOAD,
+};
 use thiserror::Error;
+use vm_memory::ByteValued;
 
 /// Why an image cannot be loaded.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
@@ -93,18 +99,13 @@ pub struct Image {
     pub segments: Vec<Segment>,
 }
 
-const PT_LOAD: u32 = 1;
-const EM_X86_64: u16 = 62;
-const ET_EXEC: u16 = 2;
-
-fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
-}
-fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
-}
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+/// A `T` read from `bytes` at `off`, as the file stores it (little-endian, the host's order on
+/// x86_64; no alignment needed), or None where it does not fit.
+fn read_at<T: ByteValued + Default>(bytes: &[u8], off: usize) -> Option<T> {
+    let src = bytes.get(off..off.checked_add(std::mem::size_of::<T>())?)?;
+    let mut v = T::default();
+    v.as_mut_slice().copy_from_slice(src);
+    Some(v)
 }
 
 /// Program header `index` (`ph`) as a segment to load, None when it is not a PT_LOAD with
@@ -116,13 +117,11 @@ fn load_segment(
     window: &Range<u64>,
 ) -> Result<Option<Segment>, LoaderError> {
     let bad = LoaderError::BadSegment { index };
-    if u32_at(ph, 0).ok_or(LoaderError::BadProgramHeaders)? != PT_LOAD {
+    let h: Elf64_Phdr = read_at(ph, 0).ok_or(LoaderError::BadProgramHeaders)?;
+    if h.p_type != PT_LOAD {
         return Ok(None);
     }
-    let offset = u64_at(ph, 8).ok_or(LoaderError::BadProgramHeaders)?;
-    let paddr = u64_at(ph, 24).ok_or(LoaderError::BadProgramHeaders)?;
-    let filesz = u64_at(ph, 32).ok_or(LoaderError::BadProgramHeaders)?;
-    let memsz = u64_at(ph, 40).ok_or(LoaderError::BadProgramHeaders)?;
+    let (offset, paddr, filesz, memsz) = (h.p_offset, h.p_paddr, h.p_filesz, h.p_memsz);
     if memsz == 0 {
         return Ok(None);
     }
@@ -164,27 +163,26 @@ pub fn parse_elf(bytes: &[u8], window: Range<u64>) -> Result<Image, LoaderError>
     if crate::payload::linux::looks_like_bzimage(bytes) {
         return Err(LoaderError::LinuxKernel);
     }
-    if bytes.len() < 64 || &bytes[0..4] != b"\x7fELF" {
-        return Err(LoaderError::NotElf);
-    }
-    if bytes[4] != 2 {
+    let h: Elf64_Ehdr = match read_at(bytes, 0) {
+        Some(h) if bytes.starts_with(ELFMAG) => h,
+        _ => return Err(LoaderError::NotElf),
+    };
+    if h.e_ident[EI_CLASS] != ELFCLASS64 {
         return Err(LoaderError::WrongKind("not 64-bit"));
     }
-    if bytes[5] != 1 {
+    if h.e_ident[EI_DATA] != ELFDATA2LSB {
         return Err(LoaderError::WrongKind("not little-endian"));
     }
-    let field16 = |off| u16_at(bytes, off).ok_or(LoaderError::NotElf);
-    if field16(0x12)? != EM_X86_64 {
+    if h.e_machine != EM_X86_64 {
         return Err(LoaderError::WrongKind("not x86_64"));
     }
-    if field16(0x10)? != ET_EXEC {
+    if h.e_type != ET_EXEC {
         return Err(LoaderError::WrongKind("not a static executable (ET_EXEC)"));
     }
-    let entry = u64_at(bytes, 0x18).ok_or(LoaderError::NotElf)?;
-    let phoff = u64_at(bytes, 0x20).ok_or(LoaderError::NotElf)?;
-    let phentsize = usize::from(field16(0x36)?);
-    let phnum = usize::from(field16(0x38)?);
-    if phentsize < 56 {
+    let (entry, phoff) = (h.e_entry, h.e_phoff);
+    let phentsize = usize::from(h.e_phentsize);
+    let phnum = usize::from(h.e_phnum);
+    if phentsize < std::mem::size_of::<Elf64_Phdr>() {
         return Err(LoaderError::BadProgramHeaders);
     }
     let table_end = usize::try_from(phoff)
