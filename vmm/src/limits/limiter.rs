@@ -181,12 +181,11 @@ impl Entity {
 
     /// Members' kick-timer (stops, re-arms) for this limit now.
     fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<(u64, u64)> {
-        let slot = self.kind.slot();
         self.members
             .iter()
             .map(|&i| {
                 let t = &vcpus[i].kick_timer;
-                (t.stops(slot), t.rearms(slot))
+                (t.stops(self.kind), t.rearms(self.kind))
             })
             .collect()
     }
@@ -482,7 +481,7 @@ impl Limiter {
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             if e.stopped[k] {
-                self.vcpus[i].release(e.kind.bit());
+                self.vcpus[i].release(e.kind.into());
                 e.stopped[k] = false;
             }
             // A member its timer stopped that no look has adopted yet.
@@ -624,7 +623,7 @@ impl Limiter {
             match (e.stopped[k], d.stop[k]) {
                 (false, true) => {
                     // This thread's kick: every stop without a timer, else the fallback.
-                    self.vcpus[i].kick(e.kind.bit());
+                    self.vcpus[i].kick(e.kind.into());
                     self.vcpus[i].set_kick_deadline(e.kind, None);
                     e.limiter_kicks += 1;
                     e.stopped[k] = true;
@@ -633,7 +632,7 @@ impl Limiter {
                     newly.push(i);
                 }
                 (true, false) => {
-                    self.vcpus[i].release(e.kind.bit());
+                    self.vcpus[i].release(e.kind.into());
                     e.stopped[k] = false;
                     released = true;
                 }
@@ -680,7 +679,7 @@ impl Limiter {
     }
 
     /// Members their kick timer stopped since the last look: stopped by this limit from now
-    /// on, as if this thread had kicked them (request bit, figures, event).
+    /// on, as if this thread had kicked them (its request, figures, event).
     fn adopt_holds(&self, e: &mut Entity, now: u64) {
         if !self.timers {
             return;
@@ -734,7 +733,7 @@ impl Limiter {
                     self.clear_deadlines(e);
                     for (k, &i) in e.members.iter().enumerate() {
                         if e.stopped[k] {
-                            self.vcpus[i].release(e.kind.bit());
+                            self.vcpus[i].release(e.kind.into());
                             e.stopped[k] = false;
                         }
                     }

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{VcpuShared, VcpuState, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{Requests, VcpuShared, VcpuState};
 use crate::accounting::host::thread_cpu_ns;
 use crate::accounting::meter::{MicroState, ParkStamp, Recorder};
 use crate::hypervisor::Vcpu;
@@ -61,14 +61,16 @@ pub(super) fn park<V: Vcpu>(
     }
     let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
-        let requests = shared.requests.load(Ordering::Acquire);
+        let requests = shared.requests.load();
         let released = match kind {
-            MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
-            MicroState::Limited => {
-                (requests & REQ_LIMIT == 0 && !shared.kick_timer.holds())
-                    || requests & (REQ_STOP | REQ_PAUSE) != 0
+            MicroState::Paused => {
+                !requests.contains(Requests::PAUSE) || requests.contains(Requests::STOP)
             }
-            _ => requests & (REQ_STOP | REQ_PAUSE) != 0,
+            MicroState::Limited => {
+                (!requests.intersects(Requests::LIMIT) && !shared.kick_timer.holds())
+                    || requests.intersects(Requests::STOP | Requests::PAUSE)
+            }
+            _ => requests.intersects(Requests::STOP | Requests::PAUSE),
         };
         if released {
             break shared.acct.meter.released_at.load(Ordering::Acquire);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
-use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{LastExit, Requests, VcpuEnd, VcpuShared, VcpuState, VcpuThread};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
 };
@@ -151,15 +151,15 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
         v.vcpu.clear_kick();
-        let requests = shared.requests.load(Ordering::Acquire);
-        if requests & REQ_STOP != 0 {
+        let requests = shared.requests.load();
+        if requests.contains(Requests::STOP) {
             break VcpuEnd::Stopped;
         }
-        if requests & REQ_PAUSE != 0 {
+        if requests.contains(Requests::PAUSE) {
             park(&v.vcpu, &shared, rec, MicroState::Paused, None);
             continue;
         }
-        if requests & REQ_LIMIT != 0 {
+        if requests.intersects(Requests::LIMIT) {
             park(&v.vcpu, &shared, rec, MicroState::Limited, None);
             continue;
         }

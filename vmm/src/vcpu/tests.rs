@@ -157,7 +157,7 @@ fn a_stop_request_kicks_a_vcpu_out_of_the_guest() {
         std::thread::yield_now();
     }
     std::thread::sleep(Duration::from_millis(20));
-    r.shared.kick(REQ_STOP);
+    r.shared.kick(Requests::STOP);
     let r = r.finish();
     assert!(matches!(r.shared.end(), Some(VcpuEnd::Stopped)));
     let (t, _) = r.shared.times();
@@ -176,7 +176,7 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
     }
     // A pause while parked: the idle park ends, the pause park begins; a resume lets the
     // vCPU go on to its exit doorbell. No kick may show up as an extra `intr` exit.
-    r.shared.kick(REQ_PAUSE);
+    r.shared.kick(Requests::PAUSE);
     while !(r.shared.state() == VcpuState::Parked && r.shared.times().0.parks >= 1) {
         std::thread::yield_now();
     }

@@ -24,7 +24,7 @@ use crate::limits::limiter::Limiter;
 use crate::report::{realtime_ns, Report, RunRecord};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
-use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_STOP};
+use crate::vcpu::{self, Requests, VcpuEnd, VcpuShared, VcpuState, VcpuThread};
 use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
@@ -54,7 +54,7 @@ struct Running {
 
 impl Running {
     fn stop_all(&self) {
-        self.shared.iter().for_each(|s| s.kick(REQ_STOP));
+        self.shared.iter().for_each(|s| s.kick(Requests::STOP));
     }
 
     /// Stops (if still running) and joins the vCPU threads, then the device threads, the
