@@ -5,7 +5,7 @@
 //! `hypervisor::Vcpu`: static dispatch, no lock around the vCPU). The thread binds the vCPU
 //! (so a kick can stop it) and loops ([`run`]): check its [`Requests`] → run the guest → hand the
 //! `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome: resume,
-//! park ([`park`]) for a device's `Park` request, a limit or a pause, or end. States:
+//! park ([`park`], as a `ParkKind`) for a device's `Park` request, a limit or a pause, or end. States:
 //! `Running` (in or around the guest), `Parked`, `Finished`. Everything other threads read
 //! lives in [`VcpuShared`] as atomics written by this thread alone (single writer, relaxed
 //! increments, no lock, no allocation on the exit path). When the loop ends the thread stores

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Requests, VcpuShared, VcpuState};
 use crate::accounting::host::thread_cpu_ns;
-use crate::accounting::meter::{MicroState, ParkStamp, Recorder};
+use crate::accounting::meter::{ParkKind, ParkStamp, Recorder};
 use crate::hypervisor::Vcpu;
 use crate::sync::{futex_wait, now_ns};
 
@@ -45,16 +45,16 @@ pub(super) fn park<V: Vcpu>(
     vcpu: &V,
     shared: &VcpuShared,
     rec: &mut Recorder,
-    kind: MicroState,
+    kind: ParkKind,
     deadline_ns: Option<u64>,
 ) {
     shared.set_state(VcpuState::Parked);
     let begin = consistent_stamp(shared);
-    if kind == MicroState::Limited {
+    if kind == ParkKind::Limited {
         shared.kick_timer.parked(begin.now);
     }
     rec.park_begin(kind, begin);
-    if matches!(kind, MicroState::Paused | MicroState::Limited) {
+    if matches!(kind, ParkKind::Paused | ParkKind::Limited) {
         // The guest did not ask for this stop: tell its paravirtual clock, so its watchdogs
         // do not report the parked time as a soft lockup.
         vcpu.pause_notify();
@@ -63,14 +63,14 @@ pub(super) fn park<V: Vcpu>(
         let seen = shared.wake.load(Ordering::Acquire);
         let requests = shared.requests.load();
         let released = match kind {
-            MicroState::Paused => {
+            ParkKind::Paused => {
                 !requests.contains(Requests::PAUSE) || requests.contains(Requests::STOP)
             }
-            MicroState::Limited => {
+            ParkKind::Limited => {
                 (!requests.intersects(Requests::LIMIT) && !shared.kick_timer.holds())
                     || requests.intersects(Requests::STOP | Requests::PAUSE)
             }
-            _ => requests.intersects(Requests::STOP | Requests::PAUSE),
+            ParkKind::Idle => requests.intersects(Requests::STOP | Requests::PAUSE),
         };
         if released {
             break shared.acct.meter.released_at.load(Ordering::Acquire);

@@ -18,7 +18,7 @@ use super::{LastExit, Requests, VcpuEnd, VcpuShared, VcpuState, VcpuThread};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
 };
-use crate::accounting::meter::{MicroState, ParkStamp, Recorder, Stamp};
+use crate::accounting::meter::{ParkKind, ParkStamp, Recorder, Stamp};
 use crate::accounting::snapshot::{FinalReadings, LiveSources};
 use crate::accounting::Level;
 use crate::devices::VcpuRequest;
@@ -156,17 +156,17 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             break VcpuEnd::Stopped;
         }
         if requests.contains(Requests::PAUSE) {
-            park(&v.vcpu, &shared, rec, MicroState::Paused, None);
+            park(&v.vcpu, &shared, rec, ParkKind::Paused, None);
             continue;
         }
         if requests.intersects(Requests::LIMIT) {
-            park(&v.vcpu, &shared, rec, MicroState::Limited, None);
+            park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
             continue;
         }
         match kick_timer.prepare(&shared) {
             Prepared::Enter => {}
             Prepared::Hold => {
-                park(&v.vcpu, &shared, rec, MicroState::Limited, None);
+                park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
                 continue;
             }
             Prepared::Again => continue,
@@ -207,7 +207,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         match outcome {
             Outcome::Resume => {}
             Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
-                park(&v.vcpu, &shared, rec, MicroState::Idle, deadline_ns);
+                park(&v.vcpu, &shared, rec, ParkKind::Idle, deadline_ns);
             }
             Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
             Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,
