@@ -34,7 +34,7 @@ use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{Deadline, LimitKind, TimerMode, VcpuShared, VcpuState};
+use crate::vcpu::{Deadline, LimitKind, ThreadState, TimerMode, VcpuShared};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
@@ -596,7 +596,7 @@ impl Limiter {
             let v = &self.vcpus[i];
             let used_ns = used_since(v, &mut e.base_cpu[k]);
             cpu.push(e.base_cpu[k].map(|b| b + used_ns));
-            let finished = v.state() == VcpuState::Finished || v.state() == VcpuState::Created;
+            let finished = v.state() == ThreadState::Finished || v.state() == ThreadState::Created;
             let state = v.acct.meter.read().micro_state();
             let demanding = !finished
                 && (e.stopped[k]
@@ -608,7 +608,7 @@ impl Limiter {
                 used_ns,
                 demanding,
                 stopped: e.stopped[k],
-                can_run: v.state() != VcpuState::Finished,
+                can_run: v.state() != ThreadState::Finished,
                 expected_ns: e.last_used[k],
             });
         }

@@ -3,13 +3,14 @@
 //! Data flow: the VM builder creates the hypervisor's vCPU and a [`VcpuShared`], then
 //! [`spawn`]s a thread named `vcpu<N>` that owns the vCPU ([`VcpuThread`], generic over
 //! `hypervisor::Vcpu`: static dispatch, no lock around the vCPU). The thread binds the vCPU
-//! (so a kick can stop it) and loops ([`run`]): check its [`Requests`] → run the guest → hand the
-//! `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome: resume,
-//! park ([`park`], as a `ParkKind`) for a device's `Park` request, a limit or a pause, or end. States:
-//! `Running` (in or around the guest), `Parked`, `Finished`. Everything other threads read
-//! lives in [`VcpuShared`] as atomics written by this thread alone (single writer, relaxed
-//! increments, no lock, no allocation on the exit path). When the loop ends the thread stores
-//! a [`VcpuEnd`] and tells the VM through a channel.
+//! (so a kick can stop it) and loops ([`run`]): check its [`Requests`] → run the guest → hand
+//! the `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome:
+//! resume, park ([`park`], as a `ParkKind`) for a device's `Park` request, a limit or a pause,
+//! or end. States (the protocol's [`ThreadState`]): `Running` (in or around the guest),
+//! `Parked`, `Finished`. Everything other threads read lives in [`VcpuShared`] as atomics
+//! written by this thread alone (single writer, relaxed increments, no lock, no allocation on
+//! the exit path). When the loop ends the thread stores a [`VcpuEnd`] and tells the VM through
+//! a channel.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
@@ -37,6 +38,7 @@ mod run;
 mod tests;
 
 pub use kick_timer::{signal_path, Deadline, KickDeadlines, TimerMode};
+pub use ppa_vmm_api::ThreadState;
 use requests::RequestWord;
 pub use requests::{LimitKind, Requests};
 
@@ -46,31 +48,6 @@ pub enum VcpuError {
     /// The thread could not be created.
     #[error("cannot start the thread of vCPU {0}")]
     Spawn(usize, #[source] std::io::Error),
-}
-
-/// Life-cycle state of a vCPU thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum VcpuState {
-    /// Created, thread not yet in its loop.
-    Created = 0,
-    /// In or around the guest.
-    Running = 1,
-    /// Parked by the VMM (idle, limited or paused).
-    Parked = 2,
-    /// The loop has ended.
-    Finished = 3,
-}
-
-impl VcpuState {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => VcpuState::Running,
-            2 => VcpuState::Parked,
-            3 => VcpuState::Finished,
-            _ => VcpuState::Created,
-        }
-    }
 }
 
 /// How a vCPU's loop ended.
@@ -201,7 +178,7 @@ impl VcpuShared {
         VcpuShared {
             id,
             tid: AtomicI32::new(0),
-            state: AtomicU8::new(VcpuState::Created as u8),
+            state: AtomicU8::new(ThreadState::Created.index() as u8),
             requests: RequestWord::default(),
             wake: AtomicU32::new(0),
             kicker: OnceLock::new(),
@@ -218,8 +195,12 @@ impl VcpuShared {
     }
 
     /// Current state.
-    pub fn state(&self) -> VcpuState {
-        VcpuState::from_u8(self.state.load(Ordering::Acquire))
+    pub fn state(&self) -> ThreadState {
+        let i = usize::from(self.state.load(Ordering::Acquire));
+        ThreadState::ALL
+            .get(i)
+            .copied()
+            .unwrap_or(ThreadState::Created)
     }
 
     /// How the loop ended, once it has.
@@ -236,7 +217,7 @@ impl VcpuShared {
             .store(now_ns(), Ordering::Release);
         self.requests.set(requests);
         futex_wake(&self.wake);
-        if self.state() == VcpuState::Finished {
+        if self.state() == ThreadState::Finished {
             return;
         }
         if let Some(k) = self.kicker.get() {
@@ -266,7 +247,7 @@ impl VcpuShared {
         t.id = self.id;
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
-        if self.state() == VcpuState::Finished {
+        if self.state() == ThreadState::Finished {
             t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
         t
@@ -360,8 +341,8 @@ impl VcpuShared {
         self.requested(Requests::PAUSE)
     }
 
-    fn set_state(&self, s: VcpuState) {
-        self.state.store(s as u8, Ordering::Release);
+    fn set_state(&self, s: ThreadState) {
+        self.state.store(s.index() as u8, Ordering::Release);
     }
 }
 

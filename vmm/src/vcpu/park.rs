@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Requests, VcpuShared, VcpuState};
+use super::{Requests, ThreadState, VcpuShared};
 use crate::accounting::host::thread_cpu_ns;
 use crate::accounting::meter::{ParkKind, ParkStamp, Recorder};
 use crate::hypervisor::Vcpu;
@@ -48,7 +48,7 @@ pub(super) fn park<V: Vcpu>(
     kind: ParkKind,
     deadline_ns: Option<u64>,
 ) {
-    shared.set_state(VcpuState::Parked);
+    shared.set_state(ThreadState::Parked);
     let begin = consistent_stamp(shared);
     if kind == ParkKind::Limited {
         shared.kick_timer.parked(begin.now);
@@ -83,5 +83,5 @@ pub(super) fn park<V: Vcpu>(
         futex_wait(&shared.wake, seen, deadline_ns);
     };
     rec.park_end(consistent_stamp(shared), release);
-    shared.set_state(VcpuState::Running);
+    shared.set_state(ThreadState::Running);
 }

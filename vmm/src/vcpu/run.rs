@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
-use super::{LastExit, Requests, VcpuEnd, VcpuShared, VcpuState, VcpuThread};
+use super::{LastExit, Requests, ThreadState, VcpuEnd, VcpuShared, VcpuThread};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
 };
@@ -58,7 +58,7 @@ pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
     };
     publish_final(&shared, tid, last);
     let _ = shared.end.set(end);
-    shared.set_state(VcpuState::Finished);
+    shared.set_state(ThreadState::Finished);
     let _ = v.done.send(shared.id);
 }
 
@@ -98,7 +98,7 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
         .acct
         .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
     shared.acct.started_ns.store(start.now, Ordering::Release);
-    shared.set_state(VcpuState::Running);
+    shared.set_state(ThreadState::Running);
     rec.begin(start);
     let end = run_loop(v, &mut rec);
     // The devices' end-of-vCPU work (a console line flushed) is VMM time of this vCPU.
