@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, ThrottleEndWhy};
 
 use super::cgroup::{CgroupError, CgroupLimits};
-use super::engine::{decide, next_look_ns, Member};
+use super::engine::{decide, next_look_ns, Decision, Member};
 use super::margin::StopMargin;
 use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
@@ -589,8 +589,25 @@ impl Limiter {
             e.next_look = None;
             return;
         };
+        let (members, cpu) = self.read_members(e);
+        let margin_ns = e
+            .margin
+            .get_or_insert(StopMargin::new(self.margin_ns))
+            .get();
+        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        self.apply_stops(e, &d, &members, l.quota_ns, now);
+        let timed = self.publish_deadlines(e, &d, &cpu, now);
+        let period_end = e.period_start + l.period_ns;
+        e.next_look = Some(match next_look_ns(&d, &timed) {
+            Some(r) => (now + r).min(period_end),
+            None => period_end,
+        });
+    }
+
+    /// What the engine is given of each member of `e` now, and each member's CPU clock as read
+    /// now (for its timer's deadline; None where its clock cannot be read).
+    fn read_members(&self, e: &mut Entity) -> (Vec<Member>, Vec<Option<u64>>) {
         let mut members = Vec::with_capacity(e.members.len());
-        // Each member's CPU clock as read now (for its timer's deadline).
         let mut cpu = Vec::with_capacity(e.members.len());
         for (k, &i) in e.members.iter().enumerate() {
             let v = &self.vcpus[i];
@@ -612,11 +629,19 @@ impl Limiter {
                 expected_ns: e.last_used[k],
             });
         }
-        let margin_ns = e
-            .margin
-            .get_or_insert(StopMargin::new(self.margin_ns))
-            .get();
-        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        (members, cpu)
+    }
+
+    /// Carries out decision `d` on the `members` it was made for under `quota_ns`: kicks
+    /// those it newly stops, releases those it no longer stops, and says so in events.
+    fn apply_stops(
+        &self,
+        e: &mut Entity,
+        d: &Decision,
+        members: &[Member],
+        quota_ns: u64,
+        now: u64,
+    ) {
         let mut newly = Vec::new();
         let mut released = false;
         for (k, &i) in e.members.iter().enumerate() {
@@ -646,7 +671,7 @@ impl Limiter {
                 group: e.name.clone(),
                 vcpus: newly,
                 used_ns: members.iter().map(|m| m.used_ns).sum(),
-                quota_ns: l.quota_ns,
+                quota_ns,
             });
         }
         if released && !e.stopped.iter().any(|s| *s) {
@@ -656,26 +681,29 @@ impl Limiter {
                 why: ThrottleEndWhy::Redistributed,
             });
         }
-        // The timers' deadlines: what each running member may still use.
+    }
+
+    /// The timers' deadlines: what each running member may still use (`cpu`: its CPU clock
+    /// as read by this look). Which members have an active timer.
+    fn publish_deadlines(
+        &self,
+        e: &Entity,
+        d: &Decision,
+        cpu: &[Option<u64>],
+        now: u64,
+    ) -> Vec<bool> {
         let mut timed = vec![false; e.members.len()];
         if self.timers {
             for (k, &i) in e.members.iter().enumerate() {
                 let v = &self.vcpus[i];
                 timed[k] = v.kick_timer.active();
                 if !e.stopped[k] {
-                    let deadline = match (d.runway_ns[k], cpu[k]) {
-                        (Some(r), Some(c)) => Some(Deadline::after(now, c, r)),
-                        _ => None,
-                    };
-                    v.set_kick_deadline(e.kind, deadline);
+                    let deadline = d.runway_ns[k].zip(cpu[k]);
+                    v.set_kick_deadline(e.kind, deadline.map(|(r, c)| Deadline::after(now, c, r)));
                 }
             }
         }
-        let period_end = e.period_start + l.period_ns;
-        e.next_look = Some(match next_look_ns(&d, &timed) {
-            Some(r) => (now + r).min(period_end),
-            None => period_end,
-        });
+        timed
     }
 
     /// Members their kick timer stopped since the last look: stopped by this limit from now
