@@ -37,7 +37,6 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
     if !g.published && g.errors.is_empty() {
         return out;
     }
-    let ms = |ns: u64| ns as f64 / 1e6;
     let _ = writeln!(
         out,
         "GUEST VIEW (PPA page, layout {}): what the guest published, beside the host's figures",
@@ -47,6 +46,25 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             &g.version
         }
     );
+    cpu_text(&mut out, g, host);
+    thread_text(&mut out, g);
+    if let Some(a) = &g.agent {
+        agent_text(&mut out, g, a);
+    }
+    for e in &g.errors {
+        let _ = writeln!(out, "  guest page problem: {e}");
+    }
+    out
+}
+
+/// Milliseconds, for the tables.
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// The CPU table: the guest's busy, idle and steal beside the host's three figures, and a note
+/// on the vCPUs whose host figures a `reset` restarted.
+fn cpu_text(out: &mut String, g: &GuestView, host: &HostColumns) {
     if !g.cpus.is_empty() {
         let _ = writeln!(
             out,
@@ -91,6 +109,11 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             reset.join(", ")
         );
     }
+}
+
+/// The thread table (the first [`MAX_THREADS`] by on-CPU time), then the transient threads
+/// and the exited ones still published.
+fn thread_text(out: &mut String, g: &GuestView) {
     if !g.threads.is_empty() {
         let _ = writeln!(
             out,
@@ -141,18 +164,10 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
             ms(exited.iter().map(|t| t.on_cpu_ns).sum())
         );
     }
-    if let Some(a) = &g.agent {
-        agent_text(&mut out, g, a);
-    }
-    for e in &g.errors {
-        let _ = writeln!(out, "  guest page problem: {e}");
-    }
-    out
 }
 
 /// A guest agent's record, and the published threads grouped by process.
 fn agent_text(out: &mut String, g: &GuestView, a: &crate::GuestAgentView) {
-    let ms = |ns: u64| ns as f64 / 1e6;
     let _ = writeln!(
         out,
         "  of which started and ended between samples: {} ({:.2} ms CPU); processes ended: {}{}",

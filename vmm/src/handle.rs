@@ -20,7 +20,7 @@ use crate::limits::limiter::Limiter;
 use crate::ppa_page::PpaPage;
 use crate::pressure::PressureBoard;
 use crate::sync::now_ns;
-use crate::vcpu::{VcpuShared, REQ_PAUSE, REQ_STOP};
+use crate::vcpu::{Requests, VcpuShared};
 
 /// Why a request on a handle was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl VmHandle {
     /// `shutdown` and writes its final report.
     pub fn shutdown(&self) {
         self.status.shutdown.store(true, Ordering::Release);
-        self.vcpus.iter().for_each(|v| v.kick(REQ_STOP));
+        self.vcpus.iter().for_each(|v| v.kick(Requests::STOP));
     }
 
     /// [`VmHandle::shutdown`] on a stop signal, named in the final report (the first one
@@ -287,7 +287,7 @@ impl VmHandle {
     /// Parks every vCPU at its next exit (a running vCPU is kicked out of KVM_RUN) until
     /// [`VmHandle::resume`]; the parked time is each vCPU's paused_ns.
     pub fn pause(&self) {
-        self.vcpus.iter().for_each(|v| v.kick(REQ_PAUSE));
+        self.vcpus.iter().for_each(|v| v.kick(Requests::PAUSE));
     }
 
     /// Releases every paused vCPU.

@@ -27,7 +27,7 @@ use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS
 use crate::ppa_page::{HostWriter, PpaPage};
 use crate::pressure::Tracker;
 use crate::sync::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{VcpuShared, VcpuState, REQ_PAUSE};
+use crate::vcpu::{Requests, ThreadState, VcpuShared};
 
 /// How often the PPA page's host records are refreshed. The ABI promises a record at most
 /// `host_refresh_ns` (10 ms) old; refreshing every 8 ms leaves 2 ms for the sampler's
@@ -84,7 +84,7 @@ impl Overload {
     fn check(&self, vcpus: &[Arc<VcpuShared>], det: &mut [Detector], window: bool) {
         let now = now_ns();
         for (v, d) in vcpus.iter().zip(det.iter_mut()) {
-            if v.state() != VcpuState::Running && v.state() != VcpuState::Parked {
+            if v.state() != ThreadState::Running && v.state() != ThreadState::Parked {
                 continue;
             }
             let m = v.acct.meter.read();
@@ -115,7 +115,7 @@ impl Overload {
             };
             match &self.config.action {
                 Action::Notify => {}
-                Action::Pause => v.kick(REQ_PAUSE),
+                Action::Pause => v.kick(Requests::PAUSE),
                 Action::Throttle(l, given) => self.vm.limiter().throttle_vcpu(v.id, *l, given),
             }
             self.hub.push(Event::Overload {

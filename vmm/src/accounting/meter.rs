@@ -73,7 +73,8 @@ impl Key for MicroState {
     }
 }
 
-/// Why a vCPU thread is parked: the parked micro-states, as the key of per-park-kind counters.
+/// Why a vCPU thread is parked: what a park is given, and the key of per-park-kind counters.
+/// Each is one of the parked micro-states ([`MicroState::from`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParkKind {
     /// The guest asked to idle.
@@ -87,6 +88,16 @@ pub enum ParkKind {
 impl ParkKind {
     /// Number of kinds.
     pub const COUNT: usize = 3;
+}
+
+impl From<ParkKind> for MicroState {
+    fn from(k: ParkKind) -> MicroState {
+        match k {
+            ParkKind::Idle => MicroState::Idle,
+            ParkKind::Limited => MicroState::Limited,
+            ParkKind::Paused => MicroState::Paused,
+        }
+    }
 }
 
 impl Key for ParkKind {

@@ -96,7 +96,7 @@ fn parks_count_only_blocked_time_and_wakeup_latency() {
         cpu: Some(1_000),
         run_delay: Some(50),
     };
-    r.park_begin(MicroState::Idle, p0);
+    r.park_begin(ParkKind::Idle, p0);
     assert_eq!(r.meter().read().micro_state(), MicroState::Idle);
     // Parked 1 ms; 2 µs on CPU around the wait, woke 10 µs late, 7 µs on the run queue.
     let p1 = ParkStamp {

@@ -14,7 +14,7 @@
 
 use ppa_vmm_api::{
     parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, PressureTrigger,
-    Response, Stats, ThreadInfo, ThreadState, Threads, ThresholdsUpdate, VersionInfo, VmState,
+    Response, Stats, ThreadInfo, Threads, ThresholdsUpdate, VersionInfo, VmState,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -25,7 +25,6 @@ use crate::accounting::histogram::{kstats_text, HistogramSnapshot, DEFAULT_FRAC_
 use crate::accounting::snapshot::HistSnapshots;
 use crate::handle::{HandleError, VmHandle};
 use crate::sync::now_ns;
-use crate::vcpu::VcpuState;
 
 /// Default longest reuse of a `stats` snapshot.
 pub const STATS_MAX_AGE_NS: u64 = 15_000_000;
@@ -116,12 +115,7 @@ fn threads(vm: &VmHandle) -> Threads {
                 vcpu: v.id,
                 host_tid: v.host_tid(),
                 name: format!("vcpu{}", v.id),
-                state: match v.state() {
-                    VcpuState::Created => ThreadState::Created,
-                    VcpuState::Running => ThreadState::Running,
-                    VcpuState::Parked => ThreadState::Parked,
-                    VcpuState::Finished => ThreadState::Finished,
-                },
+                state: v.state(),
             })
             .collect(),
         devices: vm.devices().iter().flat_map(|d| d.threads()).collect(),

@@ -37,7 +37,7 @@ use serde::Serialize;
 use crate::accounting::host::ThreadClock;
 use crate::config::RunOptions;
 use crate::handle::VmHandle;
-use crate::vcpu::VcpuState;
+use crate::vcpu::ThreadState;
 use crate::vm::{Vm, VmError};
 
 /// Options of `bench socket`.
@@ -427,7 +427,7 @@ fn exits_so_far(vm: &VmHandle) -> u64 {
 /// `None` if the VM ended first. Sleeps through the window (two wake-ups a run), so it costs
 /// the guests nothing the three kinds of run do not share.
 fn steady_rate(vm: &VmHandle, window: Duration) -> Option<f64> {
-    while vm.vcpus().iter().any(|v| v.state() == VcpuState::Created) {
+    while vm.vcpus().iter().any(|v| v.state() == ThreadState::Created) {
         if vm.finished() {
             return None;
         }
@@ -437,7 +437,11 @@ fn steady_rate(vm: &VmHandle, window: Duration) -> Option<f64> {
     let (t0, e0) = (Instant::now(), exits_so_far(vm));
     std::thread::sleep(window);
     let (t1, e1) = (Instant::now(), exits_so_far(vm));
-    let ended = vm.finished() || vm.vcpus().iter().any(|v| v.state() == VcpuState::Finished);
+    let ended = vm.finished()
+        || vm
+            .vcpus()
+            .iter()
+            .any(|v| v.state() == ThreadState::Finished);
     let ns = t1.duration_since(t0).as_nanos() as f64;
     (!ended && ns > 0.0).then(|| e1.saturating_sub(e0) as f64 * 1e9 / ns)
 }

@@ -27,14 +27,14 @@ use std::sync::{Arc, Mutex};
 use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, ThrottleEndWhy};
 
 use super::cgroup::{CgroupError, CgroupLimits};
-use super::engine::{decide, next_look_ns, Member};
+use super::engine::{decide, next_look_ns, Decision, Member};
 use super::margin::StopMargin;
 use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
-use crate::vcpu::{Deadline, LimitKind, TimerMode, VcpuShared, VcpuState};
+use crate::vcpu::{Deadline, LimitKind, ThreadState, TimerMode, VcpuShared};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
@@ -181,12 +181,11 @@ impl Entity {
 
     /// Members' kick-timer (stops, re-arms) for this limit now.
     fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<(u64, u64)> {
-        let slot = self.kind.slot();
         self.members
             .iter()
             .map(|&i| {
                 let t = &vcpus[i].kick_timer;
-                (t.stops(slot), t.rearms(slot))
+                (t.stops(self.kind), t.rearms(self.kind))
             })
             .collect()
     }
@@ -482,7 +481,7 @@ impl Limiter {
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             if e.stopped[k] {
-                self.vcpus[i].release(e.kind.bit());
+                self.vcpus[i].release(e.kind.into());
                 e.stopped[k] = false;
             }
             // A member its timer stopped that no look has adopted yet.
@@ -590,14 +589,31 @@ impl Limiter {
             e.next_look = None;
             return;
         };
+        let (members, cpu) = self.read_members(e);
+        let margin_ns = e
+            .margin
+            .get_or_insert(StopMargin::new(self.margin_ns))
+            .get();
+        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        self.apply_stops(e, &d, &members, l.quota_ns, now);
+        let timed = self.publish_deadlines(e, &d, &cpu, now);
+        let period_end = e.period_start + l.period_ns;
+        e.next_look = Some(match next_look_ns(&d, &timed) {
+            Some(r) => (now + r).min(period_end),
+            None => period_end,
+        });
+    }
+
+    /// What the engine is given of each member of `e` now, and each member's CPU clock as read
+    /// now (for its timer's deadline; None where its clock cannot be read).
+    fn read_members(&self, e: &mut Entity) -> (Vec<Member>, Vec<Option<u64>>) {
         let mut members = Vec::with_capacity(e.members.len());
-        // Each member's CPU clock as read now (for its timer's deadline).
         let mut cpu = Vec::with_capacity(e.members.len());
         for (k, &i) in e.members.iter().enumerate() {
             let v = &self.vcpus[i];
             let used_ns = used_since(v, &mut e.base_cpu[k]);
             cpu.push(e.base_cpu[k].map(|b| b + used_ns));
-            let finished = v.state() == VcpuState::Finished || v.state() == VcpuState::Created;
+            let finished = v.state() == ThreadState::Finished || v.state() == ThreadState::Created;
             let state = v.acct.meter.read().micro_state();
             let demanding = !finished
                 && (e.stopped[k]
@@ -609,22 +625,30 @@ impl Limiter {
                 used_ns,
                 demanding,
                 stopped: e.stopped[k],
-                can_run: v.state() != VcpuState::Finished,
+                can_run: v.state() != ThreadState::Finished,
                 expected_ns: e.last_used[k],
             });
         }
-        let margin_ns = e
-            .margin
-            .get_or_insert(StopMargin::new(self.margin_ns))
-            .get();
-        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        (members, cpu)
+    }
+
+    /// Carries out decision `d` on the `members` it was made for under `quota_ns`: kicks
+    /// those it newly stops, releases those it no longer stops, and says so in events.
+    fn apply_stops(
+        &self,
+        e: &mut Entity,
+        d: &Decision,
+        members: &[Member],
+        quota_ns: u64,
+        now: u64,
+    ) {
         let mut newly = Vec::new();
         let mut released = false;
         for (k, &i) in e.members.iter().enumerate() {
             match (e.stopped[k], d.stop[k]) {
                 (false, true) => {
                     // This thread's kick: every stop without a timer, else the fallback.
-                    self.vcpus[i].kick(e.kind.bit());
+                    self.vcpus[i].kick(e.kind.into());
                     self.vcpus[i].set_kick_deadline(e.kind, None);
                     e.limiter_kicks += 1;
                     e.stopped[k] = true;
@@ -633,7 +657,7 @@ impl Limiter {
                     newly.push(i);
                 }
                 (true, false) => {
-                    self.vcpus[i].release(e.kind.bit());
+                    self.vcpus[i].release(e.kind.into());
                     e.stopped[k] = false;
                     released = true;
                 }
@@ -647,7 +671,7 @@ impl Limiter {
                 group: e.name.clone(),
                 vcpus: newly,
                 used_ns: members.iter().map(|m| m.used_ns).sum(),
-                quota_ns: l.quota_ns,
+                quota_ns,
             });
         }
         if released && !e.stopped.iter().any(|s| *s) {
@@ -657,30 +681,33 @@ impl Limiter {
                 why: ThrottleEndWhy::Redistributed,
             });
         }
-        // The timers' deadlines: what each running member may still use.
+    }
+
+    /// The timers' deadlines: what each running member may still use (`cpu`: its CPU clock
+    /// as read by this look). Which members have an active timer.
+    fn publish_deadlines(
+        &self,
+        e: &Entity,
+        d: &Decision,
+        cpu: &[Option<u64>],
+        now: u64,
+    ) -> Vec<bool> {
         let mut timed = vec![false; e.members.len()];
         if self.timers {
             for (k, &i) in e.members.iter().enumerate() {
                 let v = &self.vcpus[i];
                 timed[k] = v.kick_timer.active();
                 if !e.stopped[k] {
-                    let deadline = match (d.runway_ns[k], cpu[k]) {
-                        (Some(r), Some(c)) => Some(Deadline::after(now, c, r)),
-                        _ => None,
-                    };
-                    v.set_kick_deadline(e.kind, deadline);
+                    let deadline = d.runway_ns[k].zip(cpu[k]);
+                    v.set_kick_deadline(e.kind, deadline.map(|(r, c)| Deadline::after(now, c, r)));
                 }
             }
         }
-        let period_end = e.period_start + l.period_ns;
-        e.next_look = Some(match next_look_ns(&d, &timed) {
-            Some(r) => (now + r).min(period_end),
-            None => period_end,
-        });
+        timed
     }
 
     /// Members their kick timer stopped since the last look: stopped by this limit from now
-    /// on, as if this thread had kicked them (request bit, figures, event).
+    /// on, as if this thread had kicked them (its request, figures, event).
     fn adopt_holds(&self, e: &mut Entity, now: u64) {
         if !self.timers {
             return;
@@ -734,7 +761,7 @@ impl Limiter {
                     self.clear_deadlines(e);
                     for (k, &i) in e.members.iter().enumerate() {
                         if e.stopped[k] {
-                            self.vcpus[i].release(e.kind.bit());
+                            self.vcpus[i].release(e.kind.into());
                             e.stopped[k] = false;
                         }
                     }

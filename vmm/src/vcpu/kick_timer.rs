@@ -4,7 +4,7 @@
 //! Data flow. The limiter (`limits::limiter`) stays the bookkeeper: at each look it works out
 //! how much CPU each member may still use (its runway, `limits::engine`) and publishes, in the
 //! vCPU's [`KickDeadlines`], one [`Deadline`] per limit the vCPU is a member of (a slot per
-//! limit request bit: group, VM, runaway throttle): the thread CPU clock value at which the
+//! [`LimitKind`]: group, VM, runaway throttle): the thread CPU clock value at which the
 //! vCPU must stop, and the earliest wall time it can get there (now + runway: a vCPU runs on
 //! one CPU at most). Before each entry the vCPU thread ([`KickTimer::prepare`]) sees a change
 //! with one load, re-reads the slots and arms its timer at the earliest `fire_at`: one
@@ -18,7 +18,7 @@
 //! finds itself on another CPU than the one holding its timer. A firing noticed while parked
 //! costs no KVM_RUN: the loop clears the pending kick before it looks at its requests, and
 //! handles the firing before it enters the guest. The limiter adopts a hold at its next look
-//! (the limit's request bit, as if it had kicked), releases it by publishing anew, and still
+//! (the limit's request, as if it had kicked), releases it by publishing anew, and still
 //! kicks by itself when a timer is late or could not be created (the fallback).
 //!
 //! The protocol, lock-free: each slot is a seqlock that only the limiter thread writes (`seq`
@@ -32,14 +32,15 @@
 
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 
-use super::VcpuShared;
+use super::{LimitKind, VcpuShared};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::host::{current_cpu, thread_cpu_ns};
 use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
-/// Deadline slots per vCPU: one per [`super::LimitKind`] (group, VM, runaway throttle).
-pub const SLOTS: usize = super::LimitKind::ALL.len();
+/// Deadline slots per vCPU: one per [`LimitKind`] (group, VM, runaway throttle), indexed by
+/// [`LimitKind::slot`].
+pub const SLOTS: usize = LimitKind::ALL.len();
 
 /// With less CPU than this left when the timer fires, the vCPU stops rather than re-arms for
 /// a moment shorter than an exit.
@@ -69,16 +70,16 @@ impl Deadline {
 /// What a firing decides, from the CPU clock now ([`on_fire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnFire {
-    /// A target is reached (or within [`REARM_MIN_NS`]): stop, held by this slot.
-    Stop(usize),
+    /// A target is reached (or within [`REARM_MIN_NS`]): stop, held by this limit's slot.
+    Stop(LimitKind),
     /// No target reached: the vCPU used less CPU than wall time passed. Fire again after this
-    /// long, the least CPU left to any target (the earliest any can be reached); `slot` is the
-    /// limit whose target that is.
+    /// long, the least CPU left to any target (the earliest any can be reached); `limit` is
+    /// the limit whose target that is.
     Rearm {
         /// Wall time from now.
         after_ns: u64,
-        /// The slot with the least CPU left.
-        slot: usize,
+        /// The limit with the least CPU left.
+        limit: LimitKind,
     },
     /// No deadline left.
     Idle,
@@ -87,15 +88,15 @@ pub enum OnFire {
 /// The decision at a firing with the thread's CPU clock at `cpu_ns`: the slot with the least
 /// CPU left decides (the earliest deadline wins).
 pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS]) -> OnFire {
-    let least = deadlines
-        .iter()
-        .enumerate()
-        .filter_map(|(s, d)| d.map(|d| (d.cpu_target.saturating_sub(cpu_ns), s)))
-        .min();
+    let least = LimitKind::ALL
+        .into_iter()
+        .zip(deadlines)
+        .filter_map(|(k, d)| d.map(|d| (d.cpu_target.saturating_sub(cpu_ns), k)))
+        .min_by_key(|&(left, k)| (left, k.slot()));
     match least {
         None => OnFire::Idle,
-        Some((left, slot)) if left <= REARM_MIN_NS => OnFire::Stop(slot),
-        Some((after_ns, slot)) => OnFire::Rearm { after_ns, slot },
+        Some((left, kind)) if left <= REARM_MIN_NS => OnFire::Stop(kind),
+        Some((after_ns, limit)) => OnFire::Rearm { after_ns, limit },
     }
 }
 
@@ -150,8 +151,8 @@ struct Slot {
 const HOLD_SHIFT: u32 = 62;
 const SEQ_MASK: u64 = (1 << HOLD_SHIFT) - 1;
 
-fn hold_word(slot: usize, seq: u64) -> u64 {
-    ((slot as u64 + 1) << HOLD_SHIFT) | (seq & SEQ_MASK)
+fn hold_word(kind: LimitKind, seq: u64) -> u64 {
+    ((kind.slot() as u64 + 1) << HOLD_SHIFT) | (seq & SEQ_MASK)
 }
 
 /// The deadlines of one vCPU's limits, what the two threads share (in [`VcpuShared`]).
@@ -256,30 +257,30 @@ impl KickDeadlines {
         self.mode() == TimerMode::Active
     }
 
-    /// Publishes `slot`'s deadline (None: no deadline); true when it changed. A deadline with
+    /// Publishes limit `kind`'s deadline (None: no deadline); true when it changed. A deadline with
     /// the same CPU target as the one in place is not a change (its `fire_at` can only have
     /// moved later, and the vCPU re-arms by itself when it fires early). Only the limiter
     /// thread may call it (single writer).
-    pub fn publish(&self, slot: usize, d: Option<Deadline>) -> bool {
-        let s = &self.slots[slot];
+    pub fn publish(&self, kind: LimitKind, d: Option<Deadline>) -> bool {
+        let s = &self.slots[kind.slot()];
         let present = s.fire_at.load(Ordering::Relaxed) != 0;
         let same = match d {
             None => !present,
             Some(d) => present && s.cpu_target.load(Ordering::Relaxed) == d.cpu_target,
         };
         if !same {
-            self.write(slot, d);
+            self.write(kind, d);
         }
         !same
     }
 
-    /// Ends a hold on `slot` though its deadline stays (a new period); true if there was one.
-    /// Limiter thread only.
-    pub fn release_hold(&self, slot: usize) -> bool {
-        if !self.held(slot) {
+    /// Ends a hold for limit `kind` though its deadline stays (a new period); true if there was
+    /// one. Limiter thread only.
+    pub fn release_hold(&self, kind: LimitKind) -> bool {
+        if !self.held(kind) {
             return false;
         }
-        let s = &self.slots[slot];
+        let s = &self.slots[kind.slot()];
         let d = match s.fire_at.load(Ordering::Relaxed) {
             0 => None,
             fire_at => Some(Deadline {
@@ -287,12 +288,12 @@ impl KickDeadlines {
                 cpu_target: s.cpu_target.load(Ordering::Relaxed),
             }),
         };
-        self.write(slot, d);
+        self.write(kind, d);
         true
     }
 
-    fn write(&self, slot: usize, d: Option<Deadline>) {
-        let s = &self.slots[slot];
+    fn write(&self, kind: LimitKind, d: Option<Deadline>) {
+        let s = &self.slots[kind.slot()];
         let seq = s.seq.load(Ordering::Relaxed);
         s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
@@ -304,11 +305,11 @@ impl KickDeadlines {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Whether the vCPU stopped itself for `slot`'s current deadline (and is, or is about to
-    /// be, parked as limited).
-    pub fn held(&self, slot: usize) -> bool {
+    /// Whether the vCPU stopped itself for limit `kind`'s current deadline (and is, or is
+    /// about to be, parked as limited).
+    pub fn held(&self, kind: LimitKind) -> bool {
         self.hold.load(Ordering::SeqCst)
-            == hold_word(slot, self.slots[slot].seq.load(Ordering::SeqCst))
+            == hold_word(kind, self.slots[kind.slot()].seq.load(Ordering::SeqCst))
     }
 
     /// Whether the vCPU holds for any slot's current deadline.
@@ -350,9 +351,10 @@ impl KickDeadlines {
         self.hold.load(Ordering::SeqCst) != 0
     }
 
-    /// Reads `slot` (vCPU side): its `seq` and deadline, or None if the limiter kept writing.
-    fn read(&self, slot: usize) -> Option<(u64, Option<Deadline>)> {
-        let s = &self.slots[slot];
+    /// Reads limit `kind`'s slot (vCPU side): its `seq` and deadline, or None if the limiter
+    /// kept writing.
+    fn read(&self, kind: LimitKind) -> Option<(u64, Option<Deadline>)> {
+        let s = &self.slots[kind.slot()];
         for _ in 0..16 {
             let seq = s.seq.load(Ordering::Acquire);
             if seq & 1 == 0 {
@@ -372,25 +374,25 @@ impl KickDeadlines {
         None
     }
 
-    /// Takes a hold on `slot` as of `seq` (vCPU side); false (and no hold) if the limiter
-    /// published since.
-    fn take_hold(&self, slot: usize, seq: u64) -> bool {
-        self.hold.store(hold_word(slot, seq), Ordering::SeqCst);
-        if self.slots[slot].seq.load(Ordering::SeqCst) == seq {
+    /// Takes a hold for limit `kind` as of `seq` (vCPU side); false (and no hold) if the
+    /// limiter published since.
+    fn take_hold(&self, kind: LimitKind, seq: u64) -> bool {
+        self.hold.store(hold_word(kind, seq), Ordering::SeqCst);
+        if self.slots[kind.slot()].seq.load(Ordering::SeqCst) == seq {
             return true;
         }
         self.hold.store(0, Ordering::SeqCst);
         false
     }
 
-    /// Stops the vCPU's timer made for `slot`.
-    pub fn stops(&self, slot: usize) -> u64 {
-        self.slots[slot].stops.load(Ordering::Relaxed)
+    /// Stops the vCPU's timer made for limit `kind`.
+    pub fn stops(&self, kind: LimitKind) -> u64 {
+        self.slots[kind.slot()].stops.load(Ordering::Relaxed)
     }
 
-    /// Firings after which the vCPU had CPU left for `slot` and re-armed.
-    pub fn rearms(&self, slot: usize) -> u64 {
-        self.slots[slot].rearms.load(Ordering::Relaxed)
+    /// Firings after which the vCPU had CPU left for limit `kind` and re-armed.
+    pub fn rearms(&self, kind: LimitKind) -> u64 {
+        self.slots[kind.slot()].rearms.load(Ordering::Relaxed)
     }
 
     /// Re-arms because the vCPU was on another CPU than the one holding its timer.
@@ -608,8 +610,8 @@ impl KickTimer {
         if epoch != self.seen_epoch {
             let mut read = [(0, None); SLOTS];
             let mut whole = true;
-            for (s, r) in read.iter_mut().enumerate() {
-                match t.read(s) {
+            for (k, r) in LimitKind::ALL.into_iter().zip(read.iter_mut()) {
+                match t.read(k) {
                     Some(v) => *r = v,
                     // The limiter is writing this slot: take it all again at the next entry.
                     None => whole = false,
@@ -640,12 +642,12 @@ impl KickTimer {
         if due {
             let cpu = thread_cpu_ns();
             match on_fire(cpu, &deadlines) {
-                OnFire::Stop(slot) => {
-                    let target = deadlines[slot].map_or(cpu, |d| d.cpu_target);
+                OnFire::Stop(kind) => {
+                    let target = deadlines[kind.slot()].map_or(cpu, |d| d.cpu_target);
                     t.overrun.record(cpu.saturating_sub(target));
                     self.arm(t, 0);
-                    if t.take_hold(slot, self.seen[slot].0) {
-                        t.slots[slot].stops.fetch_add(1, Ordering::Relaxed);
+                    if t.take_hold(kind, self.seen[kind.slot()].0) {
+                        t.slots[kind.slot()].stops.fetch_add(1, Ordering::Relaxed);
                         if let Some((armed, handler)) = firing.filter(|f| f.1 >= f.0) {
                             t.stages.to_handler.record(handler - armed);
                             t.stages.to_decision.record(now.saturating_sub(handler));
@@ -655,8 +657,8 @@ impl KickTimer {
                     }
                     return Prepared::Again;
                 }
-                OnFire::Rearm { after_ns, slot } => {
-                    t.slots[slot].rearms.fetch_add(1, Ordering::Relaxed);
+                OnFire::Rearm { after_ns, limit } => {
+                    t.slots[limit.slot()].rearms.fetch_add(1, Ordering::Relaxed);
                     self.arm(t, now + after_ns);
                 }
                 OnFire::Idle => self.arm(t, 0),

@@ -3,13 +3,14 @@
 //! Data flow: the VM builder creates the hypervisor's vCPU and a [`VcpuShared`], then
 //! [`spawn`]s a thread named `vcpu<N>` that owns the vCPU ([`VcpuThread`], generic over
 //! `hypervisor::Vcpu`: static dispatch, no lock around the vCPU). The thread binds the vCPU
-//! (so a kick can stop it) and loops ([`run`]): check requests → run the guest → hand the
-//! `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome: resume,
-//! park ([`park`]) for a device's `Park` request, a limit or a pause, or end. States:
-//! `Running` (in or around the guest), `Parked`, `Finished`. Everything other threads read
-//! lives in [`VcpuShared`] as atomics written by this thread alone (single writer, relaxed
-//! increments, no lock, no allocation on the exit path). When the loop ends the thread stores
-//! a [`VcpuEnd`] and tells the VM through a channel.
+//! (so a kick can stop it) and loops ([`run`]): check its [`Requests`] → run the guest → hand
+//! the `ExitEvent` to `exit::handle_exit` (the buses and devices) → carry out the outcome:
+//! resume, park ([`park`], as a `ParkKind`) for a device's `Park` request, a limit or a pause,
+//! or end. States (the protocol's [`ThreadState`]): `Running` (in or around the guest),
+//! `Parked`, `Finished`. Everything other threads read lives in [`VcpuShared`] as atomics
+//! written by this thread alone (single writer, relaxed increments, no lock, no allocation on
+//! the exit path). When the loop ends the thread stores a [`VcpuEnd`] and tells the VM through
+//! a channel.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
@@ -31,11 +32,15 @@ use ppa_vmm_api::VcpuSummary;
 
 mod kick_timer;
 mod park;
+mod requests;
 mod run;
 #[cfg(test)]
 mod tests;
 
 pub use kick_timer::{signal_path, Deadline, KickDeadlines, TimerMode};
+pub use ppa_vmm_api::ThreadState;
+use requests::RequestWord;
+pub use requests::{LimitKind, Requests};
 
 /// Errors of a vCPU thread's life outside the guest's control.
 #[derive(Debug, Error)]
@@ -43,76 +48,6 @@ pub enum VcpuError {
     /// The thread could not be created.
     #[error("cannot start the thread of vCPU {0}")]
     Spawn(usize, #[source] std::io::Error),
-}
-
-/// Life-cycle state of a vCPU thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum VcpuState {
-    /// Created, thread not yet in its loop.
-    Created = 0,
-    /// In or around the guest.
-    Running = 1,
-    /// Parked by the VMM (idle, limited or paused).
-    Parked = 2,
-    /// The loop has ended.
-    Finished = 3,
-}
-
-impl VcpuState {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => VcpuState::Running,
-            2 => VcpuState::Parked,
-            3 => VcpuState::Finished,
-            _ => VcpuState::Created,
-        }
-    }
-}
-
-/// Request bit: leave the loop at the next exit.
-pub const REQ_STOP: u32 = 1;
-/// Request bit: park (paused) at the next exit until the bit is cleared.
-pub const REQ_PAUSE: u32 = 2;
-/// Request bit: park (limited) at the next exit until cleared: the vCPU's group is out of
-/// budget.
-pub const REQ_LIMIT_GROUP: u32 = 4;
-/// Request bit: the same for the VM-wide limit.
-pub const REQ_LIMIT_VM: u32 = 8;
-/// Request bit: the same for a throttle that runaway detection applied to this vCPU.
-pub const REQ_LIMIT_RUNAWAY: u32 = 16;
-/// Any limit bit.
-pub const REQ_LIMIT: u32 = REQ_LIMIT_GROUP | REQ_LIMIT_VM | REQ_LIMIT_RUNAWAY;
-
-/// A limit that can stop a vCPU: each has its request bit and its kick-timer slot, so neither
-/// can be given for another kind of request (`REQ_STOP` has no slot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitKind {
-    /// The vCPU's group is out of budget ([`REQ_LIMIT_GROUP`]).
-    Group,
-    /// The VM-wide limit ([`REQ_LIMIT_VM`]).
-    Vm,
-    /// A throttle runaway detection applied ([`REQ_LIMIT_RUNAWAY`]).
-    Runaway,
-}
-
-impl LimitKind {
-    /// Every kind, in slot order.
-    pub const ALL: [LimitKind; 3] = [LimitKind::Group, LimitKind::Vm, LimitKind::Runaway];
-
-    /// Its request bit.
-    pub const fn bit(self) -> u32 {
-        match self {
-            LimitKind::Group => REQ_LIMIT_GROUP,
-            LimitKind::Vm => REQ_LIMIT_VM,
-            LimitKind::Runaway => REQ_LIMIT_RUNAWAY,
-        }
-    }
-
-    /// Its kick-timer deadline slot (0 to `kick_timer::SLOTS` - 1).
-    pub const fn slot(self) -> usize {
-        self as usize
-    }
 }
 
 /// How a vCPU's loop ended.
@@ -214,7 +149,7 @@ pub struct VcpuShared {
     pub id: usize,
     tid: AtomicI32,
     state: AtomicU8,
-    requests: AtomicU32,
+    requests: RequestWord,
     wake: AtomicU32,
     kicker: OnceLock<Box<dyn Kicker>>,
     /// Accounting: the meter the thread writes, its sources, the reset baseline.
@@ -243,8 +178,8 @@ impl VcpuShared {
         VcpuShared {
             id,
             tid: AtomicI32::new(0),
-            state: AtomicU8::new(VcpuState::Created as u8),
-            requests: AtomicU32::new(0),
+            state: AtomicU8::new(ThreadState::Created.index() as u8),
+            requests: RequestWord::default(),
             wake: AtomicU32::new(0),
             kicker: OnceLock::new(),
             acct,
@@ -260,8 +195,12 @@ impl VcpuShared {
     }
 
     /// Current state.
-    pub fn state(&self) -> VcpuState {
-        VcpuState::from_u8(self.state.load(Ordering::Acquire))
+    pub fn state(&self) -> ThreadState {
+        let i = usize::from(self.state.load(Ordering::Acquire));
+        ThreadState::ALL
+            .get(i)
+            .copied()
+            .unwrap_or(ThreadState::Created)
     }
 
     /// How the loop ended, once it has.
@@ -269,16 +208,16 @@ impl VcpuShared {
         self.end.get()
     }
 
-    /// Asks the vCPU to act on `bits` at its next exit and forces that exit now: wakes it if
-    /// parked, kicks it out of the guest if running.
-    pub fn kick(&self, bits: u32) {
+    /// Asks the vCPU to act on `requests` at its next exit and forces that exit now: wakes it
+    /// if parked, kicks it out of the guest if running.
+    pub fn kick(&self, requests: Requests) {
         self.acct
             .meter
             .released_at
             .store(now_ns(), Ordering::Release);
-        self.requests.fetch_or(bits, Ordering::AcqRel);
+        self.requests.set(requests);
         futex_wake(&self.wake);
-        if self.state() == VcpuState::Finished {
+        if self.state() == ThreadState::Finished {
             return;
         }
         if let Some(k) = self.kicker.get() {
@@ -289,7 +228,7 @@ impl VcpuShared {
     /// Releases a paused vCPU: clears the pause request and wakes it. The release time is what
     /// its wake-up latency is measured from.
     pub fn resume(&self) {
-        self.release(REQ_PAUSE);
+        self.release(Requests::PAUSE);
     }
 
     /// The section 4 fields now (or at the thread's end), with the histograms.
@@ -308,7 +247,7 @@ impl VcpuShared {
         t.id = self.id;
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
-        if self.state() == VcpuState::Finished {
+        if self.state() == ThreadState::Finished {
             t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
         t
@@ -327,21 +266,21 @@ impl VcpuShared {
         self.times_with(false).0.into()
     }
 
-    /// Clears request `bits` (a limit's stop) and wakes the vCPU if it is parked on them.
-    /// The release time is what its wake-up latency is measured from.
-    pub fn release(&self, bits: u32) {
+    /// Clears `requests` (a limit's stop) and wakes the vCPU if it is parked on them. The
+    /// release time is what its wake-up latency is measured from.
+    pub fn release(&self, requests: Requests) {
         self.acct
             .meter
             .released_at
             .store(now_ns(), Ordering::Release);
-        self.requests.fetch_and(!bits, Ordering::AcqRel);
+        self.requests.clear(requests);
         futex_wake(&self.wake);
     }
 
     /// Publishes the kick-timer deadline of limit `kind` (None: none). A vCPU its timer holds
     /// for that limit is released by the change, and woken.
     pub fn set_kick_deadline(&self, kind: LimitKind, deadline: Option<Deadline>) {
-        if !self.kick_timer.publish(kind.slot(), deadline) {
+        if !self.kick_timer.publish(kind, deadline) {
             return;
         }
         self.wake_holder();
@@ -362,7 +301,7 @@ impl VcpuShared {
     /// Ends a hold of the kick timer for limit `kind` (a new period); true if the vCPU was
     /// held.
     pub fn release_kick_hold(&self, kind: LimitKind) -> bool {
-        let held = self.kick_timer.release_hold(kind.slot());
+        let held = self.kick_timer.release_hold(kind);
         if held {
             self.wake_holder();
         }
@@ -371,14 +310,14 @@ impl VcpuShared {
 
     /// Whether its kick timer stopped it for limit `kind` (current deadline).
     pub fn kick_held(&self, kind: LimitKind) -> bool {
-        self.kick_timer.held(kind.slot())
+        self.kick_timer.held(kind)
     }
 
     /// Turns a kick timer's hold for limit `kind` into that limit's stop: sets its request
-    /// bit (the vCPU is parked, or about to park: no signal), then clears the deadline, which
-    /// ends the hold while the bit keeps the vCPU parked.
+    /// (the vCPU is parked, or about to park: no signal), then clears the deadline, which
+    /// ends the hold while the request keeps the vCPU parked.
     pub fn adopt_kick_hold(&self, kind: LimitKind) {
-        self.requests.fetch_or(kind.bit(), Ordering::AcqRel);
+        self.requests.set(kind.into());
         self.set_kick_deadline(kind, None);
     }
 
@@ -392,18 +331,18 @@ impl VcpuShared {
         }
     }
 
-    /// Whether any of request `bits` is set.
-    pub fn requested(&self, bits: u32) -> bool {
-        self.requests.load(Ordering::Acquire) & bits != 0
+    /// Whether any of `requests` is set.
+    pub fn requested(&self, requests: Requests) -> bool {
+        self.requests.load().intersects(requests)
     }
 
     /// Whether a pause is requested.
     pub fn pause_requested(&self) -> bool {
-        self.requested(REQ_PAUSE)
+        self.requested(Requests::PAUSE)
     }
 
-    fn set_state(&self, s: VcpuState) {
-        self.state.store(s as u8, Ordering::Release);
+    fn set_state(&self, s: ThreadState) {
+        self.state.store(s.index() as u8, Ordering::Release);
     }
 }
 

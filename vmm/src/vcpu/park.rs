@@ -9,9 +9,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{VcpuShared, VcpuState, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{Requests, ThreadState, VcpuShared};
 use crate::accounting::host::thread_cpu_ns;
-use crate::accounting::meter::{MicroState, ParkStamp, Recorder};
+use crate::accounting::meter::{ParkKind, ParkStamp, Recorder};
 use crate::hypervisor::Vcpu;
 use crate::sync::{futex_wait, now_ns};
 
@@ -45,30 +45,32 @@ pub(super) fn park<V: Vcpu>(
     vcpu: &V,
     shared: &VcpuShared,
     rec: &mut Recorder,
-    kind: MicroState,
+    kind: ParkKind,
     deadline_ns: Option<u64>,
 ) {
-    shared.set_state(VcpuState::Parked);
+    shared.set_state(ThreadState::Parked);
     let begin = consistent_stamp(shared);
-    if kind == MicroState::Limited {
+    if kind == ParkKind::Limited {
         shared.kick_timer.parked(begin.now);
     }
     rec.park_begin(kind, begin);
-    if matches!(kind, MicroState::Paused | MicroState::Limited) {
+    if matches!(kind, ParkKind::Paused | ParkKind::Limited) {
         // The guest did not ask for this stop: tell its paravirtual clock, so its watchdogs
         // do not report the parked time as a soft lockup.
         vcpu.pause_notify();
     }
     let release = loop {
         let seen = shared.wake.load(Ordering::Acquire);
-        let requests = shared.requests.load(Ordering::Acquire);
+        let requests = shared.requests.load();
         let released = match kind {
-            MicroState::Paused => requests & REQ_PAUSE == 0 || requests & REQ_STOP != 0,
-            MicroState::Limited => {
-                (requests & REQ_LIMIT == 0 && !shared.kick_timer.holds())
-                    || requests & (REQ_STOP | REQ_PAUSE) != 0
+            ParkKind::Paused => {
+                !requests.contains(Requests::PAUSE) || requests.contains(Requests::STOP)
             }
-            _ => requests & (REQ_STOP | REQ_PAUSE) != 0,
+            ParkKind::Limited => {
+                (!requests.intersects(Requests::LIMIT) && !shared.kick_timer.holds())
+                    || requests.intersects(Requests::STOP | Requests::PAUSE)
+            }
+            ParkKind::Idle => requests.intersects(Requests::STOP | Requests::PAUSE),
         };
         if released {
             break shared.acct.meter.released_at.load(Ordering::Acquire);
@@ -81,5 +83,5 @@ pub(super) fn park<V: Vcpu>(
         futex_wait(&shared.wake, seen, deadline_ns);
     };
     rec.park_end(consistent_stamp(shared), release);
-    shared.set_state(VcpuState::Running);
+    shared.set_state(ThreadState::Running);
 }

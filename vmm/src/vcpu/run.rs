@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
-use super::{LastExit, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_LIMIT, REQ_PAUSE, REQ_STOP};
+use super::{LastExit, Requests, ThreadState, VcpuEnd, VcpuShared, VcpuThread};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
 };
-use crate::accounting::meter::{MicroState, ParkStamp, Recorder, Stamp};
+use crate::accounting::meter::{ParkKind, ParkStamp, Recorder, Stamp};
 use crate::accounting::snapshot::{FinalReadings, LiveSources};
 use crate::accounting::Level;
 use crate::devices::VcpuRequest;
@@ -58,7 +58,7 @@ pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
     };
     publish_final(&shared, tid, last);
     let _ = shared.end.set(end);
-    shared.set_state(VcpuState::Finished);
+    shared.set_state(ThreadState::Finished);
     let _ = v.done.send(shared.id);
 }
 
@@ -98,7 +98,7 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
         .acct
         .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
     shared.acct.started_ns.store(start.now, Ordering::Release);
-    shared.set_state(VcpuState::Running);
+    shared.set_state(ThreadState::Running);
     rec.begin(start);
     let end = run_loop(v, &mut rec);
     // The devices' end-of-vCPU work (a console line flushed) is VMM time of this vCPU.
@@ -151,22 +151,22 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
         v.vcpu.clear_kick();
-        let requests = shared.requests.load(Ordering::Acquire);
-        if requests & REQ_STOP != 0 {
+        let requests = shared.requests.load();
+        if requests.contains(Requests::STOP) {
             break VcpuEnd::Stopped;
         }
-        if requests & REQ_PAUSE != 0 {
-            park(&v.vcpu, &shared, rec, MicroState::Paused, None);
+        if requests.contains(Requests::PAUSE) {
+            park(&v.vcpu, &shared, rec, ParkKind::Paused, None);
             continue;
         }
-        if requests & REQ_LIMIT != 0 {
-            park(&v.vcpu, &shared, rec, MicroState::Limited, None);
+        if requests.intersects(Requests::LIMIT) {
+            park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
             continue;
         }
         match kick_timer.prepare(&shared) {
             Prepared::Enter => {}
             Prepared::Hold => {
-                park(&v.vcpu, &shared, rec, MicroState::Limited, None);
+                park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
                 continue;
             }
             Prepared::Again => continue,
@@ -207,7 +207,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         match outcome {
             Outcome::Resume => {}
             Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
-                park(&v.vcpu, &shared, rec, MicroState::Idle, deadline_ns);
+                park(&v.vcpu, &shared, rec, ParkKind::Idle, deadline_ns);
             }
             Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
             Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,

@@ -100,7 +100,7 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
     let r = start(script, Level::Basic).finish();
     r.handle.join().unwrap();
     assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(7))));
-    assert_eq!(r.shared.state(), VcpuState::Finished);
+    assert_eq!(r.shared.state(), ThreadState::Finished);
     let v = r.board.vcpu(0).unwrap();
     assert_eq!(v.doorbell(Doorbell::Console), 2);
     assert_eq!(v.doorbell(Doorbell::WorkloadMmio), 1);
@@ -153,11 +153,11 @@ fn a_stop_request_kicks_a_vcpu_out_of_the_guest() {
         vec![Step::after(60_000_000_000, bell(doorbell::EXIT, 0))],
         Level::Basic,
     );
-    while r.shared.state() != VcpuState::Running {
+    while r.shared.state() != ThreadState::Running {
         std::thread::yield_now();
     }
     std::thread::sleep(Duration::from_millis(20));
-    r.shared.kick(REQ_STOP);
+    r.shared.kick(Requests::STOP);
     let r = r.finish();
     assert!(matches!(r.shared.end(), Some(VcpuEnd::Stopped)));
     let (t, _) = r.shared.times();
@@ -171,13 +171,13 @@ fn a_hlt_parks_until_kicked_and_a_kick_while_parked_costs_no_exit() {
         vec![Step::now(FakeExit::Hlt), Step::now(bell(doorbell::EXIT, 0))],
         Level::Basic,
     );
-    while r.shared.state() != VcpuState::Parked {
+    while r.shared.state() != ThreadState::Parked {
         std::thread::yield_now();
     }
     // A pause while parked: the idle park ends, the pause park begins; a resume lets the
     // vCPU go on to its exit doorbell. No kick may show up as an extra `intr` exit.
-    r.shared.kick(REQ_PAUSE);
-    while !(r.shared.state() == VcpuState::Parked && r.shared.times().0.parks >= 1) {
+    r.shared.kick(Requests::PAUSE);
+    while !(r.shared.state() == ThreadState::Parked && r.shared.times().0.parks >= 1) {
         std::thread::yield_now();
     }
     std::thread::sleep(Duration::from_millis(5));

@@ -24,7 +24,7 @@ use crate::limits::limiter::Limiter;
 use crate::report::{realtime_ns, Report, RunRecord};
 use crate::sampler::Sampler;
 use crate::sync::{futex_wake, now_ns};
-use crate::vcpu::{self, VcpuEnd, VcpuShared, VcpuState, VcpuThread, REQ_STOP};
+use crate::vcpu::{self, Requests, ThreadState, VcpuEnd, VcpuShared, VcpuThread};
 use ppa_vmm_api::VcpuEndKind;
 
 /// The vcpu-exit event of a vCPU whose thread has ended.
@@ -54,7 +54,7 @@ struct Running {
 
 impl Running {
     fn stop_all(&self) {
-        self.shared.iter().for_each(|s| s.kick(REQ_STOP));
+        self.shared.iter().for_each(|s| s.kick(Requests::STOP));
     }
 
     /// Stops (if still running) and joins the vCPU threads, then the device threads, the
@@ -154,7 +154,7 @@ struct Ended {
 /// Waits (at most 1 s, in 100 µs steps) until every vCPU thread has left its start gate.
 fn wait_running(vcpus: &[Arc<VcpuShared>]) {
     let until = Instant::now() + std::time::Duration::from_secs(1);
-    while vcpus.iter().any(|v| v.state() == VcpuState::Created) && Instant::now() < until {
+    while vcpus.iter().any(|v| v.state() == ThreadState::Created) && Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }

@@ -66,7 +66,7 @@ pub struct Recorder {
     /// The exit being handled (None before the first exit).
     pub(super) exit_reason: Option<usize>,
     pub(super) exit_vmm_ns: u64,
-    pub(super) park: Option<(MicroState, ParkStamp)>,
+    pub(super) park: Option<(ParkKind, ParkStamp)>,
     pub(super) wakeup_from: Option<u64>,
     /// The thread's context-switch records, when perf gives them (level full uses them
     /// instead of the thread CPU clock).
@@ -407,7 +407,7 @@ impl Recorder {
     }
 
     /// The thread is about to park as `kind` (idle, limited or paused).
-    pub fn park_begin(&mut self, kind: MicroState, p: ParkStamp) {
+    pub fn park_begin(&mut self, kind: ParkKind, p: ParkStamp) {
         self.flush();
         self.meter.begin();
         if self.level != Level::Off {
@@ -416,7 +416,7 @@ impl Recorder {
                 cpu: p.cpu,
             });
         }
-        self.meter.set_state(kind, p.now);
+        self.meter.set_state(kind.into(), p.now);
         self.meter.end();
         self.run_off = 0;
         self.run_guest = 0;
@@ -453,7 +453,7 @@ impl Recorder {
         }
         let m = &*self.meter;
         m.parks.add(1);
-        m.wall[kind].add(wall);
+        m.wall[MicroState::from(kind)].add(wall);
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
             (start.cpu, p.cpu, start.run_delay, p.run_delay)
         {
@@ -461,12 +461,10 @@ impl Recorder {
             let ddelay = d1.saturating_sub(d0);
             m.park_cpu.add(dcpu);
             m.park_delay.add(ddelay);
-            if let Some(k) = kind.park_kind() {
-                m.blocked[k].add(wall.saturating_sub(dcpu + ddelay));
-            }
-        } else if let Some(k) = kind.park_kind() {
+            m.blocked[kind].add(wall.saturating_sub(dcpu + ddelay));
+        } else {
             // Level off: only the wall time is known.
-            m.blocked[k].add(wall);
+            m.blocked[kind].add(wall);
         }
         m.set_state(MicroState::Vmm, p.now);
         m.end();

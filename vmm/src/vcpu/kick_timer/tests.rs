@@ -14,10 +14,7 @@ use crate::accounting::snapshot::VcpuAccounting;
 use crate::accounting::{AccountingControl, Level};
 use crate::devices::Buses;
 use crate::hypervisor::fake::{FakeExit, FakeVcpu, Step};
-use crate::vcpu::{
-    spawn, LimitKind, VcpuEnd, VcpuThread, REQ_LIMIT_GROUP, REQ_LIMIT_RUNAWAY, REQ_LIMIT_VM,
-    REQ_PAUSE,
-};
+use crate::vcpu::{spawn, LimitKind, Requests, VcpuEnd, VcpuThread};
 
 fn d(fire_at: u64, cpu_target: u64) -> Option<Deadline> {
     Some(Deadline {
@@ -38,11 +35,6 @@ fn a_deadline_is_the_runway_on_both_clocks() {
     // A zero runway fires at once; fire_at 0 would mean "none", so it is at least 1.
     assert_eq!(Deadline::after(0, 7, 0).fire_at, 1);
     assert_eq!(Deadline::after(u64::MAX, 0, 5).fire_at, u64::MAX);
-    assert_eq!(LimitKind::ALL.map(LimitKind::slot), [0, 1, 2]);
-    assert_eq!(
-        LimitKind::ALL.map(LimitKind::bit),
-        [REQ_LIMIT_GROUP, REQ_LIMIT_VM, REQ_LIMIT_RUNAWAY]
-    );
 }
 
 #[test]
@@ -50,19 +42,19 @@ fn a_firing_stops_at_the_target_and_re_arms_short_of_it() {
     // Not preempted: the CPU clock reached the target.
     assert_eq!(
         on_fire(1_000_000, &[d(5, 1_000_000), None, None]),
-        OnFire::Stop(0)
+        OnFire::Stop(LimitKind::Group)
     );
     // Within REARM_MIN_NS of it: stop now, not re-arm for less than an exit.
     assert_eq!(
         on_fire(1_000_000 - REARM_MIN_NS, &[None, d(5, 1_000_000), None]),
-        OnFire::Stop(1)
+        OnFire::Stop(LimitKind::Vm)
     );
     // Preempted for 300 µs: 300 µs of CPU left, the earliest it can be reached.
     assert_eq!(
         on_fire(700_000, &[d(5, 1_000_000), None, None]),
         OnFire::Rearm {
             after_ns: 300_000,
-            slot: 0
+            limit: LimitKind::Group
         }
     );
     assert_eq!(on_fire(0, &[None, None, None]), OnFire::Idle);
@@ -78,12 +70,12 @@ fn with_several_limits_the_earliest_deadline_wins() {
         on_fire(2_000_000, &all),
         OnFire::Rearm {
             after_ns: 1_000_000,
-            slot: 1
+            limit: LimitKind::Vm
         }
     );
-    assert_eq!(on_fire(3_000_000, &all), OnFire::Stop(1));
+    assert_eq!(on_fire(3_000_000, &all), OnFire::Stop(LimitKind::Vm));
     // Past one target and short of another: stop, for the one reached.
-    assert_eq!(on_fire(4_500_000, &all), OnFire::Stop(1));
+    assert_eq!(on_fire(4_500_000, &all), OnFire::Stop(LimitKind::Vm));
 }
 
 #[test]
@@ -111,17 +103,21 @@ fn the_timer_is_re_armed_on_a_change_or_after_a_migration_only() {
 #[test]
 fn publishing_the_same_target_is_not_a_change() {
     let t = KickDeadlines::default();
-    assert!(t.publish(0, d(100, 1_000)));
+    assert!(t.publish(LimitKind::Group, d(100, 1_000)));
     let epoch = t.epoch.load(Ordering::SeqCst);
     // Read later, the same target has a later fire_at: no change, no re-arm.
-    assert!(!t.publish(0, d(200, 1_000)));
+    assert!(!t.publish(LimitKind::Group, d(200, 1_000)));
     assert_eq!(t.epoch.load(Ordering::SeqCst), epoch);
-    assert_eq!(t.read(0).unwrap().1, d(100, 1_000));
-    assert!(t.publish(0, d(200, 2_000)));
-    assert!(t.publish(0, None));
-    assert!(!t.publish(0, None));
-    assert_eq!(t.read(0).unwrap().1, None);
-    assert_eq!(t.read(1).unwrap(), (0, None), "other slots untouched");
+    assert_eq!(t.read(LimitKind::Group).unwrap().1, d(100, 1_000));
+    assert!(t.publish(LimitKind::Group, d(200, 2_000)));
+    assert!(t.publish(LimitKind::Group, None));
+    assert!(!t.publish(LimitKind::Group, None));
+    assert_eq!(t.read(LimitKind::Group).unwrap().1, None);
+    assert_eq!(
+        t.read(LimitKind::Vm).unwrap(),
+        (0, None),
+        "other slots untouched"
+    );
 }
 
 /// One step of either side of the hold protocol.
@@ -147,8 +143,8 @@ enum StepOf {
 /// deadline the limiter replaced).
 fn interleave(order: &[bool], new: Option<Deadline>) -> (bool, bool, bool) {
     let t = KickDeadlines::default();
-    t.publish(0, d(100, 1_000));
-    let first = t.read(0).unwrap().0;
+    t.publish(LimitKind::Group, d(100, 1_000));
+    let first = t.read(LimitKind::Group).unwrap().0;
     let vcpu = [
         StepOf::Read,
         StepOf::StoreHold,
@@ -169,11 +165,12 @@ fn interleave(order: &[bool], new: Option<Deadline>) -> (bool, bool, bool) {
             li += 1;
         }
         match step {
-            StepOf::Read => read = t.read(0).unwrap(),
+            StepOf::Read => read = t.read(LimitKind::Group).unwrap(),
             StepOf::StoreHold => {
                 holding = read.1.is_some();
                 if holding {
-                    t.hold.store(hold_word(0, read.0), Ordering::SeqCst);
+                    t.hold
+                        .store(hold_word(LimitKind::Group, read.0), Ordering::SeqCst);
                 }
             }
             StepOf::Confirm => {
@@ -184,7 +181,7 @@ fn interleave(order: &[bool], new: Option<Deadline>) -> (bool, bool, bool) {
             }
             StepOf::ParkCheck => parked = holding && t.holds(),
             StepOf::Publish => {
-                t.publish(0, new);
+                t.publish(LimitKind::Group, new);
             }
             StepOf::WakeIfHeld => woken = t.hold_set(),
         }
@@ -193,7 +190,7 @@ fn interleave(order: &[bool], new: Option<Deadline>) -> (bool, bool, bool) {
     if woken && parked {
         parked = t.holds();
     }
-    (parked, t.held(0), read.0 == first)
+    (parked, t.held(LimitKind::Group), read.0 == first)
 }
 
 #[test]
@@ -240,8 +237,8 @@ fn holds_and_publishes_race_without_a_lost_release() {
         std::thread::spawn(move || {
             let mut taken = 0u64;
             while !stop.load(Ordering::Acquire) {
-                if let Some((seq, Some(_))) = t.read(2) {
-                    if t.take_hold(2, seq) {
+                if let Some((seq, Some(_))) = t.read(LimitKind::Runaway) {
+                    if t.take_hold(LimitKind::Runaway, seq) {
                         taken += 1;
                     }
                 }
@@ -253,21 +250,21 @@ fn holds_and_publishes_race_without_a_lost_release() {
         })
     };
     for k in 1..=20_000u64 {
-        t.publish(2, d(k, k));
+        t.publish(LimitKind::Runaway, d(k, k));
         if k % 1000 == 0 {
             // The limiter pauses: a valid hold is for its current deadline.
             std::thread::sleep(Duration::from_micros(200));
             let h = t.hold.load(Ordering::SeqCst);
             if h != 0 && t.holds() {
-                assert!(t.held(2));
-                assert_eq!(t.read(2).unwrap().1, d(k, k));
+                assert!(t.held(LimitKind::Runaway));
+                assert_eq!(t.read(LimitKind::Runaway).unwrap().1, d(k, k));
             }
         }
     }
     stop.store(true, Ordering::Release);
     vcpu.join().unwrap();
     // The last publish releases whatever hold is left.
-    t.publish(2, None);
+    t.publish(LimitKind::Runaway, None);
     assert!(!t.holds());
 }
 
@@ -347,7 +344,7 @@ fn fire_only(in_ns: u64) -> Option<Deadline> {
 
 #[test]
 fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
-    let vm = LimitKind::Vm.slot();
+    let vm = LimitKind::Vm;
     // A busy guest: 10 ms steps (a kick loses the rest of one), then the exit.
     let mut script = vec![Step::after(10_000_000, FakeExit::IoIn(0x80, 1)); 500];
     script.push(Step::now(bell(doorbell::EXIT, 7)));
@@ -376,7 +373,7 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     // The limiter publishes anew (here: no deadline): the hold ends, the vCPU runs on.
     r.shared.set_kick_deadline(LimitKind::Vm, None);
     r.until("it runs again", |s| micro(s) != MicroState::Limited);
-    r.shared.kick(crate::vcpu::REQ_STOP);
+    r.shared.kick(crate::vcpu::Requests::STOP);
     let shared = r.finish();
     assert!(matches!(shared.end(), Some(VcpuEnd::Stopped)));
     assert_eq!(shared.kick_timer.stops(vm), 1);
@@ -401,8 +398,11 @@ fn a_firing_while_parked_idle_costs_no_run() {
         r.finish()
     };
     assert!(matches!(shared.end(), Some(VcpuEnd::Exited(0))));
-    assert!(shared.kick_timer.rearms(0) >= 1, "the timer fired");
-    assert_eq!(shared.kick_timer.stops(0), 0);
+    assert!(
+        shared.kick_timer.rearms(LimitKind::Group) >= 1,
+        "the timer fired"
+    );
+    assert_eq!(shared.kick_timer.stops(LimitKind::Group), 0);
     assert_eq!(wasted.load(Ordering::Relaxed), 0, "no run left at once");
 }
 
@@ -413,18 +413,19 @@ fn a_pause_during_a_timer_does_not_enter_the_guest() {
         |s| s.set_kick_deadline(LimitKind::Runaway, fire_only(20_000_000)),
     );
     r.until("the guest runs", |s| micro(s) == MicroState::Guest);
-    r.shared.kick(REQ_PAUSE);
+    r.shared.kick(Requests::PAUSE);
     r.until("it is paused", |s| micro(s) == MicroState::Paused);
     // The timer fires while the vCPU is paused (or, on a loaded host, fired before).
     r.until("the timer fired", |s| {
-        s.kick_timer.fired.fired.load(Ordering::Relaxed) || s.kick_timer.rearms(2) >= 1
+        s.kick_timer.fired.fired.load(Ordering::Relaxed)
+            || s.kick_timer.rearms(LimitKind::Runaway) >= 1
     });
     r.shared.resume();
     let wasted = Arc::clone(&r.wasted);
     let shared = r.finish();
     assert!(matches!(shared.end(), Some(VcpuEnd::Exited(0))));
     assert!(
-        shared.kick_timer.rearms(2) >= 1,
+        shared.kick_timer.rearms(LimitKind::Runaway) >= 1,
         "handled on the way back in"
     );
     assert_eq!(wasted.load(Ordering::Relaxed), 0, "no run left at once");
@@ -451,6 +452,6 @@ fn without_timers_a_deadline_kicks_nothing() {
     let shared = r.finish();
     assert!(matches!(shared.end(), Some(VcpuEnd::Exited(0))));
     assert_eq!(shared.kick_timer.mode(), TimerMode::Off);
-    assert_eq!(shared.kick_timer.stops(1), 0);
+    assert_eq!(shared.kick_timer.stops(LimitKind::Vm), 0);
     assert_eq!(shared.times().0.limited_ns, 0);
 }
