@@ -55,6 +55,12 @@ pub mod exit;
 pub mod fuzzing;
 pub mod handle;
 pub(crate) mod hypervisor;
+/// The fake hypervisor (feature `fake-hypervisor`): [`vm::Vm::build`] on a
+/// [`fake_hypervisor::FakeHypervisor`] runs a whole VM whose vCPUs replay scripted exits, so
+/// tests of what does not depend on KVM (the control protocol, the report, the limits) run on
+/// a host without `/dev/kvm`.
+#[cfg(feature = "fake-hypervisor")]
+pub use hypervisor::fake as fake_hypervisor;
 pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod metrics;

@@ -1,5 +1,8 @@
 //! A hypervisor that replays scripted exits, so the run loop, the devices and the accounting
-//! are tested without KVM (test builds only).
+//! are tested without KVM: in the unit tests, and, with the `fake-hypervisor` feature, as
+//! `ppa_vmm::fake_hypervisor` for the tests under tests/ that need no `/dev/kvm`
+//! (`Vm::build(config, FakeHypervisor::new(scripts))`, then `run` as on KVM). The VMM itself
+//! never uses it.
 //!
 //! Data flow: a test gives [`FakeHypervisor::new`] one script per vCPU; each [`FakeVcpu`]'s
 //! `run` spins on the CPU for the step's `spin_ns` (guest time, on the thread's CPU clock), then

@@ -21,7 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::arch::x86_64::regs::{CpuidEntry, Fpu, Msr, Regs, SpecialRegs};
 
 pub mod calibrate;
-#[cfg(test)]
+#[cfg(any(test, feature = "fake-hypervisor"))]
 pub mod fake;
 pub mod kvm;
 pub mod stats;
