@@ -1,5 +1,6 @@
 //! The host view end to end: VMs registered in a run directory, `host list` and `host serve`
-//! over them, a VM killed and cleaned, a run directory refused, systemd's readiness message.
+//! over them, a VM killed and cleaned, one that never answers, a run directory refused,
+//! systemd's readiness message.
 
 mod common;
 
@@ -121,6 +122,64 @@ fn three_vms_are_listed_with_their_pids_and_a_killed_one_leaves_nothing_behind()
         String::from_utf8_lossy(&o.stderr).contains("already running"),
         "{o:?}"
     );
+}
+
+#[test]
+fn a_vm_that_accepts_and_never_answers_is_listed_as_not_answering() {
+    let d = temp_dir("host-hung");
+    let dir = d.as_path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let _a = start(&dir, "a");
+    // A "VMM" (this test process) whose socket accepts and never answers.
+    let sock = dir.join("hung.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let hung = ppa_vmm_client::rundir::Descriptor::of_self("hung", 1, Some(sock.clone()));
+    std::fs::write(dir.join("hung.json"), serde_json::to_string(&hung).unwrap()).unwrap();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let held = listener.accept();
+        let _ = wait.recv();
+        drop(held);
+    });
+    let (code, out, err) = host(&[
+        "list",
+        "--json",
+        "--timeout-ms",
+        "300",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let states: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [("a", "running"), ("hung", "not-answering")]);
+    assert_eq!(rows[1]["pid"], json!(std::process::id()));
+    assert!(
+        rows[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no answer within 300 ms"),
+        "{out}"
+    );
+    // The table says so too.
+    let (code, text, _) = host(&[
+        "list",
+        "--timeout-ms",
+        "100",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("hung ") && l.contains("not-answering")),
+        "{text}"
+    );
+    done.send(()).unwrap();
+    holder.join().unwrap();
 }
 
 #[test]

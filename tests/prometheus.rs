@@ -97,10 +97,15 @@ fn prometheus_scrapes_per_vcpu_series() {
     let _g = common::serial();
     let tmp = common::vmm::temp_dir("prometheus");
     let dir = tmp.as_path();
+    // The VM's name is registered in a run directory of the test's own, not the host's.
+    let run_dir = dir.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
     let vmm_port = prom::free_port();
     let _vmm = Killed(
         Command::new(env!("CARGO_BIN_EXE_ppa-vmm"))
             .args(["run", "--vcpus", "2", "--workload", "mixed:ms=60000"])
+            .arg("--run-dir")
+            .arg(&run_dir)
             .args([
                 "--name",
                 "prom-test",

@@ -3,25 +3,25 @@
 //! `host serve` one Prometheus endpoint for all of them.
 //!
 //! Data flow: [`crate::rundir::RunDir::scan`] lists the live VMs (and cleans stale entries);
-//! [`gather`] asks every VM's control socket in parallel, one thread per VM, for what the view
-//! needs (`stats`, twice for rates; `metrics` for `serve`), and takes what arrived by a
-//! deadline: a VMM that does not answer shows as unreachable and never holds up the others.
-//! The host side holds nothing a VMM waits on: each VMM serves its socket from its own
-//! thread and its own snapshot.
+//! [`gather`] ([`ask`]) asks every VM's control socket at once, from one thread, for what the
+//! view needs (`stats`, twice for rates; `metrics` for `serve`), and takes what arrived by one
+//! deadline: a VMM that does not answer in time shows as `not-answering` (one that cannot be
+//! reached as `unreachable`) and never holds up the others. The host side holds nothing a
+//! VMM waits on: each VMM serves its socket from its own thread and its own snapshot.
 
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use ppa_vmm_api::{Command, Stats};
+use ppa_vmm_api::{Stats, VmState};
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::rundir::{Descriptor, RunDir, Scan};
-use crate::Client;
+use crate::rundir::{RunDir, Scan};
 
+pub mod ask;
 pub mod serve;
 pub mod table;
+
+pub use ask::{gather, Answer, Ask, AskError, VmView};
 
 /// `ppa-vmm host`, as clap parses it.
 #[derive(Debug, Clone, clap::Args)]
@@ -51,121 +51,43 @@ pub struct ListOptions {
     /// One JSON array instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// How long to give every VM to answer, ms.
-    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    /// How long to give every VM to answer, ms (the interval comes on top).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub timeout_ms: u64,
     /// Time between the two samples that give host CPU now, ms.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub interval_ms: u64,
 }
 
-/// What one VM answered.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    /// `stats` at the start and, when asked for, after the interval.
-    pub stats: Vec<Stats>,
-    /// Seconds between the two `stats`, measured.
-    pub interval_s: f64,
-    /// The `metrics` text, when asked for.
-    pub metrics: Option<String>,
+/// Where a VM of `host list` stands: its own state, or why it gave none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ListState {
+    /// It answered: its state.
+    Vm(VmState),
+    /// It did not.
+    Missing(Missing),
 }
 
-/// One VM as the host view sees it.
-#[derive(Debug, Clone)]
-pub struct VmView {
-    /// Its descriptor.
-    pub descriptor: Descriptor,
-    /// What it answered, or why not.
-    pub answer: Result<Answer, String>,
+/// Why a VM of `host list` gave no state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Missing {
+    /// Its socket could not be reached, or it answered wrongly.
+    Unreachable,
+    /// It was reached but did not answer by the deadline.
+    NotAnswering,
 }
 
-/// What [`gather`] asks each VM.
-#[derive(Debug, Clone, Copy)]
-pub struct Ask {
-    /// A second `stats` after this long (rates), or just one.
-    pub interval: Option<Duration>,
-    /// The `metrics` text too.
-    pub metrics: bool,
-    /// Deadline for every VM's answer, from the start.
-    pub timeout: Duration,
-}
-
-fn stats(c: &mut Client) -> Result<Stats, String> {
-    let r = c.call(Command::Stats {}).map_err(|e| crate::describe(&e))?;
-    let v = r
-        .result
-        .filter(|_| r.ok)
-        .ok_or_else(|| r.error.map_or("refused".into(), |e| e.message))?;
-    serde_json::from_value(v).map_err(|e| format!("an answer that is not `stats`: {e}"))
-}
-
-fn ask_one(socket: &Path, ask: Ask, deadline: Instant) -> Result<Answer, String> {
-    let mut c = Client::connect(socket).map_err(|e| crate::describe(&e))?;
-    let left = deadline.saturating_duration_since(Instant::now());
-    c.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-        .map_err(|e| crate::describe(&e))?;
-    let t0 = Instant::now();
-    let mut out = vec![stats(&mut c)?];
-    let metrics = if ask.metrics {
-        let r = c
-            .call(Command::Metrics {})
-            .map_err(|e| crate::describe(&e))?;
-        match r.result {
-            Some(Value::String(s)) if r.ok => Some(s),
-            _ => return Err("the VMM did not give its metrics".into()),
-        }
-    } else {
-        None
-    };
-    let mut interval_s = 0.0;
-    if let Some(i) = ask.interval {
-        std::thread::sleep(i.saturating_sub(t0.elapsed()));
-        let t1 = Instant::now();
-        out.push(stats(&mut c)?);
-        interval_s = (t1 - t0).as_secs_f64();
-    }
-    Ok(Answer {
-        stats: out,
-        interval_s,
-        metrics,
-    })
-}
-
-/// Asks every VM of `scan` in parallel; what has not arrived by the deadline is an error.
-pub fn gather(scan: &Scan, ask: Ask) -> Vec<VmView> {
-    let start = Instant::now();
-    let deadline = start + ask.timeout + ask.interval.unwrap_or_default();
-    let (tx, rx) = mpsc::channel();
-    for (i, e) in scan.vms.iter().enumerate() {
-        let (to_thread, on_failure) = (tx.clone(), tx.clone());
-        let socket = e.descriptor.socket.clone();
-        let spawned = std::thread::Builder::new()
-            .name("host-ask".into())
-            .spawn(move || {
-                let r = match socket {
-                    Some(s) => ask_one(&s, ask, deadline),
-                    None => Err("the VM has no control socket".into()),
-                };
-                let _ = to_thread.send((i, r));
-            });
-        if spawned.is_err() {
-            let _ = on_failure.send((i, Err("could not start a thread to ask it".into())));
+impl ListState {
+    /// The state as `host list` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListState::Vm(s) => s.as_str(),
+            ListState::Missing(Missing::Unreachable) => "unreachable",
+            ListState::Missing(Missing::NotAnswering) => "not-answering",
         }
     }
-    drop(tx);
-    let mut answers: Vec<Option<Result<Answer, String>>> = vec![None; scan.vms.len()];
-    while let Ok((i, r)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        answers[i] = Some(r);
-    }
-    let waited = ask.timeout.as_millis();
-    scan.vms
-        .iter()
-        .zip(answers)
-        .map(|(e, a)| VmView {
-            descriptor: e.descriptor.clone(),
-            answer: a.unwrap_or_else(|| Err(format!("no answer within {waited} ms"))),
-        })
-        .collect()
 }
 
 /// One row of `host list --json`.
@@ -175,8 +97,9 @@ pub struct ListRow {
     pub name: String,
     /// The VMM's pid.
     pub pid: u32,
-    /// Its state (`running`, `paused`, ...; `unreachable` when it did not answer).
-    pub state: String,
+    /// Its state (`running`, `paused`, ...; `unreachable` when it could not be reached,
+    /// `not-answering` when it did not answer in time).
+    pub state: ListState,
     /// vCPUs.
     pub vcpus: usize,
     /// Uptime, ns (0 when it did not answer).
@@ -205,7 +128,7 @@ pub fn list_rows(views: &[VmView]) -> Vec<ListRow> {
             let mut row = ListRow {
                 name: d.name.clone(),
                 pid: d.pid,
-                state: "unreachable".into(),
+                state: ListState::Missing(Missing::Unreachable),
                 vcpus: d.vcpus,
                 uptime_ns: 0,
                 socket: d.socket.clone(),
@@ -214,17 +137,23 @@ pub fn list_rows(views: &[VmView]) -> Vec<ListRow> {
             };
             match &v.answer {
                 Ok(a) => {
-                    let last = a.stats.last().expect("at least one stats");
-                    row.state = last.vm.state.to_string();
-                    row.vcpus = last.vm.vcpus;
-                    row.uptime_ns = last.vm.uptime_ns;
+                    if let Some(last) = a.stats.last() {
+                        row.state = ListState::Vm(last.vm.state);
+                        row.vcpus = last.vm.vcpus;
+                        row.uptime_ns = last.vm.uptime_ns;
+                    }
                     if let [first, second] = a.stats.as_slice() {
                         let d = cpu_ns(second).saturating_sub(cpu_ns(first)) as f64;
                         row.cpu_percent =
                             Some((d / 1e9 / a.interval_s.max(1e-6) * 1e4).round() / 100.0);
                     }
                 }
-                Err(e) => row.error = Some(e.clone()),
+                Err(e) => {
+                    if e.is_late() {
+                        row.state = ListState::Missing(Missing::NotAnswering);
+                    }
+                    row.error = Some(crate::describe(e));
+                }
             }
             row
         })
@@ -244,7 +173,7 @@ pub fn list_text(rows: &[ListRow], scan: &Scan) -> String {
             "{:<24} {:>8} {:<12} {:>5} {:>12.1} {:>8}  {}{}",
             r.name,
             r.pid,
-            r.state,
+            r.state.as_str(),
             r.vcpus,
             r.uptime_ns as f64 / 1e9,
             r.cpu_percent.map_or("-".into(), |c| format!("{c:.1}")),

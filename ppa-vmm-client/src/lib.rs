@@ -260,20 +260,10 @@ impl Client {
                     .take()
                     .unwrap_or_else(|| ClientError::Closed(self.path.clone())));
             };
-            let value: Value = match serde_json::from_str(&line) {
-                Ok(v) => v,
+            match matching_response(line.as_bytes(), &id) {
+                Ok(Some(response)) => return Ok(response),
+                Ok(None) => {}
                 Err(source) => return Err(self.bad_response(&line, source)),
-            };
-            if value.get("event").is_some() {
-                continue;
-            }
-            // From the text, not the value: the id is compared as the server wrote it.
-            let response: Response = match serde_json::from_str(&line) {
-                Ok(r) => r,
-                Err(source) => return Err(self.bad_response(&line, source)),
-            };
-            if response.id == id || (response.id.is_null() && !response.ok) {
-                return Ok(response);
             }
         }
     }
@@ -339,6 +329,26 @@ impl Client {
             source,
         }
     }
+}
+
+/// The response `line` carries when it answers request `id` (or is the VMM refusing the
+/// connection: a failure with a null id); `None` for an event line or another request's
+/// answer.
+pub(crate) fn matching_response(
+    line: &[u8],
+    id: &RequestId,
+) -> Result<Option<Response>, serde_json::Error> {
+    // From the text, not a value: the id is compared as the server wrote it.
+    let response: Response = match serde_json::from_slice(line) {
+        Ok(r) => r,
+        Err(e) => {
+            return match serde_json::from_slice::<Value>(line) {
+                Ok(v) if v.get("event").is_some() => Ok(None),
+                _ => Err(e),
+            }
+        }
+    };
+    Ok((response.id == *id || (response.id.is_null() && !response.ok)).then_some(response))
 }
 
 /// The kebab-case name of an error kind, as the protocol spells it.

@@ -22,6 +22,9 @@ use thiserror::Error;
 
 /// The default run directory of root.
 pub const ROOT_RUN_DIR: &str = "/run/ppa-vmm";
+/// The VMMs' calibration cache in the run directory (not a descriptor; vmm/src/main.rs
+/// names it).
+pub const CALIBRATION_FILE: &str = "calibration.json";
 /// Longest descriptor read (a descriptor is ~300 bytes).
 const MAX_DESCRIPTOR: u64 = 64 * 1024;
 /// Most entries a scan looks at.
@@ -320,6 +323,9 @@ impl RunDir {
         for e in fs::read_dir(&self.path).map_err(io_err)?.take(MAX_ENTRIES) {
             let Ok(e) = e else { continue };
             let file = e.file_name();
+            if file.as_os_str() == CALIBRATION_FILE {
+                continue;
+            }
             let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".json")) else {
                 continue;
             };

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ppa_vmm_api::{Stats, VcpuSummary};
+
 use super::{gather, Ask, VmView};
 use crate::rundir::{RunDir, Scan};
 
@@ -105,151 +107,192 @@ fn secs(ns: u64) -> String {
     format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
 }
 
-/// The host's own families and the compat ones, written after the VMs'.
-fn host_families(views: &[VmView], scan: &Scan, compat: &[Compat], took: Duration) -> String {
-    let mut s = String::new();
-    let answered: Vec<(&str, &ppa_vmm_api::Stats)> = views
+/// Writes one family: its HELP and TYPE lines, then its samples.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[String]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for x in samples {
+        let _ = writeln!(out, "{x}");
+    }
+}
+
+/// The VMs that answered, by name, with their last `stats`.
+fn answered(views: &[VmView]) -> Vec<(&str, &Stats)> {
+    views
         .iter()
         .filter_map(|v| {
             let a = v.answer.as_ref().ok()?;
             Some((v.descriptor.name.as_str(), a.stats.last()?))
         })
-        .collect();
-    let mut fam = |name: &str, kind: &str, help: &str, samples: Vec<String>| {
-        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for x in samples {
-            let _ = writeln!(s, "{x}");
-        }
-    };
-    fam(
+        .collect()
+}
+
+/// The host's counts: VMs listed, which answered, entries skipped, the scrape's duration.
+fn host_counts(out: &mut String, views: &[VmView], scan: &Scan, took: Duration) {
+    family(
+        out,
         "ppa_host_vms",
         "gauge",
         "VMs the run directory lists (live VMMs).",
-        vec![format!("ppa_host_vms {}", views.len())],
+        &[format!("ppa_host_vms {}", views.len())],
     );
-    fam(
+    let up: Vec<String> = views
+        .iter()
+        .map(|v| {
+            format!(
+                "ppa_host_vm_up{{vm=\"{}\"}} {}",
+                esc(&v.descriptor.name),
+                u8::from(v.answer.is_ok())
+            )
+        })
+        .collect();
+    family(
+        out,
         "ppa_host_vm_up",
         "gauge",
         "1 when the VM answered this scrape in time, 0 when not.",
-        views
-            .iter()
-            .map(|v| {
-                format!(
-                    "ppa_host_vm_up{{vm=\"{}\"}} {}",
-                    esc(&v.descriptor.name),
-                    u8::from(v.answer.is_ok())
-                )
-            })
-            .collect(),
+        &up,
     );
-    fam(
+    family(
+        out,
         "ppa_host_foreign_entries",
         "gauge",
         "Run-directory entries of other users, skipped.",
-        vec![format!("ppa_host_foreign_entries {}", scan.foreign)],
+        &[format!("ppa_host_foreign_entries {}", scan.foreign)],
     );
-    fam(
+    family(
+        out,
         "ppa_host_scrape_duration_seconds",
         "gauge",
         "How long this scrape took to ask every VM.",
-        vec![format!(
+        &[format!(
             "ppa_host_scrape_duration_seconds {:.6}",
             took.as_secs_f64()
         )],
     );
-    let total = |f: fn(&ppa_vmm_api::Stats) -> u64| answered.iter().map(|(_, s)| f(s)).sum::<u64>();
-    fam(
+}
+
+/// The host's sums over the VMs that answered: vCPUs, their used and steal time, the VMMs'
+/// other threads.
+fn host_sums(out: &mut String, answered: &[(&str, &Stats)]) {
+    let total = |f: &dyn Fn(&Stats) -> u64| answered.iter().map(|(_, s)| f(s)).sum::<u64>();
+    let vcpu_total =
+        |f: fn(&VcpuSummary) -> u64| total(&|s: &Stats| s.vcpus.iter().map(f).sum::<u64>());
+    family(
+        out,
         "ppa_host_vcpus",
         "gauge",
         "vCPUs of the VMs that answered.",
-        vec![format!("ppa_host_vcpus {}", total(|s| s.vm.vcpus as u64))],
+        &[format!("ppa_host_vcpus {}", total(&|s| s.vm.vcpus as u64))],
     );
-    fam(
+    family(
+        out,
         "ppa_host_vcpu_used_seconds",
         "gauge",
         "Sum of the answering VMs' vCPU used time (a gauge: a VM that ends leaves the sum).",
-        vec![format!(
+        &[format!(
             "ppa_host_vcpu_used_seconds {}",
-            secs(total(|s| s.vcpus.iter().map(|v| v.used_ns).sum()))
+            secs(vcpu_total(|v| v.used_ns))
         )],
     );
-    fam(
+    family(
+        out,
         "ppa_host_vcpu_steal_seconds",
         "gauge",
         "Sum of the answering VMs' vCPU steal time.",
-        vec![format!(
+        &[format!(
             "ppa_host_vcpu_steal_seconds {}",
-            secs(total(|s| s.vcpus.iter().map(|v| v.steal_ns).sum()))
+            secs(vcpu_total(|v| v.steal_ns))
         )],
     );
-    fam(
+    family(
+        out,
         "ppa_host_vmm_threads_seconds",
         "gauge",
         "Sum of the answering VMMs' non-vCPU thread CPU time.",
-        vec![format!(
+        &[format!(
             "ppa_host_vmm_threads_seconds {}",
-            secs(total(|s| s.vm.host_threads_ns))
+            secs(total(&|s| s.vm.host_threads_ns))
         )],
     );
-    let per_vcpu = |f: &dyn Fn(&str, usize, &ppa_vmm_api::VcpuSummary) -> String| -> Vec<String> {
-        answered
+}
+
+/// A per-vCPU family of another tool that `--compat` adds.
+struct CompatFamily {
+    /// Which `--compat` value adds it.
+    compat: Compat,
+    /// Its name.
+    name: &'static str,
+    /// Its help text (theirs, and what our value is).
+    help: &'static str,
+    /// A sample's labels for the VM (escaped) and the vCPU id.
+    labels: fn(&str, usize) -> String,
+    /// A sample's value, ns.
+    value: fn(&VcpuSummary) -> u64,
+}
+
+/// The families `--compat` can add, in the order they are written.
+const COMPAT_FAMILIES: [CompatFamily; 4] = [
+    CompatFamily {
+        compat: Compat::Kubevirt,
+        name: "kubevirt_vmi_vcpu_seconds_total",
+        help: "Total amount of time spent in each state by each vcpu (PPA-VMM: state running is used_ns, exact).",
+        labels: |vm, id| format!("name=\"{vm}\",namespace=\"\",id=\"{id}\",state=\"running\""),
+        value: |v| v.used_ns,
+    },
+    CompatFamily {
+        compat: Compat::Kubevirt,
+        name: "kubevirt_vmi_vcpu_delay_seconds_total",
+        help: "Time the vCPU was enqueued by the host scheduler but could not run (PPA-VMM: steal_ns).",
+        labels: |vm, id| format!("name=\"{vm}\",namespace=\"\",id=\"{id}\""),
+        value: |v| v.steal_ns,
+    },
+    CompatFamily {
+        compat: Compat::Libvirt,
+        name: "libvirt_domain_vcpu_time_seconds_total",
+        help: "Amount of CPU time used by the domain's VCPU (PPA-VMM: used_ns).",
+        labels: |vm, id| format!("domain=\"{vm}\",vcpu=\"{id}\""),
+        value: |v| v.used_ns,
+    },
+    CompatFamily {
+        compat: Compat::Libvirt,
+        name: "libvirt_domain_vcpu_delay_seconds_total",
+        help: "Time the VCPU waited in the host's run queue (PPA-VMM: steal_ns).",
+        labels: |vm, id| format!("domain=\"{vm}\",vcpu=\"{id}\""),
+        value: |v| v.steal_ns,
+    },
+];
+
+/// The compat families `compat` asks for, one sample per vCPU of each VM that answered.
+fn compat_families(out: &mut String, answered: &[(&str, &Stats)], compat: &[Compat]) {
+    for f in COMPAT_FAMILIES
+        .iter()
+        .filter(|f| compat.contains(&f.compat))
+    {
+        let samples: Vec<String> = answered
             .iter()
-            .flat_map(|(name, s)| s.vcpus.iter().map(move |v| f(name, v.id, v)))
-            .collect()
-    };
-    if compat.contains(&Compat::Kubevirt) {
-        fam(
-            "kubevirt_vmi_vcpu_seconds_total",
-            "counter",
-            "Total amount of time spent in each state by each vcpu (PPA-VMM: state running is used_ns, exact).",
-            per_vcpu(&|n, id, v| {
-                format!(
-                    "kubevirt_vmi_vcpu_seconds_total{{name=\"{}\",namespace=\"\",id=\"{id}\",state=\"running\"}} {}",
-                    esc(n),
-                    secs(v.used_ns)
-                )
-            }),
-        );
-        fam(
-            "kubevirt_vmi_vcpu_delay_seconds_total",
-            "counter",
-            "Time the vCPU was enqueued by the host scheduler but could not run (PPA-VMM: steal_ns).",
-            per_vcpu(&|n, id, v| {
-                format!(
-                    "kubevirt_vmi_vcpu_delay_seconds_total{{name=\"{}\",namespace=\"\",id=\"{id}\"}} {}",
-                    esc(n),
-                    secs(v.steal_ns)
-                )
-            }),
-        );
+            .flat_map(|(vm, s)| {
+                s.vcpus.iter().map(move |v| {
+                    format!(
+                        "{}{{{}}} {}",
+                        f.name,
+                        (f.labels)(&esc(vm), v.id),
+                        secs((f.value)(v))
+                    )
+                })
+            })
+            .collect();
+        family(out, f.name, "counter", f.help, &samples);
     }
-    if compat.contains(&Compat::Libvirt) {
-        fam(
-            "libvirt_domain_vcpu_time_seconds_total",
-            "counter",
-            "Amount of CPU time used by the domain's VCPU (PPA-VMM: used_ns).",
-            per_vcpu(&|n, id, v| {
-                format!(
-                    "libvirt_domain_vcpu_time_seconds_total{{domain=\"{}\",vcpu=\"{id}\"}} {}",
-                    esc(n),
-                    secs(v.used_ns)
-                )
-            }),
-        );
-        fam(
-            "libvirt_domain_vcpu_delay_seconds_total",
-            "counter",
-            "Time the VCPU waited in the host's run queue (PPA-VMM: steal_ns).",
-            per_vcpu(&|n, id, v| {
-                format!(
-                    "libvirt_domain_vcpu_delay_seconds_total{{domain=\"{}\",vcpu=\"{id}\"}} {}",
-                    esc(n),
-                    secs(v.steal_ns)
-                )
-            }),
-        );
-    }
-    s
+}
+
+/// The host's own families and the compat ones, written after the VMs'.
+fn host_families(views: &[VmView], scan: &Scan, compat: &[Compat], took: Duration) -> String {
+    let mut out = String::new();
+    let answered = answered(views);
+    host_counts(&mut out, views, scan, took);
+    host_sums(&mut out, &answered);
+    compat_families(&mut out, &answered, compat);
+    out
 }
 
 /// The whole exposition for the VMs `views` (asked with metrics) found by `scan`.

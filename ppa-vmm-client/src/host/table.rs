@@ -137,7 +137,7 @@ pub fn rows(views: &[VmView], expand: &[String], sort: &str) -> Vec<Vec<Row>> {
                 Err(e) => vec![Row {
                     name: name.clone(),
                     vcpus: v.descriptor.vcpus,
-                    error: Some(e.clone()),
+                    error: Some(crate::describe(e)),
                     ..Row::default()
                 }],
             }

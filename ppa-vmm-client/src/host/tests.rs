@@ -46,7 +46,7 @@ fn views() -> Vec<VmView> {
         },
         VmView {
             descriptor: descriptor("b", 12),
-            answer: Err("no answer within 800 ms".into()),
+            answer: Err(AskError::NoAnswer { waited_ms: 800 }),
         },
     ]
 }
@@ -64,7 +64,7 @@ fn list_rows_give_state_and_cpu_now_or_why_not() {
     assert_eq!(rows[0].uptime_ns, 10 * S);
     assert_eq!(
         (rows[1].state.as_str(), rows[1].cpu_percent),
-        ("unreachable", None)
+        ("not-answering", None)
     );
     assert!(rows[1].error.as_deref().unwrap().contains("no answer"));
     let json: serde_json::Value = serde_json::to_value(&rows).unwrap();

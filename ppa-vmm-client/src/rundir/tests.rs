@@ -110,14 +110,15 @@ fn scans_list_the_live_and_clean_the_dead_without_touching_a_live_socket() {
     let mut reused = Descriptor::of_self("reused", 1, Some(reused_sock.clone()));
     reused.pid = u32::MAX - 1;
     let _reused = r.register(&reused).unwrap();
-    // Garbage.
+    // Garbage, and the calibration cache (neither a VM nor unreadable).
     fs::write(base.join("junk.json"), b"{not json").unwrap();
+    fs::write(base.join(CALIBRATION_FILE), b"{\"cache\": 1}").unwrap();
     let s = r.scan().unwrap();
     let names: Vec<&str> = s.vms.iter().map(|e| e.descriptor.name.as_str()).collect();
     assert_eq!(names, ["live"]);
     assert_eq!(s.vms[0].descriptor.vcpus, 2);
     assert_eq!(s.removed, ["dead", "reused"]);
-    assert_eq!(s.unreadable, 1);
+    assert_eq!(s.unreadable, 1, "junk.json only");
     assert!(!base.join("dead.json").exists() && !dead_sock.exists());
     assert!(!base.join("reused.json").exists());
     assert!(
