@@ -80,7 +80,8 @@ pub enum RunDirError {
     /// A name that cannot be a file name in it.
     #[error(
         "the VM name {q:?} cannot name files in the run directory: use 1 to 64 letters, \
-         digits and . _ - + @ : only, not starting with a dot",
+         digits and . _ - + @ : only, not starting with a dot, and not `calibration` (the \
+         calibration cache's name there)",
         q = ppa_vmm_api::clip(.0)
     )]
     BadName(String),
@@ -162,9 +163,11 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Whether `name` can name files in a run directory.
+/// Whether `name` can name files in a run directory (`NAME.json` must not be the calibration
+/// cache).
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
+        && CALIBRATION_FILE.strip_suffix(".json") != Some(name)
         && name.len() <= 64
         && !name.starts_with('.')
         && name

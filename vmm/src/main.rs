@@ -22,7 +22,7 @@ use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::StopSignals;
 use ppa_vmm::vm::Vm;
 use ppa_vmm_api::describe;
-use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir};
+use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir, CALIBRATION_FILE};
 
 /// The config file named by `--config`, with the command line laid over it.
 fn options(cli: RunOptions) -> Result<RunOptions, Box<dyn std::error::Error>> {
@@ -116,7 +116,7 @@ fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::e
     config.calibration_cache = run_dir
         .clone()
         .or_else(|| RunDir::open(None, false).ok())
-        .map(|d| d.path().join("calibration.json"));
+        .map(|d| d.path().join(CALIBRATION_FILE));
     check_outputs(&report_opts)?;
     let _registration: Option<Registration> = match &run_dir {
         Some(dir) => Some(dir.register(&Descriptor::of_self(

@@ -70,7 +70,7 @@ fn names_and_socket_paths_are_checked() {
     let base = tmp("names");
     let r = RunDir::open(Some(&base), true).unwrap();
     assert!(r.socket_path("web-1").unwrap().ends_with("web-1.sock"));
-    for bad in ["", ".hidden", "a/b", "..", "a b", "x\n"] {
+    for bad in ["", ".hidden", "a/b", "..", "a b", "x\n", "calibration"] {
         assert!(
             matches!(r.socket_path(bad), Err(RunDirError::BadName(_))),
             "{bad:?}"
