@@ -116,7 +116,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and not __fish_see
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and not __fish_seen_subcommand_from list top serve help" -f -a "serve" -d 'One Prometheus endpoint for every VM of the run directory'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and not __fish_seen_subcommand_from list top serve help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -l run-dir -d 'The run directory (default /run/ppa-vmm, or $XDG_RUNTIME_DIR/ppa-vmm for others)' -r -F
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -l timeout-ms -d 'How long to give every VM to answer, ms' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -l timeout-ms -d 'How long to give every VM to answer, ms (the interval comes on top)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -l interval-ms -d 'Time between the two samples that give host CPU now, ms' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -l json -d 'One JSON array instead of the table'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
