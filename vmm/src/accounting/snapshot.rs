@@ -228,17 +228,9 @@ impl VcpuAccounting {
             }
             return RawSample {
                 at_ns: at,
-                wall_ns: 0,
                 meter,
-                used_ns: 0,
-                steal_ns: 0,
                 kvm,
-                hist,
-                ticks: None,
-                on_cpu_complete: true,
-                blocking_ns: 0,
-                live: false,
-                began_in_ns: 0,
+                ..RawSample::zero(hist)
             };
         };
         // Add the micro-state in progress, so live figures do not lag by one interval.
