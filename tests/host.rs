@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::prom::{free_port, promtool_accepts, Killed};
+use common::prom::{free_port, host_serve, promtool_accepts, Killed};
 use common::vmm::{bin, connect_when_up, temp_dir, Conn};
 use serde_json::{json, Value};
 
@@ -220,16 +220,7 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     let a = start(&dir, "a");
     let mut b = start(&dir, "b");
     let port = free_port();
-    let _serve = Killed(
-        Command::new(bin())
-            .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
-            .arg(&dir)
-            .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _serve = host_serve(&dir, port);
     let mut body = None;
     for _ in 0..200 {
         if let Some((status, text)) = common::prom::get(port, "/metrics") {

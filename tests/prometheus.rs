@@ -261,16 +261,7 @@ fn prometheus_scrapes_every_vm_of_host_serve() {
     );
     let _b = start_in(&run, "b", &["--vcpus", "1", "--workload", "mixed:ms=60000"]);
     let port = prom::free_port();
-    let _serve = Killed(
-        Command::new(bin())
-            .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
-            .arg(&run)
-            .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _serve = prom::host_serve(&run, port);
     let (status, text) = prom::metrics_when_up(port);
     assert_eq!(status, "HTTP/1.1 200 OK");
     promtool_accepts(&text);

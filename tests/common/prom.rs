@@ -26,6 +26,21 @@ impl Drop for Killed {
     }
 }
 
+/// `ppa-vmm host serve` on the VMs of `run_dir`, with both compat sets, its exposition on
+/// 127.0.0.1:`port`; killed when dropped.
+pub fn host_serve(run_dir: &Path, port: u16) -> Killed {
+    Killed(
+        Command::new(super::vmm::bin())
+            .args(["host", "serve", "--compat", "kubevirt,libvirt", "--run-dir"])
+            .arg(run_dir)
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// A TCP port free on 127.0.0.1 a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
