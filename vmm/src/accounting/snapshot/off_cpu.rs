@@ -33,8 +33,8 @@ pub(super) struct OffCpuInputs<'a> {
 /// host, docs/accounting.md). The records' own on-CPU figure is reported beside it as
 /// `records_on_cpu_ns` ([`records_on_cpu`]), a cross-check from an independent source, as
 /// `records_preempted_ns` is for steal. Halted + blocked is what remains, so the identity
-/// checks the parts measured apart (steal, parks) against the wall. The wake-up wait after a block is in
-/// run_delay (steal), as Linux counts it, and is taken out of the block. Of what is left,
+/// checks the parts measured apart (steal, parks) against the wall. The wake-up wait after a
+/// block is in run_delay (steal), as Linux counts it, and is taken out of the block. Of what is left,
 /// KVM's halt time (which itself includes the wake-up wait: an upper bound) goes to halted
 /// first. At level off nothing is timed: halted is KVM's halt time, blocked 0.
 pub(super) fn off_cpu_split(i: OffCpuInputs<'_>) -> (u64, u64) {
@@ -62,8 +62,8 @@ pub(super) fn off_cpu_split(i: OffCpuInputs<'_>) -> (u64, u64) {
 
 /// The time on a CPU outside parks as the vCPU thread measured it per interval at level full
 /// (each interval's wall time less the records' off-CPU episodes; the thread-CPU-clock delta
-/// where split_source is `cpu_clock`), when every interval of the window was measured so (level full throughout, no record lost, the interval in progress
-/// seen); None otherwise.
+/// where split_source is `cpu_clock`), when every interval of the window was measured so
+/// (level full throughout, no record lost, the interval in progress seen); None otherwise.
 pub(super) fn records_on_cpu(
     cur: &RawSample,
     base: &RawSample,
