@@ -103,10 +103,12 @@ fn count(v: &Value, path: &[&str]) -> u64 {
 
 /// At level full on SVM, KVM's tracepoints split every KVM_RUN: KVM's in-kernel exits by
 /// reason with the userspace exits that came from a VM exit make up KVM's `exits` statistic
-/// exactly, kvm_ns is measured, and the records' time on a CPU agrees with the clock's; with
-/// `strict`, the run's on-CPU time inside KVM_RUN is guest + kvm + the interrupts taken there
-/// within the identity's tolerance (vCPUs that run long enough for the clocks' difference at
-/// context switches to stay inside it).
+/// exactly, and kvm_ns is measured. With `strict` (vCPUs that run for seconds), the records'
+/// time on a CPU also agrees with the clock's and the on-CPU time inside KVM_RUN is guest, kvm
+/// and the interrupts taken there within the identity's tolerance; for short vCPUs the two are
+/// printed, not asserted: under QEMU's emulation with the outer host loaded the two clocks were
+/// seen 8 % apart on a 130 ms vCPU (CI, stop 30), and the comparison is the accuracy test's on
+/// this machine's own KVM (tests/accuracy.rs), where time means something.
 fn assert_kvm_split(v: &Value, strict: bool) {
     let id = &v["id"];
     let n = |k: &str| {
@@ -147,8 +149,8 @@ fn assert_kvm_split(v: &Value, strict: bool) {
     // takes the thread CPU clock's total (used_ns). The two see the same time but stamp each
     // context switch at different points (perf writes the switch-in record after scheduling
     // the thread's events in, the clock starts before: docs/accounting.md), a few µs per
-    // switch on hardware and tens under this emulation, so they agree within the identity's
-    // tolerance plus 5 % of the time on a CPU here.
+    // switch on hardware and tens under this emulation, so for long vCPUs they agree within
+    // the identity's tolerance plus 5 % of the time on a CPU here.
     let (wall, in_run) = (n("wall_ns"), n("kvm_run_cpu_ns"));
     let records = n("records_on_cpu_ns");
     assert!(
@@ -156,13 +158,13 @@ fn assert_kvm_split(v: &Value, strict: bool) {
         "vCPU {id}: {in_run} inside KVM_RUN of {records}: {v}"
     );
     let on = n("used_ns") - n("park_cpu_ns");
-    let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(wall, true) + on / 20;
-    assert!(
-        records.abs_diff(on) <= tol,
-        "vCPU {id}: the records saw {records} ns on a CPU, the clock {on} (tolerance {tol})"
-    );
     let parts = guest + kvm + irq;
     if strict {
+        let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(wall, true) + on / 20;
+        assert!(
+            records.abs_diff(on) <= tol,
+            "vCPU {id}: the records saw {records} ns on a CPU, the clock {on} (tolerance {tol})"
+        );
         // Issue 25's bar for the Linux guest: guest + kvm + interrupted is the time on a CPU
         // inside KVM_RUN within the identity's own tolerance (interrupts outside KVM_RUN are in
         // interrupted_ns too). Its vCPUs run for seconds, so the clocks' difference at switches
