@@ -6,8 +6,13 @@
 //! request), the `api-stats` thread ([`run_refresher`]) takes a snapshot every refresh
 //! interval and posts it here with its JSON text; the `api` thread serves the posted one when
 //! it is younger than the maximum age, and takes one itself otherwise (the first request
-//! after a quiet spell, or a command that changed what `stats` shows). vCPU threads never
-//! touch the board.
+//! after a quiet spell, or a command that changed what `stats` shows). Demand starts only
+//! when a request follows the previous one within [`POLL_NS`]: a snapshot every refresh
+//! interval is cheaper than one per request only for a client that asks more often than that,
+//! and one that asks once (`ctl stats`, each VM of a `host list`) is answered by a snapshot of
+//! its own instead of keeping the refresher awake for a second (200 idle VMMs each refreshing
+//! for a second after one `host list` kept the development host's two CPUs busy for seconds).
+//! vCPU threads never touch the board.
 //!
 //! The refresher keeps to a CPU budget ([`REFRESH_BUDGET_PER_MILLE`] of one CPU): it measures
 //! the CPU time of each cycle on its own thread clock (the snapshot, and the wake-up, the
@@ -23,6 +28,11 @@ use crate::sync::{futex_wait, futex_wake, now_ns};
 
 /// How long a `stats` request keeps the refresher running.
 pub const DEMAND_NS: u64 = 1_000_000_000;
+
+/// A `stats` request that follows the previous one within this starts or extends demand:
+/// the longest refresh interval, beyond which a snapshot per request costs less than the
+/// refresher's.
+pub const POLL_NS: u64 = MAX_REFRESH_NS;
 
 /// The refresher's CPU budget while clients ask for `stats`, per mille of one CPU. Every
 /// microsecond of it is taken from the guests when all host CPUs run vCPU threads (in
@@ -55,7 +65,9 @@ pub struct Snapshot {
 pub struct Board {
     posted: Mutex<Option<Arc<Snapshot>>>,
     demand_until: AtomicU64,
-    /// Futex word: bumped to wake the refresher.
+    /// CLOCK_MONOTONIC of the latest request (0: none yet).
+    last_request: AtomicU64,
+    /// Futex word: bumped by `futex_wake` to wake the refresher.
     wake: AtomicU32,
     stop: AtomicBool,
     /// The refresher's current interval over the configured one, per mille (0: not stretched).
@@ -74,7 +86,8 @@ impl Board {
     }
 
     /// The posted snapshot if it is younger than `max_age_ns`, or, while the refresher is in
-    /// the middle of taking the next one, younger than [`DEMAND_NS`]; records demand.
+    /// the middle of taking the next one, younger than [`DEMAND_NS`]; records demand when the
+    /// previous request came less than [`POLL_NS`] before this one.
     ///
     /// Why the second case: a refresher that is late is held up inside its snapshot, by a
     /// vCPU thread preempted in a meter write section (readers wait for it; at 32 vCPU threads
@@ -82,10 +95,12 @@ impl Board {
     /// vCPU, so the posted one is served instead; its `uptime_ns` says when it was taken.
     pub fn take(&self, max_age_ns: u64) -> Option<Arc<Snapshot>> {
         let now = now_ns();
-        let was = self.demand_until.swap(now + DEMAND_NS, Ordering::AcqRel);
-        if was < now {
-            self.wake.fetch_add(1, Ordering::Release);
-            futex_wake(&self.wake);
+        let previous = self.last_request.swap(now, Ordering::AcqRel);
+        if previous != 0 && now.saturating_sub(previous) < POLL_NS {
+            let was = self.demand_until.swap(now + DEMAND_NS, Ordering::AcqRel);
+            if was < now {
+                futex_wake(&self.wake); // bumps the word too
+            }
         }
         let max_age = if self.taking.load(Ordering::Acquire) {
             max_age_ns.max(DEMAND_NS)
@@ -114,8 +129,7 @@ impl Board {
     /// Ends the refresher.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        self.wake.fetch_add(1, Ordering::Release);
-        futex_wake(&self.wake);
+        futex_wake(&self.wake); // bumps the word too
     }
 }
 
@@ -171,6 +185,12 @@ pub fn run_refresher(
 mod tests {
     use super::*;
 
+    /// Two requests in a row: a client that polls.
+    fn demand(b: &Board) {
+        let _ = b.take(0);
+        let _ = b.take(0);
+    }
+
     fn snap(at_ns: u64) -> Arc<Snapshot> {
         Arc::new(Snapshot {
             at_ns,
@@ -224,7 +244,7 @@ mod tests {
                 },
             )
         });
-        let _ = b.take(0); // demand
+        demand(&b);
         let t0 = now_ns();
         while taken.load(Ordering::Acquire) < 2 || !b.taking.load(Ordering::Acquire) {
             assert!(now_ns() - t0 < 10_000_000_000, "the refresher starts again");
@@ -247,6 +267,38 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_request_does_not_wake_the_refresher_and_a_second_soon_after_does() {
+        let b = Board::default();
+        let _ = b.take(0);
+        assert_eq!(
+            b.wake.load(Ordering::Acquire),
+            0,
+            "one request is not a poll"
+        );
+        assert_eq!(b.demand_until.load(Ordering::Acquire), 0);
+        let _ = b.take(0);
+        assert_eq!(
+            b.wake.load(Ordering::Acquire),
+            1,
+            "the second one starts demand"
+        );
+        let _ = b.take(0);
+        assert_eq!(
+            b.wake.load(Ordering::Acquire),
+            1,
+            "demand lasting: no second wake-up"
+        );
+        // A request long after the previous one (as a `host list` every few seconds) does not
+        // extend demand.
+        b.last_request
+            .store(now_ns() - 2 * POLL_NS, Ordering::Release);
+        b.demand_until.store(0, Ordering::Release);
+        let _ = b.take(0);
+        assert_eq!(b.demand_until.load(Ordering::Acquire), 0);
+        assert_eq!(b.wake.load(Ordering::Acquire), 1);
+    }
+
+    #[test]
     fn refresher_posts_while_there_is_demand_and_stops() {
         let b = Arc::new(Board::default());
         let b2 = Arc::clone(&b);
@@ -261,7 +313,7 @@ mod tests {
                 },
             )
         });
-        let _ = b.take(0); // demand
+        demand(&b);
         let t0 = now_ns();
         while b.take(u64::MAX).is_none() {
             assert!(now_ns() - t0 < 10_000_000_000, "the refresher posts");
@@ -304,7 +356,7 @@ mod tests {
                 },
             )
         });
-        let _ = b.take(0);
+        demand(&b);
         let t0 = now_ns();
         while b.max_age_ns(15_000_000) != 45_000_000 {
             assert!(now_ns() - t0 < 10_000_000_000, "the refresher stretches");
@@ -332,7 +384,7 @@ mod tests {
                 },
             )
         });
-        let _ = b.take(0);
+        demand(&b);
         let t0 = now_ns();
         while b.max_age_ns(10_000_000) < 30_000_000 {
             assert!(
