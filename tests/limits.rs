@@ -46,6 +46,28 @@ fn kick_timers_stop_a_limited_vcpu_and_are_counted() {
         g.kicks.timer + g.kicks.limiter >= g.throttled_periods,
         "every throttled period has a stop: {g:?}"
     );
+    // Each timer stop whose firing was seen by its handler has its stages: to the handler
+    // and to the decision once each, to the park once it parked (the last stop may not).
+    let st = g
+        .kicks
+        .stages
+        .as_ref()
+        .expect("stages with the VMM backend");
+    let n = st.to_handler.count;
+    assert!(
+        n > 0 && n <= g.kicks.timer,
+        "{n} staged of {} stops: {st:?}",
+        g.kicks.timer
+    );
+    assert_eq!(st.to_decision.count, n, "{st:?}");
+    assert!(st.to_park.count <= n && st.to_park.count + 1 >= n, "{st:?}");
+    let text = out.report.to_text();
+    assert!(
+        text.contains(&format!(
+            "stop stages of vm: {n} timer stops, p50/p99 us to handler "
+        )),
+        "{text}"
+    );
 }
 
 #[test]
@@ -64,6 +86,12 @@ fn with_limit_kick_limiter_the_limiter_thread_kicks_alone() {
     assert_eq!(g.kicks.path, LimitKick::Limiter, "{g:?}");
     assert_eq!((g.kicks.timer, g.kicks.rearms), (0, 0), "{g:?}");
     assert!(g.kicks.limiter > 0 && g.throttled_periods >= 15, "{g:?}");
+    let st = g.kicks.stages.as_ref().expect("stages, empty");
+    assert_eq!(
+        st.to_handler.count + st.to_park.count,
+        0,
+        "no timer stop: {st:?}"
+    );
     assert!(out.report.vcpus[0].times.limited_ns > 0);
 }
 
@@ -229,6 +257,10 @@ fn the_cgroup_backend_reports_the_cgroups_own_figures() {
     let g = &out.report.groups[0];
     assert_eq!(g.backend, ppa_vmm_api::LimitBackend::Cgroup);
     assert!(g.periods >= 10 && g.throttled_periods >= 10, "{g:?}");
+    assert!(
+        g.kicks.stages.is_none(),
+        "the kernel's stops have no stages: {g:?}"
+    );
     assert!(
         g.limited_ns > 500_000_000,
         "the cgroup's throttled time: {g:?}"

@@ -50,8 +50,8 @@ pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
 pub use types::{
     identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
-    HistogramJson, HostCpu, Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads, Thresholds,
-    ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
+    HistogramJson, HostCpu, KickStages, Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads,
+    Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.

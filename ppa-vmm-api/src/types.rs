@@ -529,7 +529,7 @@ impl GroupStats {
 }
 
 /// How a limit's members were stopped since the limit was set (`kicks` of [`GroupStats`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitKicks {
     /// The path in use.
@@ -542,6 +542,60 @@ pub struct LimitKicks {
     /// Stops made by the limiter thread's kick: every stop without timers, else the fallback
     /// when a timer was late.
     pub limiter: u64,
+    /// Where the time of the members' timer stops went, stage by stage, since the limit was
+    /// set (null with the cgroup backend, whose stops the kernel makes where nothing sees
+    /// them).
+    #[serde(default)]
+    pub stages: Option<KickStages>,
+}
+
+/// The stages of a limit's timer stops, wall time of each stop's stage merged over the
+/// members (docs/limits.md, "Where the overshoot comes from"). A vCPU's stages are its own,
+/// whichever of its limits stopped it: a vCPU in a group and under the VM's limit counts each
+/// stop in both.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KickStages {
+    /// From the instant the timer was armed for to its signal handler: the timer's expiry,
+    /// the signal, the vCPU's way out of the guest and out of KVM_RUN.
+    pub to_handler: HistogramJson,
+    /// From the handler to the run loop's stop decision.
+    pub to_decision: HistogramJson,
+    /// From the decision to the park.
+    pub to_park: HistogramJson,
+}
+
+impl KickStages {
+    /// The stages by name, in the order a stop goes through them.
+    pub fn named(&self) -> [(&'static str, &HistogramJson); 3] {
+        [
+            ("to_handler", &self.to_handler),
+            ("to_decision", &self.to_decision),
+            ("to_park", &self.to_park),
+        ]
+    }
+
+    /// One line for the text outputs: `N timer stops, p50/p99 µs to handler A/B, to decision
+    /// C/D, to park E/F`; `None` when no timer stop was measured.
+    pub fn summary(&self) -> Option<String> {
+        if self.to_handler.count == 0 {
+            return None;
+        }
+        let us = |ns: u64| ns as f64 / 1e3;
+        let parts: Vec<String> = self
+            .named()
+            .iter()
+            .map(|(name, h)| {
+                let name = name.replace('_', " ");
+                format!("{name} {:.1}/{:.1}", us(h.p50), us(h.p99))
+            })
+            .collect();
+        Some(format!(
+            "{} timer stops, p50/p99 us {}",
+            self.to_handler.count,
+            parts.join(", ")
+        ))
+    }
 }
 
 /// One vCPU thread in `threads`.

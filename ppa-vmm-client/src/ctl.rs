@@ -425,6 +425,11 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
         "USED% is of one CPU over the completed periods; OVERSHOOTS counts the periods whose use \
          passed the quota, MEAN/P50/P99/MAX are of how far (used - quota).\n",
     );
+    for g in groups {
+        if let Some(line) = g.kicks.stages.as_ref().and_then(|st| st.summary()) {
+            s.push_str(&format!("stop stages of {}: {line}\n", g.name));
+        }
+    }
     s
 }
 

@@ -322,6 +322,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
             timer: 9,
             rearms: 1,
             limiter: 0,
+            stages: None,
         },
     }
 }
@@ -346,6 +347,28 @@ fn groups_text_is_one_line_per_limit() {
         );
     }
     assert_eq!(to_text("groups", &serde_json::json!([])), "no CPU limits\n");
+    // A limit whose timer stops were measured adds a line with each stage's p50/p99.
+    let mut staged = group("dataplane", 3);
+    let stage = |p50: u64, p99: u64| HistogramJson {
+        count: 4,
+        p50,
+        p99,
+        ..staged.overshoot.clone()
+    };
+    staged.kicks.stages = Some(ppa_vmm_api::KickStages {
+        to_handler: stage(50_000, 120_000),
+        to_decision: stage(3_000, 13_000),
+        to_park: stage(11_000, 25_500),
+    });
+    let text = to_text("groups", &serde_json::to_value([staged]).unwrap());
+    assert_eq!(
+        text.lines().last(),
+        Some(
+            "stop stages of dataplane: 4 timer stops, p50/p99 us to handler 50.0/120.0, \
+             to decision 3.0/13.0, to park 11.0/25.5"
+        ),
+        "{text}"
+    );
     // Histogram slots elsewhere are summed up in one line.
     let h = serde_json::json!({"histogram": {"count": 2, "slots": [{"slot": 1}, {"slot": 2}]}});
     assert_eq!(

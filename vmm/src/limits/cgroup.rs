@@ -259,6 +259,7 @@ impl CgroupLimits {
                         timer: 0,
                         rearms: 0,
                         limiter: 0,
+                        stages: None,
                     },
                 }
             })

@@ -29,6 +29,7 @@ use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, Thrott
 use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, next_look_ns, Decision, Member};
 use super::margin::StopMargin;
+use super::member_kicks::{stages_since, MemberKicks};
 use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
@@ -94,8 +95,8 @@ struct Entity {
     was_stopped: Vec<bool>,
     /// Stops by this thread's kick since the limit was set.
     limiter_kicks: u64,
-    /// Members' kick-timer stops and re-arms for this limit when it was set.
-    timer_base: Vec<(u64, u64)>,
+    /// Members' kick-timer readings for this limit when it was set.
+    timer_base: Vec<MemberKicks>,
 }
 
 /// What the socket and the report share with the thread.
@@ -175,24 +176,19 @@ impl Entity {
             last_used: vec![0; n],
             was_stopped: vec![false; n],
             limiter_kicks: 0,
-            timer_base: vec![(0, 0); n],
+            timer_base: vec![MemberKicks::zero(); n],
         }
     }
 
-    /// Members' kick-timer (stops, re-arms) for this limit now.
-    fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<(u64, u64)> {
-        self.members
-            .iter()
-            .map(|&i| {
-                let t = &vcpus[i].kick_timer;
-                (t.stops(self.kind), t.rearms(self.kind))
-            })
-            .collect()
+    /// Members' kick-timer readings for this limit now.
+    fn timer_counts(&self, vcpus: &[Arc<VcpuShared>]) -> Vec<MemberKicks> {
+        let read = |&i: &usize| MemberKicks::read(&vcpus[i], self.kind);
+        self.members.iter().map(read).collect()
     }
 
     fn kicks(&self, vcpus: &[Arc<VcpuShared>], timers: bool) -> LimitKicks {
         let now = self.timer_counts(vcpus);
-        let since = |f: fn(&(u64, u64)) -> u64| -> u64 {
+        let since = |f: fn(&MemberKicks) -> u64| -> u64 {
             now.iter()
                 .zip(&self.timer_base)
                 .map(|(n, b)| f(n).saturating_sub(f(b)))
@@ -210,9 +206,10 @@ impl Entity {
             } else {
                 LimitKick::Limiter
             },
-            timer: since(|c| c.0),
-            rearms: since(|c| c.1),
+            timer: since(|c| c.stops),
+            rearms: since(|c| c.rearms),
             limiter: self.limiter_kicks,
+            stages: Some(stages_since(&now, &self.timer_base)),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod engine;
 pub mod limiter;
 pub mod margin;
+pub mod member_kicks;
 pub mod overload;
 
 /// Shortest period accepted.

@@ -378,6 +378,14 @@ pub fn add_group(f: &mut Families, vm: &str, g: &GroupStats) {
         f.add("ppa_group_stops_total", &with_by, n);
     }
     f.add("ppa_group_timer_rearms_total", &labels, g.kicks.rearms);
+    for (stage, h) in g.kicks.stages.iter().flat_map(|s| s.named()) {
+        let with_stage = [labels[0], labels[1], labels[2], ("stage", stage)];
+        f.add_histogram(
+            "ppa_group_stop_stage_seconds",
+            &with_stage,
+            &Buckets::of_json(h),
+        );
+    }
 }
 
 /// Adds the process's own figures.

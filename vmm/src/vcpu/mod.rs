@@ -37,7 +37,7 @@ mod run;
 #[cfg(test)]
 mod tests;
 
-pub use kick_timer::{signal_path, Deadline, KickDeadlines, TimerMode};
+pub use kick_timer::{signal_path, Deadline, KickDeadlines, StopStages, TimerMode};
 pub use ppa_vmm_api::ThreadState;
 use requests::RequestWord;
 pub use requests::{LimitKind, Requests};
