@@ -43,9 +43,7 @@ macro_rules! indexed_enum {
 pub mod accounting;
 pub(crate) mod api;
 pub(crate) mod arch;
-pub mod bench;
 pub(crate) mod calibration_cache;
-pub mod cli;
 pub mod config;
 pub mod devices;
 pub(crate) mod event_hub;
@@ -69,6 +67,7 @@ pub(crate) mod owned_files;
 pub mod payload;
 pub(crate) mod ppa_page;
 pub mod pressure;
+pub mod probes;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;
