@@ -13,15 +13,16 @@ cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The accuracy target is `test = false` (left out of --all-targets and of a plain cargo test).
-cargo clippy -p ppa-vmm --test accuracy -- -D warnings
+cargo clippy -p ppa-vmm-cli --test accuracy -- -D warnings
 # What the fuzz targets link: the `fuzzing` feature's module outside the unit tests.
 cargo clippy -p ppa-vmm --features fuzzing -- -D warnings
-# The fake hypervisor made public, and the test target only that feature builds.
-cargo clippy -p ppa-vmm --all-targets --features fake-hypervisor -- -D warnings
+# The fake hypervisor made public (the library's feature, which cli/'s feature of the same name
+# turns on), and the test target only that feature builds.
+cargo clippy -p ppa-vmm -p ppa-vmm-cli --all-targets --features fake-hypervisor -- -D warnings
 cargo test --workspace --release
 # The tests where KVM is not the point, on the fake hypervisor (they need no /dev/kvm).
-cargo test --release -p ppa-vmm --features fake-hypervisor --test fake_backend
-cargo test --release -p ppa-vmm --test accuracy -- --test-threads=1
+cargo test --release -p ppa-vmm-cli --features fake-hypervisor --test fake_backend
+cargo test --release -p ppa-vmm-cli --test accuracy -- --test-threads=1
 # Last: the fuzzers load both cores, and nothing timed runs after them.
 fuzz_seconds="${FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" != 0 ]; then

@@ -15,7 +15,7 @@
 //! in the main gate, its accuracy part comes here and runs the same scenario again.
 //!
 //! These tests need an otherwise idle host: scripts/test.sh runs them after every functional
-//! test, one at a time (`cargo test --release -p ppa-vmm --test accuracy --
+//! test, one at a time (`cargo test --release -p ppa-vmm-cli --test accuracy --
 //! --test-threads=1`); the target is `test = false` in vmm/Cargo.toml, so a plain
 //! `cargo test` leaves it out. On a busy machine, rerun a failing test once before
 //! concluding anything, and never widen a bound to make it pass.

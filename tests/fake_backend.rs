@@ -5,7 +5,7 @@
 //! `FakeHypervisor`) and runs it as `ppa-vmm run` would; the vCPUs replay scripts instead of
 //! running a guest, so no test here needs, or opens, `/dev/kvm`.
 //!
-//! Run: `cargo test --release -p ppa-vmm --features fake-hypervisor --test fake_backend`.
+//! Run: `cargo test --release -p ppa-vmm-cli --features fake-hypervisor --test fake_backend`.
 
 mod common;
 

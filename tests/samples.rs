@@ -3,7 +3,7 @@
 //! Each sample is a `    $ ppa-vmm ...` line followed by its output; the test runs the same
 //! command against a VM started as the document says and compares line by line, numbers,
 //! label values and words that change from moment to moment (states, exit names) masked.
-//! `PPA_REGENERATE=1 cargo test -p ppa-vmm --test samples` writes the outputs of this run into
+//! `PPA_REGENERATE=1 cargo test -p ppa-vmm-cli --test samples` writes the outputs of this run into
 //! the documents instead.
 
 mod common;
@@ -201,7 +201,7 @@ fn check_doc(doc: &str, doc_sock: &str, vmm: &Vmm, skip: &[&str]) {
     assert!(checked > 0, "no sample of {doc_sock} in {doc}");
     assert!(
         wrong.is_empty(),
-        "samples out of date (PPA_REGENERATE=1 cargo test -p ppa-vmm --test samples \
+        "samples out of date (PPA_REGENERATE=1 cargo test -p ppa-vmm-cli --test samples \
          rewrites them):\n{}",
         wrong.join("\n")
     );

@@ -22,7 +22,7 @@ use thiserror::Error;
 
 /// The default run directory of root.
 pub const ROOT_RUN_DIR: &str = "/run/ppa-vmm";
-/// The VMMs' calibration cache in the run directory (not a descriptor; vmm/src/main.rs
+/// The VMMs' calibration cache in the run directory (not a descriptor; cli/src/main.rs
 /// names it).
 pub const CALIBRATION_FILE: &str = "calibration.json";
 /// Longest descriptor read (a descriptor is ~300 bytes).

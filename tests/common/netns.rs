@@ -110,5 +110,10 @@ impl Drop for NetNs {
     }
 }
 
+/// The network bench's packet socket (a module of the `ppa-vmm` binary, which a test cannot
+/// import: compiled into the test from its file).
+#[path = "../../cli/src/bench/net/packet.rs"]
+mod packet;
+
 #[allow(unused_imports, reason = "used by the network tests only")]
-pub use ppa_vmm::bench::net::packet::{test_frame, PacketSocket};
+pub use packet::{test_frame, PacketSocket};

@@ -6,7 +6,8 @@
 //! references (plain paths and `use crate::{a, b::c}` groups) as edges, and fails naming the
 //! modules of every circle and their edges inside it. Test files (`tests.rs`, `*_tests.rs`,
 //! anything under a `tests/` folder) may reach anywhere. A second test keeps the client crate
-//! to the command line.
+//! (and the binary's completion and man page generators) out of the library's manifest and
+//! sources: the binary, which uses them, is the cli/ package.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -164,23 +165,70 @@ fn no_import_circle_between_top_level_modules() {
     );
 }
 
-/// Only the command line reaches the client crate (its `ctl`, `top` and `host` subcommands and
-/// the run directory); the rest of the library uses `ppa-vmm-api` for what they share.
+/// The names of the packages a manifest's library links: the keys of its `[dependencies]` and
+/// `[build-dependencies]` tables (plain or `[target.'cfg(..)'.dependencies]`), in order.
+fn linked_packages(manifest: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut linked = false;
+    for line in manifest.lines().map(str::trim) {
+        if let Some(table) = line.strip_prefix('[') {
+            let table = table.trim_end_matches(']');
+            linked = table == "dependencies"
+                || table == "build-dependencies"
+                || (table.starts_with("target.")
+                    && (table.ends_with(".dependencies")
+                        || table.ends_with(".build-dependencies")));
+            continue;
+        }
+        let key = line.split(['=', '.']).next().unwrap_or("").trim();
+        if linked && !key.is_empty() && !key.starts_with('#') {
+            names.push(key.to_string());
+        }
+    }
+    names
+}
+
+/// The server library links neither the client crate (the binary's `ctl`, `top` and `host`
+/// subcommands and its run-directory registration live in the cli/ package, beside it) nor
+/// the generators of the binary's shell completions and man pages; and no source file of
+/// the library names the client crate.
 #[test]
-fn only_the_command_line_uses_the_client_crate() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+fn the_library_is_free_of_the_client_crate() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let linked = linked_packages(&std::fs::read_to_string(dir.join("Cargo.toml")).unwrap());
+    assert!(
+        linked.iter().any(|p| p == "ppa-vmm-api"),
+        "the manifest reader found no ppa-vmm-api among {linked:?}"
+    );
+    for banned in ["ppa-vmm-client", "clap_complete", "clap_mangen"] {
+        assert!(
+            !linked.iter().any(|p| p == banned),
+            "vmm/Cargo.toml links {banned}; it belongs to the binary's package (cli/)"
+        );
+    }
+    let src = dir.join("src");
     let mut files = Vec::new();
-    // The crate roots are among the sources (`sources` walks every file).
     sources(&src, &mut files);
-    let mut users: Vec<String> = files
+    let users: Vec<String> = files
         .iter()
         .filter(|f| {
             production_code(&std::fs::read_to_string(f).unwrap()).contains("ppa_vmm_client")
         })
         .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
         .collect();
-    users.sort();
-    assert_eq!(users, ["cli.rs", "main.rs"]);
+    assert!(
+        users.is_empty(),
+        "library files naming ppa_vmm_client: {users:?}"
+    );
+}
+
+#[test]
+fn the_manifest_reader_sees_linked_tables_only() {
+    let manifest = "[package]\nname = \"x\"\n\n[dependencies]\na = { workspace = true }\n\
+                    b.workspace = true\n# c = \"1\"\n\n[dev-dependencies]\nd = \"1\"\n\n\
+                    [target.'cfg(unix)'.dependencies]\ne = \"1\"\n[build-dependencies]\nf = \"1\"\n\
+                    [[test]]\nname = \"g\"\n";
+    assert_eq!(linked_packages(manifest), ["a", "b", "e", "f"]);
 }
 
 #[test]

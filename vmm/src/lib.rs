@@ -1,6 +1,7 @@
 //! PPA-VMM: a KVM virtual machine monitor built for precise CPU accounting of virtual machines.
 //!
-//! The library is the whole VMM; the `ppa-vmm` binary is a thin command-line adapter over it.
+//! The library is the whole VMM; the `ppa-vmm` binary (the `ppa-vmm-cli` package, cli/) is a
+//! thin command-line adapter over it, with the socket's clients and the benchmarks.
 //! Data flow: a [`config::VmConfig`] (from the CLI, a config file, or code) becomes a
 //! [`vm::Vm`] through `TryFrom`: the [`payload`] is prepared, guest [`memory`] is mapped into
 //! a VM of the [`hypervisor`] (KVM behind traits), the vCPUs are created and the payload loads
@@ -43,9 +44,7 @@ macro_rules! indexed_enum {
 pub mod accounting;
 pub(crate) mod api;
 pub(crate) mod arch;
-pub mod bench;
 pub(crate) mod calibration_cache;
-pub mod cli;
 pub mod config;
 pub mod devices;
 pub(crate) mod event_hub;
@@ -69,6 +68,7 @@ pub(crate) mod owned_files;
 pub mod payload;
 pub(crate) mod ppa_page;
 pub mod pressure;
+pub mod probes;
 pub mod report;
 pub(crate) mod sampler;
 pub(crate) mod sched;

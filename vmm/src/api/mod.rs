@@ -14,6 +14,8 @@ pub mod conn;
 pub mod handler;
 pub mod http;
 pub mod listen;
+#[cfg(test)]
+mod schema_tests;
 mod serve;
 pub mod server;
 pub mod unix;

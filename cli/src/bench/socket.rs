@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::accounting::host::ThreadClock;
-use crate::config::RunOptions;
-use crate::handle::VmHandle;
-use crate::vcpu::ThreadState;
-use crate::vm::{Vm, VmError};
+use ppa_vmm::accounting::host::ThreadClock;
+use ppa_vmm::config::RunOptions;
+use ppa_vmm::handle::VmHandle;
+use ppa_vmm::vm::{Vm, VmError};
+use ppa_vmm_api::ThreadState;
 
 /// Options of `bench socket`.
 #[derive(Debug, Clone, Copy)]
@@ -284,7 +284,7 @@ impl Answers {
 /// before the write and after the response), and the size of the last response.
 fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Measured {
     if o.client_nice != 0 {
-        crate::sched::raise_priority(o.client_nice, "bench client");
+        ppa_vmm::probes::raise_priority(o.client_nice, "bench client");
     }
     let t0 = Instant::now();
     let stream = loop {
@@ -296,7 +296,7 @@ fn client(path: &Path, o: &SocketOptions, stop: &AtomicBool, send: bool) -> Meas
             Err(_) => return Measured::default(),
         }
     };
-    let own = crate::accounting::host::SchedStatFile::own().ok();
+    let own = ppa_vmm::accounting::host::SchedStatFile::own().ok();
     let run_delay = || {
         own.as_ref()
             .and_then(|f| f.read().ok())

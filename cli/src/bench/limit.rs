@@ -29,14 +29,12 @@ use serde::Serialize;
 use ppa_vmm_api::LimitBackend;
 
 use super::hogs::Hogs;
-use crate::accounting::histogram::HistogramSnapshot;
-use crate::accounting::host::host_steal_ns;
-use crate::config::RunOptions;
-use crate::handle::VmHandle;
-use crate::hypervisor::kvm::kick;
-use crate::sync::now_ns;
-use crate::vcpu::signal_path;
-use crate::vm::{Vm, VmError};
+use ppa_vmm::accounting::histogram::HistogramSnapshot;
+use ppa_vmm::accounting::host::host_steal_ns;
+use ppa_vmm::config::RunOptions;
+use ppa_vmm::handle::VmHandle;
+use ppa_vmm::sync::now_ns;
+use ppa_vmm::vm::{Vm, VmError};
 
 mod text;
 
@@ -406,7 +404,7 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
         stages[2].merge(&s.to_park);
     }
     // The kernel's part alone, on the host as it is now (after the run, before the next).
-    if let Ok(floor) = signal_path(kick::kick_signal(), SIGNAL_SAMPLES) {
+    if let Ok(floor) = ppa_vmm::probes::kick_signal_path(SIGNAL_SAMPLES) {
         stages[3].merge(&floor);
     }
     let counts = h

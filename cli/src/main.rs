@@ -11,12 +11,19 @@
 //! input or a setup error (nothing ran); 3 the run ended but its report or histograms could not
 //! be written; 128 + N a second stop signal N forced the exit (143 SIGTERM, 130 SIGINT,
 //! 129 SIGHUP), without a report.
+//!
+//! The package (cli/) is the binary and what only it uses: the command line and what is
+//! generated from it ([`cli`]), and `ppa-vmm bench` ([`bench`]); the VMM itself is the
+//! `ppa_vmm` library, and `ctl`, `top` and `host` come from the `ppa_vmm_client` crate.
+
+pub mod bench;
+pub mod cli;
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
+use crate::cli::{BenchArgs, BenchKind, Cli, Command};
 use clap::Parser;
-use ppa_vmm::cli::{BenchArgs, BenchKind, Cli, Command};
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::StopSignals;
@@ -174,15 +181,15 @@ fn print_result<T: serde::Serialize>(
 }
 
 fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
-    use ppa_vmm::bench::{limit, socket};
+    use crate::bench::{limit, socket};
     match args.which {
         BenchKind::Overhead => print_result(
-            &ppa_vmm::bench::overhead(ppa_vmm::bench::OverheadOptions {
-                exits: args.exits.unwrap_or(ppa_vmm::bench::OVERHEAD_EXITS),
-                rounds: args.rounds.unwrap_or(ppa_vmm::bench::OVERHEAD_ROUNDS),
+            &crate::bench::overhead(crate::bench::OverheadOptions {
+                exits: args.exits.unwrap_or(crate::bench::OVERHEAD_EXITS),
+                rounds: args.rounds.unwrap_or(crate::bench::OVERHEAD_ROUNDS),
             })?,
             args.json,
-            ppa_vmm::bench::OverheadResult::to_text,
+            crate::bench::OverheadResult::to_text,
         )?,
         BenchKind::Limit => print_result(
             &limit::limit(limit::LimitOptions {
@@ -195,14 +202,14 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             limit::LimitResult::to_text,
         )?,
         BenchKind::Net => print_result(
-            &ppa_vmm::bench::net::net(ppa_vmm::bench::net::NetOptions {
+            &crate::bench::net::net(crate::bench::net::NetOptions {
                 packets: args.packets,
                 rounds: args.rounds.unwrap_or(5),
                 echoes: args.echoes,
                 exits: args.exits.unwrap_or(20_000),
             })?,
             args.json,
-            ppa_vmm::bench::net::NetResult::to_text,
+            crate::bench::net::NetResult::to_text,
         )?,
         BenchKind::Socket if args.exits.is_some() => {
             return Err(
@@ -212,11 +219,11 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             )
         }
         BenchKind::Start => print_result(
-            &ppa_vmm::bench::start::start(ppa_vmm::bench::start::StartOptions {
+            &crate::bench::start::start(crate::bench::start::StartOptions {
                 rounds: args.rounds.unwrap_or(10),
             })?,
             args.json,
-            ppa_vmm::bench::start::StartResult::to_text,
+            crate::bench::start::StartResult::to_text,
         )?,
         BenchKind::Socket => print_result(
             &socket::socket(socket::SocketOptions {
@@ -285,9 +292,9 @@ fn main() -> ExitCode {
         Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),
         Command::Run(args) => options(*args),
         Command::Demo => Ok(demo_options()),
-        Command::Completions { shell } => return print_out(&ppa_vmm::cli::completions(shell)),
+        Command::Completions { shell } => return print_out(&crate::cli::completions(shell)),
         Command::Man => {
-            return match ppa_vmm::cli::man_page() {
+            return match crate::cli::man_page() {
                 Ok(page) => print_out(&page),
                 Err(e) => {
                     eprintln!("ppa-vmm: error: cannot render the man page: {e}");

@@ -9,8 +9,8 @@
 use serde::Serialize;
 
 use super::{median, vm_of};
-use crate::accounting::Level;
-use crate::vm::VmError;
+use ppa_vmm::accounting::Level;
+use ppa_vmm::vm::VmError;
 
 /// The in-kernel exit workload's figures, or why there are none.
 #[derive(Debug, Clone, Serialize)]

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::accounting::host::host_steal_ns;
-use crate::accounting::Level;
-use crate::config::RunOptions;
-use crate::devices::net::tap::{self, Tap, TapError, VNET_HDR_LEN};
-use crate::vm::{Vm, VmError};
+use ppa_vmm::accounting::host::host_steal_ns;
+use ppa_vmm::accounting::Level;
+use ppa_vmm::config::RunOptions;
+use ppa_vmm::devices::net::tap::{self, Tap, TapError, VNET_HDR_LEN};
+use ppa_vmm::vm::{Vm, VmError};
 
 pub mod packet;
 
@@ -134,7 +134,7 @@ fn raw_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     }];
-    let cpu0 = crate::accounting::host::thread_cpu_ns();
+    let cpu0 = ppa_vmm::accounting::host::thread_cpu_ns();
     let t0 = Instant::now();
     let mut sent = 0u64;
     for _ in 0..packets {
@@ -144,7 +144,7 @@ fn raw_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
         }
     }
     let ns = t0.elapsed().as_nanos().max(1) as f64;
-    let cpu = crate::accounting::host::thread_cpu_ns() - cpu0;
+    let cpu = ppa_vmm::accounting::host::thread_cpu_ns() - cpu0;
     Ok((sent as f64 * 1e9 / ns, cpu / sent.max(1)))
 }
 

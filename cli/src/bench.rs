@@ -24,11 +24,11 @@ pub mod net;
 pub mod socket;
 pub mod start;
 
-use crate::accounting::host::host_steal_ns;
-use crate::accounting::Level;
-use crate::config::RunOptions;
-use crate::sync::now_ns;
-use crate::vm::{Vm, VmError};
+use ppa_vmm::accounting::host::host_steal_ns;
+use ppa_vmm::accounting::Level;
+use ppa_vmm::config::RunOptions;
+use ppa_vmm::sync::now_ns;
+use ppa_vmm::vm::{Vm, VmError};
 
 /// Exits per run of `bench overhead` by default: short runs, many of them.
 pub const OVERHEAD_EXITS: u64 = 8_000;

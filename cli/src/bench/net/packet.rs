@@ -1,6 +1,7 @@
 //! A raw packet socket (AF_PACKET) on one interface of the calling thread's network
 //! namespace: frames in and out as bytes. The network bench's echo peer, and the tests' host
-//! side of a tap.
+//! side of a tap. tests/common/netns.rs compiles this file into the tests (`#[path]`): it uses
+//! std and libc only, never `crate::`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

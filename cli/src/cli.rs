@@ -15,7 +15,7 @@ use ppa_vmm_client::ctl::CtlOptions;
 use ppa_vmm_client::host::HostOptions;
 use ppa_vmm_client::top::TopOptions;
 
-use crate::config::RunOptions;
+use ppa_vmm::config::RunOptions;
 
 /// `ppa-vmm`: its subcommands.
 #[derive(Parser)]
@@ -188,7 +188,7 @@ impl SchemaKind {
             SchemaKind::Threads => schema_for!(api::Threads),
             SchemaKind::Groups => schema_for!(Vec<api::GroupStats>),
             SchemaKind::Guest => schema_for!(api::GuestView),
-            SchemaKind::Report => schema_for!(crate::report::Report),
+            SchemaKind::Report => schema_for!(ppa_vmm::report::Report),
             SchemaKind::Config => schema_for!(RunOptions),
         };
         serde_json::to_string_pretty(&s).unwrap_or_default() + "\n"

@@ -17,7 +17,7 @@ impl Hogs {
         let mut hogs = Hogs { pids: Vec::new() };
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
-        for cpu in crate::sched::allowed_cpus() {
+        for cpu in ppa_vmm::probes::allowed_cpus() {
             // SAFETY: the child runs only async-signal-safe system calls (sched_setaffinity,
             // prctl) and a spin loop, and never returns into Rust code of the parent's state.
             match unsafe { libc::fork() } {
