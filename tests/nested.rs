@@ -83,6 +83,69 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// How many runs [`nested_retrying_emulated_triple_faults`] makes at most.
+const TRIPLE_FAULT_TRIES: usize = 3;
+
+/// [`nested`] with kvm-amd's shadow paging (`npt=0`), run again (up to [`TRIPLE_FAULT_TRIES`]
+/// runs, each retry printed) when a vCPU of the tiny guest still ends in a triple fault with
+/// its registers in reset state. Why (docs/linux.md, "A fault of the emulator"): with nested
+/// paging the same 4-vCPU exits workload made a vCPU triple-fault in 6 of 75 runs in the nested
+/// SVM host (both accounting levels, this build and the one before), right after an MMIO or
+/// port exit, and in 0 of 40 on this machine's KVM; with `npt=0`, 0 of 25. It is the emulated
+/// CPU's nested paging that the Linux guest's test already avoids. A regression that faults
+/// every run still fails the test.
+fn nested_retrying_emulated_triple_faults(args: &[&str]) -> Output {
+    for attempt in 1..=TRIPLE_FAULT_TRIES {
+        let out = nested_with(args, Some("npt=0"));
+        let faulted = serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|r| r["vcpus"].as_array().cloned())
+            .is_some_and(|vs| {
+                vs.iter().any(|v| {
+                    let f = &v["failure"];
+                    f["regs"]["reset"] == true
+                        && f["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("triple fault"))
+                })
+            });
+        if !faulted || attempt == TRIPLE_FAULT_TRIES {
+            return out;
+        }
+        eprintln!(
+            "run {attempt} of {TRIPLE_FAULT_TRIES}: a vCPU triple-faulted in the emulated SVM \
+             host ({}); running again",
+            ends(&out)
+        );
+    }
+    unreachable!("the last run returns")
+}
+
+/// Why each vCPU ended, from the JSON report on stdout (or the start of stdout when it is not
+/// one): what a failed run's message needs beside stderr.
+fn ends(o: &Output) -> String {
+    match serde_json::from_slice::<Value>(&o.stdout) {
+        Ok(r) => r["vcpus"]
+            .as_array()
+            .map(|vs| {
+                vs.iter()
+                    .map(|v| {
+                        format!(
+                            "vCPU {}: {} {} {}",
+                            v["id"], v["end"], v["exit_code"], v["failure"]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
+        Err(_) => String::from_utf8_lossy(&o.stdout)
+            .chars()
+            .take(2000)
+            .collect(),
+    }
+}
+
 fn report(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(
@@ -191,7 +254,7 @@ fn exits_workloads_make_exactly_n_mmio_and_pio_exits_on_svm() {
     let (mmio, pio, pio_one, cpuid) = (1000, 1000, 1, 1000);
     // Level full: KVM's tracepoints split each vCPU's time too (assert_kvm_split), and the
     // CPUIDs of vCPU 3 never reach the VMM.
-    let out = nested(&[
+    let out = nested_retrying_emulated_triple_faults(&[
         "run",
         "--vcpus",
         "4",
@@ -208,7 +271,13 @@ fn exits_workloads_make_exactly_n_mmio_and_pio_exits_on_svm() {
         "--report",
         "json",
     ]);
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}; ends: {}",
+        stderr(&out),
+        ends(&out)
+    );
     let r = report(&out);
     assert_eq!(r["vm"]["end"], "completed");
     let vcpus = r["vcpus"].as_array().expect("a vcpus array");
