@@ -92,6 +92,12 @@ fn with_limit_kick_limiter_the_limiter_thread_kicks_alone() {
         0,
         "no timer stop: {st:?}"
     );
+    assert!(
+        out.report
+            .to_text()
+            .contains("stop stages of vm: no timer stop measured"),
+        "the line is there whatever the stops"
+    );
     assert!(out.report.vcpus[0].times.limited_ns > 0);
 }
 

@@ -426,7 +426,7 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
          passed the quota, MEAN/P50/P99/MAX are of how far (used - quota).\n",
     );
     for g in groups {
-        if let Some(line) = g.kicks.stages.as_ref().and_then(|st| st.summary()) {
+        if let Some(line) = g.kicks.stages.as_ref().map(|st| st.summary()) {
             s.push_str(&format!("stop stages of {}: {line}\n", g.name));
         }
     }

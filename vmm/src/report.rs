@@ -659,7 +659,7 @@ impl Report {
                 g.kicks.rearms,
                 g.kicks.limiter,
             );
-            if let Some(line) = g.kicks.stages.as_ref().and_then(|s| s.summary()) {
+            if let Some(line) = g.kicks.stages.as_ref().map(|s| s.summary()) {
                 let _ = writeln!(out, "  stop stages of {}: {line}", g.name);
             }
         }
