@@ -60,6 +60,8 @@ fn kick_timers_stop_a_limited_vcpu_and_are_counted() {
         g.kicks.timer
     );
     assert_eq!(st.to_decision.count, n, "{st:?}");
+    // Each stop has its spin to the target (0 µs where the timer fired at it or past it).
+    assert_eq!(st.spin.count, n, "{st:?}");
     assert!(st.to_park.count <= n && st.to_park.count + 1 >= n, "{st:?}");
     let text = out.report.to_text();
     assert!(

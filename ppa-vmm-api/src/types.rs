@@ -561,16 +561,20 @@ pub struct KickStages {
     pub to_handler: HistogramJson,
     /// From the handler to the run loop's stop decision.
     pub to_decision: HistogramJson,
-    /// From the decision to the park.
+    /// From the decision to the CPU target: the vCPU's spin in user space when its timer
+    /// fired before it (0 when it fired at or past it).
+    pub spin: HistogramJson,
+    /// From the end of the spin to the park.
     pub to_park: HistogramJson,
 }
 
 impl KickStages {
     /// The stages by name, in the order a stop goes through them.
-    pub fn named(&self) -> [(&'static str, &HistogramJson); 3] {
+    pub fn named(&self) -> [(&'static str, &HistogramJson); 4] {
         [
             ("to_handler", &self.to_handler),
             ("to_decision", &self.to_decision),
+            ("spin", &self.spin),
             ("to_park", &self.to_park),
         ]
     }

@@ -127,7 +127,13 @@ pub struct StageFigures {
     /// From the handler to the run loop's stop decision (sigreturn, the exit's bookkeeping,
     /// the CPU clock read).
     pub to_decision: Lateness,
-    /// From the decision to the park (its clock readings, the paravirtual clock's notice).
+    /// From the decision to the CPU target: the vCPU's spin when its timer fired before it
+    /// (the timer's lead less its latency; VMM time the exact stop costs).
+    pub spin: Lateness,
+    /// Mean of `spin`, ns: the vCPU's CPU each stop spends to stop on its target.
+    pub spin_mean_ns: u64,
+    /// From the end of the spin to the park (its clock readings, the paravirtual clock's
+    /// notice).
     pub to_park: Lateness,
     /// The same kind of timer and signal aimed at a thread spinning in user space, measured
     /// between the runs: the hrtimer's expiry and the signal's delivery without KVM. What
@@ -379,7 +385,7 @@ struct VmmRun {
     stats: ErrorStats,
     debt: ErrorStats,
     looks: HistogramSnapshot,
-    stages: [HistogramSnapshot; 4],
+    stages: [HistogramSnapshot; 5],
     timer: HistogramSnapshot,
     overrun: HistogramSnapshot,
     counts: [u64; 3],
@@ -394,7 +400,7 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
     v.run()?;
     let mut timer = HistogramSnapshot::empty(3);
     let mut overrun = HistogramSnapshot::empty(3);
-    let mut stages: [HistogramSnapshot; 4] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
+    let mut stages: [HistogramSnapshot; 5] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
     for vc in h.vcpus() {
         timer.merge(&vc.kick_timer.lateness());
         overrun.merge(&vc.kick_timer.overrun());
@@ -402,6 +408,7 @@ fn run_vmm(o: &LimitOptions, period_ns: u64, members: usize) -> Result<VmmRun, V
         stages[0].merge(&s.to_handler);
         stages[1].merge(&s.to_decision);
         stages[2].merge(&s.to_park);
+        stages[4].merge(&s.spin);
     }
     // The kernel's part alone, on the host as it is now (after the run, before the next).
     if let Ok(floor) = ppa_vmm::probes::kick_signal_path(SIGNAL_SAMPLES) {
@@ -500,7 +507,7 @@ fn kick_figures(runs: &[VmmRun]) -> KickFigures {
     let mut timer = HistogramSnapshot::empty(3);
     let mut overrun = HistogramSnapshot::empty(3);
     let mut counts = [0u64; 3];
-    let mut stages: [HistogramSnapshot; 4] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
+    let mut stages: [HistogramSnapshot; 5] = std::array::from_fn(|_| HistogramSnapshot::empty(3));
     for r in runs {
         for (s, r) in stages.iter_mut().zip(&r.stages) {
             s.merge(r);
@@ -522,6 +529,8 @@ fn kick_figures(runs: &[VmmRun]) -> KickFigures {
         stages: StageFigures {
             to_handler: Lateness::of(&stages[0]),
             to_decision: Lateness::of(&stages[1]),
+            spin: Lateness::of(&stages[4]),
+            spin_mean_ns: stages[4].sum().checked_div(stages[4].count()).unwrap_or(0),
             to_park: Lateness::of(&stages[2]),
             signal_floor: Lateness::of(&stages[3]),
         },

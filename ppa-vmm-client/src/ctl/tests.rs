@@ -358,6 +358,7 @@ fn groups_text_is_one_line_per_limit() {
     staged.kicks.stages = Some(ppa_vmm_api::KickStages {
         to_handler: stage(50_000, 120_000),
         to_decision: stage(3_000, 13_000),
+        spin: stage(41_000, 97_000),
         to_park: stage(11_000, 25_500),
     });
     let text = to_text("groups", &serde_json::to_value([staged]).unwrap());
@@ -365,7 +366,7 @@ fn groups_text_is_one_line_per_limit() {
         text.lines().last(),
         Some(
             "stop stages of dataplane: 4 timer stops, p50/p99 us to handler 50.0/120.0, \
-             to decision 3.0/13.0, to park 11.0/25.5"
+             to decision 3.0/13.0, spin 41.0/97.0, to park 11.0/25.5"
         ),
         "{text}"
     );

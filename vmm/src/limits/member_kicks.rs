@@ -35,6 +35,7 @@ impl MemberKicks {
             stages: StopStages {
                 to_handler: empty(),
                 to_decision: empty(),
+                spin: empty(),
                 to_park: empty(),
             },
         }
@@ -62,6 +63,7 @@ pub fn stages_since(now: &[MemberKicks], base: &[MemberKicks]) -> KickStages {
         merged
             .to_decision
             .merge(&n.stages.to_decision.since(&b.stages.to_decision));
+        merged.spin.merge(&n.stages.spin.since(&b.stages.spin));
         merged
             .to_park
             .merge(&n.stages.to_park.since(&b.stages.to_park));
@@ -69,6 +71,7 @@ pub fn stages_since(now: &[MemberKicks], base: &[MemberKicks]) -> KickStages {
     KickStages {
         to_handler: merged.to_handler.to_json(),
         to_decision: merged.to_decision.to_json(),
+        spin: merged.spin.to_json(),
         to_park: merged.to_park.to_json(),
     }
 }
@@ -100,6 +103,7 @@ mod tests {
             "{s:?}"
         );
         assert_eq!(s.to_decision.count, 0);
+        assert_eq!(s.spin.count, 0);
         assert_eq!(s.to_park.count, 0);
     }
 }

@@ -157,6 +157,7 @@ fn group() -> GroupStats {
             stages: Some(ppa_vmm_api::KickStages {
                 to_handler: hist(&[50_000, 60_000]).to_json(),
                 to_decision: hist(&[3_000, 4_000]).to_json(),
+                spin: hist(&[40_000, 0]).to_json(),
                 to_park: hist(&[11_000]).to_json(),
             }),
         },
@@ -410,6 +411,7 @@ fn specific_lines() {
         format!("ppa_group_timer_rearms_total{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\"}} 2"),
         format!("ppa_group_stop_stage_seconds_count{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",stage=\"to_handler\"}} 2"),
         format!("ppa_group_stop_stage_seconds_sum{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",stage=\"to_decision\"}} 0.000007"),
+        format!("ppa_group_stop_stage_seconds_sum{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",stage=\"spin\"}} 0.00004"),
         format!("ppa_group_stop_stage_seconds_count{{{VM_LABEL},group=\"dataplane\",backend=\"vmm\",stage=\"to_park\"}} 1"),
         format!("process_cpu_seconds_total{{{VM_LABEL}}} 2.5"),
         format!("process_resident_memory_bytes{{{VM_LABEL}}} 41943040"),
@@ -662,9 +664,9 @@ fn every_sample_parses_and_is_unique() {
     // exits and their time (one reason) and its interrupts (one kind).
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
-    // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 3 stop stages'
+    // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
     // histograms, 2 pressure totals; the process: 7 figures and 7 thread kinds.
-    let group = 7 + h + 2 + 1 + 3 * h + 2;
+    let group = 7 + h + 2 + 1 + 4 * h + 2;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 4 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.

@@ -32,6 +32,7 @@
 
 use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 
+use super::kick_lead::{Lead, MAX_LEAD_NS};
 use super::{LimitKind, VcpuShared};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::host::{current_cpu, thread_cpu_ns};
@@ -43,8 +44,12 @@ use crate::sync::now_ns;
 pub const SLOTS: usize = LimitKind::ALL.len();
 
 /// With less CPU than this left when the timer fires, the vCPU stops rather than re-arms for
-/// a moment shorter than an exit.
+/// a moment shorter than an exit (the least lead [`on_fire`] is given).
 pub const REARM_MIN_NS: u64 = 10_000;
+
+/// The longest wall time a vCPU spins to its CPU target (a thread preempted for longer stops
+/// short of it): ten times the most CPU a spin can need ([`MAX_LEAD_NS`]).
+pub const SPIN_WALL_MAX_NS: u64 = 10 * MAX_LEAD_NS;
 
 /// When a vCPU must stop for one limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,11 +75,11 @@ impl Deadline {
 /// What a firing decides, from the CPU clock now ([`on_fire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnFire {
-    /// A target is reached (or within [`REARM_MIN_NS`]): stop, held by this limit's slot.
+    /// A target is reached or within the lead: spin to it and stop, held by this limit's slot.
     Stop(LimitKind),
-    /// No target reached: the vCPU used less CPU than wall time passed. Fire again after this
-    /// long, the least CPU left to any target (the earliest any can be reached); `limit` is
-    /// the limit whose target that is.
+    /// More than the lead of CPU left to every target: the vCPU used less CPU than wall time
+    /// passed. Fire again after this long, the least CPU left to any target (the earliest any
+    /// can be reached) less the lead; `limit` is the limit whose target that is.
     Rearm {
         /// Wall time from now.
         after_ns: u64,
@@ -85,9 +90,11 @@ pub enum OnFire {
     Idle,
 }
 
-/// The decision at a firing with the thread's CPU clock at `cpu_ns`: the slot with the least
-/// CPU left decides (the earliest deadline wins).
-pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS]) -> OnFire {
+/// The decision at a firing with the thread's CPU clock at `cpu_ns` and a timer lead of
+/// `lead_ns` (at least [`REARM_MIN_NS`] is taken): the slot with the least CPU left decides
+/// (the earliest deadline wins).
+pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS], lead_ns: u64) -> OnFire {
+    let lead_ns = lead_ns.max(REARM_MIN_NS);
     let least = LimitKind::ALL
         .into_iter()
         .zip(deadlines)
@@ -95,8 +102,11 @@ pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS]) -> OnFire {
         .min_by_key(|&(left, k)| (left, k.slot()));
     match least {
         None => OnFire::Idle,
-        Some((left, kind)) if left <= REARM_MIN_NS => OnFire::Stop(kind),
-        Some((after_ns, limit)) => OnFire::Rearm { after_ns, limit },
+        Some((left, kind)) if left <= lead_ns => OnFire::Stop(kind),
+        Some((left, limit)) => OnFire::Rearm {
+            after_ns: left - lead_ns,
+            limit,
+        },
     }
 }
 
@@ -184,6 +194,7 @@ pub struct KickDeadlines {
 struct StageHistograms {
     to_handler: Histogram,
     to_decision: Histogram,
+    spin: Histogram,
     to_park: Histogram,
 }
 
@@ -199,7 +210,9 @@ pub struct StopStages {
     pub to_handler: HistogramSnapshot,
     /// Handler to the stop decision.
     pub to_decision: HistogramSnapshot,
-    /// Decision to the park.
+    /// The spin from the decision to the CPU target (0 when the target was reached already).
+    pub spin: HistogramSnapshot,
+    /// Spin's end to the park.
     pub to_park: HistogramSnapshot,
 }
 
@@ -230,6 +243,7 @@ impl Default for KickDeadlines {
             stages: StageHistograms {
                 to_handler: Histogram::new(3).expect("3 fractional bits are valid"),
                 to_decision: Histogram::new(3).expect("3 fractional bits are valid"),
+                spin: Histogram::new(3).expect("3 fractional bits are valid"),
                 to_park: Histogram::new(3).expect("3 fractional bits are valid"),
             },
         }
@@ -418,6 +432,7 @@ impl KickDeadlines {
         StopStages {
             to_handler: self.stages.to_handler.snapshot(),
             to_decision: self.stages.to_decision.snapshot(),
+            spin: self.stages.spin.snapshot(),
             to_park: self.stages.to_park.snapshot(),
         }
     }
@@ -527,6 +542,26 @@ pub fn signal_path(signal: libc::c_int, samples: usize) -> std::io::Result<Histo
     Ok(h.snapshot())
 }
 
+/// Spins in user space until the thread's CPU clock reaches `target` (from `cpu`, read last),
+/// and returns the clock then; None when the limiter published since `epoch` or a request is
+/// waiting (the loop looks again). A thread preempted for [`SPIN_WALL_MAX_NS`] stops where
+/// it is. The spin is at most the lead of CPU ([`on_fire`]), VMM time in the accounting.
+fn spin_to(shared: &VcpuShared, target: u64, mut cpu: u64, epoch: u64) -> Option<u64> {
+    let t = &shared.kick_timer;
+    let give_up = now_ns().saturating_add(SPIN_WALL_MAX_NS);
+    while cpu < target {
+        if t.epoch.load(Ordering::Acquire) != epoch || !shared.requests.load().is_empty() {
+            return None;
+        }
+        if now_ns() > give_up {
+            break;
+        }
+        std::hint::spin_loop();
+        cpu = thread_cpu_ns();
+    }
+    Some(cpu)
+}
+
 /// The vCPU thread's side: its timer and what it last read of its deadlines. Lives on the
 /// vCPU thread, inside the run loop (the timer is deleted when the loop ends, while the
 /// thread still holds the [`VcpuShared`] whose `fired` flag the timer points at).
@@ -537,6 +572,10 @@ pub(super) struct KickTimer {
     /// What the timer is armed for (0: not armed).
     armed_at: u64,
     armed_cpu: u32,
+    /// How early the timer fires before a target can be reached, learnt from its firings.
+    lead: Lead,
+    /// The lead the timer is armed with (what a firing's sample is measured against).
+    armed_lead: u64,
 }
 
 impl KickTimer {
@@ -571,6 +610,8 @@ impl KickTimer {
             seen: [(0, None); SLOTS],
             armed_at: 0,
             armed_cpu: 0,
+            lead: Lead::default(),
+            armed_lead: 0,
         }
     }
 
@@ -598,15 +639,21 @@ impl KickTimer {
         {
             return Prepared::Enter;
         }
-        self.slow(t, fired, epoch)
+        self.slow(shared, fired, epoch)
     }
 
     fn deadlines(&self) -> [Option<Deadline>; SLOTS] {
         [self.seen[0].1, self.seen[1].1, self.seen[2].1]
     }
 
+    /// The least CPU target of `deadlines`.
+    fn least_target(deadlines: &[Option<Deadline>; SLOTS]) -> Option<u64> {
+        deadlines.iter().flatten().map(|d| d.cpu_target).min()
+    }
+
     #[cold]
-    fn slow(&mut self, t: &KickDeadlines, fired: bool, epoch: u64) -> Prepared {
+    fn slow(&mut self, shared: &VcpuShared, fired: bool, epoch: u64) -> Prepared {
+        let t = &shared.kick_timer;
         if epoch != self.seen_epoch {
             let mut read = [(0, None); SLOTS];
             let mut whole = true;
@@ -637,21 +684,30 @@ impl KickTimer {
             }
         }
         let deadlines = self.deadlines();
-        let want = earliest(&deadlines);
+        // The timer fires the lead before the earliest time a target can be reached.
+        let want = earliest(&deadlines).map(|at| at.saturating_sub(self.lead.get()).max(1));
         due |= want.is_some_and(|at| at <= now);
         if due {
             let cpu = thread_cpu_ns();
-            match on_fire(cpu, &deadlines) {
+            if let (Some(_), Some(target)) = (firing, Self::least_target(&deadlines)) {
+                self.lead.learn(self.armed_lead, target, cpu);
+            }
+            match on_fire(cpu, &deadlines, self.lead.get()) {
                 OnFire::Stop(kind) => {
-                    let target = deadlines[kind.slot()].map_or(cpu, |d| d.cpu_target);
-                    t.overrun.record(cpu.saturating_sub(target));
                     self.arm(t, 0);
+                    let target = deadlines[kind.slot()].map_or(cpu, |d| d.cpu_target);
+                    let Some(cpu) = spin_to(shared, target, cpu, epoch) else {
+                        return Prepared::Again;
+                    };
+                    let stop = now_ns();
+                    t.overrun.record(cpu.saturating_sub(target));
                     if t.take_hold(kind, self.seen[kind.slot()].0) {
                         t.slots[kind.slot()].stops.fetch_add(1, Ordering::Relaxed);
                         if let Some((armed, handler)) = firing.filter(|f| f.1 >= f.0) {
                             t.stages.to_handler.record(handler - armed);
                             t.stages.to_decision.record(now.saturating_sub(handler));
-                            t.stop_at.store(now, Ordering::Relaxed);
+                            t.stages.spin.record(stop - now);
+                            t.stop_at.store(stop, Ordering::Relaxed);
                         }
                         return Prepared::Hold;
                     }
@@ -695,6 +751,7 @@ impl KickTimer {
         match os.set(at) {
             Ok(()) => {
                 self.armed_at = at;
+                self.armed_lead = self.lead.get();
                 self.armed_cpu = if at == 0 { 0 } else { current_cpu() };
             }
             Err(e) => {

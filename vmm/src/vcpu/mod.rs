@@ -30,6 +30,7 @@ use crate::sync::Counter;
 use crate::sync::{futex_wake, now_ns};
 use ppa_vmm_api::VcpuSummary;
 
+mod kick_lead;
 mod kick_timer;
 mod park;
 mod requests;

@@ -138,9 +138,11 @@ impl LimitResult {
         );
         let st = &r.kicks.stages;
         s += &format!(
-            "  timer stop stages: to handler {}, to decision {}, to park {}; signal to a spinning thread {}\n",
+            "  timer stop stages: to handler {}, to decision {}, spin to the target {} (mean {:.1} us), to park {}; signal to a spinning thread {}\n",
             lateness_text(&st.to_handler),
             lateness_text(&st.to_decision),
+            lateness_text(&st.spin),
+            st.spin_mean_ns as f64 / 1e3,
             lateness_text(&st.to_park),
             lateness_text(&st.signal_floor),
         );

@@ -38,26 +38,33 @@ fn a_deadline_is_the_runway_on_both_clocks() {
 }
 
 #[test]
-fn a_firing_stops_at_the_target_and_re_arms_short_of_it() {
+fn a_firing_stops_within_the_lead_and_re_arms_short_of_it() {
+    let lead = 50_000;
     // Not preempted: the CPU clock reached the target.
     assert_eq!(
-        on_fire(1_000_000, &[d(5, 1_000_000), None, None]),
+        on_fire(1_000_000, &[d(5, 1_000_000), None, None], lead),
         OnFire::Stop(LimitKind::Group)
     );
-    // Within REARM_MIN_NS of it: stop now, not re-arm for less than an exit.
+    // Within the lead of it: stop (the loop spins the rest), not re-arm.
     assert_eq!(
-        on_fire(1_000_000 - REARM_MIN_NS, &[None, d(5, 1_000_000), None]),
+        on_fire(1_000_000 - lead, &[None, d(5, 1_000_000), None], lead),
         OnFire::Stop(LimitKind::Vm)
     );
-    // Preempted for 300 µs: 300 µs of CPU left, the earliest it can be reached.
+    // A lead below REARM_MIN_NS counts as REARM_MIN_NS: never re-arm for less than an exit.
     assert_eq!(
-        on_fire(700_000, &[d(5, 1_000_000), None, None]),
+        on_fire(1_000_000 - REARM_MIN_NS, &[None, d(5, 1_000_000), None], 0),
+        OnFire::Stop(LimitKind::Vm)
+    );
+    // Preempted for 300 µs: 300 µs of CPU left, the earliest it can be reached; the timer
+    // fires the lead before.
+    assert_eq!(
+        on_fire(700_000, &[d(5, 1_000_000), None, None], lead),
         OnFire::Rearm {
-            after_ns: 300_000,
+            after_ns: 300_000 - lead,
             limit: LimitKind::Group
         }
     );
-    assert_eq!(on_fire(0, &[None, None, None]), OnFire::Idle);
+    assert_eq!(on_fire(0, &[None, None, None], lead), OnFire::Idle);
 }
 
 #[test]
@@ -67,15 +74,21 @@ fn with_several_limits_the_earliest_deadline_wins() {
     let all = [d(900, 5_000_000), d(100, 3_000_000), d(50, 4_000_000)];
     assert_eq!(earliest(&all), Some(50));
     assert_eq!(
-        on_fire(2_000_000, &all),
+        on_fire(2_000_000, &all, REARM_MIN_NS),
         OnFire::Rearm {
-            after_ns: 1_000_000,
+            after_ns: 1_000_000 - REARM_MIN_NS,
             limit: LimitKind::Vm
         }
     );
-    assert_eq!(on_fire(3_000_000, &all), OnFire::Stop(LimitKind::Vm));
+    assert_eq!(
+        on_fire(3_000_000, &all, REARM_MIN_NS),
+        OnFire::Stop(LimitKind::Vm)
+    );
     // Past one target and short of another: stop, for the one reached.
-    assert_eq!(on_fire(4_500_000, &all), OnFire::Stop(LimitKind::Vm));
+    assert_eq!(
+        on_fire(4_500_000, &all, REARM_MIN_NS),
+        OnFire::Stop(LimitKind::Vm)
+    );
 }
 
 #[test]
@@ -351,24 +364,32 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     let r = start(script, |_| {});
     r.until("the guest runs", |s| micro(s) == MicroState::Guest);
     let cpu = r.shared.acct.thread_cpu_ns().unwrap();
-    r.shared.set_kick_deadline(
-        LimitKind::Vm,
-        Some(Deadline::after(now_ns(), cpu, 3_000_000)),
-    );
+    let target = Deadline::after(now_ns(), cpu, 3_000_000);
+    r.shared.set_kick_deadline(LimitKind::Vm, Some(target));
     r.until("its timer stops it", |s| s.kick_held(LimitKind::Vm));
     r.until("it parks as limited", |s| micro(s) == MicroState::Limited);
     assert!(r.shared.kick_timer.active());
     assert_eq!(r.shared.kick_timer.stops(vm), 1);
     assert!(r.shared.kick_timer.lateness().count() >= 1);
+    // The exact stop: its timer fired a lead early, and it spun to the target, not short of
+    // it (without the spin it stopped where the timer's latency put it, up to REARM_MIN_NS
+    // short or tens of µs past).
+    let parked_cpu = r.shared.acct.thread_cpu_ns().unwrap();
+    assert!(
+        parked_cpu >= target.cpu_target,
+        "parked at {parked_cpu} ns of CPU, short of its target {}",
+        target.cpu_target
+    );
     // The stop's stages: one of each (the handler stored its time; the park ended the last).
     let st = r.shared.kick_timer.stages();
     assert_eq!(
         (
             st.to_handler.count(),
             st.to_decision.count(),
+            st.spin.count(),
             st.to_park.count()
         ),
-        (1, 1, 1)
+        (1, 1, 1, 1)
     );
     // The limiter publishes anew (here: no deadline): the hold ends, the vCPU runs on.
     r.shared.set_kick_deadline(LimitKind::Vm, None);
