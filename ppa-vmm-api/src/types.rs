@@ -561,8 +561,9 @@ pub struct KickStages {
     pub to_handler: HistogramJson,
     /// From the handler to the run loop's stop decision.
     pub to_decision: HistogramJson,
-    /// From the decision to the CPU target: the vCPU's spin in user space when its timer
-    /// fired before it (0 when it fired at or past it).
+    /// The CPU time of the vCPU's spin in user space from the decision to its CPU target,
+    /// when its timer fired before it (0 when it fired at or past it). CPU, not wall: what the
+    /// exact stop costs, the same whether or not the thread was preempted while it spun.
     pub spin: HistogramJson,
     /// From the end of the spin to the park.
     pub to_park: HistogramJson,

@@ -139,7 +139,7 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_group_overshoot_seconds", Histogram, "Overshoot of one period (used - quota), for the periods that overshot."),
         d("ppa_group_stops_total", Counter, "Stops of the limit's members since it was set, by who stopped them: the members' own kick timers, or the limiter thread's kick (every stop without timers, else the fallback when a timer was late)."),
         d("ppa_group_timer_rearms_total", Counter, "Kick-timer firings after which a member had CPU left (it had been preempted or idle) and re-armed its timer instead of stopping."),
-        d("ppa_group_stop_stage_seconds", Histogram, "Wall time of each stage of the members' timer stops since the limit was set (stage: to_handler, to_decision, spin, to_park; docs/limits.md); VMM backend only."),
+        d("ppa_group_stop_stage_seconds", Histogram, "Wall time of each stage of the members' timer stops since the limit was set (stage: to_handler, to_decision, spin (CPU time, not wall), to_park; docs/limits.md); VMM backend only."),
         d("ppa_device_status", Gauge, "1 for the device's status (ok, needs_reset, failed), 0 for the others."),
         d("ppa_device_cpu_seconds_total", Counter, "CPU time of a device thread (its thread CPU clock); queue is its queue pair."),
         d("ppa_device_thread_seconds_total", Counter, "Where a device thread's wall time went: used, steal (runnable, waiting for a CPU), waiting (asleep in its event loop), blocked (asleep elsewhere)."),
