@@ -323,6 +323,16 @@ fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
                 );
                 assert!(t.kvm_exits.is_empty() && t.kvm_exits_to_user == 0);
                 assert_eq!(t.split_source, ppa_vmm_api::SplitSource::Records);
+                // The silent tracepoints are turned off, not closed, while the vCPU runs:
+                // closing one waits for an RCU grace period (36-46 ms here), and the thread
+                // was blocked for two of them inside its wall time at every start. A busy
+                // vCPU that never halts has no other reason to sleep than such a wait.
+                assert!(
+                    t.blocked_ns < 20_000_000,
+                    "vCPU {}: blocked {} ns outside parks: {t:?}",
+                    t.id,
+                    t.blocked_ns
+                );
             }
             _ => {
                 assert!(t.kvm_ns.is_some_and(|k| k > 0), "vCPU {}: {t:?}", t.id);

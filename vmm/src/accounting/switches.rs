@@ -309,7 +309,8 @@ impl SwitchRing {
         self.trace.has_irq()
     }
 
-    /// Closes KVM's tracepoints (a host whose KVM does not fire them: nothing to wait for).
+    /// Stops using KVM's tracepoints (a host whose KVM does not fire them: nothing to wait
+    /// for); they are turned off, and closed when the records are dropped.
     pub fn drop_kvm(&mut self) {
         self.trace.drop_kvm();
     }

@@ -173,7 +173,8 @@ impl Recorder {
         true
     }
 
-    /// Closes KVM's tracepoints, found silent (a few system calls, once).
+    /// Turns KVM's tracepoints, found silent, off (a few system calls, once; closed with the
+    /// ring at the thread's end: closing now would block for RCU grace periods).
     #[cold]
     pub(super) fn silence_kvm(&mut self) {
         if let Some(ring) = &mut self.ring {
