@@ -403,6 +403,56 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
 }
 
 #[test]
+fn the_spin_is_capped_at_half_the_cpu_left_when_the_deadlines_were_read() {
+    assert_eq!(spin_cap(Some(1_000_000), || 400_000), 300_000);
+    assert_eq!(
+        spin_cap(Some(1_000_000), || 1_200_000),
+        0,
+        "already past it"
+    );
+    let mut asked = false;
+    assert_eq!(
+        spin_cap(None, || {
+            asked = true;
+            0
+        }),
+        u64::MAX
+    );
+    assert!(!asked, "no clock read without a target");
+}
+
+#[test]
+fn a_short_runway_is_not_spun_through() {
+    // A share of 100 µs, shorter than the lead a fresh vCPU starts with (100 µs): without the
+    // cap the vCPU spun all of it in user space, never entering the guest.
+    let mut script = vec![Step::after(10_000_000, FakeExit::IoIn(0x80, 1)); 500];
+    script.push(Step::now(bell(doorbell::EXIT, 7)));
+    let r = start(script, |_| {});
+    r.until("the guest runs", |s| micro(s) == MicroState::Guest);
+    // Published while it is paused (its CPU clock still), read as soon as it resumes: the
+    // runway is whole when it reads it, bar the few µs of the park's end.
+    r.shared.kick(Requests::PAUSE);
+    r.until("it is paused", |s| micro(s) == MicroState::Paused);
+    let exits = |s: &VcpuShared| s.times().0.exits.values().sum::<u64>();
+    let before = exits(&r.shared);
+    let cpu = r.shared.acct.thread_cpu_ns().unwrap();
+    r.shared.set_kick_deadline(
+        LimitKind::Group,
+        Some(Deadline::after(now_ns(), cpu, 100_000)),
+    );
+    r.shared.resume();
+    r.until("it parks as limited", |s| micro(s) == MicroState::Limited);
+    // It ran the guest for the first half (at most) and its timer took it out: one exit.
+    assert!(
+        exits(&r.shared) > before,
+        "the guest never ran between the resume and the stop"
+    );
+    r.shared.kick(Requests::STOP);
+    let shared = r.finish();
+    assert_eq!(shared.kick_timer.stops(LimitKind::Group), 1);
+}
+
+#[test]
 fn a_firing_while_parked_idle_costs_no_run() {
     let wasted;
     let shared = {
