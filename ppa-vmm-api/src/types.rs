@@ -581,7 +581,7 @@ impl KickStages {
     }
 
     /// One line for the text outputs: `N timer stops, p50/p99 µs to handler A/B, to decision
-    /// C/D, to park E/F`, or `no timer stop measured` (a limit whose stops were all the
+    /// C/D, spin G/H, to park E/F`, or `no timer stop measured` (a limit whose stops were all the
     /// limiter's, or none yet): a limit of the VMM backend always has the line, so the text
     /// report has the same lines on a quiet host and a loaded one.
     pub fn summary(&self) -> String {

@@ -127,13 +127,13 @@ pub struct StageFigures {
     /// From the handler to the run loop's stop decision (sigreturn, the exit's bookkeeping,
     /// the CPU clock read).
     pub to_decision: Lateness,
-    /// From the decision to the CPU target: the vCPU's spin when its timer fired before it
-    /// (the timer's lead less its latency; VMM time the exact stop costs).
+    /// The CPU time (not wall) of the vCPU's spin from the decision to its CPU target when its
+    /// timer fired before it (the timer's lead less its latency; VMM time the exact stop
+    /// costs).
     pub spin: Lateness,
     /// Mean of `spin`, ns: the vCPU's CPU each stop spends to stop on its target.
     pub spin_mean_ns: u64,
-    /// From the end of the spin to the park (its clock readings, the paravirtual clock's
-    /// notice).
+    /// From the end of the spin to the park (its clock readings).
     pub to_park: Lateness,
     /// The same kind of timer and signal aimed at a thread spinning in user space, measured
     /// between the runs: the hrtimer's expiry and the signal's delivery without KVM. What

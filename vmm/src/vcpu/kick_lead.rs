@@ -11,7 +11,7 @@
 //! left at the firing), which is the timer's latency in CPU terms (the hrtimer's expiry, the
 //! signal, leaving the guest and KVM_RUN; less where the thread was preempted meanwhile). The
 //! lead is the largest of the last [`WINDOW`] samples plus [`PAD_NS`], within
-//! [`MIN_LEAD_NS`]…[`MAX_LEAD_NS`]: a firing later than that (beyond ~the 97th percentile) stops
+//! [`MIN_LEAD_NS`]…[`MAX_LEAD_NS`]: a firing later than that (about 1 in 65) stops
 //! past its target as before, and every stop costs the vCPU at most the lead of spinning,
 //! counted as VMM time (docs/limits.md, "The exact stop").
 
@@ -30,8 +30,9 @@ pub const MAX_LEAD_NS: u64 = 250_000;
 /// A vCPU's learnt timer lead: a ring of the last [`WINDOW`] firings' CPU latencies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lead {
+    /// 0 where no firing was recorded yet: a sample is never below 0, so the window's
+    /// largest is the same with or without the unused slots.
     samples: [u64; WINDOW],
-    len: usize,
     next: usize,
     lead_ns: u64,
 }
@@ -40,7 +41,6 @@ impl Default for Lead {
     fn default() -> Self {
         Lead {
             samples: [0; WINDOW],
-            len: 0,
             next: 0,
             lead_ns: INITIAL_LEAD_NS,
         }
@@ -63,8 +63,7 @@ impl Lead {
             .saturating_sub(target_ns);
         self.samples[self.next] = sample;
         self.next = (self.next + 1) % WINDOW;
-        self.len = (self.len + 1).min(WINDOW);
-        let worst = self.samples[..self.len].iter().copied().max().unwrap_or(0);
+        let worst = self.samples.iter().copied().max().unwrap_or(0);
         self.lead_ns = worst.saturating_add(PAD_NS).clamp(MIN_LEAD_NS, MAX_LEAD_NS);
     }
 }

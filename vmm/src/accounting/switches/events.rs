@@ -458,6 +458,10 @@ impl TraceFds {
     /// thread spent blocked inside its measured time (82 ms at the start of every vCPU at
     /// level full on a PVM host, a quarter of a short `bench overhead` run).
     pub fn drop_kvm(&mut self) {
+        if self.kvm.is_empty() {
+            // Already done: taking the empty list would close the silenced ones now.
+            return;
+        }
         for fd in &self.kvm {
             // Off or not, it no longer counts: a silent tracepoint sends no record.
             let _ = ioctl_enable(fd, false);
