@@ -53,9 +53,9 @@ vmlinuz=$(find "$kernel_dir/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n 1)
 # The workload runner: a static C program, so the initramfs needs no libc of its own.
 workload_bin="$PPA_CACHE/ppa-workload"
 if [ ! -x "$workload_bin" ] || [ "$here/src/ppa-workload.c" -nt "$workload_bin" ] ||
-	[ "$here/src/udp.c" -nt "$workload_bin" ]; then
+	[ "$here/src/udp.c" -nt "$workload_bin" ] || [ "$here/src/load.c" -nt "$workload_bin" ]; then
 	gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$workload_bin.tmp" \
-		"$here/src/ppa-workload.c" "$here/src/udp.c" ||
+		"$here/src/ppa-workload.c" "$here/src/udp.c" "$here/src/load.c" ||
 		ppa_die "cannot build ppa-workload statically (is libc6-dev installed?)"
 	mv "$workload_bin.tmp" "$workload_bin"
 fi

@@ -14,8 +14,11 @@
  *       again, for M ms of wall time. A period whose work ends past the next deadline is an
  *       overrun; the next deadline is then the first one still ahead.
  *
- *   udp-echo:... and udp-ping:...
+ *   udp-echo:..., udp-ping:... and mktap:...
  *       the network shapes, in udp.c.
+ *   udp-blast:..., udp-sink:..., udp-trigger:..., udp-blaster:..., channels:... and
+ *   virtio-rebind:...
+ *       the load shapes (and two reconfigurations of a virtio-net device), in load.c.
  *
  * Exit codes: 0 done, 2 bad spec or a thread could not start.
  */
@@ -160,7 +163,8 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 		s->run_us = 200;
 		s->period_us = 1000;
 	} else {
-		snprintf(err, errlen, "unknown workload kind '%s' (expected spin or periodic)", buf);
+		snprintf(err, errlen, "unknown workload kind '%s' (ppa-workload alone lists them)",
+			 buf);
 		return -1;
 	}
 	for (char *save = NULL, *item = strtok_r(params, ",", &save); item;
@@ -201,16 +205,32 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 }
 
 int udp_main(const char *spec);
+int load_handles(const char *spec);
+int load_main(const char *spec);
 
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc != 2) {
-		fprintf(stderr, "usage: ppa-workload spin:threads=N,ms=M | "
-				"periodic:threads=N,run_us=R,period_us=P,ms=M | "
-				"udp-echo:port=P,ms=M | udp-ping:to=IP,count=N,size=B\n");
+		fprintf(stderr,
+			"usage: ppa-workload SPEC, one of\n"
+			"  spin:threads=N,ms=M\n"
+			"  periodic:threads=N,run_us=R,period_us=P,ms=M\n"
+			"  udp-echo:port=P,ms=M\n"
+			"  udp-ping:to=IP,count=N,size=B[,port=P][,timeout_ms=T]\n"
+			"  mktap:name=NAME,queues=N\n"
+			"  udp-blast:to=IP,count=N,size=B[,port=P][,ms=M]\n"
+			"  udp-sink:port=P,ms=M[,expect=N][,idle_ms=I]"
+			"[,trigger=IP:TPORT,count=C,size=B]\n"
+			"  udp-trigger:to=IP:TPORT,count=C,size=B,port=P[,ms=M]\n"
+			"  udp-blaster:port=TPORT\n"
+			"  channels:n=N[,dev=IFACE]\n"
+			"  virtio-rebind:addr=IP/PREFIX[,dev=IFACE][,timeout_ms=T]\n");
 		return 2;
 	}
+	/* The load shapes first: udp-blast and the others also start with "udp-". */
+	if (load_handles(argv[1]))
+		return load_main(argv[1]);
 	if (strncmp(argv[1], "udp-", 4) == 0 || strncmp(argv[1], "mktap", 5) == 0)
 		return udp_main(argv[1]);
 	struct spec s;

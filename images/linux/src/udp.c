@@ -15,6 +15,9 @@
  *       makes the persistent tap NAME (with IFF_MULTI_QUEUE when N > 1), for a nested test host
  *       whose busybox `tunctl` cannot make a multi-queue one; prints `PPA-MKTAP name=NAME`.
  *
+ * The load shapes (udp-blast, udp-sink, udp-trigger, udp-blaster) and the virtio-net
+ * reconfigurations (channels, virtio-rebind) are in load.c.
+ *
  * Exit codes: 0 done (lost datagrams are reported, not failures), 2 bad spec or socket error.
  */
 #define _GNU_SOURCE
@@ -197,6 +200,10 @@ int udp_main(const char *text)
 	if (colon)
 		*colon = '\0';
 	int is_ping = strcmp(buf, "udp-ping") == 0;
+	if (!is_ping && strcmp(buf, "udp-echo") != 0 && strcmp(buf, "mktap") != 0) {
+		fprintf(stderr, "ppa-workload: unknown workload kind '%s'\n", buf);
+		return 2;
+	}
 	if (strcmp(buf, "mktap") == 0) {
 		char name[IFNAMSIZ + 1] = "";
 		uint64_t queues = 1;
