@@ -9,9 +9,9 @@
 #   --tries N     tries when the nested host hangs or dies (default 3; NESTED_TRIES); a run that
 #                 reaches its end is never retried, whatever ppa-vmm's exit code
 #   --tap T=A     before ppa-vmm starts, the nested host makes the tap T (tun.ko; multi-queue with
-#                 NESTED_TAP_QUEUES=N for --net ...,queues=N), gives
-#                 it the address A and answers UDP echo (port 7) on it with ppa-workload, so a
-#                 Linux guest with --net tap=T can reach it. The nested host has no NIC
+#                 NESTED_TAP_QUEUES=N for --net ...,queues=N), gives it the address A and runs
+#                 ppa-workload's UDP echo (port 7), blaster (9999) and sink (9001) on it for a
+#                 Linux guest with --net tap=T (docs/linux.md). The nested host has no NIC
 #                 (-nodefaults): nothing the guest sends leaves the emulated machine.
 #   --prepare     only build the outer machine's image (cached in target/nested/)
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (the guest image's agent;
