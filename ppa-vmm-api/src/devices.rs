@@ -54,18 +54,40 @@ pub struct QueueStats {
     pub packets: u64,
     /// Bytes of those frames (the virtio header excluded).
     pub bytes: u64,
+    /// Received frames that went through the device's host buffer instead of straight into
+    /// the guest's buffers (the guest had too few buffers available for the largest frame).
+    #[serde(default)]
+    pub copied: u64,
     /// Frames dropped, by reason (reasons with at least one drop).
     pub drops: BTreeMap<DropReason, u64>,
 }
 
-/// A device's CPU per packet, ns (null while no packet went that way).
+/// A device's mean CPU per frame, ns (null while no frame went that way): the CPU of each
+/// way's work over the frames it handled (delivered or sent, and dropped), both counted only
+/// while the CPU marks are taken (not at level off). A mean: [`FrameCpu`] has the spread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PerPacket {
-    /// CPU of the transmit work over frames sent.
+    /// Mean CPU of the transmit work per frame handled.
     pub tx: Option<u64>,
-    /// CPU of the receive work over frames delivered.
+    /// Mean CPU of the receive work per frame handled.
     pub rx: Option<u64>,
+}
+
+/// What the mean CPU per frame ([`PerPacket`]) is made of, each way: the frames it divides by,
+/// and a histogram over the work's batches of each batch's CPU over its frames (log-linear, as
+/// the exit histograms), so that a tail shows where a mean hides it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FrameCpu {
+    /// Frames received (delivered and dropped) while the marks were taken.
+    pub rx_frames: u64,
+    /// Frames transmitted (sent and dropped) while the marks were taken.
+    pub tx_frames: u64,
+    /// Per receive batch: its CPU over its frames, ns.
+    pub rx_per_batch: crate::HistogramJson,
+    /// Per transmit batch: its CPU over its frames, ns.
+    pub tx_per_batch: crate::HistogramJson,
 }
 
 /// A device's CPU by kind of work, ns.
@@ -94,6 +116,10 @@ pub struct DriverStats {
     pub activations: u64,
     /// Resets it asked for.
     pub resets: u64,
+    /// Resets whose register write returned before every device thread had let go of its
+    /// queues (the write waits 20 ms at most; the status reads 0 at once either way).
+    #[serde(default)]
+    pub resets_unsettled: u64,
     /// Kicks that reached the VMM as userspace exits (0 where ioeventfds catch them).
     pub notify_exits: u64,
     /// Rules the driver broke, by name.
@@ -130,9 +156,12 @@ pub struct DeviceStats {
     pub cpu_ns: u64,
     /// That CPU by kind of work.
     pub cpu: DeviceCpu,
-    /// CPU per frame, each way (net).
+    /// Mean CPU per frame, each way (net).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ns_per_packet: Option<PerPacket>,
+    /// The frames and the per-batch spread behind that mean (net).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame_cpu: Option<FrameCpu>,
     /// The driver's side.
     pub driver: DriverStats,
 }

@@ -141,6 +141,7 @@ mod tests {
             chains: packets,
             packets,
             bytes: 64 * packets,
+            copied: 0,
             drops: drops.iter().copied().collect(),
         };
         let d = DeviceStats {
@@ -172,11 +173,13 @@ mod tests {
                 tx: Some(3000),
                 rx: None,
             }),
+            frame_cpu: None,
             driver: DriverStats {
                 features: 0,
                 activations: 1,
                 resets: 0,
                 notify_exits: 0,
+                resets_unsettled: 0,
                 violations: BTreeMap::new(),
             },
         };

@@ -33,8 +33,8 @@ mod types;
 
 pub use clip::{clip, clip_middle, describe, MESSAGE_MAX, QUOTE_MAX};
 pub use devices::{
-    DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, HostCpuSplit,
-    PerPacket, QueueStats,
+    DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, FrameCpu,
+    HostCpuSplit, PerPacket, QueueStats,
 };
 pub use event::{Event, EventKind};
 pub use names::{

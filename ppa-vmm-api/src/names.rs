@@ -359,8 +359,12 @@ names! {
         /// The chain that carried it was malformed (the device then needs a reset).
         BadChain = "bad_chain",
         /// Larger than the device takes (a transmit chain over 64 KiB of frame, or a
-        /// received frame larger than a receive chain without mergeable buffers).
+        /// received frame larger than a receive chain without mergeable buffers, or than
+        /// every buffer the guest had made available).
         OversizedFrame = "oversized_frame",
+        /// A received frame, not segmentation-offloaded, longer than the device's MTU plus
+        /// its Ethernet header and one VLAN tag (virtio 1.2, 5.1.6.3.1).
+        OverMtu = "over_mtu",
         /// A frame read from the tap when the driver reset the device.
         DeviceReset = "device_reset",
         /// The tap was down or gone (EIO, ENODEV or EBADFD from it).

@@ -386,7 +386,7 @@ impl From<VcpuTimes> for VcpuSummary {
 }
 
 /// JSON form of a histogram.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistogramJson {
     /// Fractional bits of the slot scheme.
@@ -412,7 +412,7 @@ pub struct HistogramJson {
 }
 
 /// One non-empty slot in [`HistogramJson`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlotJson {
     /// Slot index.

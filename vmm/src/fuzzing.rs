@@ -26,6 +26,8 @@ use crate::limits::{check_groups, check_name, GroupSpec, Limit, MAX_PERIOD_NS, M
 use crate::payload::tiny::workload::{resolve, Assignment, Spec, VcpuWorkload, WorkloadError};
 use crate::payload::Payload;
 
+pub mod driver;
+pub mod netmodel;
 mod ppa_page;
 mod virtqueue;
 

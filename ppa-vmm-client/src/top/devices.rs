@@ -103,6 +103,7 @@ mod tests {
             chains: frames,
             packets: frames,
             bytes: 0,
+            copied: 0,
             drops: BTreeMap::new(),
         };
         DeviceStats {
@@ -128,11 +129,13 @@ mod tests {
             cpu_ns: used_ns,
             cpu: DeviceCpu::default(),
             cpu_ns_per_packet: None,
+            frame_cpu: None,
             driver: DriverStats {
                 features: 0,
                 activations: 1,
                 resets: 0,
                 notify_exits: 0,
+                resets_unsettled: 0,
                 violations: BTreeMap::new(),
             },
         }

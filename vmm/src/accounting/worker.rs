@@ -121,15 +121,16 @@ impl WorkerMeter {
     }
 
     /// Ends a stretch of work of kind `part` (index below [`PARTS`]): the CPU since the last
-    /// mark goes to it.
+    /// mark goes to it. Returns that CPU, ns.
     #[inline]
-    pub fn cpu_mark(&self, part: usize) {
+    pub fn cpu_mark(&self, part: usize) -> u64 {
         let now = thread_cpu_ns();
         let d = now.saturating_sub(self.last_cpu.get());
         self.last_cpu.set(now);
         if let Some(c) = self.parts.get(part) {
             c.add(d);
         }
+        d
     }
 
     /// Moves the last mark to now without charging anyone (after a wait: the CPU it took is

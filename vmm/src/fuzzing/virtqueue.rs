@@ -19,12 +19,13 @@ use std::sync::atomic::Ordering;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::devices::net::ctrl;
+use super::netmodel::ModelTap;
+use crate::devices::net::ctrl::CtrlQueue;
 use crate::devices::net::queues::QueueCounters;
-use crate::devices::net::rx::{Delivery, RxQueue};
+use crate::devices::net::rx::{RxParams, RxQueue, Step};
 use crate::devices::net::tap::VNET_HDR_LEN;
 use crate::devices::net::tx::{FrameSink, TxQueue, MAX_TX_FRAME};
-use crate::devices::virtio::chain::Segments;
+use crate::devices::virtio::queue::DeviceQueue;
 
 /// Guest memory of the check.
 const MEM: usize = 0x1_0000;
@@ -73,8 +74,15 @@ fn used_moved(q: &Queue, before: u16, given: u16) {
     );
 }
 
-/// `data` as guest memory under a network device's queues.
+/// `data` as guest memory under a network device's queues, then the same bytes as a
+/// sequence of a driver model's actions ([`super::netmodel::run`]).
 pub fn virtqueue(data: &[u8]) {
+    hostile(data);
+    super::netmodel::run(data);
+}
+
+/// `data` as guest memory under a network device's queues.
+fn hostile(data: &[u8]) {
     let Some((&head, rest)) = data.split_first() else {
         return;
     };
@@ -96,12 +104,12 @@ pub fn virtqueue(data: &[u8]) {
     if let Some(q) = queue(size, event_idx, &mem) {
         let offered = available(&q);
         let before = q.next_used();
-        let mut tx = TxQueue::new(q);
+        let mut tx = TxQueue::new(DeviceQueue::new(q));
         let sink = Sink {
             frames: Cell::new(0),
         };
         let c = QueueCounters::default();
-        let pass = tx.run(&mem, &sink, &c);
+        let pass = tx.run(&mem, &sink, &c, u64::from(size), || true);
         assert!(
             pass.chains <= u64::from(size),
             "{} chains from a queue of {size}",
@@ -114,43 +122,58 @@ pub fn virtqueue(data: &[u8]) {
             );
         }
         assert!(sink.frames.get() <= pass.chains + 1);
-        used_moved(&tx.q, before, pass.chains as u16);
+        used_moved(tx.dq.queue(), before, pass.chains as u16);
         if pass.chains > 0 {
             // Transmit writes nothing into guest buffers: the ring shows the device's index.
             assert_eq!(
-                used_idx(&tx.q, &mem),
-                tx.q.next_used(),
+                used_idx(tx.dq.queue(), &mem),
+                tx.dq.queue().next_used(),
                 "the used ring shows the index"
             );
         }
     }
 
-    // Receive: a frame of the data's own bytes (a header and up to 2 KiB).
+    // Receive: frames of the data's own bytes (a header and up to 2 KiB), until the queue
+    // has no room, is broken, or the frames run out.
     let _ = mem.write_slice(&rest[..n], GuestAddress(0));
     if let Some(q) = queue(size, event_idx, &mem) {
         let before = q.next_used();
-        let mut rx = RxQueue::new(q, mergeable);
+        let params = RxParams {
+            mergeable,
+            gso: head & 0x40 != 0,
+            mtu: 1500,
+        };
+        let mut rx = RxQueue::new(DeviceQueue::new(q), params);
         let frame_len = VNET_HDR_LEN + (usize::from(head) * 8).min(2048);
         let frame: Vec<u8> = rest.iter().copied().cycle().take(frame_len).collect();
-        if frame.len() == frame_len {
-            match rx.deliver(&mem, &frame) {
-                Delivery::Delivered(k) => {
-                    assert!(k >= 1 && k <= size);
-                    used_moved(&rx.q, before, k);
+        let tap = ModelTap::default();
+        for _ in 0..4 {
+            tap.push(frame.clone());
+        }
+        let mut given = 0u32;
+        for _ in 0..usize::from(size) + 8 {
+            match rx.receive(&mem, &tap) {
+                Step::Delivered { chains, .. } => {
+                    assert!(chains >= 1 && chains <= size);
+                    given += u32::from(chains);
                 }
-                Delivery::TooLarge => used_moved(&rx.q, before, 1),
-                Delivery::NoRoom => used_moved(&rx.q, before, 0),
-                Delivery::Bad(_) => {}
+                Step::Dropped(_) => {}
+                Step::Idle | Step::NoRoom | Step::Fault(_) | Step::TapFailed(_) => break,
             }
         }
+        assert!(
+            given <= u32::from(size) * 4,
+            "more chains than a queue holds"
+        );
+        used_moved(rx.dq.queue(), before, given as u16);
     }
 
     // Control.
     let _ = mem.write_slice(&rest[..n], GuestAddress(0));
-    if let Some(mut q) = queue(size, event_idx, &mem) {
-        let mut segs = Segments::with_capacity(usize::from(size));
+    if let Some(q) = queue(size, event_idx, &mem) {
+        let mut ctrl = CtrlQueue::new(DeviceQueue::new(q), 4, true);
         let c = QueueCounters::default();
-        let pass = ctrl::run(&mut q, &mem, &mut segs, 4, &c);
+        let pass = ctrl.run(&mem, &c, u64::from(size), || true);
         assert!(c.chains.get() <= u64::from(size));
         if let Some(p) = pass.pairs {
             assert!((1..=4).contains(&p));

@@ -21,6 +21,7 @@ pub(super) fn device() -> DeviceStats {
         chains: packets + 1,
         packets,
         bytes: packets * 64,
+        copied: 0,
         drops: BTreeMap::from([(DropReason::TapWouldBlock, 1)]),
     };
     DeviceStats {
@@ -54,11 +55,13 @@ pub(super) fn device() -> DeviceStats {
             tx: Some(200_000),
             rx: Some(500_000),
         }),
+        frame_cpu: None,
         driver: DriverStats {
             features: 1 << 32,
             activations: 1,
             resets: 1,
             notify_exits: 0,
+            resets_unsettled: 0,
             violations: BTreeMap::new(),
         },
     }

@@ -99,6 +99,7 @@ mod sys {
     pub const ioctl: i64 = libc::SYS_ioctl;
     pub const pread64: i64 = libc::SYS_pread64;
     pub const read: i64 = libc::SYS_read;
+    pub const readv: i64 = libc::SYS_readv;
     pub const openat: i64 = libc::SYS_openat;
     pub const close: i64 = libc::SYS_close;
     pub const statx: i64 = libc::SYS_statx;
@@ -383,6 +384,11 @@ pub const DEVICE: &[Allow] = &[
         ioctl,
         Args::Ioctl(DEVICE_IOCTLS),
         "tap queues attached and detached (the guest's queue pairs); the guest's offloads"
+    ),
+    allow!(
+        readv,
+        Args::Any,
+        "a frame from the tap straight into the guest's receive buffers"
     ),
 ];
 

@@ -3,27 +3,24 @@
 //! thread's time accounted as exactly as a vCPU's.
 //!
 //! Data flow: the VM builder makes a [`NetDevice`] from a [`spec::NetSpec`]: it opens the
-//! tap (one queue per pair), makes a kick eventfd per virtqueue (registered as ioeventfds at
-//! the transport's QueueNotify) and a wake eventfd per thread, and shares a
-//! [`crate::devices::virtio::VirtioShared`] with its MMIO transport. `Vm::run` starts one
-//! thread per queue pair ([`worker`], named `net0-qp0`, …) before the vCPUs and stops them
-//! after. Readers (`stats`, the report, metrics) take [`NetDevice::stats`]: the threads' own
-//! meters and queue counters, single-writer atomics they read without a lock.
+//! tap (one queue per pair, all but the first detached until a driver asks for them), makes a
+//! kick eventfd per virtqueue (registered as ioeventfds at the transport's QueueNotify), and
+//! shares a [`crate::devices::virtio::VirtioShared`] (with a wake eventfd per thread) with its
+//! MMIO transport. `Vm::run` starts one thread per queue pair ([`worker`], named `net0-qp0`,
+//! …) before the vCPUs and stops them after. Readers (`stats`, the report, metrics) take
+//! [`NetDevice::stats`]: the threads' own meters and queue counters, single-writer atomics
+//! they read without a lock.
 //!
-//! Queues: rx0 = 0, tx0 = 1, rx1 = 2, tx1 = 3, …, and with several pairs the control queue
-//! last. The configuration space (read-only) is the MAC, the link status (up), the pairs and
-//! the MTU.
+//! Queues ([`layout`]): rx0 = 0, tx0 = 1, rx1 = 2, tx1 = 3, …, and with several pairs the
+//! control queue last (at 2 when the driver takes CTRL_VQ without MQ). The configuration
+//! space (read-only) is the MAC, the link status (up), the pairs and the MTU.
 
-use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use ppa_vmm_api::{
-    DeviceCpu, DeviceHealth, DeviceKind, DeviceStats, DeviceThreadInfo, DeviceThreadStats,
-    DriverStats, PerPacket, QueueKind,
-};
+use ppa_vmm_api::{DeviceStats, DeviceThreadInfo, QueueKind};
 use thiserror::Error;
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_net::*;
@@ -33,20 +30,23 @@ use virtio_bindings::bindings::virtio_ring::{
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::virtio::{Health, VirtioDevice, VirtioShared, ALL_VIOLATIONS};
+use super::virtio::{VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
 use crate::hypervisor::IrqLine;
 
+pub mod batch;
 pub mod ctrl;
+pub mod layout;
 pub mod queues;
 pub mod rx;
 pub mod spec;
+pub mod stats;
 pub mod tap;
 pub mod tx;
 pub mod worker;
 
-use queues::QueueCounters;
+use queues::{FrameCpu, QueueCounters};
 use spec::{Mac, NetSpec};
 use tap::Tap;
 
@@ -79,6 +79,25 @@ pub enum NetError {
         /// vCPUs of the VM.
         vcpus: usize,
     },
+    /// The tap's MTU is below the device's and cannot be raised.
+    #[error(
+        "{id}: the tap {tap} has MTU {tap_mtu}, below the device's {mtu}, and this VMM cannot \
+         raise it (that takes CAP_NET_ADMIN); set it first (ip link set {tap} mtu {mtu}) or give \
+         --net mtu={tap_mtu}"
+    )]
+    Mtu {
+        /// Device id.
+        id: String,
+        /// The tap.
+        tap: String,
+        /// The device's MTU.
+        mtu: u16,
+        /// The tap's.
+        tap_mtu: u32,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// An eventfd could not be made.
     #[error("{id}: cannot make its eventfds")]
     EventFd {
@@ -109,22 +128,51 @@ pub struct NetShared {
     pub taps: Vec<Tap>,
     /// One kick eventfd per virtqueue.
     pub kicks: Vec<EventFd>,
-    /// One wake eventfd per thread (epoch changes, stop).
-    pub wakes: Vec<EventFd>,
-    /// The epoch each thread serves.
-    pub served: Vec<AtomicU64>,
     /// Each thread's meter.
     pub meters: Vec<WorkerMeter>,
+    /// Each thread's CPU per frame.
+    pub frame_cpu: Vec<FrameCpu>,
     /// Each virtqueue's counters.
     pub queues: Vec<QueueCounters>,
-    /// Queue pairs the driver uses now.
+    /// Queue pairs the driver uses now (1 after every reset).
     pub active_pairs: AtomicU16,
     /// Set to stop the threads.
     pub stop: AtomicBool,
-    /// Whether the threads were started.
-    pub started: AtomicBool,
     /// Whether the tap existed before the VMM opened it (false: the VMM created it).
     pub tap_existed: bool,
+}
+
+/// Makes the tap carry the device's MTU: one this VMM created gets it exactly; an existing
+/// tap below it is raised, or the device refused with a sentence when that is not allowed; an
+/// existing tap above it is left (the operator's), and frames over the device's MTU are
+/// dropped on receive and counted (`over_mtu`).
+fn match_mtu(id: &str, tap: &str, mtu: u16, created: bool) -> Result<(), NetError> {
+    let tap_mtu = match tap::mtu(tap) {
+        Ok(m) => m,
+        Err(e) => {
+            log::warn!("{id}: cannot read the MTU of the tap {tap}: {e}");
+            return Ok(());
+        }
+    };
+    if tap_mtu == u32::from(mtu) || (!created && tap_mtu > u32::from(mtu)) {
+        if tap_mtu > u32::from(mtu) {
+            log::info!(
+                "{id}: the tap {tap} has MTU {tap_mtu}, above the device's {mtu}: larger frames from the host are dropped (over_mtu)"
+            );
+        }
+        return Ok(());
+    }
+    match tap::set_mtu(tap, u32::from(mtu)) {
+        Ok(()) => Ok(()),
+        Err(_) if created => Ok(()),
+        Err(source) => Err(NetError::Mtu {
+            id: id.to_string(),
+            tap: tap.to_string(),
+            mtu,
+            tap_mtu,
+            source,
+        }),
+    }
 }
 
 /// The features a device of `pairs` queue pairs offers.
@@ -174,7 +222,7 @@ pub struct NetDevice {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The figures at the last reset, which readers subtract (taken only by readers and
     /// `reset`: the device threads never touch it).
-    baseline: Mutex<Option<DeviceStats>>,
+    baseline: Mutex<Option<stats::Raw>>,
 }
 
 /// What a network device is made from.
@@ -218,12 +266,13 @@ impl NetDevice {
             });
         }
         let ctrl = pairs > 1;
-        let nq = 2 * usize::from(pairs) + usize::from(ctrl);
+        let nq = layout::queue_count(pairs, ctrl);
         let existed = tap::exists(&p.spec.tap);
         let taps = Tap::open(&p.spec.tap, usize::from(pairs)).map_err(|source| NetError::Tap {
             id: p.id.clone(),
             source,
         })?;
+        match_mtu(&p.id, &p.spec.tap, p.spec.mtu, !existed)?;
         let mac = p.spec.mac_or_default(std::process::id(), p.index);
         let net = Arc::new(NetShared {
             id: p.id.clone(),
@@ -234,20 +283,32 @@ impl NetDevice {
             features: offered_features(pairs),
             taps,
             kicks: eventfds(nq, &p.id)?,
-            wakes: eventfds(usize::from(pairs), &p.id)?,
-            served: (0..pairs).map(|_| AtomicU64::new(0)).collect(),
             meters: (0..pairs).map(|_| WorkerMeter::default()).collect(),
+            frame_cpu: (0..pairs).map(|_| FrameCpu::default()).collect(),
             queues: (0..nq).map(|_| QueueCounters::default()).collect(),
             active_pairs: AtomicU16::new(1),
             stop: AtomicBool::new(false),
-            started: AtomicBool::new(false),
             tap_existed: existed,
         });
-        let virtio = Arc::new(VirtioShared::new(
-            p.id.clone(),
-            &vec![QUEUE_SIZE; nq],
-            p.irq,
-        ));
+        // The reset state: one pair, the other tap queues detached (each thread attaches its
+        // own when the driver asks for it).
+        for t in net.taps.iter().skip(1) {
+            if let Err(e) = t.enable(false) {
+                log::warn!("{}: {e}", p.id);
+            }
+        }
+        let virtio = Arc::new(
+            VirtioShared::new(
+                p.id.clone(),
+                &vec![QUEUE_SIZE; nq],
+                usize::from(pairs),
+                p.irq,
+            )
+            .map_err(|source| NetError::EventFd {
+                id: p.id.clone(),
+                source,
+            })?,
+        );
         log::info!(
             "{}: tap {} ({}), MAC {mac}, {pairs} queue pair(s)",
             p.id,
@@ -277,13 +338,11 @@ impl NetDevice {
     }
 
     fn kind_of(&self, index: usize) -> QueueKind {
-        if self.net.ctrl && index == 2 * usize::from(self.net.pairs) {
-            QueueKind::Ctrl
-        } else if index % 2 == 0 {
-            QueueKind::Rx
-        } else {
-            QueueKind::Tx
-        }
+        let n = layout::Negotiated {
+            ctrl: self.virtio.has_feature(VIRTIO_NET_F_CTRL_VQ),
+            mq: self.virtio.has_feature(VIRTIO_NET_F_MQ),
+        };
+        layout::kind_of(index, self.net.pairs, self.net.ctrl, n)
     }
 
     fn thread_name(&self, pair: usize) -> String {
@@ -311,20 +370,9 @@ impl VirtioDevice for NetDevice {
         }
     }
 
-    fn epoch_changed(&self) {
-        for w in &self.net.wakes {
-            let _ = w.write(1);
-        }
-    }
-
-    fn caught_up(&self) -> bool {
-        let (epoch, _) = self.virtio.epoch();
-        !self.net.started.load(Ordering::Acquire)
-            || self
-                .net
-                .served
-                .iter()
-                .all(|s| s.load(Ordering::Acquire) == epoch)
+    fn on_reset(&self) {
+        // Virtio 1.2, 5.1.6.5.5: after a reset the device uses one pair until told otherwise.
+        self.net.active_pairs.store(1, Ordering::Release);
     }
 
     fn kick_fd(&self, queue: usize) -> Option<&EventFd> {
@@ -339,7 +387,7 @@ impl super::Device for NetDevice {
 
     fn start(&self, control: &Arc<AccountingControl>) -> io::Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        self.net.started.store(true, Ordering::Release);
+        self.virtio.threads_started();
         for pair in 0..usize::from(self.net.pairs) {
             let (net, virtio, mem, control) = (
                 Arc::clone(&self.net),
@@ -361,9 +409,7 @@ impl super::Device for NetDevice {
 
     fn stop(&self) {
         self.net.stop.store(true, Ordering::Release);
-        for w in &self.net.wakes {
-            let _ = w.write(1);
-        }
+        self.virtio.wake_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
             let _ = t.join();
@@ -386,165 +432,14 @@ impl super::Device for NetDevice {
 
     fn reset(&self) {
         let mut b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
-        *b = Some(self.raw_stats());
+        *b = Some(self.raw());
     }
 
     fn stats(&self) -> DeviceStats {
         // The baseline lock is held across the sample: a reader sees the figures wholly
         // before or wholly after a reset.
         let b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
-        let now = self.raw_stats();
-        match b.as_ref() {
-            Some(base) => since(now, base),
-            None => now,
-        }
-    }
-}
-
-/// `cur` less `base`, counter by counter (0 where a counter went down: a thread that was
-/// not there at the reset).
-pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
-    for t in &mut cur.threads {
-        if let Some(b) = base.threads.iter().find(|b| b.name == t.name) {
-            t.wall_ns = t.wall_ns.saturating_sub(b.wall_ns);
-            t.used_ns = t.used_ns.saturating_sub(b.used_ns);
-            t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
-            t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
-            t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
-            t.identity_error_ns =
-                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
-        }
-    }
-    for q in &mut cur.queues {
-        if let Some(b) = base.queues.iter().find(|b| b.index == q.index) {
-            q.notifications = q.notifications.saturating_sub(b.notifications);
-            q.interrupts = q.interrupts.saturating_sub(b.interrupts);
-            q.interrupts_suppressed = q
-                .interrupts_suppressed
-                .saturating_sub(b.interrupts_suppressed);
-            q.chains = q.chains.saturating_sub(b.chains);
-            q.packets = q.packets.saturating_sub(b.packets);
-            q.bytes = q.bytes.saturating_sub(b.bytes);
-            for (r, n) in q.drops.iter_mut() {
-                *n = n.saturating_sub(b.drops.get(r).copied().unwrap_or(0));
-            }
-            q.drops.retain(|_, n| *n > 0);
-        }
-    }
-    cur.cpu_ns = cur.cpu_ns.saturating_sub(base.cpu_ns);
-    cur.cpu.tx = cur.cpu.tx.saturating_sub(base.cpu.tx);
-    cur.cpu.rx = cur.cpu.rx.saturating_sub(base.cpu.rx);
-    cur.cpu.ctrl = cur.cpu.ctrl.saturating_sub(base.cpu.ctrl);
-    cur.cpu.other = cur.cpu.other.saturating_sub(base.cpu.other);
-    let packets = |k: QueueKind| -> u64 {
-        cur.queues
-            .iter()
-            .filter(|q| q.kind == k)
-            .map(|q| q.packets)
-            .sum()
-    };
-    let per = |cpu: u64, n: u64| (n > 0).then(|| cpu / n);
-    cur.cpu_ns_per_packet = cur.cpu_ns_per_packet.map(|_| PerPacket {
-        tx: per(cur.cpu.tx, packets(QueueKind::Tx)),
-        rx: per(cur.cpu.rx, packets(QueueKind::Rx)),
-    });
-    cur
-}
-
-impl NetDevice {
-    /// Every figure since the device started.
-    fn raw_stats(&self) -> DeviceStats {
-        let times: Vec<_> = self.net.meters.iter().map(WorkerMeter::times).collect();
-        let threads = times
-            .iter()
-            .enumerate()
-            .map(|(pair, t)| DeviceThreadStats {
-                name: self.thread_name(pair),
-                host_tid: self.net.meters[pair].tid(),
-                wall_ns: t.wall_ns,
-                used_ns: t.used_ns,
-                steal_ns: t.steal_ns,
-                waiting_ns: t.waiting_ns,
-                blocked_ns: t.blocked_ns,
-                identity_error_ns: t.identity_error_ns(),
-            })
-            .collect();
-        let queues: Vec<_> = self
-            .net
-            .queues
-            .iter()
-            .enumerate()
-            .map(|(i, c)| c.stats(i as u16, self.kind_of(i)))
-            .collect();
-        let part = |p: usize| times.iter().map(|t| t.parts_ns[p]).sum::<u64>();
-        let cpu_ns: u64 = times.iter().map(|t| t.used_ns).sum();
-        let cpu = DeviceCpu {
-            rx: part(worker::PART_RX),
-            tx: part(worker::PART_TX),
-            ctrl: part(worker::PART_CTRL),
-            other: cpu_ns.saturating_sub(
-                part(worker::PART_RX) + part(worker::PART_TX) + part(worker::PART_CTRL),
-            ),
-        };
-        let packets = |k: QueueKind| {
-            queues
-                .iter()
-                .filter(|q| q.kind == k)
-                .map(|q| q.packets)
-                .sum::<u64>()
-        };
-        let per = |cpu: u64, n: u64| (n > 0).then(|| cpu / n);
-        let per_packet = PerPacket {
-            tx: per(cpu.tx, packets(QueueKind::Tx)),
-            rx: per(cpu.rx, packets(QueueKind::Rx)),
-        };
-        let c = &self.virtio.counters;
-        let violations: BTreeMap<String, u64> = ALL_VIOLATIONS
-            .iter()
-            .zip(c.violations.iter())
-            .map(|(v, n)| (v.name().to_string(), n.load(Ordering::Relaxed)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        let (status, status_reason) = match self.virtio.health() {
-            Health::Ok => (DeviceHealth::Ok, None),
-            Health::NeedsReset => (
-                DeviceHealth::NeedsReset,
-                self.virtio
-                    .last_violation()
-                    .map(|v| v.describe().to_string()),
-            ),
-            Health::Failed => (
-                DeviceHealth::Failed,
-                Some(
-                    self.virtio
-                        .last_violation()
-                        .map_or("the driver gave up on the device", |v| v.describe())
-                        .to_string(),
-                ),
-            ),
-        };
-        DeviceStats {
-            id: self.net.id.clone(),
-            kind: DeviceKind::Net,
-            backend: self.tap_name.clone(),
-            mac: Some(self.net.mac.to_string()),
-            mmio_base: self.mmio_base,
-            gsi: self.virtio.gsi(),
-            status,
-            status_reason,
-            threads,
-            queues,
-            cpu_ns,
-            cpu_ns_per_packet: Some(per_packet),
-            cpu,
-            driver: DriverStats {
-                features: self.virtio.driver_features(),
-                activations: c.activations.load(Ordering::Relaxed),
-                resets: c.resets.load(Ordering::Relaxed),
-                notify_exits: c.notify_exits.load(Ordering::Relaxed),
-                violations,
-            },
-        }
+        self.raw().since(b.as_ref())
     }
 }
 

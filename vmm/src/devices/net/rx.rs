@@ -1,161 +1,503 @@
-//! The receive side of a queue pair: frames from the tap into the guest's receive chains.
+//! The receive side of a queue pair: frames from the tap into the guest's receive chains,
+//! read straight into guest memory.
 //!
-//! Data flow: the queue pair's thread reads one frame (12-byte virtio header first) from its
-//! tap into a host buffer and hands it to [`RxQueue::deliver`], which writes it into the
-//! next available chain, or, with mergeable buffers (`VIRTIO_NET_F_MRG_RXBUF`), into as many
-//! chains as it takes, setting the header's `num_buffers`. A frame that does not fit what the
-//! guest made available stays in the buffer and the thread stops reading the tap until the
-//! guest adds buffers (the tap holds what comes meanwhile): frames wait, they are not
-//! dropped. Chains are checked as untrusted input ([`crate::devices::virtio::chain`]); a
-//! malformed one stops the device (NEEDS_RESET).
+//! Data flow: the queue pair's thread calls [`RxQueue::receive`] while the tap is readable.
+//! The queue first holds enough of the guest's chains for the largest frame the tap may give
+//! ([`RxParams::max_frame`]: 64 KiB and the header with guest GSO, otherwise the MTU, the
+//! Ethernet header, a VLAN tag and the header), popped with the notification discipline of
+//! [`DeviceQueue::pop`] and kept, in order, as `iovec`s over guest memory. One `readv` then
+//! puts the frame (its 12-byte virtio header first) into them: into one chain, or with
+//! mergeable buffers (`VIRTIO_NET_F_MRG_RXBUF`) into as many as it fills, each filled before
+//! the next, as Linux posts them; the device writes `num_buffers` and gives those chains back.
+//! The chains the frame did not reach stay held for the next frame. No host buffer, no copy.
+//!
+//! When the guest has made too few buffers available for the largest frame (a burst that
+//! outran the driver's refill), a frame is read into a host buffer instead and copied into the
+//! chains it fits; a frame that does not fit yet stays in that buffer, notifications are on,
+//! and the thread stops reading the tap until the guest's kick (the tap holds what comes
+//! meanwhile): frames wait, they are not dropped. Dropped and counted: a frame longer than
+//! the largest one the device takes (it is read into one byte more than that, so a read that
+//! reaches past it was cut), and one over the MTU without GSO. Chains are untrusted input ([`crate::devices::virtio::chain`]); every loop is bounded
+//! by the queue's size and by [`IOV_MAX`] buffers; nothing allocates per frame.
 
-use std::num::Wrapping;
-use std::sync::atomic::Ordering;
+use std::collections::VecDeque;
+use std::io;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
+use ppa_vmm_api::DropReason;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::tap::VNET_HDR_LEN;
-use crate::devices::virtio::chain::{ChainError, Direction, Segments};
+use crate::devices::virtio::chain::{Direction, Segment, Segments};
+use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
-/// What became of a frame.
+/// The most buffers one `readv` takes (Linux's UIO_MAXIOV).
+pub const IOV_MAX: usize = 1024;
+/// The largest frame a tap gives with GSO, its virtio header included (Firecracker's
+/// `MAX_BUFFER_SIZE`): 64 KiB of IP packet, the Ethernet header, a VLAN tag, the header.
+pub const MAX_GSO_FRAME: usize = 65_562;
+/// The Ethernet header and one VLAN tag, on top of the MTU.
+pub const ETH_OVERHEAD: usize = 14 + 4;
+/// Offset of `num_buffers` in the header.
+const NUM_BUFFERS_AT: u64 = 10;
+/// Offset of `gso_type` in the header.
+const GSO_TYPE_AT: usize = 1;
+
+/// Where received frames come from (the tap; a socket pair or a script in tests).
+pub trait FrameSource {
+    /// Reads one frame (virtio header first) scattered over `iov`. Returns the bytes read; a
+    /// frame longer than the buffers is cut to them (as a tap does; the rest is lost), so a
+    /// read that fills every buffer may have been cut; `WouldBlock` when no frame waits.
+    ///
+    /// # Safety
+    /// Every `iovec` must describe memory valid for writes of its length for the call.
+    unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize>;
+}
+
+impl FrameSource for super::tap::Tap {
+    unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.readv(iov) }
+    }
+}
+
+/// What the driver negotiated that shapes receive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    /// In the guest, in this many chains.
-    Delivered(u16),
-    /// The guest has not made enough room: try again when it adds buffers.
+pub struct RxParams {
+    /// `VIRTIO_NET_F_MRG_RXBUF`.
+    pub mergeable: bool,
+    /// The tap may give GSO frames (a guest TSO or UFO feature).
+    pub gso: bool,
+    /// The device's MTU.
+    pub mtu: u16,
+}
+
+impl RxParams {
+    /// The largest frame the tap may give, header included.
+    pub fn max_frame(&self) -> usize {
+        if self.gso {
+            MAX_GSO_FRAME
+        } else {
+            VNET_HDR_LEN + ETH_OVERHEAD + usize::from(self.mtu)
+        }
+    }
+
+    /// Whether a frame of `len` bytes (header included) whose header says `gso_type` is over
+    /// the MTU.
+    pub fn over_mtu(&self, len: usize, gso_type: u8) -> bool {
+        gso_type == 0 && len > VNET_HDR_LEN + ETH_OVERHEAD + usize::from(self.mtu)
+    }
+}
+
+/// What one call of [`RxQueue::receive`] did.
+#[derive(Debug)]
+pub enum Step {
+    /// A frame of `bytes` (header included) is in the guest, in `chains` chains; `copied`
+    /// when it went through the host buffer.
+    Delivered {
+        /// Chains it filled.
+        chains: u16,
+        /// Its length with the header.
+        bytes: usize,
+        /// Whether it was copied from the host buffer.
+        copied: bool,
+    },
+    /// A frame was dropped; the chains it was read into stay with the device.
+    Dropped(DropReason),
+    /// No frame waits at the tap.
+    Idle,
+    /// The guest has no room for the frame (held in the host buffer, if one was read);
+    /// notifications are on: wait for its kick.
     NoRoom,
-    /// Larger than a receive chain (without mergeable buffers): dropped, the chain given back
-    /// empty.
-    TooLarge,
-    /// A malformed chain, or an available index that jumped: the device needs a reset.
-    Bad(QueueFault),
+    /// The tap failed.
+    TapFailed(io::Error),
+    /// The driver broke the queue; the device needs a reset.
+    Fault(QueueFault),
 }
 
-/// A queue the driver broke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueFault {
-    /// A malformed chain.
-    Chain(ChainError),
-    /// The available index moved ahead by more than the queue holds.
-    AvailIndex,
-    /// The used ring could not be written (it lies outside guest memory now).
-    UsedRing,
+/// A chain popped and not yet given back.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    head: u16,
+    bytes: u32,
+    bufs: u16,
 }
 
-/// The next chain the driver made available, or None. The available index is checked first:
-/// `virtio_queue` would log a jump and give nothing, which must be a fault here, not a quiet
-/// stop.
-pub fn next_chain<'m>(
-    q: &mut Queue,
-    mem: &'m GuestMemoryMmap,
-) -> Result<Option<virtio_queue::DescriptorChain<&'m GuestMemoryMmap>>, QueueFault> {
-    let avail = q
-        .avail_idx(mem, Ordering::Acquire)
-        .map_err(|_| QueueFault::UsedRing)?;
-    let pending = (avail - Wrapping(q.next_avail())).0;
-    if pending == 0 {
-        return Ok(None);
+/// The chains held for the next frames, their buffers as `iovec`s in one window.
+#[derive(Debug)]
+struct Window {
+    chains: VecDeque<Held>,
+    iov: Vec<libc::iovec>,
+    segs: Vec<Segment>,
+    start: usize,
+    bytes: u64,
+    /// The shortest prefix of `chains` holding `max_frame` bytes (or all of them): chains,
+    /// buffers, bytes.
+    cover: (usize, usize, u64),
+}
+
+impl Window {
+    fn new(chains: usize) -> Self {
+        let cap = IOV_MAX + chains;
+        Window {
+            chains: VecDeque::with_capacity(chains),
+            iov: Vec::with_capacity(cap),
+            segs: Vec::with_capacity(cap),
+            start: 0,
+            bytes: 0,
+            cover: (0, 0, 0),
+        }
     }
-    if pending > q.size() {
-        return Err(QueueFault::AvailIndex);
+
+    fn buffers(&self) -> usize {
+        self.iov.len() - self.start
     }
-    // With entries pending, `None` means the ring changed under us into something invalid
-    // (its index jumped between the two reads): a fault too, never a quiet stop.
-    q.pop_descriptor_chain(mem)
-        .map(Some)
-        .ok_or(QueueFault::AvailIndex)
+
+    /// Adds a chain at the back (its buffers checked by `Segments::load`); false when the
+    /// window has no room for its buffers.
+    fn push(&mut self, segs: &Segments, mem: &GuestMemoryMmap, max_frame: u64) -> bool {
+        let list = segs.list();
+        if self.buffers() + list.len() > IOV_MAX || self.chains.len() == self.chains.capacity() {
+            return false;
+        }
+        if self.iov.len() + list.len() > self.iov.capacity() {
+            // Move the live part to the front (bounded: at most IOV_MAX entries).
+            self.iov.copy_within(self.start.., 0);
+            self.segs.copy_within(self.start.., 0);
+            let live = self.iov.len() - self.start;
+            self.iov.truncate(live);
+            self.segs.truncate(live);
+            self.start = 0;
+        }
+        for s in list {
+            // Each buffer was checked against `mem` when loaded; a mapping cannot vanish.
+            let Ok(slice) = mem.get_slice(GuestAddress(s.addr), s.len as usize) else {
+                return false;
+            };
+            self.iov.push(libc::iovec {
+                iov_base: slice.ptr_guard().as_ptr().cast_mut().cast(),
+                iov_len: slice.len(),
+            });
+            self.segs.push(*s);
+        }
+        let held = Held {
+            head: segs.head(),
+            bytes: segs.total().min(u64::from(u32::MAX)) as u32,
+            bufs: list.len() as u16,
+        };
+        self.chains.push_back(held);
+        self.bytes += u64::from(held.bytes);
+        if self.cover.0 + 1 == self.chains.len() && self.cover.2 < max_frame {
+            self.cover = (
+                self.cover.0 + 1,
+                self.cover.1 + list.len(),
+                self.cover.2 + u64::from(held.bytes),
+            );
+        }
+        true
+    }
+
+    /// Drops `k` chains from the front (given back to the guest) and extends the cover.
+    fn consume(&mut self, k: usize, max_frame: u64) {
+        let (mut bufs, mut bytes) = (0, 0);
+        for _ in 0..k {
+            let Some(c) = self.chains.pop_front() else {
+                break;
+            };
+            bufs += usize::from(c.bufs);
+            bytes += u64::from(c.bytes);
+        }
+        self.start += bufs;
+        self.bytes -= bytes;
+        self.cover = if k < self.cover.0 {
+            (self.cover.0 - k, self.cover.1 - bufs, self.cover.2 - bytes)
+        } else {
+            (0, 0, 0)
+        };
+        while self.cover.2 < max_frame {
+            let Some(c) = self.chains.get(self.cover.0) else {
+                break;
+            };
+            self.cover = (
+                self.cover.0 + 1,
+                self.cover.1 + usize::from(c.bufs),
+                self.cover.2 + u64::from(c.bytes),
+            );
+        }
+    }
+
+    /// The buffers of the first chain held.
+    fn first(&self) -> &[Segment] {
+        let n = self.chains.front().map_or(0, |c| usize::from(c.bufs));
+        &self.segs[self.start..self.start + n]
+    }
 }
 
-/// A receive queue and the scratch it needs (made once; nothing allocates per frame).
+/// A receive queue, the chains it holds and its host buffer (made once per activation;
+/// nothing allocates per frame).
 #[derive(Debug)]
 pub struct RxQueue {
     /// The queue.
-    pub q: Queue,
-    first: Segments,
-    rest: Segments,
+    pub dq: DeviceQueue,
+    p: RxParams,
+    held: Window,
+    load: Segments,
+    bounce: Vec<u8>,
+    /// A frame in `bounce` that waits for room.
+    pending: Option<usize>,
+    /// The window refused a chain (it holds as many buffers as one read takes).
+    window_full: bool,
     used: Vec<(u16, u32)>,
-    mergeable: bool,
+}
+
+/// Writes `bytes` at `offset` of the chain whose buffers are `segs` (across buffers).
+fn write_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64, bytes: &[u8]) {
+    let (mut skip, mut done) = (offset, 0);
+    for s in segs {
+        if done == bytes.len() {
+            break;
+        }
+        let len = u64::from(s.len);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(bytes.len() - done);
+        let _ = mem.write_slice(&bytes[done..done + n], GuestAddress(s.addr + skip));
+        done += n;
+        skip = 0;
+    }
+}
+
+/// Reads the byte at `offset` of the chain whose buffers are `segs`.
+fn byte_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64) -> u8 {
+    let mut skip = offset;
+    for s in segs {
+        let len = u64::from(s.len);
+        if skip < len {
+            return mem.read_obj(GuestAddress(s.addr + skip)).unwrap_or(0);
+        }
+        skip -= len;
+    }
+    0
 }
 
 impl RxQueue {
-    /// `q`, filled with mergeable buffers when `mergeable`.
-    pub fn new(q: Queue, mergeable: bool) -> Self {
-        let n = usize::from(q.size());
+    /// `dq`, served as `p` says.
+    pub fn new(dq: DeviceQueue, p: RxParams) -> Self {
+        let n = usize::from(dq.size());
         RxQueue {
-            q,
-            first: Segments::with_capacity(n),
-            rest: Segments::with_capacity(n),
+            dq,
+            p,
+            held: Window::new(n),
+            load: Segments::with_capacity(n),
+            bounce: vec![0; MAX_GSO_FRAME + 1],
+            pending: None,
+            window_full: false,
             used: Vec::with_capacity(n),
-            mergeable,
         }
     }
 
-    /// Writes `frame` (header first) into the guest's chains.
-    pub fn deliver(&mut self, mem: &GuestMemoryMmap, frame: &[u8]) -> Delivery {
-        self.used.clear();
-        let chain = match next_chain(&mut self.q, mem) {
-            Ok(Some(c)) => c,
-            Ok(None) => return Delivery::NoRoom,
-            Err(f) => return Delivery::Bad(f),
-        };
-        if let Err(e) = self
-            .first
-            .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
-        {
-            return Delivery::Bad(QueueFault::Chain(e));
-        }
-        if !self.mergeable {
-            if self.first.total() < frame.len() as u64 {
-                return self.give_back_empty(mem);
-            }
-            let n = self.first.write_at(mem, 0, frame);
-            self.first.write_at(mem, 10, &1u16.to_le_bytes());
-            return self.finish(mem, &[(self.first.head(), n as u32)]);
-        }
-        let mut done = self.first.write_at(mem, 0, frame);
-        self.used.push((self.first.head(), done as u32));
-        while done < frame.len() {
-            let chain = match next_chain(&mut self.q, mem) {
-                Ok(Some(c)) => c,
-                Ok(None) => {
-                    // Not enough room yet: take back every chain taken for this frame.
-                    for _ in 0..self.used.len() {
-                        self.q.go_to_previous_position();
-                    }
-                    return Delivery::NoRoom;
-                }
-                Err(f) => return Delivery::Bad(f),
+    /// Whether a frame waits in the host buffer (lost if the device resets now).
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Chains held for the next frames.
+    pub fn held_chains(&self) -> usize {
+        self.held.chains.len()
+    }
+
+    /// Bytes the held chains must take to read a frame straight into them: one more than the
+    /// largest frame, since a tap cuts a longer frame to the buffers and returns only what it
+    /// copied (`tun_chr_read_iter` clamps the length: measured here, a 1,012-byte frame read
+    /// into 200 bytes returns 200), so a read that fills them all was too long.
+    fn need(&self) -> u64 {
+        self.p.max_frame() as u64 + 1
+    }
+
+    /// Pops chains until the held ones take `want` bytes (mergeable) or one chain is held;
+    /// stops when the ring is empty (notifications then on) or the window is full.
+    fn fill(&mut self, mem: &GuestMemoryMmap, want: u64) -> Result<(), QueueFault> {
+        let size = usize::from(self.dq.size());
+        for _ in 0..size {
+            let enough = if self.p.mergeable {
+                self.held.bytes >= want
+            } else {
+                !self.held.chains.is_empty()
             };
-            if let Err(e) = self.rest.load(chain, mem, Direction::Write, 1) {
-                return Delivery::Bad(QueueFault::Chain(e));
+            if enough {
+                break;
             }
-            let n = self.rest.write_at(mem, 0, &frame[done..]);
-            done += n;
-            self.used.push((self.rest.head(), n as u32));
+            let Some(chain) = self.dq.pop(mem)? else {
+                break;
+            };
+            self.load
+                .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
+                .map_err(QueueFault::Chain)?;
+            if !self.held.push(&self.load, mem, self.need()) {
+                self.dq.unpop(1);
+                self.window_full = true;
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the device holds as much as the guest can ever give it: every entry of the
+    /// ring, or as many buffers as one read takes.
+    fn held_everything(&self) -> bool {
+        self.held.chains.len() >= usize::from(self.dq.size()) || self.window_full
+    }
+
+    /// Whether the held chains take the largest frame, so it can be read straight into them.
+    fn direct(&self) -> bool {
+        let max = self.need();
+        if self.p.mergeable {
+            self.held.cover.2 >= max
+        } else {
+            self.held
+                .chains
+                .front()
+                .is_some_and(|c| u64::from(c.bytes) >= max)
+        }
+    }
+
+    /// Takes the next frame from `src` into the guest.
+    pub fn receive(&mut self, mem: &GuestMemoryMmap, src: &impl FrameSource) -> Step {
+        if let Some(len) = self.pending {
+            return self.place_bounced(mem, len);
+        }
+        if let Err(f) = self.fill(mem, self.need()) {
+            return Step::Fault(f);
+        }
+        if self.direct() {
+            return self.read_direct(mem, src);
+        }
+        if self.held.chains.is_empty() {
+            // The ring is empty and notifications are on: the guest's next buffers kick.
+            return Step::NoRoom;
+        }
+        let iov = [libc::iovec {
+            iov_base: self.bounce.as_mut_ptr().cast(),
+            iov_len: self.bounce.len(),
+        }];
+        // SAFETY: the one iovec covers `bounce`, which lives and is not otherwise borrowed
+        // for the call.
+        let n = match unsafe { src.read_frame(&iov) } {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Idle,
+            Err(e) => return Step::TapFailed(e),
+        };
+        if n < VNET_HDR_LEN {
+            return Step::Dropped(DropReason::TapError);
+        }
+        if self.p.over_mtu(n, self.bounce[GSO_TYPE_AT]) {
+            return Step::Dropped(DropReason::OverMtu);
+        }
+        if n > self.p.max_frame() {
+            return Step::Dropped(DropReason::OversizedFrame);
+        }
+        self.pending = Some(n);
+        self.place_bounced(mem, n)
+    }
+
+    fn read_direct(&mut self, mem: &GuestMemoryMmap, src: &impl FrameSource) -> Step {
+        let (bufs, cap) = if self.p.mergeable {
+            (self.held.cover.1, self.held.cover.2)
+        } else {
+            let c = self.held.chains[0];
+            (usize::from(c.bufs), u64::from(c.bytes))
+        };
+        let r = self.held.start..self.held.start + bufs;
+        // SAFETY: each iovec points into guest memory that `mem` maps for the VM's life
+        // (checked when its chain was loaded; the regions never change), and the driver gave
+        // these buffers to the device: writing them is what it asked for.
+        let n = match unsafe { src.read_frame(&self.held.iov[r]) } {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Idle,
+            Err(e) => return Step::TapFailed(e),
+        };
+        if n < VNET_HDR_LEN {
+            return Step::Dropped(DropReason::TapError);
+        }
+        let gso = byte_in(mem, self.held.first(), GSO_TYPE_AT as u64);
+        if self.p.over_mtu(n, gso) {
+            return Step::Dropped(DropReason::OverMtu);
+        }
+        // The buffers hold more than the largest frame: one that reaches past it was longer.
+        debug_assert!(cap > self.p.max_frame() as u64);
+        if n > self.p.max_frame() {
+            return Step::Dropped(DropReason::OversizedFrame);
+        }
+        self.commit(mem, n, false)
+    }
+
+    /// Puts the host buffer's frame of `len` bytes into the held chains, popping more as it
+    /// needs.
+    fn place_bounced(&mut self, mem: &GuestMemoryMmap, len: usize) -> Step {
+        if let Err(f) = self.fill(mem, len as u64) {
+            return Step::Fault(f);
+        }
+        let fits = if self.p.mergeable {
+            self.held.bytes >= len as u64
+        } else {
+            match self.held.chains.front() {
+                Some(c) if u64::from(c.bytes) >= len as u64 => true,
+                Some(_) => {
+                    // A chain without mergeable buffers holds one frame: this one never fits.
+                    self.pending = None;
+                    return Step::Dropped(DropReason::OversizedFrame);
+                }
+                None => false,
+            }
+        };
+        if !fits {
+            if self.held_everything() {
+                // Every buffer the guest can post is held and the frame is larger still:
+                // waiting would stop receive for good.
+                self.pending = None;
+                return Step::Dropped(DropReason::OversizedFrame);
+            }
+            return Step::NoRoom;
+        }
+        self.pending = None;
+        self.commit(mem, len, true)
+    }
+
+    /// Gives back the chains a frame of `len` bytes fills (copying it from the host buffer
+    /// first when `copy`), with `num_buffers` written.
+    fn commit(&mut self, mem: &GuestMemoryMmap, len: usize, copy: bool) -> Step {
+        self.used.clear();
+        let (mut left, mut from, mut buf) = (len as u64, 0usize, self.held.start);
+        for c in self.held.chains.iter() {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(u64::from(c.bytes));
+            let segs = &self.held.segs[buf..buf + usize::from(c.bufs)];
+            if copy {
+                write_in(mem, segs, 0, &self.bounce[from..from + take as usize]);
+            }
+            self.used.push((c.head, take as u32));
+            left -= take;
+            from += take as usize;
+            buf += usize::from(c.bufs);
+            if !self.p.mergeable {
+                break;
+            }
         }
         let count = self.used.len() as u16;
-        self.first.write_at(mem, 10, &count.to_le_bytes());
-        let used = std::mem::take(&mut self.used);
-        let r = self.finish(mem, &used);
-        self.used = used;
-        r
-    }
-
-    fn give_back_empty(&mut self, mem: &GuestMemoryMmap) -> Delivery {
-        match self.q.add_used(mem, self.first.head(), 0) {
-            Ok(()) => Delivery::TooLarge,
-            Err(_) => Delivery::Bad(QueueFault::UsedRing),
+        write_in(mem, self.held.first(), NUM_BUFFERS_AT, &count.to_le_bytes());
+        if let Err(f) = self.dq.add_used_many(mem, &self.used) {
+            return Step::Fault(f);
         }
-    }
-
-    fn finish(&mut self, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> Delivery {
-        for &(head, len) in used {
-            if self.q.add_used(mem, head, len).is_err() {
-                return Delivery::Bad(QueueFault::UsedRing);
-            }
+        self.held.consume(usize::from(count), self.need());
+        self.window_full = false;
+        Step::Delivered {
+            chains: count,
+            bytes: len,
+            copied: copy,
         }
-        Delivery::Delivered(used.len() as u16)
     }
 }
 

@@ -228,6 +228,24 @@ impl Tap {
         Ok(n as usize)
     }
 
+    /// Reads one frame (header first) scattered over `iov`. Returns the bytes read: a frame
+    /// longer than the buffers is cut to them and its length is lost (`tun_chr_read_iter`
+    /// clamps it to the buffers'), so a caller that must tell offers one byte more than the
+    /// longest frame it takes; `WouldBlock` when none waits.
+    ///
+    /// # Safety
+    /// Every `iovec` must describe memory valid for writes of its length for the call (guest
+    /// memory written by the kernel, not through a Rust reference).
+    pub unsafe fn readv(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let cnt = iov.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // SAFETY: the caller's contract covers every iovec; `cnt` is at most their number.
+        let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), cnt) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
     /// Writes one frame (header first) gathered from `iov`.
     ///
     /// # Safety
@@ -271,16 +289,65 @@ impl Tap {
     }
 }
 
-/// Brings the interface `name` of this thread's network namespace up (what `ip link set NAME
-/// up` does; needs CAP_NET_ADMIN). For the benchmarks' own taps.
-pub fn set_up(name: &str) -> io::Result<()> {
+/// `struct ifreq` with the name and an integer member (`ifr_mtu`).
+#[repr(C)]
+struct IfReqInt {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    value: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// An `AF_INET` datagram socket for interface ioctls.
+fn ioctl_socket() -> io::Result<File> {
     // SAFETY: socket() takes integers; the result is checked.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` is new and ours; File closes it.
-    let sock = unsafe { File::from_raw_fd(fd) };
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The MTU of interface `name` (SIOCGIFMTU; any user may read it).
+pub fn mtu(name: &str) -> io::Result<u32> {
+    let sock = ioctl_socket()?;
+    let mut req = IfReqInt {
+        name: [0; libc::IFNAMSIZ],
+        value: 0,
+        _pad: [0; 20],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes().take(MAX_NAME)) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFMTU writes the MTU into the ifreq `req` is, valid for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(req.value.max(0) as u32)
+}
+
+/// Sets the MTU of interface `name` (SIOCSIFMTU; needs CAP_NET_ADMIN).
+pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
+    let sock = ioctl_socket()?;
+    let mut req = IfReqInt {
+        name: [0; libc::IFNAMSIZ],
+        value: mtu.min(i32::MAX as u32) as libc::c_int,
+        _pad: [0; 20],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes().take(MAX_NAME)) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCSIFMTU reads the ifreq `req` is, valid for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Brings the interface `name` of this thread's network namespace up (what `ip link set NAME
+/// up` does; needs CAP_NET_ADMIN). For the benchmarks' own taps.
+pub fn set_up(name: &str) -> io::Result<()> {
+    let sock = ioctl_socket()?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
         flags: 0,

@@ -4,6 +4,7 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 
 use ppa_vmm_api::{DeviceCpu, DeviceHealth, DeviceKind, DeviceStats, PerPacket, QueueKind};
 
+use super::stats::since;
 use super::*;
 
 #[test]
@@ -49,6 +50,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
     use std::collections::BTreeMap;
 
     use ppa_vmm_api::{DeviceThreadStats, DriverStats, DropReason, QueueStats};
+    let empty = crate::accounting::histogram::HistogramSnapshot::empty(3).to_json();
     let dev = |k: u64| DeviceStats {
         id: "net0".into(),
         kind: DeviceKind::Net,
@@ -77,6 +79,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             chains: 3 * k,
             packets: 2 * k,
             bytes: 128 * k,
+            copied: 0,
             drops: BTreeMap::from([(DropReason::TapWouldBlock, k)]),
         }],
         cpu_ns: 10 * k,
@@ -90,11 +93,19 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             tx: Some(4),
             rx: None,
         }),
+        frame_cpu: Some(ppa_vmm_api::FrameCpu {
+            rx_frames: 0,
+            // Sent and dropped: the mean's denominator.
+            tx_frames: 3 * k,
+            rx_per_batch: empty.clone(),
+            tx_per_batch: empty.clone(),
+        }),
         driver: DriverStats {
             features: 0,
             activations: 1,
             resets: 0,
             notify_exits: 0,
+            resets_unsettled: 0,
             violations: BTreeMap::new(),
         },
     };
@@ -108,7 +119,11 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
         (6, 384, 3)
     );
     assert_eq!((d.cpu_ns, d.cpu.tx), (30, 24));
-    assert_eq!(d.cpu_ns_per_packet.unwrap().tx, Some(4));
+    assert_eq!(
+        d.cpu_ns_per_packet.unwrap().tx,
+        Some(24 / 9),
+        "the transmit CPU over the frames handled, drops included"
+    );
     // Nothing since: drops that did not move are left out, rates have no frame.
     let d = since(dev(2), &dev(2));
     assert!(d.queues[0].drops.is_empty());

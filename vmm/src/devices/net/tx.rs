@@ -6,19 +6,21 @@
 //! buffers, inside RAM, ending, at least the 12-byte header), gathers its buffers into an
 //! `iovec` list and writes it to the tap with one `writev` (the header goes first, as the tap
 //! expects with `IFF_VNET_HDR`), gives the chain back, and counts the frame or the drop and
-//! its reason. Then it turns notifications back on and looks once more, as the virtio spec
-//! asks, so that a frame made available meanwhile is not left behind.
+//! its reason. When the ring is empty [`DeviceQueue::pop`] turns notifications back on and
+//! looks once more, so a frame made available meanwhile is not left behind. A pass stops at
+//! its budget (so receive and the other queues get their turn) and says `more` when chains
+//! are left: the thread runs it again without waiting for a kick the driver will not send.
+//! The epoch is checked before each chain: a reset ends the pass at once.
 
 use std::io;
 
 use ppa_vmm_api::DropReason;
-use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::queues::QueueCounters;
-use super::rx::{next_chain, QueueFault};
 use super::tap::VNET_HDR_LEN;
 use crate::devices::virtio::chain::{Direction, Segments};
+use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
 /// The largest frame a transmit chain may carry after its header: a 64 KiB TSO frame.
 pub const MAX_TX_FRAME: u64 = 65_535;
@@ -54,7 +56,7 @@ pub fn drop_reason(e: &io::Error) -> DropReason {
 #[derive(Debug)]
 pub struct TxQueue {
     /// The queue.
-    pub q: Queue,
+    pub dq: DeviceQueue,
     segs: Segments,
     iov: Vec<libc::iovec>,
 }
@@ -64,65 +66,89 @@ pub struct TxQueue {
 pub struct TxPass {
     /// Chains given back.
     pub chains: u64,
+    /// Frames handled (sent or dropped): the chains that carried a frame.
+    pub frames: u64,
+    /// The pass stopped at its budget with chains still available: it must run again
+    /// without waiting for a kick (the driver does not kick for what it already made
+    /// available).
+    pub more: bool,
+    /// The pass stopped because the device's epoch ended (a reset) or it was stopped.
+    pub abandoned: bool,
     /// A fault that needs a reset, after which nothing more was taken.
     pub fault: Option<QueueFault>,
 }
 
 impl TxQueue {
-    /// `q` with its scratch.
-    pub fn new(q: Queue) -> Self {
-        let n = usize::from(q.size());
+    /// `dq` with its scratch.
+    pub fn new(dq: DeviceQueue) -> Self {
+        let n = usize::from(dq.size());
         TxQueue {
-            q,
+            dq,
             segs: Segments::with_capacity(n),
             iov: Vec::with_capacity(n),
         }
     }
 
-    /// Sends every frame the driver made available; counts into `c`.
+    /// Sends what the driver made available, at most `budget` chains; counts into `c`.
+    /// `go_on` is asked before each chain (false: a reset came, leave the rest). Returns with
+    /// notifications on and the ring empty, or with `more` set.
     pub fn run(
         &mut self,
         mem: &GuestMemoryMmap,
         sink: &impl FrameSink,
         c: &QueueCounters,
+        budget: u64,
+        go_on: impl Fn() -> bool,
     ) -> TxPass {
         let mut pass = TxPass::default();
-        // A driver that keeps adding frames keeps this loop going; bounded, the rest waits
-        // for the next kick (notifications are on again before each return).
-        for _ in 0..64 {
-            let _ = self.q.disable_notification(mem);
-            loop {
-                let chain = match next_chain(&mut self.q, mem) {
-                    Ok(Some(chain)) => chain,
-                    Ok(None) => break,
-                    Err(f) => {
-                        pass.fault = Some(f);
-                        return pass;
-                    }
-                };
-                c.chains.add(1);
-                if let Err(e) = self
-                    .segs
-                    .load(chain, mem, Direction::Read, VNET_HDR_LEN as u64)
-                {
-                    c.drop_one(DropReason::BadChain);
-                    pass.fault = Some(QueueFault::Chain(e));
-                    return pass;
-                }
-                self.send(mem, sink, c);
-                if self.q.add_used(mem, self.segs.head(), 0).is_err() {
-                    pass.fault = Some(QueueFault::UsedRing);
-                    return pass;
-                }
-                pass.chains += 1;
-            }
-            // Notifications on again; if the driver added a frame meanwhile, go round once more.
-            match self.q.enable_notification(mem) {
-                Ok(true) => continue,
-                _ => return pass,
-            }
+        if let Err(f) = self.dq.quiet(mem) {
+            pass.fault = Some(f);
+            return pass;
         }
-        pass
+        loop {
+            if !go_on() {
+                pass.abandoned = true;
+                return pass;
+            }
+            if pass.chains >= budget {
+                // Chains may be left: if so, say so (the thread runs the pass again); if not,
+                // `pop` has turned notifications on, so the driver's next frame kicks.
+                match self.dq.pop(mem) {
+                    Ok(Some(_)) => {
+                        self.dq.unpop(1);
+                        pass.more = true;
+                    }
+                    Ok(None) => {}
+                    Err(f) => pass.fault = Some(f),
+                }
+                return pass;
+            }
+            let chain = match self.dq.pop(mem) {
+                Ok(Some(chain)) => chain,
+                Ok(None) => return pass,
+                Err(f) => {
+                    pass.fault = Some(f);
+                    return pass;
+                }
+            };
+            c.chains.add(1);
+            if let Err(e) = self
+                .segs
+                .load(chain, mem, Direction::Read, VNET_HDR_LEN as u64)
+            {
+                c.drop_one(DropReason::BadChain);
+                pass.frames += 1;
+                pass.fault = Some(QueueFault::Chain(e));
+                return pass;
+            }
+            self.send(mem, sink, c);
+            pass.frames += 1;
+            if let Err(f) = self.dq.add_used(mem, self.segs.head(), 0) {
+                pass.fault = Some(f);
+                return pass;
+            }
+            pass.chains += 1;
+        }
     }
 
     fn send(&mut self, mem: &GuestMemoryMmap, sink: &impl FrameSink, c: &QueueCounters) {

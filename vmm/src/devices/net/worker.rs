@@ -2,18 +2,22 @@
 //! pair's receive and transmit queues (and, on pair 0, the control queue) against its tap
 //! queue, and accounts its own time ([`crate::accounting::worker`]).
 //!
-//! Data flow: the loop waits on its wake eventfd (the transport's activation or reset, and
-//! the VMM's stop), its queues' kick eventfds (ioeventfds the guest's QueueNotify writes
-//! signal) and, while it has somewhere to put frames, its tap. On a new epoch it drops its
-//! queues and builds them again from the transport's registers (or not, after a reset), and
-//! says so ([`super::NetShared::served`]); a tx kick sends what the guest made available
-//! ([`super::tx`]); a readable tap delivers frames into the guest ([`super::rx`]) until the
-//! guest has no room, when the tap is left unread until the guest adds buffers (its rx
-//! kick); a control request sets the queue pairs in use ([`super::ctrl`]). A malformed chain
-//! stops the device until the driver resets it (NEEDS_RESET). Every batch ends with the
-//! driver's interrupt, unless EVENT_IDX or its flags say it does not want one.
+//! Data flow: the loop waits on its wake eventfd (the transport's activation or reset, a
+//! change of the pairs in use, the VMM's stop, and work a budgeted pass left), the kick
+//! eventfds of the queues it serves in the current epoch (ioeventfds the guest's QueueNotify
+//! writes signal; which queues, [`super::layout::served_by`] says from the negotiated
+//! features) and, while it has somewhere to put frames, its tap. On a new epoch it drops its
+//! queues (a batch in progress ends at its next chain: every pass checks the epoch), stops
+//! watching their kicks, and builds them again from the transport's registers (or not, after
+//! a reset), then says which epoch it serves ([`VirtioShared::thread_serves`], which completes
+//! an activation that waited for it). It attaches or detaches its own tap queue as the pairs
+//! in use change, after it stops reading it, so no thread reads a queue another detached.
+//! The queues and the passes over them are in [`super::batch`], shared with the fuzzer's
+//! model of the driver; this loop carries out what each pass's outcome says. A malformed chain stops the device until
+//! the driver resets it (NEEDS_RESET, for the epoch the thread serves only).
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,19 +25,15 @@ use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber
 use ppa_vmm_api::DropReason;
 use virtio_bindings::bindings::virtio_net::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_MRG_RXBUF,
 };
-use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use super::ctrl;
-use super::queues::QueueCounters;
-use super::rx::{Delivery, QueueFault, RxQueue};
-use super::tx::TxQueue;
+use super::batch::{self, Irq, Outcome, Queues};
+use super::layout;
+use super::rx::RxQueue;
 use super::NetShared;
 use crate::accounting::{AccountingControl, Level};
-use crate::devices::virtio::chain::Segments;
+use crate::devices::virtio::queue::QueueFault;
 use crate::devices::virtio::status::Violation;
 use crate::devices::virtio::VirtioShared;
 
@@ -45,10 +45,11 @@ pub const PART_TX: usize = 1;
 pub const PART_CTRL: usize = 2;
 /// The loop itself.
 pub const PART_OTHER: usize = 3;
-/// Frames a readable tap gives per wake-up before the loop looks at its other events.
-const RX_BUDGET: usize = 256;
-/// The receive buffer: a 64 KiB frame and its header.
-const RX_BUF: usize = 65_536 + 64;
+
+/// Work a budgeted pass left, run again from the wake eventfd.
+const AGAIN_TX: u8 = 1;
+/// The control queue's.
+const AGAIN_CTRL: u8 = 2;
 
 /// One queue pair's state, owned by its thread.
 pub struct Worker {
@@ -57,15 +58,17 @@ pub struct Worker {
     virtio: Arc<VirtioShared>,
     mem: Arc<GuestMemoryMmap>,
     control: Arc<AccountingControl>,
-    rx: Option<RxQueue>,
-    tx: Option<TxQueue>,
-    ctrl: Option<Queue>,
-    ctrl_segs: Segments,
-    served: u64,
-    buf: Vec<u8>,
-    pending: Option<usize>,
+    /// The queues served in this epoch (their kick eventfds are watched).
+    q: Queues,
+    /// The epoch served.
+    epoch: u32,
     listening: bool,
+    /// The receive queue has no room: the tap is left unread until the guest's rx kick.
+    rx_blocked: bool,
+    tap_attached: bool,
     tap_down_logged: bool,
+    /// Work a budgeted pass left ([`AGAIN_TX`], [`AGAIN_CTRL`]).
+    again: u8,
 }
 
 impl Worker {
@@ -83,38 +86,24 @@ impl Worker {
             virtio,
             mem,
             control,
-            rx: None,
-            tx: None,
-            ctrl: None,
-            ctrl_segs: Segments::with_capacity(super::QUEUE_SIZE as usize),
-            served: 0,
-            buf: vec![0; RX_BUF],
-            pending: None,
+            q: Queues::default(),
+            epoch: 0,
             listening: false,
+            rx_blocked: false,
+            // The device attaches only the first tap queue until a driver asks for more.
+            tap_attached: pair == 0,
             tap_down_logged: false,
+            again: 0,
         }
-    }
-
-    fn rx_index(&self) -> usize {
-        2 * self.pair
-    }
-
-    fn tx_index(&self) -> usize {
-        2 * self.pair + 1
-    }
-
-    fn counters(&self, queue: usize) -> &QueueCounters {
-        &self.net.queues[queue]
     }
 
     fn tap(&self) -> &super::tap::Tap {
         &self.net.taps[self.pair]
     }
 
-    fn mark(&self, part: usize) {
-        if self.control.level() != Level::Off {
-            self.net.meters[self.pair].cpu_mark(part);
-        }
+    /// Whether the CPU marks are taken (not at level off).
+    fn marking(&self) -> bool {
+        self.control.level() != Level::Off
     }
 
     fn set_listening(&mut self, ops: &mut EventOps, on: bool) {
@@ -132,58 +121,68 @@ impl Worker {
         }
     }
 
-    fn build(&self, index: usize, event_idx: bool) -> Result<Option<Queue>, Violation> {
-        match (self.virtio.queue(index), self.virtio.max_size(index)) {
-            (Some(regs), Some(max)) => regs.to_queue(max, event_idx, &self.mem),
-            _ => Ok(None),
+    /// Watches the kicks of the queues in `q` instead of those served so far, and serves `q`.
+    fn serve(&mut self, ops: &mut EventOps, q: Queues) {
+        for i in self.q.served.indices() {
+            let _ = ops.remove(Events::empty(&self.net.kicks[i]));
         }
+        for i in q.served.indices() {
+            if let Err(e) = ops.add(Events::new(&self.net.kicks[i], EventSet::IN)) {
+                log::error!(
+                    "{}: cannot watch the kicks of queue {i}: {e:?}",
+                    self.net.id
+                );
+            }
+        }
+        self.q = q;
     }
 
     /// Follows the transport's epoch: drops the queues, and builds them again when active.
     fn follow_epoch(&mut self, ops: &mut EventOps) {
-        let (epoch, active) = self.virtio.epoch();
-        if epoch == self.served {
+        let w = self.virtio.word();
+        if w.epoch() == self.epoch {
             return;
         }
-        if self.pending.take().is_some() {
-            self.counters(self.rx_index())
-                .drop_one(DropReason::DeviceReset);
+        if self.q.rx.as_ref().is_some_and(RxQueue::has_pending) {
+            self.net.queues[layout::rx(self.pair)].drop_one(DropReason::DeviceReset);
         }
-        self.rx = None;
-        self.tx = None;
-        self.ctrl = None;
+        self.again = 0;
+        self.rx_blocked = false;
         self.set_listening(ops, false);
-        if active && !self.virtio.stopped() {
-            self.activate(ops);
+        self.serve(ops, Queues::default());
+        self.epoch = w.epoch();
+        if w.active() && !self.virtio.stopped() {
+            match batch::build(
+                &self.virtio,
+                self.pair,
+                self.net.pairs,
+                self.net.mtu,
+                &self.mem,
+            ) {
+                Ok(q) => {
+                    self.serve(ops, q);
+                    if self.pair == 0 {
+                        self.set_offloads();
+                    }
+                    // A kick that came while this thread still held the old queues went to
+                    // those (a stale pass reads the eventfd and abandons): the new epoch
+                    // starts with a pass over what the driver already made available.
+                    self.requeue(AGAIN_TX | AGAIN_CTRL);
+                }
+                Err(v) => self.virtio.needs_reset_in(self.epoch, v),
+            }
+        } else if self.pair == 0 {
+            // Reset: the tap takes no offloads until a driver says it can.
+            if let Err(e) = self.tap().set_offload(0) {
+                log::warn!("{}: {e}", self.net.id);
+            }
         }
-        self.served = epoch;
-        self.net.served[self.pair].store(epoch, Ordering::Release);
+        self.virtio.thread_serves(self.pair, self.epoch);
     }
 
-    fn activate(&mut self, ops: &mut EventOps) {
-        let f = self.virtio.driver_features();
-        let has = |bit: u32| f & (1u64 << bit) != 0;
-        let event_idx = has(VIRTIO_RING_F_EVENT_IDX);
-        let built = self
-            .build(self.rx_index(), event_idx)
-            .and_then(|rx| Ok((rx, self.build(self.tx_index(), event_idx)?)));
-        let (rx, tx) = match built {
-            Ok(v) => v,
-            Err(v) => return self.virtio.needs_reset(v),
-        };
-        self.rx = rx.map(|q| RxQueue::new(q, has(VIRTIO_NET_F_MRG_RXBUF)));
-        self.tx = tx.map(TxQueue::new);
-        if self.pair == 0 {
-            self.activate_pair0(f);
-        }
-        let enabled = self.pair < usize::from(self.net.active_pairs.load(Ordering::Acquire));
-        self.set_listening(ops, enabled);
-    }
-
-    /// Pair 0 sets what is per device: the tap's offloads, the control queue and the pairs
-    /// in use (one until the driver asks for more).
-    fn activate_pair0(&mut self, f: u64) {
-        let has = |bit: u32| f & (1u64 << bit) != 0;
+    /// Pair 0 tells the tap which offloads the guest takes on what it receives.
+    fn set_offloads(&self) {
+        let has = |bit: u32| self.virtio.has_feature(bit);
         let mut offload = 0;
         if has(VIRTIO_NET_F_GUEST_CSUM) {
             offload |= libc::TUN_F_CSUM;
@@ -197,42 +196,39 @@ impl Worker {
         if let Err(e) = self.tap().set_offload(offload) {
             log::warn!("{}: {e}", self.net.id);
         }
-        // One pair until the driver asks for more through the control queue (virtio 1.2,
-        // 5.1.6.5.5); without MQ only the first pair exists for the driver at all. The other
-        // tap queues are detached, so the kernel sends nothing to queues nobody reads.
-        self.set_pairs(1);
-        if self.net.ctrl {
-            match self.build(2 * usize::from(self.net.pairs), false) {
-                Ok(q) => self.ctrl = q,
-                Err(v) => self.virtio.needs_reset(v),
-            }
-        }
     }
 
+    /// Whether this pair carries frames now: the device runs, the driver uses this pair.
+    fn enabled(&self) -> bool {
+        self.q.served.rx.is_some()
+            && self.virtio.serves(self.epoch)
+            && self.pair < usize::from(self.net.active_pairs.load(Ordering::Acquire))
+    }
+
+    /// Attaches or detaches this pair's own tap queue as the pairs in use say (pair 0 stays
+    /// attached), and reads the tap while the pair is enabled and the guest has room.
+    fn refresh_tap(&mut self, ops: &mut EventOps) {
+        let enabled = self.enabled();
+        if self.net.pairs > 1 {
+            let attach = self.pair == 0 || enabled;
+            if attach != self.tap_attached {
+                if !attach {
+                    self.set_listening(ops, false);
+                }
+                match self.tap().enable(attach) {
+                    Ok(()) => self.tap_attached = attach,
+                    Err(e) => log::warn!("{}: {e}", self.net.id),
+                }
+            }
+        }
+        let want = enabled && self.q.rx.is_some() && !self.rx_blocked;
+        self.set_listening(ops, want);
+    }
+
+    /// The driver now uses `n` pairs (pair 0, from the control queue): every thread follows.
     fn set_pairs(&self, n: u16) {
         self.net.active_pairs.store(n, Ordering::Release);
-        if self.net.pairs > 1 {
-            for (i, tap) in self.net.taps.iter().enumerate() {
-                if let Err(e) = tap.enable(i < usize::from(n)) {
-                    log::warn!("{}: {e}", self.net.id);
-                }
-            }
-            // The other pairs' threads start or stop reading their tap queues.
-            for (i, w) in self.net.wakes.iter().enumerate() {
-                if i != self.pair {
-                    let _ = w.write(1);
-                }
-            }
-        }
-    }
-
-    /// Reads the tap while this pair is in use, has a receive queue and the device runs.
-    fn refresh_listening(&mut self, ops: &mut EventOps) {
-        let enabled = self.pair < usize::from(self.net.active_pairs.load(Ordering::Acquire));
-        let want = enabled && self.rx.is_some() && !self.virtio.stopped();
-        if want != self.listening {
-            self.set_listening(ops, want);
-        }
+        self.virtio.wake_all();
     }
 
     fn fault(&mut self, f: QueueFault, ops: &mut EventOps) {
@@ -244,35 +240,8 @@ impl Worker {
             QueueFault::AvailIndex => Violation::AvailIndex,
             QueueFault::UsedRing => Violation::BadQueue,
         };
-        self.virtio.needs_reset(v);
+        self.virtio.needs_reset_in(self.epoch, v);
         self.set_listening(ops, false);
-    }
-
-    /// Raises the used-buffer interrupt of `q` if the driver wants it.
-    fn notify(&self, q: &mut Queue, index: usize) {
-        let raised = match q.needs_notification(self.mem.as_ref()) {
-            Ok(true) => self.virtio.signal_used(),
-            _ => false,
-        };
-        self.counters(index).interrupt(raised);
-    }
-
-    fn read_frame(&mut self, ops: &mut EventOps) -> Option<usize> {
-        if let Some(n) = self.pending {
-            return Some(n);
-        }
-        let net = Arc::clone(&self.net);
-        match net.taps[self.pair].read(&mut self.buf) {
-            Ok(n) => {
-                self.pending = Some(n);
-                Some(n)
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            Err(e) => {
-                self.tap_failed(&e, ops);
-                None
-            }
-        }
     }
 
     fn tap_failed(&mut self, e: &io::Error, ops: &mut EventOps) {
@@ -287,105 +256,127 @@ impl Worker {
         self.set_listening(ops, false);
     }
 
-    fn rx(&mut self, ops: &mut EventOps) {
-        let index = self.rx_index();
-        let mut delivered = 0u64;
-        for _ in 0..RX_BUDGET {
-            if self.virtio.stopped() {
-                self.set_listening(ops, false);
-                break;
-            }
-            let Some(len) = self.read_frame(ops) else {
-                break;
-            };
-            let Some(rxq) = self.rx.as_mut() else {
-                self.pending = None;
-                self.net.queues[index].drop_one(DropReason::NoRxBuffer);
-                continue;
-            };
-            let c = &self.net.queues[index];
-            match rxq.deliver(&self.mem, &self.buf[..len]) {
-                Delivery::Delivered(chains) => {
-                    self.pending = None;
-                    c.chains.add(u64::from(chains));
-                    c.packets.add(1);
-                    c.bytes
-                        .add(len.saturating_sub(super::tap::VNET_HDR_LEN) as u64);
-                    delivered += 1;
-                }
-                Delivery::NoRoom => {
-                    self.set_listening(ops, false);
-                    break;
-                }
-                Delivery::TooLarge => {
-                    self.pending = None;
-                    c.chains.add(1);
-                    c.drop_one(DropReason::OversizedFrame);
-                }
-                Delivery::Bad(f) => {
-                    self.pending = None;
-                    c.drop_one(DropReason::BadChain);
-                    self.fault(f, ops);
-                    break;
-                }
-            }
+    fn on_wake(&mut self, ops: &mut EventOps) {
+        if let Some(w) = self.virtio.wake_fd(self.pair) {
+            let _ = w.read();
         }
-        if delivered > 0 {
-            if let Some(mut rxq) = self.rx.take() {
-                self.notify(&mut rxq.q, index);
-                self.rx = Some(rxq);
-            }
+        self.follow_epoch(ops);
+        self.refresh_tap(ops);
+        let again = std::mem::take(&mut self.again);
+        if again & AGAIN_TX != 0 {
+            self.batch(ops, PART_TX);
+        }
+        if again & AGAIN_CTRL != 0 {
+            self.batch(ops, PART_CTRL);
         }
     }
 
-    fn tx(&mut self, ops: &mut EventOps) {
-        if self.virtio.stopped() {
-            return;
+    /// Runs one pass of `part`'s work and, while marks are taken, charges its CPU to the
+    /// part and, with the frames it handled, to the part's per-frame figures.
+    fn batch(&mut self, ops: &mut EventOps, part: usize) {
+        let marking = self.marking();
+        if marking {
+            self.net.meters[self.pair].cpu_mark(PART_OTHER);
         }
-        let index = self.tx_index();
-        let Some(mut txq) = self.tx.take() else {
-            return;
+        let frames = match part {
+            PART_RX => self.rx(ops),
+            PART_TX => self.tx(ops),
+            _ => self.ctrl(ops),
         };
-        let pass = txq.run(&self.mem, self.tap(), &self.net.queues[index]);
-        if let Some(f) = pass.fault {
+        if marking {
+            let cpu = self.net.meters[self.pair].cpu_mark(part);
+            self.net.frame_cpu[self.pair].record(part, cpu, frames);
+        }
+    }
+
+    /// Carries out what a pass on queue `index` says (`again`: its bit to re-run it).
+    fn after(&mut self, ops: &mut EventOps, index: usize, o: &Outcome, again: u8) -> u64 {
+        if let Some(f) = o.fault {
             self.fault(f, ops);
-        } else if pass.chains > 0 {
-            self.notify(&mut txq.q, index);
+            return o.handled;
         }
-        self.tx = Some(txq);
+        match o.irq {
+            Irq::None => {}
+            Irq::Wanted => {
+                let raised = self.virtio.signal_used();
+                self.net.queues[index].interrupt(raised);
+            }
+            Irq::Suppressed => self.net.queues[index].interrupt(false),
+        }
+        if o.more && !o.abandoned {
+            self.requeue(again);
+        }
+        o.handled
     }
 
-    fn ctrl(&mut self, ops: &mut EventOps) {
-        if self.virtio.stopped() {
-            return;
-        }
-        let index = 2 * usize::from(self.net.pairs);
-        let Some(mut q) = self.ctrl.take() else {
-            return;
+    fn rx(&mut self, ops: &mut EventOps) -> u64 {
+        let (Some(index), Some(mut rxq)) = (self.q.served.rx, self.q.rx.take()) else {
+            return 0;
         };
-        let pass = ctrl::run(
-            &mut q,
+        let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
+        let o = batch::rx_pass(
+            &mut rxq,
             &self.mem,
-            &mut self.ctrl_segs,
-            self.net.pairs,
-            &self.net.queues[index],
+            &net.taps[self.pair],
+            &net.queues[index],
+            || virtio.serves(epoch),
         );
-        if let Some(n) = pass.pairs {
+        self.q.rx = Some(rxq);
+        if o.tap_ok {
+            self.tap_down_logged = false;
+        }
+        if let Some(e) = &o.tap_error {
+            self.tap_failed(e, ops);
+        }
+        if o.blocked {
+            self.rx_blocked = true;
+            self.set_listening(ops, false);
+        }
+        if o.abandoned {
+            self.set_listening(ops, false);
+        }
+        self.after(ops, index, &o, 0)
+    }
+
+    fn tx(&mut self, ops: &mut EventOps) -> u64 {
+        let (Some(index), Some(mut txq)) = (self.q.served.tx, self.q.tx.take()) else {
+            return 0;
+        };
+        let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
+        let o = batch::tx_pass(
+            &mut txq,
+            &self.mem,
+            &net.taps[self.pair],
+            &net.queues[index],
+            || virtio.serves(epoch),
+        );
+        self.q.tx = Some(txq);
+        self.after(ops, index, &o, AGAIN_TX)
+    }
+
+    fn ctrl(&mut self, ops: &mut EventOps) -> u64 {
+        let (Some(index), Some(mut q)) = (self.q.served.ctrl, self.q.ctrl.take()) else {
+            return 0;
+        };
+        let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
+        let o = batch::ctrl_pass(&mut q, &self.mem, &net.queues[index], || {
+            virtio.serves(epoch)
+        });
+        self.q.ctrl = Some(q);
+        if let Some(n) = o.pairs {
             self.set_pairs(n);
         }
-        match pass.fault {
-            Some(f) => self.fault(f, ops),
-            None => self.notify(&mut q, index),
-        }
-        self.ctrl = Some(q);
+        self.after(ops, index, &o, AGAIN_CTRL);
+        // Control requests are not frames.
+        0
     }
 
-    /// The guest added receive buffers: deliver what waits, and read the tap again.
-    fn rx_kick(&mut self, ops: &mut EventOps) {
-        let enabled = self.pair < usize::from(self.net.active_pairs.load(Ordering::Acquire));
-        if self.rx.is_some() && enabled && !self.virtio.stopped() {
-            self.set_listening(ops, true);
-            self.rx(ops);
+    /// Asks the thread to run the passes in `again` soon (its own wake eventfd), after the
+    /// other events now waiting.
+    fn requeue(&mut self, again: u8) {
+        self.again |= again;
+        if let Some(w) = self.virtio.wake_fd(self.pair) {
+            let _ = w.write(1);
         }
     }
 }
@@ -397,47 +388,28 @@ fn kicks(fd: &vmm_sys_util::eventfd::EventFd) -> u64 {
 
 impl MutEventSubscriber for Worker {
     fn init(&mut self, ops: &mut EventOps) {
-        let mut fds = vec![&self.net.wakes[self.pair]];
-        fds.push(&self.net.kicks[self.rx_index()]);
-        fds.push(&self.net.kicks[self.tx_index()]);
-        if self.pair == 0 && self.net.ctrl {
-            fds.push(&self.net.kicks[2 * usize::from(self.net.pairs)]);
-        }
-        for fd in fds {
-            if let Err(e) = ops.add(Events::new(fd, EventSet::IN)) {
-                log::error!("{}: cannot watch an eventfd: {e:?}", self.net.id);
+        if let Some(w) = self.virtio.wake_fd(self.pair) {
+            if let Err(e) = ops.add(Events::new(w, EventSet::IN)) {
+                log::error!("{}: cannot watch its wake eventfd: {e:?}", self.net.id);
             }
+            // The first pass follows whatever epoch the device is in already.
+            let _ = w.write(1);
         }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        let meter = &self.net.meters[self.pair];
-        meter.wait_end();
-        self.mark(PART_OTHER);
+        self.net.meters[self.pair].wait_end();
         let fd = events.fd();
         let net = Arc::clone(&self.net);
-        let rx = self.rx_index();
-        let tx = self.tx_index();
-        let ctrl = 2 * usize::from(net.pairs);
-        use std::os::fd::AsRawFd;
-        if fd == net.wakes[self.pair].as_raw_fd() {
-            let _ = net.wakes[self.pair].read();
-            self.follow_epoch(ops);
-            self.refresh_listening(ops);
-            self.mark(PART_OTHER);
-        } else if fd == net.kicks[rx].as_raw_fd() {
-            net.queues[rx].notifications.add(kicks(&net.kicks[rx]));
-            self.rx_kick(ops);
-            self.mark(PART_RX);
-        } else if fd == net.kicks[tx].as_raw_fd() {
-            net.queues[tx].notifications.add(kicks(&net.kicks[tx]));
-            self.tx(ops);
-            self.mark(PART_TX);
-        } else if net.ctrl && self.pair == 0 && fd == net.kicks[ctrl].as_raw_fd() {
-            net.queues[ctrl].notifications.add(kicks(&net.kicks[ctrl]));
-            self.ctrl(ops);
-            self.mark(PART_CTRL);
-        } else if fd == self.tap().as_raw_fd() {
+        if self
+            .virtio
+            .wake_fd(self.pair)
+            .is_some_and(|w| w.as_raw_fd() == fd)
+        {
+            self.on_wake(ops);
+            return;
+        }
+        if fd == self.tap().as_raw_fd() {
             if events
                 .event_set()
                 .intersects(EventSet::ERROR | EventSet::HANG_UP)
@@ -445,9 +417,22 @@ impl MutEventSubscriber for Worker {
                 let e = io::Error::from_raw_os_error(libc::EIO);
                 self.tap_failed(&e, ops);
             } else {
-                self.rx(ops);
+                self.batch(ops, PART_RX);
             }
-            self.mark(PART_RX);
+            return;
+        }
+        let served = self.q.served;
+        if let Some(i) = served.rx.filter(|&i| net.kicks[i].as_raw_fd() == fd) {
+            net.queues[i].notifications.add(kicks(&net.kicks[i]));
+            self.rx_blocked = false;
+            self.refresh_tap(ops);
+            self.batch(ops, PART_RX);
+        } else if let Some(i) = served.tx.filter(|&i| net.kicks[i].as_raw_fd() == fd) {
+            net.queues[i].notifications.add(kicks(&net.kicks[i]));
+            self.batch(ops, PART_TX);
+        } else if let Some(i) = served.ctrl.filter(|&i| net.kicks[i].as_raw_fd() == fd) {
+            net.queues[i].notifications.add(kicks(&net.kicks[i]));
+            self.batch(ops, PART_CTRL);
         }
     }
 }

@@ -11,7 +11,7 @@
 //! hypervisor does not honour MMIO ioeventfds) and is counted. Configuration-space reads at
 //! 0x100 go to the device.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_bindings::bindings::virtio_mmio::*;
@@ -32,7 +32,8 @@ const VERSION: u32 = 2;
 /// Our vendor id: "PPAV".
 pub const VENDOR_ID: u32 = u32::from_le_bytes(*b"PPAV");
 /// How long a reset waits for the device's threads to let go of their queues before it
-/// returns to the guest (the driver may reuse the rings' memory right after its write).
+/// returns to the guest (the driver may reuse the rings' memory right after its write; the
+/// status reads 0 and the re-probe's writes are taken whether they have or not).
 const RESET_WAIT_NS: u64 = 20_000_000;
 
 /// A virtio device's MMIO window.
@@ -44,7 +45,7 @@ pub struct MmioTransport {
     device_features_sel: AtomicU32,
     driver_features_sel: AtomicU32,
     queue_sel: AtomicU32,
-    resetting: AtomicBool,
+    reset_wait_ns: u64,
 }
 
 impl MmioTransport {
@@ -64,8 +65,15 @@ impl MmioTransport {
             device_features_sel: AtomicU32::new(0),
             driver_features_sel: AtomicU32::new(0),
             queue_sel: AtomicU32::new(0),
-            resetting: AtomicBool::new(false),
+            reset_wait_ns: RESET_WAIT_NS,
         }
+    }
+
+    /// The same transport with a reset that waits `ns` at most for the device's threads (the
+    /// fuzzer's model plays the threads itself and cannot run while a write waits).
+    pub fn with_reset_wait(mut self, ns: u64) -> Self {
+        self.reset_wait_ns = ns;
+        self
     }
 
     /// The window's guest-physical base.
@@ -78,73 +86,95 @@ impl MmioTransport {
             .queue(self.queue_sel.load(Ordering::Relaxed) as usize)
     }
 
-    /// Ends a reset in progress once the device's threads have let go of their queues:
-    /// clears the registers and the status. Returns whether a reset is still in progress.
-    fn settle_reset(&self) -> bool {
-        if !self.resetting.load(Ordering::Acquire) {
-            return false;
+    /// Completes an activation that waited for the device's threads, if they have caught up
+    /// (every register access looks; the last thread to let go does too).
+    fn settle(&self) {
+        if self.shared.word().pending() {
+            self.shared.complete_activation();
         }
-        if !self.device.caught_up() {
-            return true;
-        }
-        if self.resetting.swap(false, Ordering::AcqRel) {
-            self.shared.reset_registers();
-            self.shared.set_status(0);
-        }
-        false
     }
 
+    /// A driver's reset: the status reads 0 from now on and a new inactive epoch begins, so
+    /// the re-probe's register writes are taken at once; the device's threads drop their
+    /// queues (a batch in progress ends at its next chain). The write waits a bounded time
+    /// for them, since a driver may reuse the rings' memory right after it; a thread slower
+    /// than that is counted, and an activation meanwhile waits for it.
     fn reset(&self) {
-        self.shared.counters.resets.fetch_add(1, Ordering::Relaxed);
-        self.resetting.store(true, Ordering::Release);
-        self.shared.begin_epoch(false);
-        self.device.epoch_changed();
-        // Bounded: a device thread wakes within microseconds; a stuck one leaves the reset
-        // to finish at a later register access.
-        let deadline = crate::sync::now_ns() + RESET_WAIT_NS;
-        while self.settle_reset() && crate::sync::now_ns() < deadline {
+        let c = &self.shared.counters;
+        c.resets.fetch_add(1, Ordering::Relaxed);
+        self.device.on_reset();
+        let Some((_, new)) = self.shared.update(|w| Some(w.reset())) else {
+            return;
+        };
+        self.shared.reset_registers();
+        self.shared.wake_all();
+        let epoch = new.epoch();
+        let deadline = crate::sync::now_ns() + self.reset_wait_ns;
+        while !self.shared.caught_up(epoch) {
+            if crate::sync::now_ns() >= deadline {
+                c.resets_unsettled.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
     }
 
-    fn activate(&self, new_status: u32) {
-        let features = self.shared.driver_features();
-        let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+    /// Checks every enabled queue's registers against guest memory (sizes, alignment, rings
+    /// inside RAM), as DRIVER_OK asks.
+    fn check_queues(&self) -> Result<(), Violation> {
+        let event_idx = self.shared.has_feature(VIRTIO_RING_F_EVENT_IDX);
         for i in 0..self.shared.queue_count() {
             let (Some(regs), Some(max)) = (self.shared.queue(i), self.shared.max_size(i)) else {
                 continue;
             };
-            if let Err(v) = regs.to_queue(max, event_idx, &self.memory) {
-                self.shared.set_status(new_status & !status::DRIVER_OK);
-                self.shared.needs_reset(v);
-                return;
-            }
+            regs.to_queue(max, event_idx, &self.memory)?;
         }
-        self.shared.set_status(new_status);
-        self.shared
-            .counters
-            .activations
-            .fetch_add(1, Ordering::Relaxed);
-        self.shared.begin_epoch(true);
-        self.device.epoch_changed();
+        Ok(())
     }
 
+    /// A status write other than 0, through the pure state machine, applied to the state word
+    /// with a compare-and-swap: a NEEDS_RESET a device thread sets meanwhile is never erased
+    /// (the write is worked out again from the status that holds it).
     fn write_status(&self, value: u32) {
-        let current = self.shared.status();
-        match on_write(
-            current,
-            value,
-            self.device.features(),
-            self.shared.driver_features(),
-        ) {
-            Transition::Set(v) => self.shared.set_status(v),
-            Transition::Reset => self.reset(),
-            Transition::RefuseFeatures(v) => {
-                self.shared.record_violation(v);
-                self.shared.set_status(value & !status::FEATURES_OK);
+        if value == 0 {
+            return self.reset();
+        }
+        let (offered, acked) = (self.device.features(), self.shared.driver_features());
+        let mut checked: Option<Result<(), Violation>> = None;
+        let mut applied = None;
+        let done = self.shared.update(|w| {
+            let t = on_write(w.status(), value, offered, acked);
+            applied = Some(t);
+            match t {
+                Transition::Set(v) => Some(w.with_status(v)),
+                // A write of 0 was handled above.
+                Transition::Reset => None,
+                Transition::RefuseFeatures(_) => Some(w.with_status(value & !status::FEATURES_OK)),
+                Transition::Activate(v) => {
+                    match *checked.get_or_insert_with(|| self.check_queues()) {
+                        Ok(()) => Some(w.activate(v, self.shared.caught_up(w.epoch()))),
+                        Err(_) => Some(w.with_status(v & !status::DRIVER_OK)),
+                    }
+                }
+                Transition::NeedsReset(_) => None,
             }
-            Transition::Activate(v) => self.activate(v),
-            Transition::NeedsReset(v) => self.shared.needs_reset(v),
+        });
+        match applied {
+            Some(Transition::RefuseFeatures(v)) => self.shared.record_violation(v),
+            Some(Transition::NeedsReset(v)) => self.shared.needs_reset(v),
+            Some(Transition::Activate(_)) => match checked {
+                Some(Err(v)) => self.shared.needs_reset(v),
+                _ => {
+                    if done.is_some_and(|(_, new)| new.active()) {
+                        self.shared
+                            .counters
+                            .activations
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.shared.wake_all();
+                    }
+                }
+            },
+            _ => {}
         }
     }
 
@@ -253,7 +283,7 @@ fn ring_of(offset: u32) -> Option<(Ring, Half)> {
 
 impl BusDevice for MmioTransport {
     fn read(&self, access: BusAccess, data: &mut [u8]) -> Option<VcpuRequest> {
-        self.settle_reset();
+        self.settle();
         let off = access.offset;
         if off >= u64::from(VIRTIO_MMIO_CONFIG) {
             self.device
@@ -268,7 +298,7 @@ impl BusDevice for MmioTransport {
     }
 
     fn write(&self, access: BusAccess, data: &[u8]) -> Option<VcpuRequest> {
-        self.settle_reset();
+        self.settle();
         let off = access.offset;
         // The configuration space of our devices is read-only; registers are 32-bit.
         if off < u64::from(VIRTIO_MMIO_CONFIG) && data.len() == 4 && off % 4 == 0 {

@@ -2,14 +2,18 @@
 //! shares with its device's threads, and the trait a device implements.
 //!
 //! Data flow: the VM builder makes a [`VirtioShared`] for each device (its queues' registers,
-//! status, interrupt status, the interrupt line), builds the device on it (e.g. `net`, which
-//! starts one thread per queue pair) and puts an [`mmio::MmioTransport`] over both on the MMIO
-//! bus. A guest driver then talks to the transport from its vCPUs (register reads and writes:
-//! exits), all through atomics: no lock a device thread takes. When the driver sets DRIVER_OK
-//! the transport checks the queues and bumps the shared [`VirtioShared::epoch`]; each device
-//! thread sees the new epoch, builds its `virtio_queue::Queue`s from the registers and serves
-//! them; a reset bumps the epoch again, the threads drop their queues and acknowledge, and the
-//! status reads 0 once all have ([`VirtioDevice::caught_up`]). Queue kicks reach the device
+//! the state word, interrupt status, the interrupt line, one wake eventfd per device thread),
+//! builds the device on it (e.g. `net`, which starts one thread per queue pair) and puts an
+//! [`mmio::MmioTransport`] over both on the MMIO bus. A guest driver then talks to the
+//! transport from its vCPUs (register reads and writes: exits), all through atomics: no lock a
+//! device thread takes. The status register, the epoch the threads follow and whether the
+//! device is active share one atomic word ([`state`]). A reset reads 0 at once and begins a new
+//! inactive epoch; every device thread drops its queues (checking the epoch per chain, so a
+//! batch in progress is abandoned) and says which epoch it serves. At DRIVER_OK the transport
+//! checks the queues; the new active epoch begins at once when every thread has let go of the
+//! old queues, otherwise the status reads DRIVER_OK and the activation completes when the last
+//! thread catches up. Each thread then builds its queues from the registers and serves them
+//! with one notification discipline ([`queue::DeviceQueue`]). Queue kicks reach the device
 //! threads through ioeventfds (no userspace exit) or, where the hypervisor does not honour an
 //! MMIO ioeventfd, through the transport's `QueueNotify` handler, which signals the same
 //! eventfd. Device threads raise interrupts through [`VirtioShared::signal_used`] (irqfd).
@@ -20,14 +24,17 @@ use std::sync::Arc;
 use virtio_bindings::bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::hypervisor::IrqLine;
 
 pub mod chain;
 pub mod mmio;
+pub mod queue;
+pub mod state;
 pub mod status;
 
+use state::Word;
 use status::Violation;
 
 /// Number of [`Violation`] kinds (the size of the per-device counters).
@@ -161,6 +168,9 @@ pub struct DriverCounters {
     logged: [AtomicBool; VIOLATIONS],
     /// Resets the driver asked for (status 0 written).
     pub resets: AtomicU64,
+    /// Resets whose write returned to the guest before every device thread had let go of its
+    /// queues (the write waits 20 ms at most; the reset completes when they do).
+    pub resets_unsettled: AtomicU64,
     /// Activations (DRIVER_OK accepted).
     pub activations: AtomicU64,
     /// Queue kicks that reached the VMM as a userspace exit (no ioeventfd for them).
@@ -201,15 +211,20 @@ pub const ALL_VIOLATIONS: [Violation; VIOLATIONS] = [
 pub struct VirtioShared {
     /// The device's name (`net0`), for logs and reports.
     pub name: String,
-    status: AtomicU32,
+    /// Status register, epoch, active and pending activation: one word ([`state`]).
+    state: AtomicU64,
     interrupt_status: AtomicU32,
     driver_features: AtomicU64,
     /// The last violation that set NEEDS_RESET or refused the features, as index + 1 (0: none).
     last_violation: AtomicU32,
     queues: Box<[QueueRegs]>,
     max_sizes: Box<[u16]>,
-    epoch: AtomicU64,
-    active: AtomicBool,
+    /// The epoch each device thread serves (has let go of every older epoch's queues).
+    served: Box<[AtomicU32]>,
+    /// Each device thread's wake eventfd (epoch changes, stop, work it re-queued).
+    wakes: Box<[EventFd]>,
+    /// Whether the device's threads were started (before that, nobody holds a queue).
+    started: AtomicBool,
     irq: Option<Arc<IrqLine>>,
     /// The driver's counters.
     pub counters: DriverCounters,
@@ -228,25 +243,35 @@ pub enum Health {
 }
 
 impl VirtioShared {
-    /// State for a device called `name` with queues of `max_sizes`, raising interrupts on
-    /// `irq` (None: the guest polls, as the tiny guest does).
-    pub fn new(name: String, max_sizes: &[u16], irq: Option<Arc<IrqLine>>) -> Self {
+    /// State for a device called `name` with queues of `max_sizes`, served by `threads`
+    /// device threads, raising interrupts on `irq` (None: the guest polls, as the tiny guest
+    /// does).
+    pub fn new(
+        name: String,
+        max_sizes: &[u16],
+        threads: usize,
+        irq: Option<Arc<IrqLine>>,
+    ) -> std::io::Result<Self> {
         let queues: Box<[QueueRegs]> = max_sizes.iter().map(|_| QueueRegs::default()).collect();
+        let wakes = (0..threads)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<std::io::Result<Box<[EventFd]>>>()?;
         let shared = VirtioShared {
             name,
-            status: AtomicU32::new(0),
+            state: AtomicU64::new(0),
             interrupt_status: AtomicU32::new(0),
             driver_features: AtomicU64::new(0),
             last_violation: AtomicU32::new(0),
             queues,
             max_sizes: max_sizes.into(),
-            epoch: AtomicU64::new(0),
-            active: AtomicBool::new(false),
+            served: (0..threads).map(|_| AtomicU32::new(0)).collect(),
+            wakes,
+            started: AtomicBool::new(false),
             irq,
             counters: DriverCounters::default(),
         };
         shared.clear_queues();
-        shared
+        Ok(shared)
     }
 
     fn clear_queues(&self) {
@@ -255,18 +280,42 @@ impl VirtioShared {
         }
     }
 
-    /// The status register.
-    pub fn status(&self) -> u32 {
-        self.status.load(Ordering::Acquire)
+    /// The state word now.
+    pub fn word(&self) -> Word {
+        Word(self.state.load(Ordering::Acquire))
     }
 
-    pub(crate) fn set_status(&self, v: u32) {
-        self.status.store(v, Ordering::Release);
+    /// Applies `f` to the state word until it sticks (compare-and-swap); `f` returning None
+    /// changes nothing. Returns the word replaced and the new one.
+    pub(crate) fn update(&self, mut f: impl FnMut(Word) -> Option<Word>) -> Option<(Word, Word)> {
+        let mut cur = self.word();
+        loop {
+            let new = f(cur)?;
+            match self.state.compare_exchange_weak(
+                cur.0,
+                new.0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some((cur, new)),
+                Err(seen) => cur = Word(seen),
+            }
+        }
+    }
+
+    /// The status register.
+    pub fn status(&self) -> u32 {
+        self.word().status()
     }
 
     /// The features the driver acknowledged.
     pub fn driver_features(&self) -> u64 {
         self.driver_features.load(Ordering::Acquire)
+    }
+
+    /// Whether the driver acknowledged feature bit `bit`.
+    pub fn has_feature(&self, bit: u32) -> bool {
+        bit < 64 && self.driver_features() & (1u64 << bit) != 0
     }
 
     pub(crate) fn driver_features_atomic(&self) -> &AtomicU64 {
@@ -300,14 +349,70 @@ impl VirtioShared {
     /// The current epoch (bumped at each activation and reset) and whether the device is
     /// active in it. Device threads compare it with the epoch they serve.
     pub fn epoch(&self) -> (u64, bool) {
-        // The epoch is stored last (Release) at each change; `active` is read after it.
-        let e = self.epoch.load(Ordering::Acquire);
-        (e, self.active.load(Ordering::Acquire))
+        let w = self.word();
+        (u64::from(w.epoch()), w.active())
     }
 
-    pub(crate) fn begin_epoch(&self, active: bool) -> u64 {
-        self.active.store(active, Ordering::Release);
-        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    /// Whether a thread that built its queues in `epoch` may go on with them: checked per
+    /// chain, so that a reset or NEEDS_RESET ends a batch at once.
+    #[inline]
+    pub fn serves(&self, epoch: u32) -> bool {
+        self.word().serves(epoch)
+    }
+
+    /// Device thread `thread`'s wake eventfd.
+    pub fn wake_fd(&self, thread: usize) -> Option<&EventFd> {
+        self.wakes.get(thread)
+    }
+
+    /// Wakes every device thread (to follow a new epoch, or to stop).
+    pub fn wake_all(&self) {
+        for w in self.wakes.iter() {
+            let _ = w.write(1);
+        }
+    }
+
+    /// Says the device's threads run from now on (until then nobody holds a queue).
+    pub fn threads_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// Whether every device thread has let go of the queues of every epoch before `epoch`.
+    pub fn caught_up(&self, epoch: u32) -> bool {
+        !self.started.load(Ordering::Acquire)
+            || self
+                .served
+                .iter()
+                .all(|s| s.load(Ordering::Acquire) == epoch)
+    }
+
+    /// Device thread `thread` now serves `epoch` (it dropped every older queue); completes an
+    /// activation that waited for it.
+    pub fn thread_serves(&self, thread: usize, epoch: u32) {
+        if let Some(s) = self.served.get(thread) {
+            s.store(epoch, Ordering::Release);
+        }
+        self.complete_activation();
+    }
+
+    /// Completes a pending activation once every thread has caught up (from the transport's
+    /// next register access or from the last thread to let go, whichever comes first).
+    /// Returns whether this call completed it.
+    pub fn complete_activation(&self) -> bool {
+        let done = self
+            .update(|w| {
+                if w.pending() && self.caught_up(w.epoch()) {
+                    w.complete()
+                } else {
+                    None
+                }
+            })
+            .is_some();
+        if done {
+            self.counters.activations.fetch_add(1, Ordering::Relaxed);
+            self.wake_all();
+        }
+        done
     }
 
     pub(crate) fn reset_registers(&self) {
@@ -347,19 +452,26 @@ impl VirtioShared {
         }
     }
 
-    /// Sets NEEDS_RESET for `why` (from a device thread or the transport) and tells the
-    /// driver with a configuration-change interrupt. The device's threads stop serving their
-    /// queues until the driver resets the device.
+    /// Sets NEEDS_RESET for `why`, in the current epoch (the transport's own findings).
     pub fn needs_reset(&self, why: Violation) {
+        self.needs_reset_in(self.word().epoch(), why);
+    }
+
+    /// Sets NEEDS_RESET for `why`, found by a thread serving `epoch`, and tells the driver with
+    /// a configuration-change interrupt once it runs. Nothing is set when `epoch` has ended (a
+    /// reset came first: the finding is about queues the driver has dropped). The device's
+    /// threads stop serving their queues until the driver resets the device.
+    pub fn needs_reset_in(&self, epoch: u32, why: Violation) {
         self.record_violation(why);
-        let old = self.status.fetch_or(status::NEEDS_RESET, Ordering::AcqRel);
-        if old & status::NEEDS_RESET == 0 && old & status::DRIVER_OK != 0 {
-            self.interrupt_status
-                .fetch_or(VIRTIO_MMIO_INT_CONFIG, Ordering::AcqRel);
-            self.counters
-                .config_interrupts
-                .fetch_add(1, Ordering::Relaxed);
-            self.trigger();
+        if let Some((_, new)) = self.update(|w| w.needs_reset(epoch)) {
+            if new.tells_driver() {
+                self.interrupt_status
+                    .fetch_or(VIRTIO_MMIO_INT_CONFIG, Ordering::AcqRel);
+                self.counters
+                    .config_interrupts
+                    .fetch_add(1, Ordering::Relaxed);
+                self.trigger();
+            }
         }
     }
 
@@ -408,10 +520,10 @@ pub trait VirtioDevice: Send + Sync {
     fn features(&self) -> u64;
     /// Reads the device-specific configuration space at `offset`; bytes past its end read 0.
     fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// The shared epoch changed (activation or reset): wake the device's threads to follow it.
-    fn epoch_changed(&self);
-    /// Whether every device thread serves the shared epoch (a reset is complete once true).
-    fn caught_up(&self) -> bool;
+    /// The driver reset the device: what the device's threads read at their next activation
+    /// returns to its reset state (e.g. the queue pairs in use). Called before the new epoch
+    /// begins; a device thread may still be finishing a chain of the old one.
+    fn on_reset(&self) {}
     /// The eventfd that queue `queue`'s kicks signal, if the device has that queue.
     fn kick_fd(&self, queue: usize) -> Option<&EventFd>;
 }

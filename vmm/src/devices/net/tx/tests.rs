@@ -10,6 +10,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
 use crate::devices::virtio::chain::ChainError;
+use crate::devices::virtio::queue::DeviceQueue;
 
 const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const WRITE: u16 = VRING_DESC_F_WRITE as u16;
@@ -43,6 +44,11 @@ fn mem() -> GuestMemoryMmap {
     GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap()
 }
 
+/// A pass with a budget larger than any test's queue, never interrupted by a reset.
+fn run(tx: &mut TxQueue, m: &GuestMemoryMmap, sink: &Sink, c: &QueueCounters) -> TxPass {
+    tx.run(m, sink, c, 1000, || true)
+}
+
 fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
     RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
 }
@@ -63,15 +69,16 @@ fn frames_go_out_whole_and_are_counted() {
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
     let sink = Sink::default();
     let c = QueueCounters::default();
-    let pass = tx.run(&m, &sink, &c);
+    let pass = run(&mut tx, &m, &sink, &c);
     assert_eq!(
         pass,
         TxPass {
             chains: 2,
-            fault: None
+            frames: 2,
+            ..TxPass::default()
         }
     );
     let frames = sink.frames.borrow();
@@ -97,13 +104,13 @@ fn a_refusing_tap_drops_with_its_reason() {
         let m = mem();
         let vq = MockSplitQueue::new(&m, 16);
         vq.add_desc_chains(&[d(0x1_0000, 80, 0, 0)], 0).unwrap();
-        let mut tx = TxQueue::new(vq.create_queue().unwrap());
+        let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
         let sink = Sink {
             errno: Some(errno),
             ..Default::default()
         };
         let c = QueueCounters::default();
-        assert_eq!(tx.run(&m, &sink, &c).chains, 1);
+        assert_eq!(run(&mut tx, &m, &sink, &c).chains, 1);
         assert_eq!((c.packets.get(), c.drops(why)), (0, 1), "{why}");
         assert_eq!(vq.used().idx().load(), 1, "the chain is given back anyway");
     }
@@ -118,10 +125,10 @@ fn an_oversized_frame_is_dropped_and_the_next_one_still_goes() {
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
     let sink = Sink::default();
     let c = QueueCounters::default();
-    assert_eq!(tx.run(&m, &sink, &c).chains, 2);
+    assert_eq!(run(&mut tx, &m, &sink, &c).chains, 2);
     assert_eq!(c.drops(DropReason::OversizedFrame), 1);
     assert_eq!(c.packets.get(), 1);
 }
@@ -139,15 +146,17 @@ fn a_malformed_chain_stops_the_queue_with_a_fault() {
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
     let sink = Sink::default();
     let c = QueueCounters::default();
-    let pass = tx.run(&m, &sink, &c);
+    let pass = run(&mut tx, &m, &sink, &c);
     assert_eq!(
         pass,
         TxPass {
             chains: 1,
-            fault: Some(QueueFault::Chain(ChainError::WrongDirection))
+            frames: 2,
+            fault: Some(QueueFault::Chain(ChainError::WrongDirection)),
+            ..TxPass::default()
         }
     );
     assert_eq!(c.drops(DropReason::BadChain), 1);
@@ -155,17 +164,63 @@ fn a_malformed_chain_stops_the_queue_with_a_fault() {
     // A chain shorter than the header is malformed too.
     let vq = MockSplitQueue::new(&m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 4, 0, 0)], 0).unwrap();
-    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
     assert_eq!(
-        tx.run(&m, &sink, &c).fault,
+        run(&mut tx, &m, &sink, &c).fault,
         Some(QueueFault::Chain(ChainError::Empty))
     );
     // A buffer outside RAM.
     let vq = MockSplitQueue::new(&m, 16);
     vq.add_desc_chains(&[d(0x7000_0000, 100, 0, 0)], 0).unwrap();
-    let mut tx = TxQueue::new(vq.create_queue().unwrap());
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
     assert_eq!(
-        tx.run(&m, &sink, &c).fault,
+        run(&mut tx, &m, &sink, &c).fault,
         Some(QueueFault::Chain(ChainError::OutsideMemory))
+    );
+}
+
+#[test]
+fn a_pass_stops_at_its_budget_and_says_chains_are_left() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let descs: Vec<_> = (0..5).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let (sink, c) = (Sink::default(), QueueCounters::default());
+    let pass = tx.run(&m, &sink, &c, 2, || true);
+    assert_eq!(
+        (pass.chains, pass.more),
+        (2, true),
+        "two sent, more left: run again"
+    );
+    let pass = tx.run(&m, &sink, &c, 2, || true);
+    assert_eq!((pass.chains, pass.more), (2, true));
+    let pass = tx.run(&m, &sink, &c, 2, || true);
+    assert_eq!(
+        (pass.chains, pass.more),
+        (1, false),
+        "the last one, nothing left"
+    );
+    assert_eq!(sink.frames.borrow().len(), 5);
+}
+
+#[test]
+fn a_reset_ends_a_pass_before_the_next_chain() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let descs: Vec<_> = (0..4).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let (sink, c) = (Sink::default(), QueueCounters::default());
+    let left = std::cell::Cell::new(2);
+    let pass = tx.run(&m, &sink, &c, 1000, || {
+        left.set(left.get() - 1);
+        left.get() >= 0
+    });
+    assert_eq!((pass.chains, pass.abandoned), (2, true));
+    assert_eq!(
+        vq.used().idx().load(),
+        2,
+        "nothing given back after the reset"
     );
 }

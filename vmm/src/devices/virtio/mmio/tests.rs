@@ -1,7 +1,7 @@
 //! The transport driven as a guest driver drives it, register by register, against a device
 //! that records what it is told.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::mock::MockSplitQueue;
@@ -11,14 +11,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::*;
 use crate::devices::virtio::Health;
 
-/// A device with two queues of 16 whose threads follow the epoch when told (`caught_up` is
-/// what the test says).
+/// A device with two queues of 16 and one device thread, which the test plays: it follows
+/// the epoch when told (`thread_serves`), or lags.
 struct Probe {
-    shared: Arc<VirtioShared>,
     kicks: Vec<EventFd>,
-    epoch_changes: AtomicUsize,
-    served: AtomicU64,
-    lag: std::sync::atomic::AtomicBool,
+    resets: AtomicUsize,
 }
 
 impl VirtioDevice for Probe {
@@ -33,14 +30,8 @@ impl VirtioDevice for Probe {
             *b = (offset as u8).wrapping_add(i as u8);
         }
     }
-    fn epoch_changed(&self) {
-        self.epoch_changes.fetch_add(1, Ordering::Relaxed);
-        if !self.lag.load(Ordering::Relaxed) {
-            self.served.store(self.shared.epoch().0, Ordering::Relaxed);
-        }
-    }
-    fn caught_up(&self) -> bool {
-        self.served.load(Ordering::Relaxed) == self.shared.epoch().0
+    fn on_reset(&self) {
+        self.resets.fetch_add(1, Ordering::Relaxed);
     }
     fn kick_fd(&self, queue: usize) -> Option<&EventFd> {
         self.kicks.get(queue)
@@ -52,6 +43,19 @@ struct Rig {
     dev: Arc<Probe>,
     shared: Arc<VirtioShared>,
     mem: Arc<GuestMemoryMmap>,
+    /// The device thread lets go of old epochs only while this is false.
+    lag: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 const BASE: u64 = 0xC000_0000;
@@ -60,15 +64,13 @@ impl Rig {
     fn new() -> Rig {
         let mem =
             Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap());
-        let shared = Arc::new(VirtioShared::new("probe0".into(), &[16, 16], None));
+        let shared = Arc::new(VirtioShared::new("probe0".into(), &[16, 16], 1, None).unwrap());
+        shared.threads_started();
         let dev = Arc::new(Probe {
-            shared: Arc::clone(&shared),
             kicks: (0..2)
                 .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
                 .collect(),
-            epoch_changes: AtomicUsize::new(0),
-            served: AtomicU64::new(0),
-            lag: false.into(),
+            resets: AtomicUsize::new(0),
         });
         let t = MmioTransport::new(
             BASE,
@@ -76,11 +78,31 @@ impl Rig {
             Arc::clone(&shared),
             Arc::clone(&mem),
         );
+        let (lag, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // The device's one thread: it follows each epoch as it is woken, unless told to lag.
+        let thread = {
+            let (shared, lag, stop) = (Arc::clone(&shared), Arc::clone(&lag), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if !lag.load(Ordering::Relaxed) {
+                        let _ = shared.wake_fd(0).unwrap().read();
+                        shared.thread_serves(0, shared.word().epoch());
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            })
+        };
         Rig {
             t,
             dev,
             shared,
             mem,
+            lag,
+            stop,
+            thread: Some(thread),
         }
     }
 
@@ -125,6 +147,11 @@ impl Rig {
     /// The driver's sequence up to FEATURES_OK with `features`; returns the status read back.
     fn negotiate(&self, features: u64) -> u32 {
         self.w(VIRTIO_MMIO_STATUS, 0);
+        self.negotiate_without_reset(features)
+    }
+
+    /// [`Rig::negotiate`] after a reset the driver already made.
+    fn negotiate_without_reset(&self, features: u64) -> u32 {
         self.w(VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE);
         self.w(VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE | status::DRIVER);
         for sel in 0..2 {
@@ -255,24 +282,92 @@ fn a_queue_outside_guest_memory_at_driver_ok_needs_a_reset() {
 }
 
 #[test]
-fn a_reset_waits_for_the_device_threads_before_status_reads_zero() {
+fn a_reset_reads_zero_at_once_and_takes_the_re_probe_while_a_thread_still_lets_go() {
     let rig = Rig::new();
     rig.negotiate(V1);
     rig.queue(0, 0x1_0000);
     rig.w(VIRTIO_MMIO_STATUS, READY | status::DRIVER_OK);
-    // The device's threads are slow to let go: the reset is still in progress after the
-    // bounded wait, and the status says so.
-    rig.dev.lag.store(true, Ordering::Relaxed);
+    assert_eq!(rig.shared.epoch(), (2, true));
+    // The device's thread is slow to let go (a batch in progress): the reset still reads 0
+    // at once, and the driver's writes of the re-probe are taken.
+    rig.lag.store(true, Ordering::Relaxed);
     rig.w(VIRTIO_MMIO_STATUS, 0);
-    assert_ne!(rig.r(VIRTIO_MMIO_STATUS), 0);
+    assert_eq!(
+        rig.r(VIRTIO_MMIO_STATUS),
+        0,
+        "status reads 0 from the reset write on"
+    );
     assert_eq!(rig.shared.epoch(), (3, false));
-    // They catch up; the next access completes the reset.
-    rig.dev.served.store(3, Ordering::Relaxed);
-    assert_eq!(rig.r(VIRTIO_MMIO_STATUS), 0);
+    assert_eq!(
+        rig.dev.resets.load(Ordering::Relaxed),
+        2,
+        "the device heard of it"
+    );
+    assert_eq!(
+        rig.shared.counters.resets_unsettled.load(Ordering::Relaxed),
+        1,
+        "the write returned before the thread let go, and says so"
+    );
+    assert_eq!(rig.negotiate_without_reset(V1 | 0b10_0000), READY);
+    rig.queue(0, 0x3_0000);
     rig.w(VIRTIO_MMIO_QUEUE_SEL, 0);
-    assert_eq!(rig.r(VIRTIO_MMIO_QUEUE_READY), 0, "queues cleared");
-    assert_eq!(rig.shared.driver_features(), 0);
-    assert_eq!(rig.shared.counters.resets.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        rig.r(VIRTIO_MMIO_QUEUE_READY),
+        1,
+        "the re-probe's queue writes were taken"
+    );
+    assert_eq!(
+        rig.r(VIRTIO_MMIO_QUEUE_DESC_LOW),
+        0x3_0000,
+        "the new ring, not the old one"
+    );
+    // DRIVER_OK reads back, and the activation waits for the thread.
+    rig.w(VIRTIO_MMIO_STATUS, READY | status::DRIVER_OK);
+    assert_eq!(rig.r(VIRTIO_MMIO_STATUS), READY | status::DRIVER_OK);
+    assert_eq!(
+        rig.shared.epoch(),
+        (3, false),
+        "not active while a thread holds old queues"
+    );
+    assert!(rig.shared.word().pending());
+    assert_eq!(
+        rig.shared.counters.violations[6].load(Ordering::Relaxed),
+        0,
+        "no late write"
+    );
+    // The thread lets go: the activation completes (from the thread's side here).
+    rig.lag.store(false, Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rig.shared.epoch() != (4, true) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(rig.shared.epoch(), (4, true));
+    assert_eq!(rig.shared.counters.activations.load(Ordering::Relaxed), 2);
+    assert_eq!(rig.shared.driver_features(), V1 | 0b10_0000);
+}
+
+#[test]
+fn a_thread_that_finds_a_broken_chain_after_a_reset_does_not_stop_the_re_probed_device() {
+    let rig = Rig::new();
+    rig.negotiate(V1);
+    rig.queue(0, 0x1_0000);
+    rig.w(VIRTIO_MMIO_STATUS, READY | status::DRIVER_OK);
+    let old = rig.shared.word().epoch();
+    rig.w(VIRTIO_MMIO_STATUS, 0);
+    // A thread still finishing a chain of the old epoch finds it broken: too late to matter.
+    rig.shared.needs_reset_in(old, Violation::BadChain);
+    assert_eq!(rig.r(VIRTIO_MMIO_STATUS), 0);
+    assert_eq!(rig.shared.health(), Health::Ok);
+    // In its own epoch the same finding stops the device, and a later status write of the
+    // driver (computed before it) does not erase it.
+    rig.negotiate_without_reset(V1);
+    rig.queue(0, 0x1_0000);
+    rig.w(VIRTIO_MMIO_STATUS, READY | status::DRIVER_OK);
+    rig.shared
+        .needs_reset_in(rig.shared.word().epoch(), Violation::BadChain);
+    rig.w(VIRTIO_MMIO_STATUS, READY | status::DRIVER_OK);
+    assert_ne!(rig.r(VIRTIO_MMIO_STATUS) & status::NEEDS_RESET, 0);
+    assert_eq!(rig.shared.health(), Health::NeedsReset);
 }
 
 #[test]

@@ -1,0 +1,232 @@
+//! A network device's figures for readers (`stats`, the report, the `device` command, the
+//! metrics): its threads' accounting, its queues' counters, its CPU by kind of work and per
+//! frame, and its driver's side.
+//!
+//! Data flow: a reader calls `NetDevice::stats`, which takes [`Raw`] (every figure since the
+//! device started, read from the threads' single-writer meters and counters without a lock)
+//! and subtracts the baseline a `reset` request kept ([`Raw::since`]). The mean CPU per frame
+//! is each way's CPU over the frames handled while the marks were taken (both counted only at
+//! levels basic and full), with the per-batch histograms beside it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use ppa_vmm_api::{
+    DeviceCpu, DeviceHealth, DeviceKind, DeviceStats, DeviceThreadStats, DriverStats, FrameCpu,
+    PerPacket,
+};
+
+use super::{worker, NetDevice};
+use crate::accounting::histogram::{HistogramSnapshot, DEFAULT_FRAC_BITS};
+use crate::accounting::worker::WorkerMeter;
+use crate::devices::virtio::{Health, ALL_VIOLATIONS};
+
+/// Every figure since the device started, with the per-batch histograms as snapshots (a
+/// baseline subtracts them).
+#[derive(Debug, Clone)]
+pub struct Raw {
+    stats: DeviceStats,
+    rx_batches: HistogramSnapshot,
+    tx_batches: HistogramSnapshot,
+}
+
+impl Raw {
+    /// These figures less `base` (none: as they are), with the means and the histograms'
+    /// JSON made from what is left.
+    pub fn since(self, base: Option<&Raw>) -> DeviceStats {
+        let (cur, rx, tx) = match base {
+            Some(b) => (
+                since(self.stats, &b.stats),
+                self.rx_batches.since(&b.rx_batches),
+                self.tx_batches.since(&b.tx_batches),
+            ),
+            None => (self.stats, self.rx_batches, self.tx_batches),
+        };
+        with_frame_cpu(cur, &rx, &tx)
+    }
+}
+
+/// Fills the per-batch histograms and the means from the frames in `cur.frame_cpu`.
+fn with_frame_cpu(
+    mut cur: DeviceStats,
+    rx: &HistogramSnapshot,
+    tx: &HistogramSnapshot,
+) -> DeviceStats {
+    let Some(f) = cur.frame_cpu.as_mut() else {
+        return cur;
+    };
+    f.rx_per_batch = rx.to_json();
+    f.tx_per_batch = tx.to_json();
+    let per = |cpu: u64, n: u64| (n > 0).then(|| cpu / n);
+    cur.cpu_ns_per_packet = Some(PerPacket {
+        tx: per(cur.cpu.tx, f.tx_frames),
+        rx: per(cur.cpu.rx, f.rx_frames),
+    });
+    cur
+}
+
+/// `cur` less `base`, counter by counter (0 where a counter went down: a thread that was
+/// not there at the reset). The means are left for [`Raw::since`] to make again.
+pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
+    for t in &mut cur.threads {
+        if let Some(b) = base.threads.iter().find(|b| b.name == t.name) {
+            t.wall_ns = t.wall_ns.saturating_sub(b.wall_ns);
+            t.used_ns = t.used_ns.saturating_sub(b.used_ns);
+            t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
+            t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
+            t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
+            t.identity_error_ns =
+                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
+        }
+    }
+    for q in &mut cur.queues {
+        if let Some(b) = base.queues.iter().find(|b| b.index == q.index) {
+            q.notifications = q.notifications.saturating_sub(b.notifications);
+            q.interrupts = q.interrupts.saturating_sub(b.interrupts);
+            q.interrupts_suppressed = q
+                .interrupts_suppressed
+                .saturating_sub(b.interrupts_suppressed);
+            q.chains = q.chains.saturating_sub(b.chains);
+            q.packets = q.packets.saturating_sub(b.packets);
+            q.bytes = q.bytes.saturating_sub(b.bytes);
+            q.copied = q.copied.saturating_sub(b.copied);
+            for (r, n) in q.drops.iter_mut() {
+                *n = n.saturating_sub(b.drops.get(r).copied().unwrap_or(0));
+            }
+            q.drops.retain(|_, n| *n > 0);
+        }
+    }
+    cur.cpu_ns = cur.cpu_ns.saturating_sub(base.cpu_ns);
+    cur.cpu.tx = cur.cpu.tx.saturating_sub(base.cpu.tx);
+    cur.cpu.rx = cur.cpu.rx.saturating_sub(base.cpu.rx);
+    cur.cpu.ctrl = cur.cpu.ctrl.saturating_sub(base.cpu.ctrl);
+    cur.cpu.other = cur.cpu.other.saturating_sub(base.cpu.other);
+    if let (Some(f), Some(b)) = (cur.frame_cpu.as_mut(), base.frame_cpu.as_ref()) {
+        f.rx_frames = f.rx_frames.saturating_sub(b.rx_frames);
+        f.tx_frames = f.tx_frames.saturating_sub(b.tx_frames);
+    }
+    let per = |cpu: u64, n: u64| (n > 0).then(|| cpu / n);
+    if let Some(f) = cur.frame_cpu.as_ref() {
+        cur.cpu_ns_per_packet = Some(PerPacket {
+            tx: per(cur.cpu.tx, f.tx_frames),
+            rx: per(cur.cpu.rx, f.rx_frames),
+        });
+    }
+    cur
+}
+
+impl NetDevice {
+    fn health(&self) -> (DeviceHealth, Option<String>) {
+        match self.virtio.health() {
+            Health::Ok => (DeviceHealth::Ok, None),
+            Health::NeedsReset => (
+                DeviceHealth::NeedsReset,
+                self.virtio
+                    .last_violation()
+                    .map(|v| v.describe().to_string()),
+            ),
+            Health::Failed => (
+                DeviceHealth::Failed,
+                Some(
+                    self.virtio
+                        .last_violation()
+                        .map_or("the driver gave up on the device", |v| v.describe())
+                        .to_string(),
+                ),
+            ),
+        }
+    }
+
+    fn driver_stats(&self) -> DriverStats {
+        let c = &self.virtio.counters;
+        let violations: BTreeMap<String, u64> = ALL_VIOLATIONS
+            .iter()
+            .zip(c.violations.iter())
+            .map(|(v, n)| (v.name().to_string(), n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        DriverStats {
+            features: self.virtio.driver_features(),
+            activations: c.activations.load(Ordering::Relaxed),
+            resets: c.resets.load(Ordering::Relaxed),
+            resets_unsettled: c.resets_unsettled.load(Ordering::Relaxed),
+            notify_exits: c.notify_exits.load(Ordering::Relaxed),
+            violations,
+        }
+    }
+
+    /// Every figure since the device started.
+    pub(super) fn raw(&self) -> Raw {
+        let times: Vec<_> = self.net.meters.iter().map(WorkerMeter::times).collect();
+        let threads = times
+            .iter()
+            .enumerate()
+            .map(|(pair, t)| DeviceThreadStats {
+                name: self.thread_name(pair),
+                host_tid: self.net.meters[pair].tid(),
+                wall_ns: t.wall_ns,
+                used_ns: t.used_ns,
+                steal_ns: t.steal_ns,
+                waiting_ns: t.waiting_ns,
+                blocked_ns: t.blocked_ns,
+                identity_error_ns: t.identity_error_ns(),
+            })
+            .collect();
+        let queues: Vec<_> = self
+            .net
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.stats(i as u16, self.kind_of(i)))
+            .collect();
+        let part = |p: usize| times.iter().map(|t| t.parts_ns[p]).sum::<u64>();
+        let cpu_ns: u64 = times.iter().map(|t| t.used_ns).sum();
+        let cpu = DeviceCpu {
+            rx: part(worker::PART_RX),
+            tx: part(worker::PART_TX),
+            ctrl: part(worker::PART_CTRL),
+            other: cpu_ns.saturating_sub(
+                part(worker::PART_RX) + part(worker::PART_TX) + part(worker::PART_CTRL),
+            ),
+        };
+        let mut rx_batches = HistogramSnapshot::empty(DEFAULT_FRAC_BITS);
+        let mut tx_batches = HistogramSnapshot::empty(DEFAULT_FRAC_BITS);
+        let (mut rx_frames, mut tx_frames) = (0, 0);
+        for f in &self.net.frame_cpu {
+            let (r, t) = f.frames();
+            rx_frames += r;
+            tx_frames += t;
+            let (rh, th) = f.histograms();
+            rx_batches.merge(&rh);
+            tx_batches.merge(&th);
+        }
+        let (status, status_reason) = self.health();
+        let stats = DeviceStats {
+            id: self.net.id.clone(),
+            kind: DeviceKind::Net,
+            backend: self.tap_name.clone(),
+            mac: Some(self.net.mac.to_string()),
+            mmio_base: self.mmio_base,
+            gsi: self.virtio.gsi(),
+            status,
+            status_reason,
+            threads,
+            queues,
+            cpu_ns,
+            cpu_ns_per_packet: None,
+            frame_cpu: Some(FrameCpu {
+                rx_frames,
+                tx_frames,
+                rx_per_batch: rx_batches.to_json(),
+                tx_per_batch: tx_batches.to_json(),
+            }),
+            cpu,
+            driver: self.driver_stats(),
+        };
+        Raw {
+            stats,
+            rx_batches,
+            tx_batches,
+        }
+    }
+}

@@ -1,0 +1,725 @@
+//! The fuzzer's model of a Linux guest driving our virtio-net device: the driver
+//! ([`guest::Guest`], over [`super::driver::DriverRing`]s) and the device's queue-pair thread
+//! (played here, running the same queue builds and passes as the real thread:
+//! [`crate::devices::net::batch`]) talk through real rings in guest memory and the real
+//! transport ([`MmioTransport`]), step by step as the fuzzer's bytes say, with a host that
+//! sends frames into a model tap and a sink for what the guest sends.
+//!
+//! What it asserts: a kick is the only way the driver wakes the device for a queue, and an
+//! interrupt the only way the device wakes the driver, each exactly when the other side's
+//! index says so (`vring_need_event`, or the NO_NOTIFY and NO_INTERRUPT flags); so at
+//! quiescence (nothing pending on either side) nothing the driver published may be left: every
+//! transmit and control chain taken and answered, every frame the host sent delivered or
+//! dropped with a reason, every used entry seen by the driver. On the way: an interrupt
+//! raised exactly when the driver asked for one; frames delivered whole and in order; after a
+//! reset, nothing written into the old rings, the status reading 0, the re-probe taken
+//! whether the device's thread has caught up or not, and the device never left stopped.
+//!
+//! Data flow: [`run`] reads the configuration from the first bytes, then one action per byte
+//! (with arguments from the next ones) until the input ends, then drives both sides to
+//! quiescence and checks.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use ppa_vmm_api::DropReason;
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_mmio::*;
+use virtio_bindings::bindings::virtio_net::*;
+use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::devices::net::batch::{self, Irq, Outcome, Queues};
+use crate::devices::net::queues::QueueCounters;
+use crate::devices::net::rx::FrameSource;
+use crate::devices::net::tap::VNET_HDR_LEN;
+use crate::devices::net::tx::FrameSink;
+use crate::devices::net::{config_space, layout, offered_features, spec::Mac};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::status;
+use crate::devices::virtio::{VirtioDevice, VirtioShared};
+use crate::devices::{BusAccess, BusDevice};
+
+pub mod guest;
+
+use guest::{payload_byte, Guest, GuestConfig, MEM};
+
+/// The device's pairs (the model drives pair 0 and the control queue).
+const PAIRS: u16 = 2;
+/// The device's MTU.
+const MTU: u16 = 1500;
+/// Steps at quiescence before the model calls it a livelock.
+const QUIESCE_STEPS: usize = 200_000;
+/// Frames the host sends at most in one input.
+const MAX_FRAMES: u64 = 4096;
+
+/// The host's side of the tap: frames for the guest, read as a tap reads (cut to the
+/// buffers, the bytes read returned).
+#[derive(Default)]
+pub struct ModelTap {
+    frames: RefCell<VecDeque<Vec<u8>>>,
+}
+
+impl ModelTap {
+    /// Queues `frame` (its virtio header first) for the device to read.
+    pub fn push(&self, frame: Vec<u8>) {
+        self.frames.borrow_mut().push_back(frame);
+    }
+
+    /// Frames not yet read.
+    pub fn len(&self) -> usize {
+        self.frames.borrow().len()
+    }
+
+    /// Whether every frame was read.
+    pub fn is_empty(&self) -> bool {
+        self.frames.borrow().is_empty()
+    }
+}
+
+impl FrameSource for ModelTap {
+    unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let Some(f) = self.frames.borrow_mut().pop_front() else {
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        };
+        let mut done = 0;
+        for v in iov {
+            if done == f.len() {
+                break;
+            }
+            let n = v.iov_len.min(f.len() - done);
+            // SAFETY: the caller guarantees each iovec is valid for writes of its length; `n`
+            // is at most that and at most what is left of the frame.
+            unsafe { std::ptr::copy_nonoverlapping(f[done..].as_ptr(), v.iov_base.cast(), n) };
+            done += n;
+        }
+        Ok(done)
+    }
+}
+
+/// Where the guest's frames go: counted, their headers checked.
+#[derive(Default)]
+struct ModelSink {
+    frames: Cell<u64>,
+}
+
+impl FrameSink for ModelSink {
+    unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let len: usize = iov.iter().map(|v| v.iov_len).sum();
+        assert!(
+            len >= VNET_HDR_LEN,
+            "a frame of {len} bytes reached the tap"
+        );
+        self.frames.set(self.frames.get() + 1);
+        Ok(len)
+    }
+}
+
+/// The device as the transport sees it: features, configuration space, no kick eventfds
+/// (the model delivers kicks itself).
+struct ModelDevice {
+    config: [u8; 12],
+}
+
+impl VirtioDevice for ModelDevice {
+    fn device_type(&self) -> u32 {
+        1
+    }
+    fn features(&self) -> u64 {
+        offered_features(PAIRS)
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = self.config.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+    fn kick_fd(&self, _queue: usize) -> Option<&EventFd> {
+        None
+    }
+}
+
+/// What the input chose.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    guest: GuestConfig,
+    features: u64,
+    /// The device's thread follows the epoch only when the input says (otherwise at once).
+    lag: bool,
+}
+
+/// The device's queue-pair thread, played by the model.
+struct Thread {
+    q: Queues,
+    epoch: u32,
+    blocked: bool,
+    again: [bool; 2],
+    /// Kicks not yet taken: rx, tx, ctrl.
+    kicks: [bool; 3],
+}
+
+/// The whole model.
+struct Model {
+    mem: Arc<GuestMemoryMmap>,
+    virtio: Arc<VirtioShared>,
+    transport: MmioTransport,
+    setup: Setup,
+    guest: Guest,
+    area: usize,
+    thread: Thread,
+    counters: Vec<QueueCounters>,
+    tap: ModelTap,
+    sink: ModelSink,
+    /// The driver's interrupt line: raised and not yet taken.
+    irq: bool,
+    /// The driver is polling: its interrupts are off until it finishes.
+    polling: bool,
+    /// Frames the host sent: (sequence, payload length).
+    host_sent: Vec<(u32, usize)>,
+    /// The old receive ring's used ring and index after the last reset (nothing may move
+    /// it).
+    old_used: Option<(u64, u16)>,
+}
+
+fn bytes_at(data: &[u8], i: &mut usize) -> u8 {
+    let b = data.get(*i).copied().unwrap_or(0);
+    *i += 1;
+    b
+}
+
+impl Model {
+    fn new(setup: Setup) -> Option<Model> {
+        let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).ok()?);
+        let nq = layout::queue_count(PAIRS, true);
+        let virtio = Arc::new(VirtioShared::new("model0".into(), &vec![1024; nq], 1, None).ok()?);
+        virtio.threads_started();
+        let dev = Arc::new(ModelDevice {
+            config: config_space(Mac([2, 0, 0, 0, 0, 1]), PAIRS, MTU),
+        });
+        let transport =
+            MmioTransport::new(0, dev, Arc::clone(&virtio), Arc::clone(&mem)).with_reset_wait(0);
+        let guest = Guest::new(&mem, setup.guest, 0);
+        let mut m = Model {
+            mem,
+            virtio,
+            transport,
+            setup,
+            guest,
+            area: 0,
+            thread: Thread {
+                q: Queues::default(),
+                epoch: 0,
+                blocked: false,
+                again: [false; 2],
+                kicks: [false; 3],
+            },
+            counters: (0..nq).map(|_| QueueCounters::default()).collect(),
+            tap: ModelTap::default(),
+            sink: ModelSink::default(),
+            irq: false,
+            polling: false,
+            host_sent: Vec::new(),
+            old_used: None,
+        };
+        m.probe();
+        Some(m)
+    }
+
+    fn w(&self, off: u32, v: u32) {
+        let a = BusAccess {
+            vcpu: 0,
+            addr: u64::from(off),
+            offset: u64::from(off),
+        };
+        self.transport.write(a, &v.to_le_bytes());
+    }
+
+    fn r(&self, off: u32) -> u32 {
+        let a = BusAccess {
+            vcpu: 0,
+            addr: u64::from(off),
+            offset: u64::from(off),
+        };
+        let mut b = [0u8; 4];
+        self.transport.read(a, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// The driver's probe: reset, features, queues, DRIVER_OK (Linux's order).
+    fn probe(&mut self) {
+        self.w(VIRTIO_MMIO_STATUS, 0);
+        assert_eq!(self.r(VIRTIO_MMIO_STATUS), 0, "status reads 0 once reset");
+        self.follow_unless_lagging();
+        let f = self.setup.features;
+        self.w(VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE);
+        self.w(VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        for sel in 0..2 {
+            self.w(VIRTIO_MMIO_DRIVER_FEATURES_SEL, sel);
+            self.w(VIRTIO_MMIO_DRIVER_FEATURES, (f >> (32 * sel)) as u32);
+        }
+        let ready = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        self.w(VIRTIO_MMIO_STATUS, ready);
+        assert_eq!(self.r(VIRTIO_MMIO_STATUS), ready, "features accepted");
+        let g = &self.guest;
+        let mut queues = vec![(0usize, &g.rx), (1, &g.tx)];
+        if let (Some(i), Some(q)) = (g.cfg.ctrl_at, g.ctrl.as_ref()) {
+            queues.push((i, q));
+        }
+        for (i, q) in queues {
+            let (d, a, u) = q.addrs();
+            self.w(VIRTIO_MMIO_QUEUE_SEL, i as u32);
+            self.w(VIRTIO_MMIO_QUEUE_NUM, u32::from(q.size()));
+            for (lo, addr) in [
+                (VIRTIO_MMIO_QUEUE_DESC_LOW, d),
+                (VIRTIO_MMIO_QUEUE_AVAIL_LOW, a),
+                (VIRTIO_MMIO_QUEUE_USED_LOW, u),
+            ] {
+                self.w(lo, addr as u32);
+                self.w(lo + 4, (addr >> 32) as u32);
+            }
+            self.w(VIRTIO_MMIO_QUEUE_READY, 1);
+            assert_eq!(
+                self.r(VIRTIO_MMIO_QUEUE_READY),
+                1,
+                "the queue write was taken"
+            );
+        }
+        self.w(VIRTIO_MMIO_STATUS, ready | status::DRIVER_OK);
+        assert_eq!(
+            self.r(VIRTIO_MMIO_STATUS),
+            ready | status::DRIVER_OK,
+            "DRIVER_OK reads back"
+        );
+        self.follow_unless_lagging();
+        // Linux fills the receive queue as it opens the device.
+        let kick = self
+            .guest
+            .post_rx(&self.mem, usize::from(self.guest.cfg.size));
+        self.thread.kicks[0] |= kick;
+    }
+
+    fn follow_unless_lagging(&mut self) {
+        if !self.setup.lag {
+            self.follow();
+        }
+    }
+
+    /// The thread follows the device's epoch, as the real one does when woken.
+    fn follow(&mut self) {
+        let w = self.virtio.word();
+        if w.epoch() == self.thread.epoch {
+            return;
+        }
+        if self.thread.q.rx.as_ref().is_some_and(|r| r.has_pending()) {
+            self.counters[0].drop_one(DropReason::DeviceReset);
+        }
+        self.thread.q = Queues::default();
+        self.thread.blocked = false;
+        self.thread.again = [false; 2];
+        self.thread.epoch = w.epoch();
+        if w.active() && !self.virtio.stopped() {
+            match batch::build(&self.virtio, 0, PAIRS, MTU, &self.mem) {
+                Ok(q) => self.thread.q = q,
+                Err(v) => panic!("a queue the model's driver set up was refused: {v:?}"),
+            }
+            // As the real thread: a new epoch starts with a pass over each queue, since kicks
+            // that came while it held the old queues went to those.
+            self.thread.kicks = [true; 3];
+        }
+        self.virtio.thread_serves(0, self.thread.epoch);
+        // A completed activation bumps the epoch again: follow it too.
+        if self.virtio.word().epoch() != self.thread.epoch && !self.setup.lag {
+            self.follow();
+        }
+    }
+
+    fn listening(&self) -> bool {
+        self.thread.q.rx.is_some() && self.virtio.serves(self.thread.epoch) && !self.thread.blocked
+    }
+
+    /// Checks a pass's interrupt decision against what the driver asked, and raises it.
+    fn interrupt(&mut self, o: &Outcome, wanted_by_driver: bool) {
+        assert!(
+            o.fault.is_none(),
+            "the device found a fault in a valid driver's queue: {:?}",
+            o.fault
+        );
+        match o.irq {
+            Irq::Wanted => {
+                assert!(wanted_by_driver, "an interrupt the driver asked not to get");
+                self.irq = true;
+            }
+            Irq::Suppressed | Irq::None => {
+                assert!(
+                    !wanted_by_driver,
+                    "no interrupt where the driver asked for one"
+                );
+            }
+        }
+    }
+
+    /// Runs the device's pass for queue `which` (0 rx, 1 tx, 2 ctrl).
+    fn pass(&mut self, which: usize) {
+        let (virtio, epoch, mem) = (
+            Arc::clone(&self.virtio),
+            self.thread.epoch,
+            Arc::clone(&self.mem),
+        );
+        let go_on = || virtio.serves(epoch);
+        let served = self.thread.q.served;
+        let (o, wanted) = match which {
+            0 => {
+                let (Some(i), Some(rxq)) = (served.rx, self.thread.q.rx.as_mut()) else {
+                    return;
+                };
+                let before = self.guest.rx.used_idx(&mem);
+                let o = batch::rx_pass(rxq, &mem, &self.tap, &self.counters[i], go_on);
+                self.thread.blocked |= o.blocked;
+                (o, self.guest.rx.wants_interrupt(&mem, before))
+            }
+            1 => {
+                let (Some(i), Some(txq)) = (served.tx, self.thread.q.tx.as_mut()) else {
+                    return;
+                };
+                let before = self.guest.tx.used_idx(&mem);
+                let o = batch::tx_pass(txq, &mem, &self.sink, &self.counters[i], go_on);
+                self.thread.again[0] |= o.more;
+                (o, self.guest.tx.wants_interrupt(&mem, before))
+            }
+            _ => {
+                let (Some(i), Some(q), Some(dq)) = (
+                    served.ctrl,
+                    self.thread.q.ctrl.as_mut(),
+                    self.guest.ctrl.as_ref(),
+                ) else {
+                    return;
+                };
+                let before = dq.used_idx(&mem);
+                let o = batch::ctrl_pass(q, &mem, &self.counters[i], go_on);
+                self.thread.again[1] |= o.more;
+                let wanted = self
+                    .guest
+                    .ctrl
+                    .as_ref()
+                    .is_some_and(|d| d.wants_interrupt(&mem, before));
+                (o, wanted)
+            }
+        };
+        if o.abandoned {
+            return;
+        }
+        self.interrupt(&o, wanted);
+    }
+
+    /// The device handles one pending event (the `pick`-th of those pending); false when none.
+    fn device_step(&mut self, pick: u8) -> bool {
+        let mut pending: Vec<u8> = Vec::with_capacity(6);
+        for (k, &on) in self.thread.kicks.iter().enumerate() {
+            if on {
+                pending.push(k as u8);
+            }
+        }
+        if self.thread.again[0] {
+            pending.push(3);
+        }
+        if self.thread.again[1] {
+            pending.push(4);
+        }
+        if self.listening() && !self.tap.frames.borrow().is_empty() {
+            pending.push(5);
+        }
+        if pending.is_empty() {
+            return false;
+        }
+        match pending[usize::from(pick) % pending.len()] {
+            0 => {
+                self.thread.kicks[0] = false;
+                self.thread.blocked = false;
+                self.pass(0);
+            }
+            1 => {
+                self.thread.kicks[1] = false;
+                self.pass(1);
+            }
+            2 => {
+                self.thread.kicks[2] = false;
+                self.pass(2);
+            }
+            3 => {
+                self.thread.again[0] = false;
+                self.pass(1);
+            }
+            4 => {
+                self.thread.again[1] = false;
+                self.pass(2);
+            }
+            _ => self.pass(0),
+        }
+        true
+    }
+
+    /// The driver takes its interrupt (or polls on its own): returns whether it did anything.
+    fn driver_poll(&mut self) -> bool {
+        self.guest.poll_begin(&self.mem);
+        let (kick, took) = self.guest.poll(&self.mem);
+        self.thread.kicks[0] |= kick;
+        let had = self.irq || self.polling;
+        self.irq = false;
+        self.polling = false;
+        took || kick || had
+    }
+
+    /// The host sends `n` frames of `len` payload bytes (`gso`: marked as a GSO frame).
+    fn host_send(&mut self, n: u64, len: usize, gso: bool) {
+        for _ in 0..n {
+            if self.host_sent.len() as u64 >= MAX_FRAMES {
+                return;
+            }
+            let seq = self.host_sent.len() as u32;
+            let mut f = vec![0u8; VNET_HDR_LEN];
+            if gso {
+                f[0] = 1;
+                f[1] = 1;
+            }
+            f.extend((0..len).map(|i| payload_byte(seq, i)));
+            self.host_sent.push((seq, len));
+            self.tap.frames.borrow_mut().push_back(f);
+        }
+    }
+
+    /// A reset and the driver's re-probe on fresh rings elsewhere.
+    fn reset(&mut self) {
+        self.check_old_rings();
+        let (_, _, used) = self.guest.rx.addrs();
+        self.w(VIRTIO_MMIO_STATUS, 0);
+        assert_eq!(
+            self.r(VIRTIO_MMIO_STATUS),
+            0,
+            "status reads 0 from the reset on"
+        );
+        self.old_used = Some((used, self.guest.rx.used_idx(&self.mem)));
+        self.irq = false;
+        self.polling = false;
+        self.area += 1;
+        self.guest = Guest::new(&self.mem, self.setup.guest, self.area);
+        // The old rings' memory is the driver's again: it writes something else there.
+        self.probe();
+    }
+
+    /// Nothing moved the used index of the rings the driver dropped at its last reset: a
+    /// thread that had not caught up wrote nothing into memory the driver took back.
+    fn check_old_rings(&self) {
+        if let Some((used, idx)) = self.old_used {
+            let now: u16 =
+                vm_memory::Bytes::read_obj(&*self.mem, GuestAddress(used + 2)).unwrap_or(idx);
+            assert_eq!(
+                now, idx,
+                "the device wrote into the rings of before the reset"
+            );
+        }
+    }
+
+    /// Drives both sides until nothing is pending, then checks that nothing was left.
+    fn quiesce(&mut self) {
+        self.setup.lag = false;
+        self.follow();
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            assert!(
+                steps < QUIESCE_STEPS,
+                "the device and the driver keep each other busy"
+            );
+            if self.device_step(0) {
+                continue;
+            }
+            if (self.irq || self.polling) && self.driver_poll() {
+                continue;
+            }
+            // Nothing pending on either side. A driver with buffers to post posts them.
+            let before = self.guest.rx.free();
+            let kick = self
+                .guest
+                .post_rx(&self.mem, usize::from(self.guest.cfg.size));
+            self.thread.kicks[0] |= kick;
+            if self.guest.rx.free() != before || kick {
+                continue;
+            }
+            break;
+        }
+        self.check_end();
+    }
+
+    fn check_end(&mut self) {
+        assert!(
+            !self.virtio.stopped(),
+            "the device stopped (NEEDS_RESET) under a valid driver"
+        );
+        assert!(
+            self.virtio.word().active(),
+            "the device is not running after quiescence"
+        );
+        let mem = &self.mem;
+        // Every chain the driver published was taken, and every used entry seen.
+        assert_eq!(
+            self.guest.tx.outstanding(),
+            0,
+            "transmit chains left without a kick or an interrupt"
+        );
+        assert_eq!(
+            self.guest.tx_done, self.guest.sent,
+            "transmit chains not given back"
+        );
+        if let Some(q) = self.guest.ctrl.as_ref() {
+            assert_eq!(
+                q.outstanding(),
+                0,
+                "control requests left without a kick or an interrupt"
+            );
+            assert_eq!(self.guest.ctrl_answered, self.guest.ctrl_sent);
+        }
+        assert!(
+            !self.guest.rx.has_used(mem),
+            "receive entries given back with no interrupt"
+        );
+        // Every frame the host sent is in the guest, dropped with a reason, or still at the
+        // tap only when the guest has no buffer posted at all.
+        let delivered = self.counters[0].packets.get();
+        let dropped = self.counters[0].total_drops();
+        let left = self.tap.frames.borrow().len() as u64;
+        assert_eq!(
+            delivered + dropped + left,
+            self.host_sent.len() as u64,
+            "frames unaccounted for: delivered {delivered}, dropped {dropped}, left {left}"
+        );
+        assert_eq!(
+            left, 0,
+            "frames left at the tap while the guest had buffers"
+        );
+        // What the guest received since the last reset is what the device delivered, in the
+        // order sent, whole.
+        let mut sent = self.host_sent.iter();
+        for r in &self.guest.received {
+            assert!(
+                sent.any(|s| s == r),
+                "frame {r:?} out of order or not as sent"
+            );
+        }
+        assert!(self.sink.frames.get() <= self.counters[1].chains.get());
+        self.check_old_rings();
+    }
+}
+
+/// The configuration from the first three bytes.
+fn setup(data: &[u8]) -> Setup {
+    let (a, b, c) = (data[0], data[1], data[2]);
+    let size = 1u16 << (a % 11);
+    let event_idx = b & 1 != 0;
+    let mergeable = b & 2 != 0;
+    let ctrl = b & 4 != 0;
+    let mq = ctrl && b & 8 != 0;
+    let gso = b & 16 != 0;
+    let lag = b & 32 != 0;
+    let rx_buf = (u32::from(c) * 16).clamp(VNET_HDR_LEN as u32, guest::SLOT as u32);
+    let rx_descs = (1 + u16::from(a >> 4) % 3).min(size);
+    let mut features =
+        (1u64 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_NET_F_MTU) | (1 << VIRTIO_NET_F_MAC);
+    for (on, bit) in [
+        (event_idx, VIRTIO_RING_F_EVENT_IDX),
+        (mergeable, VIRTIO_NET_F_MRG_RXBUF),
+        (ctrl, VIRTIO_NET_F_CTRL_VQ),
+        (mq, VIRTIO_NET_F_MQ),
+        (gso, VIRTIO_NET_F_GUEST_CSUM),
+        (gso, VIRTIO_NET_F_GUEST_TSO4),
+    ] {
+        if on {
+            features |= 1 << bit;
+        }
+    }
+    Setup {
+        guest: GuestConfig {
+            size,
+            event_idx,
+            mergeable,
+            rx_buf,
+            rx_descs,
+            // The driver's own reading of the spec (virtio 1.2, 5.1.2), not the device's.
+            ctrl_at: ctrl.then_some(if mq { 2 * usize::from(PAIRS) } else { 2 }),
+        },
+        features,
+        lag,
+    }
+}
+
+/// Runs the model on `data`: three bytes of setup, then actions.
+pub fn run(data: &[u8]) {
+    if data.len() < 3 {
+        return;
+    }
+    let Some(mut m) = Model::new(setup(data)) else {
+        return;
+    };
+    let mut i = 3;
+    while i < data.len() {
+        let op = bytes_at(data, &mut i);
+        match op % 10 {
+            0 => {
+                let n = usize::from(bytes_at(data, &mut i) % 32) + 1;
+                let kick = m.guest.post_rx(&m.mem, n);
+                m.thread.kicks[0] |= kick;
+            }
+            1 => {
+                let n = usize::from(bytes_at(data, &mut i) % 16) + 1;
+                let len = u32::from(bytes_at(data, &mut i)) * 8 + VNET_HDR_LEN as u32;
+                let kick = m.guest.send(&m.mem, n, len);
+                m.thread.kicks[1] |= kick;
+            }
+            2 => {
+                let pairs = u16::from(bytes_at(data, &mut i) % 3);
+                let kick = m.guest.control(&m.mem, pairs);
+                m.thread.kicks[2] |= kick;
+            }
+            3 => {
+                let n = u64::from(bytes_at(data, &mut i) % 64) + 1;
+                let s = bytes_at(data, &mut i);
+                // Mostly small frames; some around the MTU and past it.
+                let len = match s % 4 {
+                    0..=1 => 4 + usize::from(s) / 4,
+                    2 => 1400 + usize::from(s),
+                    _ => 1500 + 14 + usize::from(s) * 8,
+                };
+                m.host_send(n, len, op & 0x80 != 0);
+            }
+            4 => {
+                let pick = bytes_at(data, &mut i);
+                m.device_step(pick);
+            }
+            5 => {
+                let pick = bytes_at(data, &mut i);
+                for _ in 0..=(pick % 8) {
+                    if !m.device_step(pick) {
+                        break;
+                    }
+                }
+            }
+            6 => {
+                if op & 0x40 != 0 && !m.polling {
+                    // The driver starts a poll and leaves interrupts off while the device runs.
+                    m.guest.poll_begin(&m.mem);
+                    m.polling = true;
+                } else if m.irq || m.polling || op & 0x80 != 0 {
+                    m.driver_poll();
+                }
+            }
+            7 => m.reset(),
+            8 => m.follow(),
+            _ => while m.device_step(0) {},
+        }
+    }
+    m.quiesce();
+}
+
+#[cfg(test)]
+mod tests;
