@@ -411,7 +411,7 @@ pub unsafe extern "C" fn _start(boot: *const BootInfo) -> ! {
             };
             let c = match kind {
                 workload::NET_TX => net::tx(&mut nic, clk, params[0], params[1]),
-                workload::NET_RX => net::rx(&mut nic, clk, params[0], params[1]),
+                workload::NET_RX => net::rx(&mut nic, clk, params[0], params[1], params[2]),
                 _ => net::echo(&mut nic, clk, params[0]),
             };
             ctx.st.iterations = c.sent + c.received;

@@ -391,15 +391,26 @@ pub fn tx(nic: &mut Nic, clk: Clock, packets: u64, size: u64) -> NetCounts {
     c
 }
 
-/// `net-rx`: receives until `packets` frames came or `ms` passed.
-pub fn rx(nic: &mut Nic, clk: Clock, packets: u64, ms: u64) -> NetCounts {
+/// The shortest frame a receive or an echo takes (an Ethernet header): a used entry shorter
+/// than that is not a frame, and is neither counted nor echoed.
+const MIN_FRAME: u64 = 14;
+
+/// `net-rx`: after `wait_ms` with no buffer posted (the frames the host sends meanwhile wait
+/// at the tap), receives until `packets` frames came or `ms` passed.
+pub fn rx(nic: &mut Nic, clk: Clock, packets: u64, ms: u64, wait_ms: u64) -> NetCounts {
     let mut c = NetCounts::default();
+    let wait = deadline(clk, wait_ms);
+    while rdtsc() < wait {
+        core::hint::spin_loop();
+    }
     nic.fill_rx();
     let end = deadline(clk, ms);
     while c.received < packets && rdtsc() < end {
         let mut got = false;
-        while let Some((id, _len)) = nic.recv() {
-            c.received += 1;
+        while let Some((id, len)) = nic.recv() {
+            if len >= MIN_FRAME {
+                c.received += 1;
+            }
             nic.recycle(id);
             got = true;
         }
@@ -420,8 +431,13 @@ pub fn echo(nic: &mut Nic, clk: Clock, ms: u64) -> NetCounts {
         let mut got = false;
         while nic.tx.in_flight() < QSIZE {
             let Some((id, len)) = nic.recv() else { break };
-            c.received += 1;
             got = true;
+            if len < MIN_FRAME {
+                // Not a frame: nothing to count or send back.
+                nic.recycle(id);
+                continue;
+            }
+            c.received += 1;
             let src = nic.rx.buf(id) + HDR;
             let i = nic.tx.next_avail % QSIZE;
             let dst = nic.tx.buf(i);

@@ -146,12 +146,15 @@ pub enum Workload {
         /// Bytes per frame, Ethernet header included (60 to 2036).
         size: u64,
     },
-    /// Receive until `packets` frames came or `ms` passed.
+    /// Receive until `packets` frames came or `ms` passed, after `wait_ms` with the device
+    /// started and no buffer posted (frames wait at the tap: `bench net` fills it so).
     NetRx {
         /// Frames.
         packets: u64,
-        /// Time limit, ms.
+        /// Time limit, ms (from the end of the wait).
         ms: u64,
+        /// Wait before the receive buffers are posted, ms.
+        wait_ms: u64,
     },
     /// Send every frame received back to its sender, for `ms`.
     NetEcho {
@@ -372,10 +375,11 @@ impl FromStr for Spec {
                 })
             }
             "net-rx" => {
-                let p = Params::parse("net-rx", "packets, ms", rest)?;
+                let p = Params::parse("net-rx", "packets, ms, wait_ms", rest)?;
                 Spec::One(Workload::NetRx {
                     packets: p.num("packets", 10_000, (0, MAX_COUNT))?,
                     ms: p.num("ms", 10_000, (0, MAX_MS))?,
+                    wait_ms: p.num("wait_ms", 0, (0, MAX_MS))?,
                 })
             }
             "net-echo" => {
@@ -554,7 +558,11 @@ impl Workload {
             // The base (params[1]) depends on the VM's memory map: the payload fills it in.
             Workload::Memtouch { mib } => (abi::MEMTOUCH, [mib << 20, 0, 0, 0]),
             Workload::NetTx { packets, size } => (abi::NET_TX, [packets, size, 0, 0]),
-            Workload::NetRx { packets, ms } => (abi::NET_RX, [packets, ms, 0, 0]),
+            Workload::NetRx {
+                packets,
+                ms,
+                wait_ms,
+            } => (abi::NET_RX, [packets, ms, wait_ms, 0]),
             Workload::NetEcho { ms } => (abi::NET_ECHO, [ms, 0, 0, 0]),
         };
         WorkloadDesc {
@@ -593,7 +601,16 @@ impl fmt::Display for Workload {
             Workload::Hostile { ms, mode } => write!(f, "hostile:ms={ms},mode={}", mode.name()),
             Workload::Memtouch { mib } => write!(f, "memtouch:mib={mib}"),
             Workload::NetTx { packets, size } => write!(f, "net-tx:packets={packets},size={size}"),
-            Workload::NetRx { packets, ms } => write!(f, "net-rx:packets={packets},ms={ms}"),
+            Workload::NetRx {
+                packets,
+                ms,
+                wait_ms: 0,
+            } => write!(f, "net-rx:packets={packets},ms={ms}"),
+            Workload::NetRx {
+                packets,
+                ms,
+                wait_ms,
+            } => write!(f, "net-rx:packets={packets},ms={ms},wait_ms={wait_ms}"),
             Workload::NetEcho { ms } => write!(f, "net-echo:ms={ms}"),
         }
     }

@@ -236,13 +236,15 @@ fn network_workloads_parse_with_defaults_and_round_trip() {
         one("net-rx:packets=10,ms=50"),
         Workload::NetRx {
             packets: 10,
-            ms: 50
+            ms: 50,
+            wait_ms: 0
         }
     );
     assert_eq!(one("net-echo:ms=7"), Workload::NetEcho { ms: 7 });
     for w in [
         "net-tx:packets=3,size=100",
         "net-rx:packets=1,ms=2",
+        "net-rx:packets=1,ms=2,wait_ms=40",
         "net-echo:ms=3",
     ] {
         assert_eq!(one(w).to_string(), w);
@@ -260,4 +262,6 @@ fn network_workloads_parse_with_defaults_and_round_trip() {
     assert!("net-rx:port=7".parse::<Spec>().is_err());
     let d = one("net-rx:packets=9,ms=8").to_desc();
     assert_eq!((d.kind, d.params), (abi::NET_RX, [9, 8, 0, 0]));
+    let d = one("net-rx:packets=9,ms=8,wait_ms=7").to_desc();
+    assert_eq!((d.kind, d.params), (abi::NET_RX, [9, 8, 7, 0]));
 }
