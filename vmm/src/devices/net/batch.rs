@@ -176,6 +176,12 @@ pub fn rx_pass(
     go_on: impl Fn() -> bool,
 ) -> Outcome {
     let mut o = Outcome::default();
+    // No kicks wanted while the device has buffers (without EVENT_IDX the driver reads
+    // NO_NOTIFY; with it nothing is written): running dry turns them back on.
+    if let Err(f) = rxq.dq.quiet(mem) {
+        o.fault = Some(f);
+        return o;
+    }
     for _ in 0..RX_BUDGET {
         if !go_on() {
             o.abandoned = true;
