@@ -344,6 +344,26 @@ pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the transmit queue length of interface `name` (SIOCSIFTXQLEN; needs CAP_NET_ADMIN):
+/// for a tap, how many frames for the guest it holds while nobody reads them. For the
+/// benchmarks' own taps.
+pub fn set_txqueuelen(name: &str, len: u32) -> io::Result<()> {
+    let sock = ioctl_socket()?;
+    let mut req = IfReqInt {
+        name: [0; libc::IFNAMSIZ],
+        value: len.min(i32::MAX as u32) as libc::c_int,
+        _pad: [0; 20],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes().take(MAX_NAME)) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCSIFTXQLEN reads the ifreq `req` is, valid for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFTXQLEN, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Brings the interface `name` of this thread's network namespace up (what `ip link set NAME
 /// up` does; needs CAP_NET_ADMIN). For the benchmarks' own taps.
 pub fn set_up(name: &str) -> io::Result<()> {

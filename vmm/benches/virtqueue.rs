@@ -1,0 +1,147 @@
+//! Where a frame's device CPU goes besides the tap's system call: the virtqueue work per chain
+//! (pop with its checks, the chain walk, the used ring), per frame received (straight into the
+//! guest's buffers, or through the host buffer and a copy), and the interrupt decision per
+//! batch. In-memory rings (virtio-queue's mock), no tap: the numbers are the device's own
+//! overhead, to set beside `bench net`'s CPU a frame (docs/design.md, "Decisions").
+
+use std::io;
+
+use criterion::{black_box, Criterion};
+use ppa_vmm::devices::net::rx::{FrameSource, RxParams, RxQueue, Step};
+use ppa_vmm::devices::virtio::chain::{Direction, Segments};
+use ppa_vmm::devices::virtio::queue::DeviceQueue;
+use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const SIZE: u16 = 256;
+
+/// A frame source that copies one 64-byte frame (and its header) into the buffers, as the
+/// tap's `readv` does, without the system call.
+struct Frames([u8; 76]);
+
+impl FrameSource for Frames {
+    unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let n = self.0.len().min(iov[0].iov_len);
+        // SAFETY: the caller guarantees the iovec is valid for writes of its length; `n` is at
+        // most that.
+        unsafe { std::ptr::copy_nonoverlapping(self.0.as_ptr(), iov[0].iov_base.cast(), n) };
+        Ok(n)
+    }
+}
+
+fn mem() -> GuestMemoryMmap {
+    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap()
+}
+
+/// A queue of `SIZE` single-buffer chains of `len` bytes (`write`: device-writable).
+fn ring(
+    m: &GuestMemoryMmap,
+    len: u32,
+    write: bool,
+) -> (MockSplitQueue<'_, GuestMemoryMmap>, DeviceQueue) {
+    let vq = MockSplitQueue::create(m, GuestAddress(0x1_0000), SIZE);
+    let flags = if write { VRING_DESC_F_WRITE as u16 } else { 0 };
+    let descs: Vec<RawDescriptor> = (0..SIZE)
+        .map(|i| {
+            RawDescriptor::from(SplitDescriptor::new(
+                0x10_0000 + u64::from(i) * 0x1000,
+                len,
+                flags,
+                0,
+            ))
+        })
+        .collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let dq = DeviceQueue::new(vq.create_queue().unwrap());
+    (vq, dq)
+}
+
+/// Makes every chain available again (the driver's avail index moves by a ring's worth).
+fn republish(vq: &MockSplitQueue<'_, GuestMemoryMmap>) {
+    let idx = vq.avail().idx().load();
+    vq.avail().idx().store(idx.wrapping_add(SIZE));
+}
+
+fn bench(c: &mut Criterion) {
+    let m = mem();
+    // Transmit: pop, walk and check the chain, give it back; per chain.
+    let (vq, mut dq) = ring(&m, 76, false);
+    let mut segs = Segments::with_capacity(usize::from(SIZE));
+    c.bench_function("tx chain: pop + load + add_used (per chain)", |b| {
+        b.iter_custom(|iters| {
+            let mut total = std::time::Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(u64::from(SIZE));
+                let t = std::time::Instant::now();
+                for _ in 0..n {
+                    let chain = dq.pop(&m).unwrap().unwrap();
+                    segs.load(chain, &m, Direction::Read, 12).unwrap();
+                    dq.add_used(&m, segs.head(), 0).unwrap();
+                }
+                black_box(dq.needs_interrupt(&m));
+                total += t.elapsed();
+                // Drain what is left of the ring, then make it all available again.
+                while dq.pop(&m).unwrap().is_some() {}
+                republish(&vq);
+                left -= n;
+            }
+            total
+        })
+    });
+    // Receive straight into the guest's buffers (2 KiB chains: the largest frame fits).
+    let frames = Frames([0x11; 76]);
+    let p = RxParams {
+        mergeable: false,
+        gso: false,
+        mtu: 1500,
+    };
+    for (name, len) in [
+        ("rx frame: straight into the guest (per frame)", 2048u32),
+        (
+            "rx frame: through the host buffer and a copy (per frame)",
+            1024,
+        ),
+    ] {
+        let (vq, dq) = ring(&m, len, true);
+        let mut rx = RxQueue::new(dq, p);
+        c.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = std::time::Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(u64::from(SIZE));
+                    let t = std::time::Instant::now();
+                    for _ in 0..n {
+                        match rx.receive(&m, &frames) {
+                            Step::Delivered { .. } => {}
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    total += t.elapsed();
+                    // Take back what the frames left held and repost the ring.
+                    let _ = black_box(rx.dq.needs_interrupt(&m));
+                    let used = vq.used().idx().load();
+                    let _ = m.write_obj(used, GuestAddress(0));
+                    republish(&vq);
+                    left -= n;
+                }
+                total
+            })
+        });
+    }
+}
+
+// criterion's macros make undocumented items.
+mod group {
+    #![allow(missing_docs)]
+    use super::bench;
+    use criterion::criterion_group;
+
+    criterion_group!(benches, bench);
+}
+
+criterion::criterion_main!(group::benches);
