@@ -210,9 +210,7 @@ fn a_world_writable_run_directory_is_refused_with_a_sentence() {
     let (code, _, err) = host(&["list", "--run-dir", dir.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("world-writable"), "{err}");
-}
-
-#[test]
+}#[test]
 fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_away() {
     let d = temp_dir("host-serve");
     let dir = d.as_path().join("run");
@@ -263,6 +261,131 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     assert!(text.contains("ppa_vm_uptime_seconds{vm=\"a\"}"));
     assert!(text.contains("ppa_host_vms 1\n"));
     drop(a);
+}
+
+/// A forked child, as uid and gid 65534 (`nobody`), holding `slow` TCP connections to
+/// 127.0.0.1:`port` that sent a request line and then send one byte a second, and `silent`
+/// ones that send nothing; killed and reaped on drop.
+struct Hostile {
+    pid: libc::pid_t,
+}
+
+impl Hostile {
+    fn start(port: u16, slow: usize, silent: usize) -> Hostile {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(
+            euid, 0,
+            "this test runs clients as uid 65534 and needs root"
+        );
+        // Everything the child uses is made before fork: it may only make async-signal-safe
+        // calls (the test harness has other threads).
+        // SAFETY: sockaddr_in is plain old data; all zeroes is a valid value.
+        let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_port = port.to_be();
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let line = b"GET /metrics HTTP/1.1\r\n";
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (rd, wr) = (fds[0], fds[1]);
+        let mut socks = vec![-1i32; slow + silent];
+        let second = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: fork has no preconditions; the child below makes only async-signal-safe
+        // calls (setgroups, setgid, setuid, socket, connect, write, nanosleep, pause, _exit).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: each call gets valid pointers to data made before fork, or none; the
+            // child never returns into the test harness.
+            unsafe {
+                libc::close(rd);
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0
+                {
+                    libc::_exit(3);
+                }
+                let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                for (i, fd) in socks.iter_mut().enumerate() {
+                    *fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                    if *fd < 0
+                        || libc::connect(*fd, (&addr as *const libc::sockaddr_in).cast(), len) != 0
+                    {
+                        libc::_exit(4);
+                    }
+                    if i < slow {
+                        libc::write(*fd, line.as_ptr().cast(), line.len());
+                    }
+                }
+                libc::write(wr, b"r".as_ptr().cast(), 1);
+                for _ in 0..60 {
+                    libc::nanosleep(&second, std::ptr::null_mut());
+                    for fd in &socks[..slow] {
+                        libc::send(*fd, b"X".as_ptr().cast(), 1, libc::MSG_NOSIGNAL);
+                    }
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        // SAFETY: `wr` is the parent's copy of the pipe's write end, used no more.
+        unsafe { libc::close(wr) };
+        // SAFETY: `rd` is the pipe's read end; from_raw_fd takes it over and closes it.
+        let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(rd) };
+        let h = Hostile { pid };
+        let mut buf = [0u8; 1];
+        std::io::Read::read_exact(&mut pipe, &mut buf)
+            .expect("the child connects as uid 65534 and says so");
+        h
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        // SAFETY: `pid` is this test's child; kill and waitpid take no pointers but status.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Issue 39, item 4: as another user, 50 TCP connections that send a request line and then
+/// one byte a second, and 50 that send nothing, kept every root scrape of `host serve` at 503
+/// (it served 8 connections, each with a 2 s read timeout that every byte restarted). Now each
+/// head is due 2 s after its accept and a new connection evicts the oldest unfinished head:
+/// root's scrape answers 200 (the waiting bound is the client's timeout, 3 s).
+#[test]
+fn slow_and_silent_connections_of_another_uid_do_not_keep_roots_scrape_out() {
+    let d = temp_dir("host-slow");
+    let dir = d.as_path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let _a = start(&dir, "a");
+    let port = free_port();
+    let _serve = host_serve(&dir, port);
+    let (status, _) = common::prom::metrics_when_up(port);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let _hostile = Hostile::start(port, 50, 50);
+    for round in 0..3 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        let read = std::io::Read::read_to_string(&mut s, &mut text);
+        let status = text.lines().next().unwrap_or("");
+        assert_eq!(
+            status, "HTTP/1.1 200 OK",
+            "scrape {round} beside 100 hostile connections: {read:?}"
+        );
+        assert!(text.contains("ppa_host_vm_up{vm=\"a\"} 1"), "{text}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 #[test]
