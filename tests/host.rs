@@ -178,6 +178,18 @@ fn a_vm_that_accepts_and_never_answers_is_listed_as_not_answering() {
             .any(|l| l.starts_with("hung ") && l.contains("not-answering")),
         "{text}"
     );
+    // Issue 39, item 10: the `not-answering` row keeps the columns in line, and its uptime
+    // is unknown, not 0.0.
+    let socket_at = text.lines().next().unwrap().find("SOCKET").unwrap();
+    for l in text.lines().skip(1).filter(|l| !l.starts_with('(')) {
+        assert_eq!(l.find(dir.to_str().unwrap()), Some(socket_at), "{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("hung ") && l.contains(" unknown ")),
+        "{text}"
+    );
+    assert_eq!(rows[1]["uptime_ns"], Value::Null, "{out}");
     done.send(()).unwrap();
     holder.join().unwrap();
 }
@@ -264,6 +276,58 @@ fn a_fifo_planted_as_a_descriptor_is_refused_with_a_sentence_at_once() {
     assert!(out.contains("1 unreadable"), "{out}");
 }
 
+/// Issue 39, item 6: a dead VMM's descriptor whose `socket` named a regular file of the run
+/// directory (`precious.txt`, or a regular file called `st2.sock`) made `host list` delete
+/// it. Only a socket (by `lstat`) of the descriptor's owner inside the directory is removed;
+/// the others are left alone, and the list says so.
+#[test]
+fn stale_cleaning_leaves_what_is_not_a_dead_socket_and_says_so() {
+    let d = temp_dir("host-stale");
+    let dir = d.as_path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let plant = |name: &str, socket: &Path| {
+        let mut dead = ppa_vmm_client::rundir::Descriptor::of_self(name, 1, Some(socket.into()));
+        dead.proc_start += 1;
+        std::fs::write(
+            dir.join(format!("{name}.json")),
+            serde_json::to_string(&dead).unwrap(),
+        )
+        .unwrap();
+    };
+    let precious = dir.join("precious.txt");
+    std::fs::write(&precious, b"keep me").unwrap();
+    let st2 = dir.join("st2.sock");
+    std::fs::write(&st2, b"a regular file").unwrap();
+    plant("precious", &precious);
+    plant("st2", &st2);
+    let (code, out, err) = host(&["list", "--run-dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+    assert_eq!(std::fs::read(&st2).unwrap(), b"a regular file");
+    for (name, path) in [("precious", &precious), ("st2", &st2)] {
+        assert!(
+            out.contains(&format!(
+                "stale entry {name}: its socket path {} was skipped, not removed: it is a \
+                 regular file, not a socket",
+                path.display()
+            )),
+            "{out}"
+        );
+    }
+    assert!(out.contains("2 stale entries removed"), "{out}");
+    assert!(!dir.join("precious.json").exists() && !dir.join("st2.json").exists());
+    // With --json the rows stay one JSON array on stdout; the note goes to stderr.
+    plant("precious", &precious);
+    let (code, out, err) = host(&["list", "--json", "--run-dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "[]");
+    assert!(
+        err.contains("stale entry precious: its socket path"),
+        "{err}"
+    );
+    assert!(precious.exists());
+}
+
 #[test]
 fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_away() {
     let d = temp_dir("host-serve");
@@ -315,6 +379,64 @@ fn host_serve_gives_every_vms_series_with_its_label_and_drops_a_vm_that_went_awa
     assert!(text.contains("ppa_vm_uptime_seconds{vm=\"a\"}"));
     assert!(text.contains("ppa_host_vms 1\n"));
     drop(a);
+}
+
+/// Issue 39, item 10: a "VMM" answering `stats` with a 64 MiB line made `host list` take
+/// 70 MB before it called that VM unreachable. A line is read only up to a bound (4 MiB while
+/// `stats` is awaited): past it the VM's row says so, and the list's peak memory stays small.
+#[test]
+fn a_64_mib_answer_line_is_that_vms_error_and_the_list_stays_small() {
+    let d = temp_dir("host-huge");
+    let dir = d.as_path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let sock = dir.join("huge.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let huge = ppa_vmm_client::rundir::Descriptor::of_self("huge", 1, Some(sock.clone()));
+    std::fs::write(dir.join("huge.json"), serde_json::to_string(&huge).unwrap()).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = listener.accept().unwrap();
+        let mut first = [0u8; 256];
+        let _ = std::io::Read::read(&mut c, &mut first);
+        let mut line = b"{\"id\":1,\"ok\":true,\"result\":\"".to_vec();
+        line.resize(64 << 20, b'x');
+        let _ = std::io::Write::write_all(&mut c, &line);
+    });
+    // Reaped by wait4 below, which gives its resource use as well.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(bin())
+        .args([
+            "host",
+            "list",
+            "--json",
+            "--timeout-ms",
+            "20000",
+            "--run-dir",
+        ])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.unwrap(), &mut out).unwrap();
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all zeroes is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our unwaited child; `status` and `usage` are valid for wait4 to fill.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid);
+    server.join().unwrap();
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows[0]["state"], json!("unreachable"), "{out}");
+    assert_eq!(rows[0]["uptime_ns"], Value::Null, "{out}");
+    let error = rows[0]["error"].as_str().unwrap();
+    assert!(error.contains("longer than 4194304 bytes"), "{error}");
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(
+        peak_mib < 24,
+        "host list peaked at {peak_mib} MiB for a 64 MiB answer line"
+    );
 }
 
 /// A forked child, as uid and gid 65534 (`nobody`), holding `slow` TCP connections to

@@ -325,6 +325,9 @@ pub fn render(views: &[VmView], scan: &Scan, compat: &[Compat], took: Duration) 
 pub fn scrape(dir: &RunDir, compat: &[Compat], timeout: Duration) -> Result<String, String> {
     let t0 = Instant::now();
     let scan = dir.scan().map_err(|e| crate::describe(&e))?;
+    for k in &scan.kept {
+        eprintln!("ppa-vmm: warn: {k}");
+    }
     let views = gather(
         &scan,
         Ask {
