@@ -277,6 +277,73 @@ fn the_cgroup_backend_reports_the_cgroups_own_figures() {
     assert_eq!(out.report.vcpus[0].times.limited_ns, 0);
 }
 
+/// Issue 39, item 9: dist/systemd/ppa-vmm@.service says `Delegate=yes` gives the cgroup
+/// backend cgroups under the unit's own, but a run put them at the hierarchy's root
+/// (`/sys/fs/cgroup/cpu/ppa-vmm-PID-0`). They go under the VMM process's own cgroup: a VMM
+/// started in a cgroup of its own, as systemd starts a unit in the unit's, makes its
+/// `ppa-vmm-PID-0` there, places its vCPU thread in it, and removes it at the end.
+#[test]
+fn the_cgroup_backend_makes_its_cgroups_under_the_processs_own_cgroup() {
+    let _g = common::serial();
+    common::require_kvm();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test makes cgroups and needs root");
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "cpu"));
+    let base = std::path::PathBuf::from(if v2 {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/cpu"
+    });
+    let unit = base.join(format!("ppa-test-unit-{}", std::process::id()));
+    std::fs::create_dir(&unit).unwrap();
+    // The shell moves itself into `unit`, then becomes the VMM (same pid).
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+        unit.display()
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script, common::vmm::bin()])
+        .args(["run", "--vcpus", "1", "--workload", "busy:ms=3000"])
+        .args(["--cpu-limit", "50%", "--limit-backend", "cgroup"])
+        .args(["--report", "json", "--max-runtime", "30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ours = unit.join(format!("ppa-vmm-{}-0", child.id()));
+    let at_root = base.join(format!("ppa-vmm-{}-0", child.id()));
+    let members = ours.join(if v2 { "cgroup.threads" } else { "tasks" });
+    let mut placed = false;
+    for _ in 0..1000 {
+        placed = std::fs::read_to_string(&members).is_ok_and(|t| !t.trim().is_empty());
+        if placed || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let at_root_seen = at_root.exists();
+    let out = child.wait_with_output().unwrap();
+    let cleaned = !ours.exists();
+    let _ = std::fs::remove_dir(&at_root);
+    std::fs::remove_dir(&unit).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(placed, "no vCPU thread in {}", members.display());
+    assert!(
+        !at_root_seen,
+        "a cgroup at the hierarchy's root: {}",
+        at_root.display()
+    );
+    assert!(cleaned, "{} left behind", ours.display());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["groups"][0]["backend"], json!("cgroup"));
+}
+
 #[test]
 fn a_runaway_vcpu_is_throttled_as_group_runaway_0() {
     let _g = common::serial();

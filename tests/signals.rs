@@ -408,3 +408,99 @@ fn a_socket_file_that_another_vmm_took_over_is_left_alone() {
     assert!(!sock.exists(), "D removed its own socket file");
     drop(dir_d);
 }
+
+/// Makes a FIFO at `path`; nobody writes it, so whoever opens it to read waits in `open`.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// Waits (up to 10 s) until process `pid`'s main thread sleeps in the kernel's `open` of a
+/// FIFO (`fifo_open`, or `wait_for_partner` inside it, as /proc/PID/wchan names it).
+fn wait_in_fifo_open(pid: u32) {
+    for _ in 0..1000 {
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        if wchan == "fifo_open" || wchan == "wait_for_partner" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("pid {pid} never waited in the open of a FIFO");
+}
+
+/// A child killed (SIGKILL) and reaped when dropped, so that a failed test leaves no VMM.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 39, item 5: a VMM blocked at start (a FIFO planted as its descriptor) ignored SIGTERM
+/// twice and SIGINT, and only SIGKILL ended it: the stop signals were blocked from the start
+/// but nothing took them until the VM was built. Now the `signals` thread starts first thing,
+/// and a VMM stuck anywhere in its start-up (here in `open` of a FIFO named as its tiny image,
+/// or as its config file) ends on the first stop signal within a second, with 128 + its
+/// number and a sentence.
+#[test]
+fn a_vmm_stuck_in_start_up_ends_on_a_stop_signal_within_a_second() {
+    common::require_kvm();
+    let dir = temp_dir("sig-startup");
+    let fifo = dir.as_path().join("stuck");
+    mkfifo(&fifo);
+    let run_dir = dir.as_path().join("run");
+    let fifo_s = fifo.to_str().unwrap();
+    let run_s = run_dir.to_str().unwrap();
+    let cases: [(&[&str], libc::c_int, &str); 3] = [
+        (
+            &[
+                "--tiny-image",
+                fifo_s,
+                "--name",
+                "stuck",
+                "--run-dir",
+                run_s,
+            ],
+            libc::SIGTERM,
+            "SIGTERM",
+        ),
+        (&["--config", fifo_s], libc::SIGINT, "SIGINT"),
+        (&["--tiny-image", fifo_s], libc::SIGHUP, "SIGHUP"),
+    ];
+    for (args, signo, name) in cases {
+        let mut child = KillOnDrop(
+            Command::new(bin())
+                .arg("run")
+                .args(args)
+                .args(["--report", "none"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_in_fifo_open(child.0.id());
+        // SAFETY: kill takes plain integers; the pid is our own child, still unwaited.
+        assert_eq!(unsafe { libc::kill(child.0.id() as libc::pid_t, signo) }, 0);
+        let mut ended = None;
+        for _ in 0..100 {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                ended = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let Some(status) = ended else {
+            panic!("{args:?}: {name} did not end the VMM stuck in its start-up within 1 s");
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(128 + signo), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{name} from pid")) && err.contains("being set up"),
+            "{args:?}: {err}"
+        );
+    }
+}

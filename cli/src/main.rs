@@ -1,16 +1,17 @@
 //! `ppa-vmm`: the command line over the PPA-VMM library.
 //!
 //! `run` builds a VM from flags and/or a JSON config file (the same fields), runs it and prints
-//! the final report; `demo` runs the embedded default. Before either builds the VM, SIGTERM,
+//! the final report; `demo` runs the embedded default. Before either reads anything, SIGTERM,
 //! SIGINT and SIGHUP are blocked and handed to a `signals` thread ([`ppa_vmm::signals`]): the
-//! first one shuts the VM down as the `shutdown` command does, a second one exits at once. A
-//! report file is checked before the VM is built and written atomically at the end.
+//! first one ends a start-up at once (128 + its number) and shuts a running VM down as the
+//! `shutdown` command does, a second one exits at once. A report file is checked before the
+//! VM is built and written atomically at the end.
 //!
 //! Exit codes: 0 every vCPU exited with code 0, or a shutdown (the command or a stop signal)
 //! ended the run and no vCPU failed; 1 a vCPU failed, exited non-zero or was stopped; 2 bad
 //! input or a setup error (nothing ran); 3 the run ended but its report or histograms could not
-//! be written; 128 + N a second stop signal N forced the exit (143 SIGTERM, 130 SIGINT,
-//! 129 SIGHUP), without a report.
+//! be written; 128 + N a stop signal N during start-up, or a second one during the run, forced
+//! the exit (143 SIGTERM, 130 SIGINT, 129 SIGHUP), without a report.
 //!
 //! The package (cli/) is the binary and what only it uses: the command line and what is
 //! generated from it ([`cli`]), and `ppa-vmm bench` ([`bench`]); the VMM itself is the
@@ -26,7 +27,7 @@ use crate::cli::{BenchArgs, BenchKind, Cli, Command};
 use clap::Parser;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
-use ppa_vmm::signals::StopSignals;
+use ppa_vmm::signals::{SignalError, StopSignals, Watcher};
 use ppa_vmm::vm::Vm;
 use ppa_vmm_api::describe;
 use ppa_vmm_client::rundir::{Descriptor, Registration, RunDir, CALIBRATION_FILE};
@@ -113,8 +114,46 @@ fn run_dir_plan(opts: &mut RunOptions) -> Result<Option<RunDir>, Box<dyn std::er
     Ok(Some(dir))
 }
 
+/// Where the run stands, for the first stop signal: while the VM is set up the process ends at
+/// once; while it runs the signal is the `shutdown` command; after its end nothing (a second
+/// signal still forces the exit).
+enum Phase {
+    /// The config, the run directory, the VM being built.
+    Starting,
+    /// The VM built: its handle.
+    Running(ppa_vmm::handle::VmHandle),
+    /// The run has ended.
+    Ended,
+}
+
+/// Blocks the stop signals and starts the `signals` thread at once, before anything of the
+/// run is read or made, so that a stop signal ends even a start-up that is stuck.
+fn watch_signals() -> Result<(Watcher, Arc<Mutex<Phase>>), SignalError> {
+    let phase = Arc::new(Mutex::new(Phase::Starting));
+    let target = Arc::clone(&phase);
+    let watcher = StopSignals::block()?.watch(move |c| {
+        let now = std::mem::replace(
+            &mut *target.lock().unwrap_or_else(|e| e.into_inner()),
+            Phase::Ended,
+        );
+        match now {
+            Phase::Starting => ppa_vmm::signals::abandon_start(c),
+            Phase::Running(h) => {
+                ppa_vmm::signals::announce_shutdown(c);
+                h.shutdown_by_signal(c.name());
+            }
+            Phase::Ended => {}
+        }
+    })?;
+    Ok((watcher, phase))
+}
+
 /// Builds and runs the VM with the stop signals watched; prints or writes the report.
-fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::error::Error>> {
+fn run(
+    mut opts: RunOptions,
+    watcher: &Watcher,
+    phase: &Mutex<Phase>,
+) -> Result<i32, Box<dyn std::error::Error>> {
     opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
     let run_dir = run_dir_plan(&mut opts)?;
     let (mut config, report_opts) = opts.into_config()?;
@@ -126,34 +165,37 @@ fn run(mut opts: RunOptions, signals: StopSignals) -> Result<i32, Box<dyn std::e
         .map(|d| d.path().join(CALIBRATION_FILE));
     check_outputs(&report_opts)?;
     let _registration: Option<Registration> = match &run_dir {
-        Some(dir) => Some(dir.register(&Descriptor::of_self(
-            config.name.as_deref().unwrap_or_default(),
-            config.vcpus,
-            config.api_sock.clone(),
-        ))?),
+        Some(dir) => {
+            let r = dir.register(&Descriptor::of_self(
+                config.name.as_deref().unwrap_or_default(),
+                config.vcpus,
+                config.api_sock.clone(),
+            ))?;
+            // Removed by a forced exit too (a stop signal in start-up, a second one later).
+            ppa_vmm::signals::remove_at_forced_exit(r.path());
+            Some(r)
+        }
         None => None,
     };
     // Opened now, with every privilege and before any filter; Vm::run only writes to it.
     let notifier = ppa_vmm::notify::Notifier::from_env()
         .map_err(|e| format!("cannot reach NOTIFY_SOCKET: {e}"))?;
-    // Armed before the `signals` thread starts, which enters its kind at once (Vm::run arms
-    // the same mode again for the others).
+    // The `signals` thread enters its kind in this mode (Vm::run arms the same mode again for
+    // the others).
     ppa_vmm::seccomp::arm(config.seccomp);
+    watcher.confine()?;
     let mut vm = Vm::try_from(config)?;
     if let Some(n) = notifier {
         vm.set_notifier(n);
     }
-    // The `signals` thread outlives the run: it holds the VM's handle only until the run
-    // ends, since the handle keeps the PPA page alive and its file goes with the last holder.
-    let handle = Arc::new(Mutex::new(Some(vm.handle())));
-    let target = Arc::clone(&handle);
-    signals.watch(move |c| {
-        if let Some(h) = target.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            h.shutdown_by_signal(c.name());
-        }
-    })?;
+    // The `signals` thread holds the VM's handle only until the run ends, since the handle
+    // keeps the PPA page alive and its file goes with the last holder.
+    *phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Running(vm.handle());
     let outcome = vm.run();
-    drop(handle.lock().unwrap_or_else(|e| e.into_inner()).take());
+    drop(std::mem::replace(
+        &mut *phase.lock().unwrap_or_else(|e| e.into_inner()),
+        Phase::Ended,
+    ));
     let outcome = outcome?;
     if let Err(e) = emit(&outcome.report, &report_opts) {
         eprintln!(
@@ -286,12 +328,12 @@ fn init_log() {
 fn main() -> ExitCode {
     init_log();
     let cli = Cli::parse();
-    let opts = match cli.command {
+    let args = match cli.command {
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
         Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
         Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),
-        Command::Run(args) => options(*args),
-        Command::Demo => Ok(demo_options()),
+        Command::Run(args) => Some(args),
+        Command::Demo => None,
         Command::Completions { shell } => return print_out(&crate::cli::completions(shell)),
         Command::Man => {
             return match crate::cli::man_page() {
@@ -313,15 +355,20 @@ fn main() -> ExitCode {
             }
         }
     };
-    // Still one thread: every thread started from here on inherits the blocked stop signals.
-    let signals = match StopSignals::block() {
-        Ok(s) => s,
+    // Still one thread: every thread started from here on inherits the blocked stop signals,
+    // and from here on a stop signal takes effect at once, whatever the start-up waits for.
+    let (watcher, phase) = match watch_signals() {
+        Ok(w) => w,
         Err(e) => {
             eprintln!("ppa-vmm: error: {}", describe(&e));
             return ExitCode::from(2);
         }
     };
-    match opts.and_then(|o| run(o, signals)) {
+    let opts = match args {
+        Some(args) => options(*args),
+        None => Ok(demo_options()),
+    };
+    match opts.and_then(|o| run(o, &watcher, &phase)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("ppa-vmm: error: {}", describe(e.as_ref()));

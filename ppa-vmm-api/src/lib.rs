@@ -25,6 +25,7 @@ mod devices;
 pub mod devices_text;
 mod event;
 pub mod guest_view;
+pub mod http;
 mod names;
 mod pressure;
 mod request;

@@ -102,8 +102,8 @@ pub struct ListRow {
     pub state: ListState,
     /// vCPUs.
     pub vcpus: usize,
-    /// Uptime, ns (0 when it did not answer).
-    pub uptime_ns: u64,
+    /// Uptime, ns (`null` when it did not answer: unknown).
+    pub uptime_ns: Option<u64>,
     /// Its control socket.
     pub socket: Option<PathBuf>,
     /// Host CPU of the whole VMM over the interval, percent of one CPU (vCPU threads and
@@ -130,7 +130,7 @@ pub fn list_rows(views: &[VmView]) -> Vec<ListRow> {
                 pid: d.pid,
                 state: ListState::Missing(Missing::Unreachable),
                 vcpus: d.vcpus,
-                uptime_ns: 0,
+                uptime_ns: None,
                 socket: d.socket.clone(),
                 cpu_percent: None,
                 error: None,
@@ -140,7 +140,7 @@ pub fn list_rows(views: &[VmView]) -> Vec<ListRow> {
                     if let Some(last) = a.stats.last() {
                         row.state = ListState::Vm(last.vm.state);
                         row.vcpus = last.vm.vcpus;
-                        row.uptime_ns = last.vm.uptime_ns;
+                        row.uptime_ns = Some(last.vm.uptime_ns);
                     }
                     if let [first, second] = a.stats.as_slice() {
                         let d = cpu_ns(second).saturating_sub(cpu_ns(first)) as f64;
@@ -160,39 +160,97 @@ pub fn list_rows(views: &[VmView]) -> Vec<ListRow> {
         .collect()
 }
 
-/// The table of `host list`.
-pub fn list_text(rows: &[ListRow], scan: &Scan) -> String {
-    use std::fmt::Write as _;
-    let mut s = format!(
-        "{:<24} {:>8} {:<12} {:>5} {:>12} {:>8}  SOCKET\n",
-        "NAME", "PID", "STATE", "VCPUS", "UPTIME s", "CPU%"
+/// Columns of `host list`: heading, narrowest width, right-aligned. The last (SOCKET, and
+/// why a VM did not answer) is not padded.
+const LIST_COLUMNS: [(&str, usize, bool); 6] = [
+    ("NAME", 24, false),
+    ("PID", 8, true),
+    ("STATE", 13, false),
+    ("VCPUS", 5, true),
+    ("UPTIME s", 12, true),
+    ("CPU%", 8, true),
+];
+
+/// One row's cells, in [`LIST_COLUMNS`] order, then the unpadded rest.
+fn list_cells(r: &ListRow) -> ([String; 6], String) {
+    let rest = format!(
+        "{}{}",
+        r.socket
+            .as_ref()
+            .map_or("-".into(), |p| p.display().to_string()),
+        r.error
+            .as_ref()
+            .map_or(String::new(), |e| format!("  ({e})")),
     );
-    for r in rows {
-        let _ = writeln!(
-            s,
-            "{:<24} {:>8} {:<12} {:>5} {:>12.1} {:>8}  {}{}",
-            r.name,
-            r.pid,
-            r.state.as_str(),
-            r.vcpus,
-            r.uptime_ns as f64 / 1e9,
+    (
+        [
+            r.name.clone(),
+            r.pid.to_string(),
+            r.state.as_str().to_string(),
+            r.vcpus.to_string(),
+            r.uptime_ns
+                .map_or("unknown".into(), |u| format!("{:.1}", u as f64 / 1e9)),
             r.cpu_percent.map_or("-".into(), |c| format!("{c:.1}")),
-            r.socket
-                .as_ref()
-                .map_or("-".into(), |p| p.display().to_string()),
-            r.error
-                .as_ref()
-                .map_or(String::new(), |e| format!("  ({e})")),
-        );
-    }
+        ],
+        rest,
+    )
+}
+
+/// What a scan did that the list's reader should know: entries skipped or cleaned, and the
+/// socket paths of stale entries left alone (one line each).
+pub fn scan_notes(scan: &Scan) -> Vec<String> {
+    let mut notes = Vec::new();
     if scan.foreign > 0 || !scan.removed.is_empty() || scan.unreadable > 0 {
-        let _ = writeln!(
-            s,
+        notes.push(format!(
             "({} entries of other users skipped, {} stale entries removed, {} unreadable)",
             scan.foreign,
             scan.removed.len(),
             scan.unreadable
-        );
+        ));
+    }
+    notes.extend(scan.kept.iter().map(|k| format!("({k})")));
+    notes
+}
+
+/// The table of `host list`: every column as wide as its widest cell, so that a long name or
+/// `not-answering` keeps the rows in line.
+pub fn list_text(rows: &[ListRow], scan: &Scan) -> String {
+    use std::fmt::Write as _;
+    let cells: Vec<([String; 6], String)> = rows.iter().map(list_cells).collect();
+    let widths: Vec<usize> = LIST_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (head, min, _))| {
+            cells
+                .iter()
+                .map(|(c, _)| c[i].chars().count())
+                .chain([head.len(), *min])
+                .max()
+                .unwrap_or(*min)
+        })
+        .collect();
+    let line = |out: &mut String, c: &[String], rest: &str| {
+        let padded: Vec<String> = LIST_COLUMNS
+            .iter()
+            .zip(c.iter().zip(&widths))
+            .map(|((_, _, right), (cell, &w))| {
+                if *right {
+                    format!("{cell:>w$}")
+                } else {
+                    format!("{cell:<w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}  {rest}", padded.join(" "));
+    };
+    let mut s = String::new();
+    let head: Vec<String> = LIST_COLUMNS.iter().map(|c| c.0.to_string()).collect();
+    line(&mut s, &head, "SOCKET");
+    for (c, rest) in &cells {
+        line(&mut s, c, rest);
+    }
+    for n in scan_notes(scan) {
+        let _ = writeln!(s, "{n}");
     }
     s
 }
@@ -216,6 +274,10 @@ pub fn list(opts: ListOptions) -> i32 {
     );
     let rows = list_rows(&views);
     if opts.json {
+        // stdout keeps the JSON array alone; what the scan skipped goes to stderr.
+        for k in &scan.kept {
+            eprintln!("ppa-vmm: warn: {k}");
+        }
         println!(
             "{}",
             serde_json::to_string(&rows).unwrap_or_else(|_| "[]".into())

@@ -3,17 +3,21 @@
 //! descriptor (`NAME.json`: pid, start time, version, vCPUs, socket), so that `ppa-vmm host`
 //! finds every VM on the host.
 //!
-//! Data flow: the VMM checks the directory ([`RunDir::open`]: ours, not world-writable, not a
-//! link), writes its descriptor atomically before it builds the VM ([`RunDir::register`]) and
-//! removes it at the end ([`Registration`]'s drop, only while it is still its own). Readers
-//! ([`RunDir::scan`]) list the descriptors; an entry whose process is gone (the pid is dead,
-//! or is another process now: its start time in /proc differs) is stale, and its descriptor
-//! and its socket, if nobody accepts on it, are removed. Entries owned by another uid are
-//! skipped and counted, never read or removed.
+//! Data flow: the VMM checks the directory ([`RunDir::open`]: ours, not a link, and no other
+//! user may write in it unless it is sticky), writes its descriptor atomically before it
+//! builds the VM ([`RunDir::register`]) and removes it at the end ([`Registration`]'s drop,
+//! only while it is still its own). Readers ([`RunDir::scan`]) list the descriptors, opened
+//! `O_NONBLOCK | O_NOFOLLOW` and read only when they are regular files (a FIFO planted as a
+//! descriptor must not block a VMM or a `host` command); an entry whose process is gone (the
+//! pid is dead, or is another process now: its start time in /proc differs) is stale, and its
+//! descriptor is removed, and its socket too when `lstat` shows a socket of the descriptor's
+//! owner in this directory that nobody accepts on; anything else it names is kept and
+//! reported ([`KeptSocket`]). Entries owned by another uid are skipped and counted, never
+//! read or removed.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -55,27 +59,50 @@ pub enum RunDirError {
     NotDirectory(PathBuf),
     /// Owned by another user.
     #[error(
-        "the run directory {path} belongs to uid {owner}, not to this user (uid {me}): \
-         another user's VMs and sockets are not ours to list or clean"
+        "the run directory {path} belongs to uid {owner} (mode {mode:o}), not to this user \
+         (uid {me}): another user's VMs and sockets are not ours to list or clean"
     )]
     NotOurs {
         /// The directory.
         path: PathBuf,
         /// Its owner.
         owner: u32,
+        /// Its mode.
+        mode: u32,
         /// Our effective uid.
         me: u32,
     },
-    /// Anyone may write in it.
+    /// Others may write in it, and it is not sticky.
     #[error(
-        "the run directory {path} is world-writable (mode {mode:o}): anyone could plant \
-         sockets and descriptors there; use a directory only its owner writes (chmod o-w)"
+        "the run directory {path} (owner uid {owner}, mode {mode:o}) is {who} and not sticky: \
+         {others} could move a VM's socket aside and bind their own, delete descriptors or \
+         plant a FIFO that blocks a VMM; use a directory only its owner may write \
+         (chmod go-w), or make it sticky (chmod +t)"
     )]
-    WorldWritable {
+    Writable {
         /// The directory.
         path: PathBuf,
+        /// Its owner.
+        owner: u32,
         /// Its mode.
         mode: u32,
+        /// `group-writable`, `world-writable` or `group- and world-writable`.
+        who: &'static str,
+        /// Who could write: `any member of its group`, `any user`.
+        others: &'static str,
+    },
+    /// Something other than a regular file is where a descriptor goes.
+    #[error(
+        "{} in the run directory is {what}, not a regular file: a VMM writes its descriptor \
+         there itself, so something else put this there; remove it (rm {}) and start again",
+        .path.file_name().map_or_else(|| .path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        .path.display()
+    )]
+    NotAFile {
+        /// The descriptor's path.
+        path: PathBuf,
+        /// What is there, in words (`a FIFO`, `a symbolic link`, ...).
+        what: &'static str,
     },
     /// A name that cannot be a file name in it.
     #[error(
@@ -193,8 +220,10 @@ pub struct Scan {
     pub foreign: usize,
     /// Stale entries removed (names).
     pub removed: Vec<String>,
-    /// Descriptors that could not be read or parsed, left alone.
+    /// Descriptors that could not be read or parsed, or are not regular files, left alone.
     pub unreadable: usize,
+    /// Socket paths of removed stale entries that were left alone, and why.
+    pub kept: Vec<KeptSocket>,
 }
 
 /// A checked run directory.
@@ -216,7 +245,8 @@ impl RunDir {
     }
 
     /// `path` (or the default), made (mode 0700) when `create` and missing, and checked:
-    /// a directory, not a link, ours, not world-writable.
+    /// a directory, not a link, ours, and neither group- nor world-writable unless sticky
+    /// (in a sticky directory others may add entries, never move or remove ours).
     pub fn open(path: Option<&Path>, create: bool) -> Result<RunDir, RunDirError> {
         let path = match path {
             Some(p) => p.to_path_buf(),
@@ -241,16 +271,23 @@ impl RunDir {
             return Err(RunDirError::NotDirectory(path));
         }
         let me = euid();
-        if meta.uid() != me {
+        let (owner, mode) = (meta.uid(), meta.permissions().mode() & 0o7777);
+        if owner != me {
             return Err(RunDirError::NotOurs {
                 path,
-                owner: meta.uid(),
+                owner,
+                mode,
                 me,
             });
         }
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o002 != 0 {
-            return Err(RunDirError::WorldWritable { path, mode });
+        if let Some((who, others)) = writable_by_others(mode) {
+            return Err(RunDirError::Writable {
+                path,
+                owner,
+                mode,
+                who,
+                others,
+            });
         }
         Ok(RunDir { path })
     }
@@ -277,20 +314,26 @@ impl RunDir {
     }
 
     /// Writes `d` as `NAME.json` (atomically, mode 0600). A live VMM's descriptor of the same
-    /// name is refused; a stale one is replaced.
+    /// name is refused, and so is anything there that is not a regular file (a FIFO, a link);
+    /// a stale descriptor is replaced.
     pub fn register(&self, d: &Descriptor) -> Result<Registration, RunDirError> {
         if !valid_name(&d.name) {
             return Err(RunDirError::BadName(d.name.clone()));
         }
         let path = self.descriptor_path(&d.name);
-        if let Some(old) = read_descriptor(&path) {
-            if old.pid != d.pid && old.alive() {
+        match read_slot(&path) {
+            Slot::NotAFile(what) => return Err(RunDirError::NotAFile { path, what }),
+            Slot::File {
+                descriptor: Some(old),
+                ..
+            } if old.pid != d.pid && old.alive() => {
                 return Err(RunDirError::Taken {
                     name: d.name.clone(),
                     pid: old.pid,
                     path,
                 });
             }
+            _ => {}
         }
         let io_err = |source| RunDirError::Io {
             path: self.path.clone(),
@@ -339,16 +382,20 @@ impl RunDir {
         }
         names.sort();
         for (name, path) in names {
-            let Ok(meta) = fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if !meta.file_type().is_file() || meta.uid() != me {
-                scan.foreign += 1;
-                continue;
-            }
-            let Some(d) = read_descriptor(&path).filter(|d| d.name == name) else {
-                scan.unreadable += 1;
-                continue;
+            let (owner, d) = match read_slot(&path) {
+                Slot::Empty => continue,
+                Slot::File { uid, .. } if uid != me => {
+                    scan.foreign += 1;
+                    continue;
+                }
+                Slot::File {
+                    uid,
+                    descriptor: Some(d),
+                } if d.name == name => (uid, d),
+                Slot::NotAFile(_) | Slot::File { .. } => {
+                    scan.unreadable += 1;
+                    continue;
+                }
             };
             if let Some(sock) = &d.socket {
                 if fs::symlink_metadata(sock).is_ok_and(|m| m.uid() != me) {
@@ -362,41 +409,193 @@ impl RunDir {
                     path,
                 });
             } else {
-                self.remove_stale(&path, &d);
+                if let Some(kept) = self.remove_stale(&path, &d, owner) {
+                    scan.kept.push(kept);
+                }
                 scan.removed.push(name);
             }
         }
         Ok(scan)
     }
 
-    /// Removes a dead VMM's descriptor and, when nobody accepts on it and it lies in this
-    /// directory, its socket.
-    fn remove_stale(&self, path: &Path, d: &Descriptor) {
+    /// Removes a dead VMM's descriptor (owned by `owner`) and its socket when that is one to
+    /// remove ([`RunDir::stale_socket`]); a socket path it leaves alone for a reason worth
+    /// saying is returned.
+    fn remove_stale(&self, path: &Path, d: &Descriptor, owner: u32) -> Option<KeptSocket> {
         // Read again: a new VMM of the same name may have replaced it since.
-        if read_descriptor(path).as_ref() != Some(d) {
-            return;
+        match read_slot(path) {
+            Slot::File {
+                descriptor: Some(now),
+                ..
+            } if now == *d => {}
+            _ => return None,
         }
         let _ = fs::remove_file(path);
-        if let Some(sock) = &d.socket {
-            let inside = sock.parent() == Some(self.path.as_path());
-            let refused = matches!(
-                UnixStream::connect(sock),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused
-            );
-            if inside && refused {
+        let sock = d.socket.as_ref()?;
+        match self.stale_socket(sock, owner) {
+            Ok(true) => {
                 let _ = fs::remove_file(sock);
+                None
             }
+            Ok(false) => None,
+            Err(why) => Some(KeptSocket {
+                name: d.name.clone(),
+                socket: sock.clone(),
+                why,
+            }),
         }
+    }
+
+    /// Whether `sock`, named by a dead VMM's descriptor of uid `owner`, is to be unlinked:
+    /// `Ok(true)` when `lstat` shows a socket of `owner`, directly in this directory, that
+    /// nobody accepts on; `Ok(false)` when nothing is there or something accepts on it (a new
+    /// VMM's); else why it is left alone. A connect to a regular file is refused just as one
+    /// to a dead socket, so what the path is must be seen first.
+    fn stale_socket(&self, sock: &Path, owner: u32) -> Result<bool, String> {
+        let inside = sock.parent() == Some(self.path.as_path())
+            && sock
+                .file_name()
+                .is_some_and(|n| n != "." && n != ".." && !n.is_empty());
+        if !inside {
+            return Err("it is outside the run directory".into());
+        }
+        let meta = match fs::symlink_metadata(sock) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(format!("it cannot be looked at: {e}")),
+        };
+        if !meta.file_type().is_socket() {
+            return Err(format!("it is {}, not a socket", kind_of(meta.file_type())));
+        }
+        if meta.uid() != owner {
+            return Err(format!(
+                "the socket belongs to uid {}, not to the descriptor's owner (uid {owner})",
+                meta.uid()
+            ));
+        }
+        Ok(matches!(
+            UnixStream::connect(sock),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused
+        ))
     }
 }
 
-/// A descriptor file's contents, when it is a readable descriptor.
-fn read_descriptor(path: &Path) -> Option<Descriptor> {
-    use std::io::Read;
-    let f = fs::File::open(path).ok()?;
+/// A stale entry's socket path that the cleaning left alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptSocket {
+    /// The dead VM's name.
+    pub name: String,
+    /// What its descriptor named as its socket.
+    pub socket: PathBuf,
+    /// Why it was not removed (`it is a regular file, not a socket`, ...).
+    pub why: String,
+}
+
+impl std::fmt::Display for KeptSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stale entry {}: its socket path {} was skipped, not removed: {}",
+            self.name,
+            self.socket.display(),
+            self.why
+        )
+    }
+}
+
+/// Whether a directory of `mode` lets others than its owner move or remove its entries:
+/// group- or world-writable without the sticky bit. `Some((what it is, who could))`.
+fn writable_by_others(mode: u32) -> Option<(&'static str, &'static str)> {
+    if mode & libc::S_ISVTX != 0 {
+        return None;
+    }
+    match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => Some(("group- and world-writable", "any user")),
+        (true, false) => Some(("group-writable", "any member of its group")),
+        (false, true) => Some(("world-writable", "any user")),
+        (false, false) => None,
+    }
+}
+
+/// What a file type is, in words, for a sentence.
+fn kind_of(t: fs::FileType) -> &'static str {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "neither a file nor a directory"
+    }
+}
+
+/// What is at a descriptor's path.
+#[derive(Debug)]
+enum Slot {
+    /// Nothing.
+    Empty,
+    /// Something other than a regular file (what, in words): never opened.
+    NotAFile(&'static str),
+    /// A regular file: its owner, and the descriptor it holds (`None`: unreadable, or not a
+    /// descriptor).
+    File {
+        uid: u32,
+        descriptor: Option<Descriptor>,
+    },
+}
+
+/// Looks at a descriptor's path without following a link, opening anything that is not a
+/// regular file, or blocking: `lstat` first, then `O_NONBLOCK | O_NOFOLLOW` and `fstat`
+/// again (something swapped in between is caught by the second look).
+fn read_slot(path: &Path) -> Slot {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Slot::Empty,
+        Ok(m) if !m.file_type().is_file() => return Slot::NotAFile(kind_of(m.file_type())),
+        _ => {}
+    }
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path);
+    let f = match f {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Slot::Empty,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Slot::NotAFile("a symbolic link")
+        }
+        Err(_) => {
+            return match fs::symlink_metadata(path) {
+                Ok(m) => Slot::File {
+                    uid: m.uid(),
+                    descriptor: None,
+                },
+                Err(_) => Slot::Empty,
+            }
+        }
+    };
+    let Ok(meta) = f.metadata() else {
+        return Slot::Empty;
+    };
+    if !meta.file_type().is_file() {
+        return Slot::NotAFile(kind_of(meta.file_type()));
+    }
     let mut text = String::new();
-    f.take(MAX_DESCRIPTOR).read_to_string(&mut text).ok()?;
-    serde_json::from_str(&text).ok()
+    let descriptor = f
+        .take(MAX_DESCRIPTOR)
+        .read_to_string(&mut text)
+        .ok()
+        .and_then(|_| serde_json::from_str(&text).ok());
+    Slot::File {
+        uid: meta.uid(),
+        descriptor,
+    }
 }
 
 /// A VMM's descriptor in the run directory: removed when dropped, while it is still ours.
@@ -415,8 +614,14 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if read_descriptor(&self.path).is_some_and(|d| d.pid == self.pid) {
-            let _ = fs::remove_file(&self.path);
+        if let Slot::File {
+            descriptor: Some(d),
+            ..
+        } = read_slot(&self.path)
+        {
+            if d.pid == self.pid {
+                let _ = fs::remove_file(&self.path);
+            }
         }
     }
 }

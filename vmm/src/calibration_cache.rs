@@ -85,10 +85,17 @@ pub fn host_key() -> HostKey {
 }
 
 /// The cached figures in `file` when they were measured under `key` and the file is ours.
+/// Opened `O_NONBLOCK | O_NOFOLLOW` and read only when it is a regular file: a FIFO or a link
+/// planted at the path is a miss (measured again and replaced), never a VMM blocked at start.
 pub fn read(file: &Path, key: &HostKey) -> Option<ExitCost> {
-    let f = fs::File::open(file).ok()?;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(file)
+        .ok()?;
+    let meta = f.metadata().ok()?;
     // SAFETY: geteuid has no preconditions.
-    if f.metadata().ok()?.uid() != unsafe { libc::geteuid() } {
+    if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } {
         return None;
     }
     let mut text = String::new();
@@ -180,6 +187,38 @@ mod tests {
         // Where nothing can be written, the measurement still serves.
         let nowhere = dir.as_path().join("missing/calibration.json");
         assert!(exit_cost(&nowhere, measure).is_some());
+    }
+
+    /// Issue 39, item 5: a FIFO planted as the run directory's `calibration.json` would block
+    /// a VMM's start in `open` (as one planted as a descriptor did). A FIFO or a link is a
+    /// miss, measured again and replaced; the link's target is not followed or written.
+    #[test]
+    fn a_fifo_or_a_link_at_the_cache_is_a_miss_and_never_blocks() {
+        let dir = vmm_sys_util::tempdir::TempDir::new().unwrap();
+        let file = dir.as_path().join("calibration.json");
+        let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = file.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(read(&f, &host_key()));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("reading a FIFO as the cache blocked for 5 s");
+        assert_eq!(got, None);
+        // A link to a good cache of this host: not followed.
+        let target = dir.as_path().join("real.json");
+        let cost = ExitCost {
+            hot_ns: 18_000,
+            after_park_ns: 26_000,
+        };
+        write(&target, &host_key(), cost).unwrap();
+        assert_eq!(read(&target, &host_key()), Some(cost));
+        fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        assert_eq!(read(&file, &host_key()), None);
     }
 
     #[test]

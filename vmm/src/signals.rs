@@ -1,17 +1,25 @@
 //! Stop signals: SIGTERM, SIGINT and SIGHUP end a run the way the `shutdown` command does
 //! (every vCPU stopped, the final report written, the control socket removed); a second one
-//! forces the process out at once.
+//! forces the process out at once. One that arrives while the VM is still being set up ends
+//! the process at once ([`abandon_start`]): whatever set-up is doing (waiting in `open`,
+//! faulting in memory, measuring KVM), it stops within the moment, not when set-up is done.
 //!
-//! Data flow: the binary calls [`StopSignals::block`] while it is still single-threaded,
-//! before it builds the VM, so every thread started later (vCPUs, the control socket, the
-//! sampler, the limiter) inherits a mask that blocks the three signals: none of them is ever
-//! interrupted by one, and the vCPU kick signal (SIGRTMIN, `hypervisor/kvm/kick.rs`) is neither
-//! blocked nor touched. The signals stay pending until [`StopSignals::watch`] takes them with
-//! `sigwaitinfo` on a thread of its own (`signals`): the first calls the action it was given (the
-//! binary's: `VmHandle::shutdown`, the same call as the `shutdown` command), a second one
-//! removes the control-socket file if it is still this process's and exits with
-//! [`forced_exit_code`] (128 + the signal's number, as a shell reports a death by that signal),
-//! without a report.
+//! Data flow: the binary calls [`StopSignals::block`] first thing, while it is still
+//! single-threaded, so every thread started later (vCPUs, the control socket, the sampler, the
+//! limiter) inherits a mask that blocks the three signals: none of them is ever interrupted by
+//! one, and the vCPU kick signal (SIGRTMIN, `hypervisor/kvm/kick.rs`) is neither blocked nor
+//! touched. It then starts the `signals` thread at once with [`StopSignals::watch`], before it
+//! reads its config or the run directory, which takes them with `sigwaitinfo`: the first
+//! calls the action it was given (the binary's: [`abandon_start`] while the VM is being set
+//! up, then `VmHandle::shutdown`, the same call as the `shutdown` command), a second one
+//! removes the files this process made if they are still its own and exits with
+//! [`forced_exit_code`] (128 + the signal's number, as a shell reports a death by that
+//! signal), without a report.
+//!
+//! The thread starts before the seccomp mode is known (it comes from the config), so it
+//! enters its filter when the binary, having armed the mode, calls [`Watcher::confine`]: a
+//! real-time signal ([`confine_signal`]) blocked and waited for with the stop signals, which
+//! nothing else sends.
 //!
 //! Why `sigwaitinfo` and not a signalfd: the kernel wakes every reader of a signalfd at every
 //! signal delivered to any thread of the process, and the reader finds nothing and sleeps
@@ -21,7 +29,6 @@
 //! for the signals it waits for.
 
 use std::io;
-use std::thread::JoinHandle;
 
 use thiserror::Error;
 
@@ -40,6 +47,9 @@ pub enum SignalError {
     /// The `signals` thread could not start.
     #[error("cannot start the thread that waits for stop signals")]
     Spawn(#[source] io::Error),
+    /// The `signals` thread could not be told to enter its seccomp filter.
+    #[error("cannot tell the signals thread to enter its seccomp filter")]
+    Confine(#[source] io::Error),
 }
 
 /// One stop signal received.
@@ -81,7 +91,15 @@ pub struct StopSignals {
     set: libc::sigset_t,
 }
 
-/// The stop signals as a signal set.
+/// The real-time signal by which the binary tells the `signals` thread to enter its seccomp
+/// filter ([`Watcher::confine`]). SIGRTMIN is the vCPU kick and SIGRTMIN + 1 the fake
+/// hypervisor's; this one is blocked in every thread with the stop signals and sent by
+/// nothing else.
+pub fn confine_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 2
+}
+
+/// The stop signals and [`confine_signal`] as a signal set.
 fn stop_set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain old data; sigemptyset initialises it before any use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -91,18 +109,41 @@ fn stop_set() -> libc::sigset_t {
         for s in STOP_SIGNALS {
             libc::sigaddset(&mut set, s);
         }
+        libc::sigaddset(&mut set, confine_signal());
     }
     set
 }
 
+/// The running `signals` thread.
+#[derive(Debug)]
+pub struct Watcher {
+    tid: libc::pid_t,
+}
+
+impl Watcher {
+    /// Tells the `signals` thread to enter its seccomp kind, in the mode armed now
+    /// (`seccomp::arm`): call it once the mode is armed. The thread enters it before it acts
+    /// on any stop signal that arrives after this call.
+    pub fn confine(&self) -> Result<(), SignalError> {
+        // SAFETY: tgkill takes plain integers; `tid` is the `signals` thread of this process,
+        // which blocks the signal and waits for it, and never ends before the process does.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), self.tid, confine_signal()) };
+        if rc != 0 {
+            return Err(SignalError::Confine(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
 impl StopSignals {
-    /// Blocks the stop signals in the calling thread (threads it starts later inherit the
-    /// mask: call it before any other thread exists). Signals that arrive before
-    /// [`StopSignals::watch`] takes them wait, pending.
+    /// Blocks the stop signals (and [`confine_signal`]) in the calling thread (threads it
+    /// starts later inherit the mask: call it before any other thread exists). Signals that
+    /// arrive before [`StopSignals::watch`] takes them wait, pending.
     pub fn block() -> Result<StopSignals, SignalError> {
         let set = stop_set();
         // SAFETY: `set` is an initialised sigset_t; a null old-set pointer is allowed. The
-        // call changes only this thread's mask, and only for the three stop signals.
+        // call changes only this thread's mask, and only for the signals of `set`.
         let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
         if rc != 0 {
             return Err(SignalError::Mask(io::Error::from_raw_os_error(rc)));
@@ -110,8 +151,8 @@ impl StopSignals {
         Ok(StopSignals { set })
     }
 
-    /// Waits for the next stop signal (blocked in the calling thread, as in every thread
-    /// started after [`StopSignals::block`]).
+    /// Waits for the next signal of the set (blocked in the calling thread, as in every
+    /// thread started after [`StopSignals::block`]): a stop signal or [`confine_signal`].
     pub fn next(&self) -> Result<Caught, SignalError> {
         loop {
             // SAFETY: siginfo_t is plain old data; all zeroes is a valid value.
@@ -136,39 +177,89 @@ impl StopSignals {
         }
     }
 
+    /// The next stop signal; [`confine_signal`] on the way enters the `signals` kind (once).
+    fn next_stop(&self, confined: &mut bool) -> Result<Caught, SignalError> {
+        loop {
+            let c = self.next()?;
+            if c.signo != confine_signal() {
+                return Ok(c);
+            }
+            if !*confined {
+                crate::seccomp::enter(crate::seccomp::Kind::Signals);
+                *confined = true;
+            }
+        }
+    }
+
     /// Starts the `signals` thread: the first stop signal runs `first`; a second one removes
-    /// the control-socket files this process still owns and exits at once with
-    /// [`forced_exit_code`].
+    /// the files this process still owns and exits at once with [`forced_exit_code`]. The
+    /// thread runs unconfined until [`Watcher::confine`].
     pub fn watch(
         self,
         first: impl FnOnce(Caught) + Send + 'static,
-    ) -> Result<JoinHandle<()>, SignalError> {
+    ) -> Result<Watcher, SignalError> {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
-                // Confined before the first signal (the mode the binary armed; none in tests).
-                crate::seccomp::enter(crate::seccomp::Kind::Signals);
-                let caught = match self.next() {
+                // SAFETY: gettid has no preconditions.
+                let _ = tx.send(unsafe { libc::gettid() });
+                let mut confined = false;
+                let caught = match self.next_stop(&mut confined) {
                     Ok(c) => c,
                     Err(e) => {
                         log::error!("{e}: stop signals are ignored from now on");
                         return;
                     }
                 };
-                log::warn!(
-                    "{} from pid {}: stopping every vCPU, as `shutdown` does; the final report \
-                     follows (a second signal exits at once, without it)",
-                    caught.name(),
-                    caught.pid
-                );
                 first(caught);
-                match self.next() {
+                match self.next_stop(&mut confined) {
                     Ok(c) => force_exit(c),
                     Err(e) => log::error!("{e}: a second stop signal cannot force the exit"),
                 }
             })
-            .map_err(SignalError::Spawn)
+            .map_err(SignalError::Spawn)?;
+        let tid = rx
+            .recv()
+            .map_err(|_| SignalError::Spawn(io::Error::other("the thread ended at once")))?;
+        Ok(Watcher { tid })
     }
+}
+
+/// Records the file now at `path`, which this process just made (the binary's run-directory
+/// descriptor), to be removed by a forced exit or a stop signal during set-up, as the socket
+/// and page files are, while it is still that file (`owned_files`). False when nothing is
+/// there.
+pub fn remove_at_forced_exit(path: &std::path::Path) -> bool {
+    crate::owned_files::record(path)
+}
+
+/// The first stop signal of a run whose VM runs: says so on stderr (the action, the VM
+/// handle's shutdown, follows).
+pub fn announce_shutdown(c: Caught) {
+    log::warn!(
+        "{} from pid {}: stopping every vCPU, as `shutdown` does; the final report follows (a \
+         second signal exits at once, without it)",
+        c.name(),
+        c.pid
+    );
+}
+
+/// The first stop signal while the VM is still being set up: nothing has run and there is
+/// nothing to report, so the process ends at once, whatever set-up is waiting for, with
+/// [`forced_exit_code`], once the files it made that are still its own are removed.
+pub fn abandon_start(c: Caught) -> ! {
+    let code = forced_exit_code(c.signo);
+    crate::owned_files::remove_all();
+    eprintln!(
+        "ppa-vmm: error: {} from pid {} while the VM was being set up: exiting at once with \
+         code {code}, before any vCPU ran and without a report",
+        c.name(),
+        c.pid
+    );
+    // SAFETY: _exit ends the process without running destructors or atexit handlers, which
+    // set-up still running on other threads needs (it may hold any lock); no preconditions.
+    unsafe { libc::_exit(code) }
 }
 
 /// The second stop signal: removes the files this process made (its socket files, a PPA page

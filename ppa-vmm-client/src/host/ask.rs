@@ -37,9 +37,14 @@ pub const MAX_OPEN: usize = 256;
 pub const MAX_THREADS: usize = 4;
 /// VMs per thread before another is started.
 pub const PER_THREAD: usize = 32;
-/// Longest answer line read from a VMM (a `metrics` text of a VM with many vCPUs is a few
-/// MiB).
-pub const MAX_LINE: usize = 64 << 20;
+/// Longest line read from a VMM while a `stats` answer is awaited (event lines and stale
+/// answers on the way count too). A `stats` answer of a 256-vCPU VM is about 83 KB (an idle
+/// tiny guest, measured 2026-11-28); a longer line is that VM's error
+/// ([`AskError::TooLong`]), read no further, and never holds more than this in memory.
+pub const MAX_STATS_LINE: usize = 4 << 20;
+/// Longest line read while a `metrics` answer is awaited (the exposition as one JSON string:
+/// a 256-vCPU VM's is about 2.0 MB, measured as above).
+pub const MAX_METRICS_LINE: usize = 32 << 20;
 /// How often a connection the VMM's queue refused (`EAGAIN`) is tried again.
 const RETRY: Duration = Duration::from_millis(5);
 
@@ -87,9 +92,17 @@ pub enum AskError {
         #[source]
         source: Arc<serde_json::Error>,
     },
-    /// An answer line longer than [`MAX_LINE`].
-    #[error("an answer line longer than {MAX_LINE} bytes")]
-    TooLong,
+    /// A line longer than the most read of one ([`MAX_STATS_LINE`], [`MAX_METRICS_LINE`]).
+    #[error(
+        "the VMM sent a line longer than {bound} bytes while `{cmd}` was awaited, the most \
+         read of one: the rest was not read"
+    )]
+    TooLong {
+        /// The command awaited.
+        cmd: &'static str,
+        /// The most read of one line, bytes.
+        bound: usize,
+    },
 }
 
 impl AskError {
@@ -151,6 +164,25 @@ impl Step {
             _ => "stats",
         }
     }
+
+    /// The longest line read while this step waits.
+    fn max_line(self) -> usize {
+        match self {
+            Step::Metrics => MAX_METRICS_LINE,
+            _ => MAX_STATS_LINE,
+        }
+    }
+}
+
+/// Appends `bytes` to `input`, growing its allocation by doubling but never past `cap` bytes
+/// (a plain `extend` could double a buffer of `cap` bytes to twice that).
+fn push_bounded(input: &mut Vec<u8>, bytes: &[u8], cap: usize) {
+    let need = input.len() + bytes.len();
+    if need > input.capacity() {
+        let want = (input.capacity() * 2).clamp(need, cap.max(need));
+        input.reserve_exact(want - input.len());
+    }
+    input.extend_from_slice(bytes);
 }
 
 /// One VM's connection and what it has answered so far.
@@ -216,12 +248,19 @@ impl Conn {
 
     /// Reads what arrived and handles each whole line: `Ok(true)` once the VM has answered
     /// everything.
+    /// A line longer than its step's bound is an error once the bound is passed: at most
+    /// the bound and one byte are ever held.
     fn receive(&mut self, ask: Ask) -> Result<bool, AskError> {
         let mut buf = [0u8; 65536];
         loop {
-            match (&self.stream).read(&mut buf) {
+            let bound = self.step.max_line();
+            // At least one byte: the input is within the bound here.
+            let room = (bound + 1)
+                .saturating_sub(self.input.len())
+                .clamp(1, buf.len());
+            match (&self.stream).read(&mut buf[..room]) {
                 Ok(0) => return Err(AskError::Closed),
-                Ok(n) => self.input.extend_from_slice(&buf[..n]),
+                Ok(n) => push_bounded(&mut self.input, &buf[..n], bound + 1),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(AskError::Io(Arc::new(e))),
@@ -234,8 +273,12 @@ impl Conn {
                 }
             }
             self.scanned = self.input.len();
-            if self.input.len() > MAX_LINE {
-                return Err(AskError::TooLong);
+            let bound = self.step.max_line();
+            if self.input.len() > bound {
+                return Err(AskError::TooLong {
+                    cmd: self.step.cmd(),
+                    bound,
+                });
             }
         }
         Ok(false)

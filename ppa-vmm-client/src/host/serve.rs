@@ -5,16 +5,16 @@
 //! A VM that went away is not listed, so its series drop; one that does not answer in time
 //! is left out of that scrape and counted, and the scrape still succeeds.
 //!
-//! Data flow: a listener thread (this one) accepts; each connection is served on a thread of
-//! its own (at most [`MAX_CONNS`] at once, the rest get 503): read the request head (8 KiB,
-//! 2 s), answer `GET /metrics` with [`render`], anything else with 404.
+//! Data flow: a listener thread (this one, [`listen`]) holds up to [`MAX_CONNS`] connections
+//! as the VMM's own metrics listener does: each request head (8 KiB) is due 2 s after its
+//! accept, and when every slot is taken a new connection evicts the oldest one still sending
+//! its head; a whole `GET /metrics` is answered with [`render`] on a thread of its own (at
+//! most [`MAX_SCRAPES`] at once), anything else at once (404, 405, 400).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,10 +23,9 @@ use ppa_vmm_api::{Stats, VcpuSummary};
 use super::{gather, Ask, VmView};
 use crate::rundir::{RunDir, Scan};
 
-/// Connections served at once.
-pub const MAX_CONNS: usize = 8;
-/// Longest request head read.
-const MAX_HEAD: usize = 8192;
+pub mod listen;
+
+pub use listen::{Listen, HEAD_DEADLINE, MAX_CONNS, MAX_SCRAPES};
 
 /// Series families of other tools that `--compat` can add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -326,6 +325,9 @@ pub fn render(views: &[VmView], scan: &Scan, compat: &[Compat], took: Duration) 
 pub fn scrape(dir: &RunDir, compat: &[Compat], timeout: Duration) -> Result<String, String> {
     let t0 = Instant::now();
     let scan = dir.scan().map_err(|e| crate::describe(&e))?;
+    for k in &scan.kept {
+        eprintln!("ppa-vmm: warn: {k}");
+    }
     let views = gather(
         &scan,
         Ask {
@@ -335,38 +337,6 @@ pub fn scrape(dir: &RunDir, compat: &[Compat], timeout: Duration) -> Result<Stri
         },
     );
     Ok(render(&views, &scan, compat, t0.elapsed()))
-}
-
-fn respond(mut s: TcpStream, dir: &RunDir, compat: &[Compat], timeout: Duration) {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    let first = String::from_utf8_lossy(&head);
-    let target = first.lines().next().unwrap_or("").split(' ').nth(1);
-    let get = first.starts_with("GET ");
-    let (status, kind, body) = match (get, target) {
-        (true, Some("/metrics")) => match scrape(dir, compat, timeout) {
-            Ok(text) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text),
-            Err(e) => ("500 Internal Server Error", "text/plain", e + "\n"),
-        },
-        _ => (
-            "404 Not Found",
-            "text/plain",
-            "only GET /metrics is served here\n".into(),
-        ),
-    };
-    let _ = write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
 }
 
 /// Runs `host serve` until killed: 2 when the run directory or the address cannot be used.
@@ -386,25 +356,11 @@ pub fn run(opts: ServeOptions) -> i32 {
     if let Ok(a) = listener.local_addr() {
         eprintln!("ppa-vmm: serving the host's metrics at http://{a}/metrics");
     }
-    let busy = Arc::new(AtomicUsize::new(0));
     let timeout = Duration::from_millis(opts.scrape_timeout_ms);
-    for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNS {
-            busy.fetch_sub(1, Ordering::AcqRel);
-            let _ = s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-            continue;
-        }
-        let (dir, compat, busy2) = (dir.clone(), opts.compat.clone(), Arc::clone(&busy));
-        let spawned = std::thread::Builder::new()
-            .name("host-scrape".into())
-            .spawn(move || {
-                respond(s, &dir, &compat, timeout);
-                busy2.fetch_sub(1, Ordering::AcqRel);
-            });
-        if spawned.is_err() {
-            busy.fetch_sub(1, Ordering::AcqRel);
-        }
+    let compat = opts.compat.clone();
+    let scrape = Arc::new(move || scrape(&dir, &compat, timeout));
+    match Listen::new(listener, scrape) {
+        Ok(l) => l.run(),
+        Err(e) => fail(format!("cannot serve {}: {e}", opts.metrics_listen)),
     }
-    0
 }

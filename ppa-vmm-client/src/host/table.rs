@@ -238,10 +238,14 @@ pub fn run(opts: TopOptions) -> i32 {
                 timeout: Duration::from_millis(opts.timeout_ms),
             },
         );
-        let text = render(
+        let mut text = render(
             &rows(&views, &opts.expand, &opts.sort),
             interval.as_secs_f64(),
         );
+        for n in super::scan_notes(&scan) {
+            text.push_str(&n);
+            text.push('\n');
+        }
         if screens.is_none() {
             print!("\x1b[H\x1b[2J");
         }

@@ -61,7 +61,7 @@ fn list_rows_give_state_and_cpu_now_or_why_not() {
     );
     // (250 + 100 + 50) ms of CPU in 0.5 s: 80 % of one CPU.
     assert_eq!(rows[0].cpu_percent, Some(80.0));
-    assert_eq!(rows[0].uptime_ns, 10 * S);
+    assert_eq!(rows[0].uptime_ns, Some(10 * S));
     assert_eq!(
         (rows[1].state.as_str(), rows[1].cpu_percent),
         ("not-answering", None)
@@ -80,6 +80,48 @@ fn list_rows_give_state_and_cpu_now_or_why_not() {
     );
     assert!(text.lines().nth(1).unwrap().starts_with("a "), "{text}");
     assert!(text.contains("2 entries of other users skipped"), "{text}");
+}
+
+/// Issue 39, item 10: a `not-answering` row pushed its columns out of line (STATE was 12
+/// wide), a long name did the same, and a VM that did not answer showed uptime 0.0.
+#[test]
+fn list_columns_stay_in_line_and_an_unknown_uptime_says_so() {
+    let mut v = views();
+    v.push(VmView {
+        descriptor: descriptor("a-name-of-more-than-24-characters", 13),
+        answer: Err(AskError::Closed),
+    });
+    let rows = list_rows(&v);
+    assert_eq!(rows[1].uptime_ns, None);
+    let json = serde_json::to_value(&rows).unwrap();
+    assert_eq!(json[1]["uptime_ns"], serde_json::Value::Null);
+    assert_eq!(json[0]["uptime_ns"], serde_json::json!(10 * S));
+    let text = list_text(&rows, &Scan::default());
+    let lines: Vec<&str> = text.lines().collect();
+    let at = |h: &str| lines[0].find(h).unwrap();
+    let end = |h: &str| at(h) + h.len();
+    for (l, (name, state)) in lines[1..].iter().zip([
+        ("a", "running"),
+        ("b", "not-answering"),
+        ("a-name-of-more-than-24-characters", "unreachable"),
+    ]) {
+        assert!(l.starts_with(name), "{text}");
+        assert_eq!(&l[at("STATE")..at("STATE") + state.len()], state, "{text}");
+        assert_eq!(l.find("/run/x/"), Some(at("SOCKET")), "{text}");
+        // Right-aligned: the figures end where their headings end.
+        assert_ne!(l.as_bytes()[end("UPTIME s") - 1], b' ', "{text}");
+        assert_eq!(l.as_bytes()[end("UPTIME s")], b' ', "{text}");
+    }
+    assert_eq!(
+        lines[2][..end("UPTIME s")].split_whitespace().last(),
+        Some("unknown"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1][..end("UPTIME s")].split_whitespace().last(),
+        Some("10.0"),
+        "{text}"
+    );
 }
 
 #[test]

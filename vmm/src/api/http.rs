@@ -1,14 +1,14 @@
 //! The HTTP side of the metrics endpoint: one request head (at most [`MAX_HTTP_HEAD`] bytes)
 //! in, one response out, then the connection closes. Only `GET /metrics` (Prometheus text
 //! format) and `HEAD /metrics` (its head) are served; the request line is read as RFC 9112
-//! says (origin or absolute form, a required HTTP/1.x version).
+//! says, by `ppa_vmm_api::http`, which `ppa-vmm host serve` shares.
+
+use ppa_vmm_api::http::{metrics_request, MetricsRequest};
 
 use super::conn::{LineBuffer, Next};
 use super::handler::Handler;
 
-/// Longest HTTP request head accepted (request line and headers, up to and including the
-/// empty line that ends them).
-pub const MAX_HTTP_HEAD: usize = 8 << 10;
+pub use ppa_vmm_api::http::MAX_HTTP_HEAD;
 
 /// What the bytes of an HTTP connection hold so far.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,104 +44,27 @@ pub fn http_head(input: &mut LineBuffer) -> Head {
     Head::Complete(String::from_utf8_lossy(&first.unwrap_or_default()).into_owned())
 }
 
-/// A whole HTTP/1.1 response that closes the connection.
-pub fn http_response(status: &str, content_type: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
-/// What a request line asks for, read as RFC 9112 says.
-#[derive(Debug, PartialEq, Eq)]
-enum RequestLine<'a> {
-    /// Method, and the path of the target (origin form, or the path of the absolute form).
-    Request(&'a str, &'a str),
-    /// An HTTP version other than 1.x.
-    Version,
-    /// Not an HTTP/1.x request line.
-    Bad,
-}
-
-/// Whether `s` is a method token (RFC 9110 `tchar`s).
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// Splits `METHOD SP TARGET SP HTTP/1.x` (the version is required: a line without one is
-/// not HTTP/1.x); the target's path comes from its origin form (`/metrics?x`) or absolute
-/// form (`http://host:port/metrics`).
-fn parse_request_line(line: &str) -> RequestLine<'_> {
-    let parts: Vec<&str> = line.split(' ').collect();
-    let [method, target, version] = parts[..] else {
-        return RequestLine::Bad;
-    };
-    let Some(v) = version.strip_prefix("HTTP/") else {
-        return RequestLine::Bad;
-    };
-    let digits = |s: &str| s.len() == 1 && s.bytes().all(|b| b.is_ascii_digit());
-    match v.split_once('.') {
-        Some((major, minor)) if digits(major) && digits(minor) => {
-            if major != "1" {
-                return RequestLine::Version;
-            }
-        }
-        _ => return RequestLine::Bad,
-    }
-    if !is_token(method) {
-        return RequestLine::Bad;
-    }
-    let path_and_query = if target.starts_with('/') {
-        target
-    } else if target.len() > 7 && target.as_bytes()[..7].eq_ignore_ascii_case(b"http://") {
-        // Absolute form: the authority, then the path (empty means `/`). Compared as bytes: a
-        // target may have a multi-byte character across byte 7, and the 7 bytes matched are
-        // ASCII, so byte 7 is then a character boundary.
-        let rest = &target[7..];
-        rest.find('/').map_or("/", |i| &rest[i..])
-    } else {
-        // Authority form (CONNECT) and asterisk form (OPTIONS) name no resource here.
-        return RequestLine::Request(method, "");
-    };
-    let path = path_and_query.split(['?', '#']).next().unwrap_or("");
-    RequestLine::Request(method, path)
-}
+pub use ppa_vmm_api::http::http_response;
 
 /// The response to a request line: the metrics for `GET /metrics`, their head alone for
-/// `HEAD /metrics`, an error otherwise (400 for a line that is not HTTP/1.x, 505 for another
-/// version, 404 for another path, 405 with `Allow` for another method).
+/// `HEAD /metrics`, an error otherwise (`ppa_vmm_api::http::metrics_request`: 400 for a line
+/// that is not HTTP/1.x, 505 for another version, 404 for another path, 405 with `Allow` for
+/// another method).
 pub fn http_reply(request_line: &str, handler: &mut Handler) -> String {
-    match parse_request_line(request_line) {
-        RequestLine::Bad => http_response("400 Bad Request", "text/plain", "bad request\n"),
-        RequestLine::Version => http_response(
-            "505 HTTP Version Not Supported",
-            "text/plain",
-            "only HTTP/1.0 and HTTP/1.1 are served\n",
-        ),
-        RequestLine::Request(method @ ("GET" | "HEAD"), "/metrics") => {
+    match metrics_request(request_line) {
+        MetricsRequest::Refuse(response) => response,
+        MetricsRequest::Serve { head_only } => {
             let full = http_response(
                 "200 OK",
                 crate::metrics::CONTENT_TYPE,
                 &handler.metrics_text(),
             );
-            if method == "HEAD" {
-                // The same head as GET's (its Content-Length included), without the body.
-                let end = full.find("\r\n\r\n").map_or(full.len(), |i| i + 4);
-                full[..end].to_string()
+            if head_only {
+                ppa_vmm_api::http::head_only(&full).to_string()
             } else {
                 full
             }
         }
-        RequestLine::Request("GET" | "HEAD", _) => {
-            http_response("404 Not Found", "text/plain", "only /metrics is served\n")
-        }
-        RequestLine::Request(..) => http_response(
-            "405 Method Not Allowed\r\nAllow: GET, HEAD",
-            "text/plain",
-            "only GET and HEAD are served\n",
-        ),
     }
 }
 

@@ -3,8 +3,9 @@
 //!
 //! Data flow: [`CgroupLimits::create`] makes one cgroup per limit under the cpu controller
 //! (v2 `cpu.max` where the cpu controller is enabled in the unified hierarchy, else v1
-//! `cpu.cfs_quota_us`/`cpu.cfs_period_us`): the VM's limit is the parent, each vCPU group a
-//! child, so both hold. `Vm::run` calls [`CgroupLimits::place`] with the vCPU threads' ids
+//! `cpu.cfs_quota_us`/`cpu.cfs_period_us`), in `ppa-vmm-PID-N` under the process's own
+//! cgroup ([`cgroup_place`]: under a systemd unit with `Delegate=yes`, the unit's): the VM's
+//! limit is the parent, each vCPU group a child, so both hold. `Vm::run` calls [`CgroupLimits::place`] with the vCPU threads' ids
 //! after they exist and before the start gate opens, so no guest code runs outside them.
 //! Figures come from the cgroups' own `cpu.stat` (periods, throttled periods, throttled
 //! time) and the members' thread CPU clocks. The directories are removed on drop. What fails
@@ -54,6 +55,17 @@ pub enum CgroupError {
         /// Cause.
         #[source]
         source: io::Error,
+    },
+    /// This process's cgroup does not offer the cpu controller to cgroups under it.
+    #[error(
+        "the cgroup backend makes its cgroups under this process's own cgroup, {}, which does \
+         not offer the cpu controller: run the VMM in a cgroup delegated to it (systemd: \
+         Delegate=yes, as dist/systemd/ppa-vmm@.service has it) or one with cpu enabled",
+        .parent.display()
+    )]
+    NotDelegated {
+        /// The process's cgroup.
+        parent: PathBuf,
     },
     /// The vCPU threads did not all get their thread ids in time to be placed.
     #[error(
@@ -120,32 +132,82 @@ fn create_dir(path: &Path) -> Result<(), CgroupError> {
     })
 }
 
+/// Where a VM's cgroups go: `ppa-vmm-TAG` under this process's own cgroup in the cpu
+/// hierarchy, as `/proc/self/cgroup` (`proc_self_cgroup`) names it: with cgroup v2 (`v2`) the
+/// `0::PATH` line, under /sys/fs/cgroup; with v1 the line whose controllers include `cpu`,
+/// under /sys/fs/cgroup/cpu. A unit with `Delegate=yes` (dist/systemd/ppa-vmm@.service) is
+/// given its own cgroup to manage, and the VMM runs in it: its cgroups go under the unit's,
+/// `/sys/fs/cgroup/system.slice/ppa-vmm@web.service/ppa-vmm-PID-0` (v2). Elsewhere that is the
+/// cgroup the VMM was started in (a shell's session, `/` in a container). With v2 it could be
+/// nowhere else: a process's threads may only move within its own threaded subtree. `None`:
+/// no such line, or a path that would leave the hierarchy.
+pub fn cgroup_place(proc_self_cgroup: &str, v2: bool, tag: &str) -> Option<PathBuf> {
+    let own = proc_self_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_id, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let ours = if v2 {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == "cpu")
+        };
+        ours.then_some(path)
+    })?;
+    let base = if v2 {
+        PathBuf::from(CGROUP_ROOT)
+    } else {
+        Path::new(CGROUP_ROOT).join("cpu")
+    };
+    // The path is absolute within the hierarchy; `..` or `.` would leave it.
+    let rel = Path::new(own.trim_start_matches('/'));
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return None;
+    }
+    Some(base.join(rel).join(format!("ppa-vmm-{tag}")))
+}
+
+/// Where the cgroup file systems are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Adds `+cpu` to `dir`'s `cgroup.subtree_control` unless it is there (v2: what makes the
+/// cpu controller's files appear in its children).
+fn enable_cpu(dir: &Path) -> Result<(), CgroupError> {
+    let file = dir.join("cgroup.subtree_control");
+    let on = fs::read_to_string(&file)
+        .map(|c| c.split_whitespace().any(|x| x == "cpu"))
+        .unwrap_or(false);
+    if on {
+        return Ok(());
+    }
+    write(&file, "+cpu")
+}
+
 impl CgroupLimits {
-    /// Creates the cgroups for `config` under a directory named after the VM.
+    /// Creates the cgroups for `config` in `ppa-vmm-TAG` under this process's own cgroup of
+    /// the cpu hierarchy ([`cgroup_place`]).
     pub fn create(config: &LimitConfig, vcpus: usize, tag: &str) -> Result<Self, CgroupError> {
-        let unified = Path::new("/sys/fs/cgroup");
+        let unified = Path::new(CGROUP_ROOT);
         let v2 = fs::read_to_string(unified.join("cgroup.controllers"))
             .map(|c| c.split_whitespace().any(|x| x == "cpu"))
             .unwrap_or(false);
-        let base = if v2 {
-            unified.to_path_buf()
-        } else {
-            unified.join("cpu")
+        let no_controller = || CgroupError::NoController {
+            controllers: unified.join("cgroup.controllers"),
+            v1: unified.join("cpu"),
         };
-        if !base
-            .join(if v2 {
-                "cgroup.subtree_control"
-            } else {
-                "cpu.cfs_quota_us"
-            })
-            .exists()
-        {
-            return Err(CgroupError::NoController {
-                controllers: unified.join("cgroup.controllers"),
-                v1: unified.join("cpu"),
-            });
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let root = cgroup_place(&own, v2, tag).ok_or_else(no_controller)?;
+        let parent = root.parent().ok_or_else(no_controller)?.to_path_buf();
+        let available = if v2 {
+            fs::read_to_string(parent.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|x| x == "cpu"))
+        } else {
+            parent.join("cpu.cfs_quota_us").exists()
+        };
+        if !available {
+            return Err(CgroupError::NotDelegated { parent });
         }
-        let root = base.join(format!("ppa-vmm-{tag}"));
         create_dir(&root)?;
         let mut me = CgroupLimits {
             groups: Vec::new(),
@@ -153,9 +215,12 @@ impl CgroupLimits {
             root: root.clone(),
         };
         if v2 {
-            // Threads of one process in different cgroups need a threaded subtree.
+            // Threads of one process in different cgroups need a threaded subtree: ours, under
+            // the process's cgroup (which becomes its threaded domain), with the cpu
+            // controller on for it and in it.
             let _ = write(&root.join("cgroup.type"), "threaded");
-            write(&root.join("cgroup.subtree_control"), "+cpu")?;
+            enable_cpu(&parent)?;
+            enable_cpu(&root)?;
         }
         let vm_limit = config.vm.clone().unwrap_or((
             Limit {
@@ -283,6 +348,46 @@ impl Drop for CgroupLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39, item 9: the unit says `Delegate=yes` gives the backend cgroups under the
+    /// unit's own; a run put them at /sys/fs/cgroup/cpu/ppa-vmm-PID-0, the hierarchy's root.
+    /// They go under the process's own cgroup, which is the unit's when systemd runs it.
+    #[test]
+    fn the_cgroups_go_under_the_processs_own_cgroup_the_units_under_systemd() {
+        let unit_v2 = "0::/system.slice/ppa-vmm@web.service\n";
+        assert_eq!(
+            cgroup_place(unit_v2, true, "42-0"),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/system.slice/ppa-vmm@web.service/ppa-vmm-42-0"
+            ))
+        );
+        // v1 (or hybrid): the cpu hierarchy's line, whichever controllers share it; not
+        // cpuset's or cpuacct's alone.
+        let unit_v1 = "12:cpuset:/\n4:cpuacct:/other\n3:cpu,cpuacct:/system.slice/ppa-vmm@web.service\n\
+                       1:name=systemd:/system.slice/ppa-vmm@web.service\n0::/system.slice/ppa-vmm@web.service\n";
+        assert_eq!(
+            cgroup_place(unit_v1, false, "42-0"),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/cpu/system.slice/ppa-vmm@web.service/ppa-vmm-42-0"
+            ))
+        );
+        // At the hierarchy's root (a container, this development host): directly under it.
+        assert_eq!(
+            cgroup_place("1:cpu:/\n0::/\n", false, "7-1"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu/ppa-vmm-7-1"))
+        );
+        assert_eq!(
+            cgroup_place("0::/\n", true, "7-1"),
+            Some(PathBuf::from("/sys/fs/cgroup/ppa-vmm-7-1"))
+        );
+        // No cpu hierarchy, or a path that would leave it.
+        assert_eq!(
+            cgroup_place("4:cpuacct:/\n3:cpuset:/\n", false, "1-0"),
+            None
+        );
+        assert_eq!(cgroup_place("1:cpu:/\n", true, "1-0"), None);
+        assert_eq!(cgroup_place("0::/../etc\n", true, "1-0"), None);
+    }
 
     #[test]
     fn cpu_stat_of_both_versions() {

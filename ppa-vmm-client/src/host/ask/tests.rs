@@ -1,7 +1,7 @@
 //! [`gather`] against fake VMMs: one that answers (with an event and a stale answer in
 //! between), one that accepts and never answers, one that refuses, one whose socket is gone.
 
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc;
 
 use ppa_vmm_api::{ErrorBody, ErrorKind, Response};
@@ -160,7 +160,7 @@ fn a_vm_whose_second_stats_is_late_gives_its_first() {
     assert_eq!(a.stats.len(), 1);
     let rows = list_rows(&views);
     assert_eq!(rows[0].state, ListState::Vm(ppa_vmm_api::VmState::Running));
-    assert_eq!((rows[0].uptime_ns, rows[0].cpu_percent), (S, None));
+    assert_eq!((rows[0].uptime_ns, rows[0].cpu_percent), (Some(S), None));
 }
 
 #[test]
@@ -195,4 +195,96 @@ fn an_answer_line_that_is_not_json_is_a_bad_answer_and_a_close_is_said() {
         "{:?}",
         views[1].answer
     );
+}
+
+/// Issue 39, item 10: a VMM answering with a 64 MiB line cost `host list` 70 MB before the
+/// line was refused. A line is read only up to its step's bound: past it the VM's answer is
+/// [`AskError::TooLong`], the rest is not read, and the buffer never holds more than the
+/// bound (its allocation included); the other VMs are answered as usual.
+#[test]
+fn an_answer_line_past_the_bound_is_that_vms_error_and_allocates_no_more() {
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    // A 64 MiB line without its end, written as fast as the socket takes it.
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..64 {
+            if theirs.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let mut c = Conn::new(0, ours);
+    let ask = Ask {
+        interval: None,
+        metrics: false,
+        timeout: Duration::from_secs(5),
+    };
+    let t0 = std::time::Instant::now();
+    let e = loop {
+        match c.receive(ask) {
+            Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(true) => panic!("a line without its end answered"),
+            Err(e) => break e,
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no error");
+    };
+    assert!(
+        matches!(
+            e,
+            AskError::TooLong {
+                cmd: "stats",
+                bound: MAX_STATS_LINE
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        c.input.capacity() <= MAX_STATS_LINE + 1,
+        "{} bytes held for a bound of {MAX_STATS_LINE}",
+        c.input.capacity()
+    );
+    assert!(e.to_string().contains(&MAX_STATS_LINE.to_string()), "{e}");
+    drop(c);
+    writer.join().unwrap();
+
+    // Through gather: the long line is the VM's own error, and the next VM answers.
+    let long = FakeServer::start(|_, _| vec!["x".repeat(MAX_STATS_LINE + 10)]);
+    let vmm = answering();
+    let scan = Scan {
+        vms: vec![
+            entry("long", long.path().to_path_buf()),
+            entry("ok", vmm.path().to_path_buf()),
+        ],
+        ..Scan::default()
+    };
+    let views = gather(
+        &scan,
+        Ask {
+            interval: None,
+            metrics: true,
+            timeout: Duration::from_millis(3000),
+        },
+    );
+    assert!(
+        matches!(views[0].answer, Err(AskError::TooLong { cmd: "stats", .. })),
+        "{:?}",
+        views[0].answer
+    );
+    assert!(views[1].answer.is_ok(), "{:?}", views[1].answer);
+}
+
+#[test]
+fn a_buffer_grows_by_doubling_up_to_its_cap_and_no_further() {
+    let mut v = Vec::new();
+    push_bounded(&mut v, &[1; 10], 100);
+    assert_eq!(v.len(), 10);
+    push_bounded(&mut v, &[2; 50], 100);
+    assert!(
+        v.capacity() >= 60 && v.capacity() <= 100,
+        "{}",
+        v.capacity()
+    );
+    push_bounded(&mut v, &[3; 40], 100);
+    assert_eq!((v.len(), v.capacity()), (100, 100));
 }
