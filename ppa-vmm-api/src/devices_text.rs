@@ -141,6 +141,7 @@ mod tests {
             chains: packets,
             packets,
             bytes: 64 * packets,
+            requests: None,
             copied: 0,
             drops: drops.iter().copied().collect(),
         };
@@ -182,6 +183,8 @@ mod tests {
                 resets_unsettled: 0,
                 violations: BTreeMap::new(),
             },
+            blk: None,
+            service: None,
         };
         let t = devices_text(&[d]);
         let lines: Vec<&str> = t.lines().collect();

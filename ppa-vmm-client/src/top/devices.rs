@@ -103,6 +103,7 @@ mod tests {
             chains: frames,
             packets: frames,
             bytes: 0,
+            requests: None,
             copied: 0,
             drops: BTreeMap::new(),
         };
@@ -138,6 +139,8 @@ mod tests {
                 resets_unsettled: 0,
                 violations: BTreeMap::new(),
             },
+            blk: None,
+            service: None,
         }
     }
 

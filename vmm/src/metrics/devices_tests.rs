@@ -21,6 +21,7 @@ pub(super) fn device() -> DeviceStats {
         chains: packets + 1,
         packets,
         bytes: packets * 64,
+        requests: None,
         copied: 0,
         drops: BTreeMap::from([(DropReason::TapWouldBlock, 1)]),
     };
@@ -49,6 +50,7 @@ pub(super) fn device() -> DeviceStats {
             tx: 200_000_000,
             rx: 50_000_000,
             ctrl: 0,
+            req: 0,
             other: 50_000_000,
         },
         cpu_ns_per_packet: Some(PerPacket {
@@ -64,6 +66,8 @@ pub(super) fn device() -> DeviceStats {
             resets_unsettled: 0,
             violations: BTreeMap::new(),
         },
+        blk: None,
+        service: None,
     }
 }
 

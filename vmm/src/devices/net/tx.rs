@@ -157,13 +157,7 @@ impl TxQueue {
             c.drop_one(DropReason::OversizedFrame);
             return;
         }
-        self.iov.clear();
-        for s in self.segs.slices(mem) {
-            self.iov.push(libc::iovec {
-                iov_base: s.ptr_guard().as_ptr().cast_mut().cast(),
-                iov_len: s.len(),
-            });
-        }
+        self.segs.iovecs(mem, 0, self.segs.total(), &mut self.iov);
         // SAFETY: each iovec points into a guest memory region that `mem` keeps mapped for
         // the whole call (the slices were just made from it and `mem` outlives this call).
         let r = unsafe { sink.write_frame(&self.iov) };
