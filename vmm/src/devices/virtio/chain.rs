@@ -241,16 +241,29 @@ impl Segments {
 
     /// Copies the chain's first `out.len()` bytes (or fewer) into `out`; returns how many.
     pub fn read_into(&self, mem: &GuestMemoryMmap, out: &mut [u8]) -> usize {
+        self.read_at(mem, 0, out)
+    }
+
+    /// Copies the chain's bytes from `skip` on into `out` (as many as fit or are there);
+    /// returns how many.
+    pub fn read_at(&self, mem: &GuestMemoryMmap, skip: u64, out: &mut [u8]) -> usize {
+        let mut skip = skip;
         let mut done = 0;
         for s in self.slices(mem) {
             if done == out.len() {
                 break;
             }
-            let n = (s.len()).min(out.len() - done);
-            if let Ok(sub) = s.subslice(0, n) {
+            let len = s.len() as u64;
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let n = ((len - skip) as usize).min(out.len() - done);
+            if let Ok(sub) = s.subslice(skip as usize, n) {
                 sub.copy_to(&mut out[done..done + n]);
             }
             done += n;
+            skip = 0;
         }
         done
     }
