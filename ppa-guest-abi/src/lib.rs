@@ -127,8 +127,8 @@ pub mod report {
     pub const BLK_ERRORS: u64 = 20;
     /// Disk workloads: the device's status when the workload ended (as `net_status`).
     pub const BLK_STATUS: u64 = 21;
-    /// Disk workloads: TSC time of the I/O loop, from the first request made available to
-    /// the last given back (and, for `blk-write`, its FLUSH), ns.
+    /// Disk workloads: TSC time of the block requests, from the first made available to the
+    /// last given back (`blk-write`'s FLUSH after them not included), ns.
     pub const BLK_NS: u64 = 22;
 
     /// Name of each key, index = key.

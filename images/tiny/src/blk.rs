@@ -53,7 +53,8 @@ pub struct BlkCounts {
     pub mismatches: u64,
     /// Requests answered with another status (the FLUSH included).
     pub errors: u64,
-    /// TSC time of the I/O, ns.
+    /// TSC time of the block requests, from the first made available to the last given back
+    /// (the FLUSH after them not included), ns.
     pub ns: u64,
 }
 
@@ -219,10 +220,10 @@ fn run(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, write: bool) -> Blk
             }
         }
     }
+    c.ns = clk.ns(rdtsc().saturating_sub(t0));
     if write && done == blocks {
         c.errors += u64::from(!flush(disk, clk));
     }
-    c.ns = clk.ns(rdtsc().saturating_sub(t0));
     c
 }
 

@@ -184,6 +184,9 @@ fn thread_kinds_from_names() {
     assert_eq!(kind(110, "uplink-qp15"), ThreadKind::Device);
     assert_eq!(kind(111, "-qp1"), ThreadKind::Other);
     assert_eq!(kind(112, "net0-qp"), ThreadKind::Other);
+    assert_eq!(kind(113, "blk0-q0"), ThreadKind::Device);
+    assert_eq!(kind(114, "data-q15"), ThreadKind::Device);
+    assert_eq!(kind(115, "blk0-q"), ThreadKind::Other);
 }
 
 /// Per-kind CPU time never decreases: a thread that ends, a tid reused by a new thread, a
