@@ -81,6 +81,29 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
         if let Some(why) = &d.status_reason {
             let _ = writeln!(out, "  status: {why}");
         }
+        if let Some(why) = &d.backend_error {
+            let _ = writeln!(out, "  backend: {why}");
+        }
+        if let Some(f) = &d.frame_cpu {
+            let way = |name: &str, n: u64, h: &crate::HistogramJson| {
+                (n > 0).then(|| {
+                    format!(
+                        "{name} {n} frames, per batch p50 {} p99 {} max {} ns ({} batches)",
+                        h.p50, h.p99, h.max, h.count
+                    )
+                })
+            };
+            let parts: Vec<String> = [
+                way("tx", f.tx_frames, &f.tx_per_batch),
+                way("rx", f.rx_frames, &f.rx_per_batch),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !parts.is_empty() {
+                let _ = writeln!(out, "  CPU a frame: {}", parts.join("; "));
+            }
+        }
         for q in d.queues.iter().filter(|q| !q.drops.is_empty()) {
             let list: Vec<String> = q.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
             let _ = writeln!(
@@ -112,9 +135,10 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
         }
     }
     out.push_str(
-        "CPU is the device threads' CPU clocks; ns/fr is the CPU of the transmit (receive) work \
-         over the frames sent (delivered). A thread's WALL = USED + STEAL + WAITING (asleep in \
-         its event loop) + BLKD.\n",
+        "CPU is the device threads' CPU clocks; ns/fr is a mean: the CPU of the transmit \
+         (receive) work over the frames it handled, sent (delivered) or dropped, while the CPU \
+         marks were taken (not at level off); \"CPU a frame\" gives its spread over the batches. \
+         A thread's WALL = USED + STEAL + WAITING (asleep in its event loop) + BLKD.\n",
     );
     out
 }
@@ -153,6 +177,7 @@ mod tests {
             gsi: None,
             status: DeviceHealth::NeedsReset,
             status_reason: Some("the driver made a malformed descriptor chain available".into()),
+            backend_error: None,
             threads: vec![DeviceThreadStats {
                 name: "net0-qp0".into(),
                 host_tid: 77,

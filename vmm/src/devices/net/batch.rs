@@ -141,7 +141,7 @@ pub struct Outcome {
     pub abandoned: bool,
     /// The driver broke the queue: the device needs a reset.
     pub fault: Option<QueueFault>,
-    /// (Receive) The tap failed.
+    /// The tap failed (receive: a read error; transmit: a frame refused as gone or down).
     pub tap_error: Option<io::Error>,
     /// (Receive) At least one frame came through the tap.
     pub tap_ok: bool,
@@ -243,6 +243,8 @@ pub fn tx_pass(
         more: pass.more,
         abandoned: pass.abandoned,
         fault: pass.fault,
+        tap_error: pass.tap_down.map(io::Error::from_raw_os_error),
+        tap_ok: pass.frames > 0 && pass.tap_down.is_none(),
         ..Outcome::default()
     };
     if o.fault.is_none() && !o.abandoned {

@@ -137,6 +137,23 @@ impl NetDevice {
         }
     }
 
+    /// The tap's failure, when a queue pair's tap fails now.
+    fn backend_error(&self) -> Option<String> {
+        let errno = self
+            .net
+            .tap_errors
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .find(|&e| e != 0)?;
+        let e = std::io::Error::from_raw_os_error(errno);
+        let gone = matches!(errno, libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO);
+        Some(format!(
+            "its tap {} {} ({e}): frames to and from the host stop",
+            self.tap_name,
+            if gone { "is gone or down" } else { "fails" }
+        ))
+    }
+
     fn driver_stats(&self) -> DriverStats {
         let c = &self.virtio.counters;
         let violations: BTreeMap<String, u64> = ALL_VIOLATIONS
@@ -210,6 +227,7 @@ impl NetDevice {
             gsi: self.virtio.gsi(),
             status,
             status_reason,
+            backend_error: self.backend_error(),
             threads,
             queues,
             cpu_ns,

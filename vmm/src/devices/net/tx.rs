@@ -74,6 +74,8 @@ pub struct TxPass {
     pub more: bool,
     /// The pass stopped because the device's epoch ended (a reset) or it was stopped.
     pub abandoned: bool,
+    /// The tap refused a frame as gone or down (its errno): the backend failed.
+    pub tap_down: Option<i32>,
     /// A fault that needs a reset, after which nothing more was taken.
     pub fault: Option<QueueFault>,
 }
@@ -141,7 +143,11 @@ impl TxQueue {
                 pass.fault = Some(QueueFault::Chain(e));
                 return pass;
             }
-            self.send(mem, sink, c);
+            if let Err(e) = self.send(mem, sink, c) {
+                if drop_reason(&e) == DropReason::TapDown {
+                    pass.tap_down = e.raw_os_error();
+                }
+            }
             pass.frames += 1;
             if let Err(f) = self.dq.add_used(mem, self.segs.head(), 0) {
                 pass.fault = Some(f);
@@ -151,11 +157,18 @@ impl TxQueue {
         }
     }
 
-    fn send(&mut self, mem: &GuestMemoryMmap, sink: &impl FrameSink, c: &QueueCounters) {
+    /// Writes the chain loaded last to `sink`; counts the frame or its drop. The tap's error,
+    /// when it refused the frame.
+    fn send(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        sink: &impl FrameSink,
+        c: &QueueCounters,
+    ) -> io::Result<()> {
         let frame = self.segs.total() - VNET_HDR_LEN as u64;
         if frame > MAX_TX_FRAME {
             c.drop_one(DropReason::OversizedFrame);
-            return;
+            return Ok(());
         }
         self.iov.clear();
         for s in self.segs.slices(mem) {
@@ -172,8 +185,12 @@ impl TxQueue {
             Ok(_) => {
                 c.packets.add(1);
                 c.bytes.add(frame);
+                Ok(())
             }
-            Err(e) => c.drop_one(drop_reason(&e)),
+            Err(e) => {
+                c.drop_one(drop_reason(&e));
+                Err(e)
+            }
         }
     }
 }
