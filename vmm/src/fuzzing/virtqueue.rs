@@ -15,6 +15,7 @@ use std::cell::Cell;
 use std::io;
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -91,12 +92,13 @@ fn hostile(data: &[u8]) {
     let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]) else {
         return;
     };
+    let mem = Arc::new(mem);
     let n = rest.len().min(MEM);
     if mem.write_slice(&rest[..n], GuestAddress(0)).is_err() {
         return;
     }
     let available = |q: &Queue| {
-        q.avail_idx(&mem, Ordering::Acquire)
+        q.avail_idx(&*mem, Ordering::Acquire)
             .map_or(0, |i| (i - Wrapping(q.next_avail())).0)
     };
 
@@ -104,7 +106,10 @@ fn hostile(data: &[u8]) {
     if let Some(q) = queue(size, event_idx, &mem) {
         let offered = available(&q);
         let before = q.next_used();
-        let mut tx = TxQueue::new(DeviceQueue::new(q));
+        let Ok(dq) = DeviceQueue::new(q, &mem) else {
+            return;
+        };
+        let mut tx = TxQueue::new(dq);
         let sink = Sink {
             frames: Cell::new(0),
         };
@@ -143,7 +148,10 @@ fn hostile(data: &[u8]) {
             gso: head & 0x40 != 0,
             mtu: 1500,
         };
-        let mut rx = RxQueue::new(DeviceQueue::new(q), params);
+        let Ok(dq) = DeviceQueue::new(q, &mem) else {
+            return;
+        };
+        let mut rx = RxQueue::new(dq, params);
         let frame_len = VNET_HDR_LEN + (usize::from(head) * 8).min(2048);
         let frame: Vec<u8> = rest.iter().copied().cycle().take(frame_len).collect();
         let tap = ModelTap::default();
@@ -171,7 +179,10 @@ fn hostile(data: &[u8]) {
     // Control.
     let _ = mem.write_slice(&rest[..n], GuestAddress(0));
     if let Some(q) = queue(size, event_idx, &mem) {
-        let mut ctrl = CtrlQueue::new(DeviceQueue::new(q), 4, true);
+        let Ok(dq) = DeviceQueue::new(q, &mem) else {
+            return;
+        };
+        let mut ctrl = CtrlQueue::new(dq, 4, true);
         let c = QueueCounters::default();
         let pass = ctrl.run(&mem, &c, u64::from(size), || true);
         assert!(c.chains.get() <= u64::from(size));

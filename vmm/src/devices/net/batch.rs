@@ -15,6 +15,7 @@
 //! per-frame CPU figures count.
 
 use std::io;
+use std::sync::Arc;
 
 use ppa_vmm_api::DropReason;
 use virtio_bindings::bindings::virtio_net::{
@@ -57,14 +58,19 @@ pub struct Queues {
 fn device_queue(
     virtio: &VirtioShared,
     index: Option<usize>,
-    mem: &GuestMemoryMmap,
+    mem: &Arc<GuestMemoryMmap>,
 ) -> Result<Option<DeviceQueue>, Violation> {
     let Some(index) = index else {
         return Ok(None);
     };
     let event_idx = virtio.has_feature(VIRTIO_RING_F_EVENT_IDX);
     match (virtio.queue(index), virtio.max_size(index)) {
-        (Some(regs), Some(max)) => Ok(regs.to_queue(max, event_idx, mem)?.map(DeviceQueue::new)),
+        (Some(regs), Some(max)) => match regs.to_queue(max, event_idx, mem)? {
+            Some(q) => DeviceQueue::new(q, mem)
+                .map(Some)
+                .map_err(|_| Violation::BadQueue),
+            None => Ok(None),
+        },
         _ => Ok(None),
     }
 }
@@ -85,7 +91,7 @@ pub fn build(
     pair: usize,
     max_pairs: u16,
     mtu: u16,
-    mem: &GuestMemoryMmap,
+    mem: &Arc<GuestMemoryMmap>,
 ) -> Result<Queues, Violation> {
     let n = negotiated(virtio);
     let served = layout::served_by(pair, max_pairs, n);
@@ -118,10 +124,10 @@ pub enum Irq {
 
 /// The interrupt decision for the used entries `dq` added since the last one: every used
 /// entry counts, a zero-length one included.
-pub fn end_pass(dq: &mut DeviceQueue, mem: &GuestMemoryMmap) -> Irq {
+pub fn end_pass(dq: &mut DeviceQueue) -> Irq {
     if dq.unsignalled() == 0 {
         Irq::None
-    } else if dq.needs_interrupt(mem) {
+    } else if dq.needs_interrupt() {
         Irq::Wanted
     } else {
         Irq::Suppressed
@@ -224,7 +230,7 @@ pub fn rx_pass(
             }
         }
     }
-    o.irq = end_pass(&mut rxq.dq, mem);
+    o.irq = end_pass(&mut rxq.dq);
     o
 }
 
@@ -248,7 +254,7 @@ pub fn tx_pass(
         ..Outcome::default()
     };
     if o.fault.is_none() && !o.abandoned {
-        o.irq = end_pass(&mut txq.dq, mem);
+        o.irq = end_pass(&mut txq.dq);
     }
     o
 }
@@ -269,7 +275,7 @@ pub fn ctrl_pass(
         ..Outcome::default()
     };
     if o.fault.is_none() && !o.abandoned {
-        o.irq = end_pass(&mut q.dq, mem);
+        o.irq = end_pass(&mut q.dq);
     }
     o
 }

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::io;
 
 use ppa_vmm_api::DropReason;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tap::VNET_HDR_LEN;
 use crate::devices::virtio::chain::{Direction, Segment, Segments};
@@ -158,7 +158,7 @@ impl Window {
 
     /// Adds a chain at the back (its buffers checked by `Segments::load`); false when the
     /// window has no room for its buffers.
-    fn push(&mut self, segs: &Segments, mem: &GuestMemoryMmap, max_frame: u64) -> bool {
+    fn push(&mut self, segs: &Segments, max_frame: u64) -> bool {
         let list = segs.list();
         // One read takes IOV_MAX buffers: the held chains' and the host buffer.
         if self.buffers() + list.len() >= IOV_MAX || self.chains.len() == self.chains.capacity() {
@@ -174,14 +174,8 @@ impl Window {
             self.start = 0;
         }
         for s in list {
-            // Each buffer was checked against `mem` when loaded; a mapping cannot vanish.
-            let Ok(slice) = mem.get_slice(GuestAddress(s.addr), s.len as usize) else {
-                return false;
-            };
-            self.iov.push(libc::iovec {
-                iov_base: slice.ptr_guard().as_ptr().cast_mut().cast(),
-                iov_len: slice.len(),
-            });
+            // Each buffer was checked against guest memory when its chain was loaded.
+            self.iov.push(s.iovec());
             self.segs.push(*s);
         }
         let held = Held {
@@ -258,6 +252,22 @@ pub struct RxQueue {
 
 /// Writes `bytes` at `offset` of the chain whose buffers are `segs` (across buffers).
 fn write_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64, bytes: &[u8]) {
+    if let Some(s) = segs.first() {
+        if bytes.len() <= 16 && offset + bytes.len() as u64 <= u64::from(s.len) {
+            // The common case, a header field in the first buffer: through its mapping, found
+            // when the chain was checked, without looking the address up again.
+            // SAFETY: `s.host` maps the whole buffer (`s.len` bytes) in guest memory, which
+            // stays mapped for the VM's life; the bytes written lie inside it. Volatile: the
+            // guest may touch the same memory.
+            unsafe {
+                let dst = (s.host as *mut u8).add(offset as usize);
+                for (i, b) in bytes.iter().enumerate() {
+                    std::ptr::write_volatile(dst.add(i), *b);
+                }
+            }
+            return;
+        }
+    }
     let (mut skip, mut done) = (offset, 0);
     for s in segs {
         if done == bytes.len() {
@@ -278,9 +288,16 @@ fn write_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64, bytes: &[u8]) 
 /// Reads the byte at `offset` of the chain whose buffers are `segs`.
 fn byte_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64) -> u8 {
     let mut skip = offset;
-    for s in segs {
+    for (k, s) in segs.iter().enumerate() {
         let len = u64::from(s.len);
         if skip < len {
+            if k == 0 {
+                // SAFETY: `s.host` maps the whole buffer in guest memory, mapped for the VM's
+                // life, and `skip` is inside it. Volatile: the guest may touch it.
+                return unsafe {
+                    std::ptr::read_volatile((s.host as *const u8).add(skip as usize))
+                };
+            }
             return mem.read_obj(GuestAddress(s.addr + skip)).unwrap_or(0);
         }
         skip -= len;
@@ -342,7 +359,7 @@ impl RxQueue {
             self.load
                 .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
                 .map_err(QueueFault::Chain)?;
-            if !self.held.push(&self.load, mem, self.need()) {
+            if !self.held.push(&self.load, self.need()) {
                 self.dq.unpop(1);
                 self.window_full = true;
                 break;
@@ -476,7 +493,7 @@ impl RxQueue {
         }
         let count = self.used.len() as u16;
         write_in(mem, self.held.first(), NUM_BUFFERS_AT, &count.to_le_bytes());
-        if let Err(f) = self.dq.add_used_many(mem, &self.used) {
+        if let Err(f) = self.dq.add_used_many(&self.used) {
             return Step::Fault(f);
         }
         self.held.consume(usize::from(count), self.need());

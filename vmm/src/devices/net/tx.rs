@@ -19,7 +19,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::queues::QueueCounters;
 use super::tap::VNET_HDR_LEN;
-use crate::devices::virtio::chain::{Direction, Segments};
+use crate::devices::virtio::chain::{Direction, Segment, Segments};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
 /// The largest frame a transmit chain may carry after its header: a 64 KiB TSO frame.
@@ -143,13 +143,13 @@ impl TxQueue {
                 pass.fault = Some(QueueFault::Chain(e));
                 return pass;
             }
-            if let Err(e) = self.send(mem, sink, c) {
+            if let Err(e) = self.send(sink, c) {
                 if drop_reason(&e) == DropReason::TapDown {
                     pass.tap_down = e.raw_os_error();
                 }
             }
             pass.frames += 1;
-            if let Err(f) = self.dq.add_used(mem, self.segs.head(), 0) {
+            if let Err(f) = self.dq.add_used(self.segs.head(), 0) {
                 pass.fault = Some(f);
                 return pass;
             }
@@ -159,26 +159,17 @@ impl TxQueue {
 
     /// Writes the chain loaded last to `sink`; counts the frame or its drop. The tap's error,
     /// when it refused the frame.
-    fn send(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        sink: &impl FrameSink,
-        c: &QueueCounters,
-    ) -> io::Result<()> {
+    fn send(&mut self, sink: &impl FrameSink, c: &QueueCounters) -> io::Result<()> {
         let frame = self.segs.total() - VNET_HDR_LEN as u64;
         if frame > MAX_TX_FRAME {
             c.drop_one(DropReason::OversizedFrame);
             return Ok(());
         }
         self.iov.clear();
-        for s in self.segs.slices(mem) {
-            self.iov.push(libc::iovec {
-                iov_base: s.ptr_guard().as_ptr().cast_mut().cast(),
-                iov_len: s.len(),
-            });
-        }
-        // SAFETY: each iovec points into a guest memory region that `mem` keeps mapped for
-        // the whole call (the slices were just made from it and `mem` outlives this call).
+        self.iov.extend(self.segs.list().iter().map(Segment::iovec));
+        // SAFETY: each iovec points into a guest memory region, checked when the chain was
+        // loaded this pass; guest memory stays mapped for the VM's life (the caller's `mem`,
+        // borrowed for the whole pass, is that memory).
         let r = unsafe { sink.write_frame(&self.iov) };
         self.iov.clear();
         match r {

@@ -3,10 +3,12 @@
 //! drops over the MTU and past the largest frame, and what a hostile driver can put in the
 //! ring.
 
+use std::sync::Arc;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
+
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -17,8 +19,8 @@ use crate::fuzzing::netmodel::ModelTap;
 const WRITE: u16 = VRING_DESC_F_WRITE as u16;
 const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 
-fn mem() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap()
+fn mem() -> Arc<GuestMemoryMmap> {
+    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap())
 }
 
 fn d(addr: u64, len: u32, flags: u16) -> RawDescriptor {
@@ -42,13 +44,18 @@ fn used(vq: &MockSplitQueue<'_, GuestMemoryMmap>, i: usize) -> (u32, u32) {
     (e.id(), e.len())
 }
 
-fn rxq(vq: &MockSplitQueue<'_, GuestMemoryMmap>, mergeable: bool, mtu: u16) -> RxQueue {
+fn rxq(
+    m: &Arc<GuestMemoryMmap>,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    mergeable: bool,
+    mtu: u16,
+) -> RxQueue {
     let p = RxParams {
         mergeable,
         gso: false,
         mtu,
     };
-    RxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()), p)
+    RxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), m).unwrap(), p)
 }
 
 fn delivered(s: Step) -> (u16, usize, bool) {
@@ -65,10 +72,10 @@ fn delivered(s: Step) -> (u16, usize, bool) {
 #[test]
 fn a_frame_is_read_straight_into_one_chain_with_num_buffers_one() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 2048, WRITE), d(0x2_0000, 2048, WRITE)], 0)
         .unwrap();
-    let mut rx = rxq(&vq, false, 1500);
+    let mut rx = rxq(&m, &vq, false, 1500);
     let tap = ModelTap::default();
     let f = frame(100, false);
     tap.push(f.clone());
@@ -85,9 +92,9 @@ fn a_frame_is_read_straight_into_one_chain_with_num_buffers_one() {
 #[test]
 fn frames_over_the_mtu_or_past_the_largest_are_dropped_and_the_chain_takes_the_next() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 2048, WRITE)], 0).unwrap();
-    let mut rx = rxq(&vq, false, 1500);
+    let mut rx = rxq(&m, &vq, false, 1500);
     let tap = ModelTap::default();
     // 1,519 bytes of Ethernet frame: one over MTU + header + VLAN tag.
     tap.push(frame(1500 + ETH_OVERHEAD + 1, false));
@@ -115,13 +122,13 @@ fn frames_over_the_mtu_or_past_the_largest_are_dropped_and_the_chain_takes_the_n
 #[test]
 fn a_large_frame_spans_mergeable_buffers_read_straight_into_them() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     // MTU 9000: the largest frame is 9,030 bytes, so ten buffers of 1,024 are held.
     let descs: Vec<_> = (0..12)
         .map(|i| d(0x1_0000 + i * 0x1000, 1024, WRITE))
         .collect();
     vq.add_desc_chains(&descs, 0).unwrap();
-    let mut rx = rxq(&vq, true, 9000);
+    let mut rx = rxq(&m, &vq, true, 9000);
     let tap = ModelTap::default();
     let f = frame(2500, false); // 2,512 bytes: three buffers
     tap.push(f.clone());
@@ -146,9 +153,9 @@ fn a_large_frame_spans_mergeable_buffers_read_straight_into_them() {
 #[test]
 fn with_too_few_buffers_a_frame_waits_in_the_host_buffer_then_goes_in_copied() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 1024, WRITE)], 0).unwrap();
-    let mut rx = rxq(&vq, true, 1500);
+    let mut rx = rxq(&m, &vq, true, 1500);
     let tap = ModelTap::default();
     let f = frame(1400, false);
     tap.push(f.clone());
@@ -172,7 +179,7 @@ fn with_too_few_buffers_a_frame_waits_in_the_host_buffer_then_goes_in_copied() {
 #[test]
 fn running_out_of_buffers_asks_for_the_next_kick() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 2048, WRITE)], 0).unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     q.set_event_idx(true);
@@ -181,7 +188,7 @@ fn running_out_of_buffers_asks_for_the_next_kick() {
         gso: false,
         mtu: 1500,
     };
-    let mut rx = RxQueue::new(DeviceQueue::new(q), p);
+    let mut rx = RxQueue::new(DeviceQueue::new(q, &m).unwrap(), p);
     let tap = ModelTap::default();
     tap.push(frame(10, false));
     tap.push(frame(10, false));
@@ -199,15 +206,15 @@ fn hostile_receive_chains_are_faults() {
     let tap = ModelTap::default();
     tap.push(frame(10, false));
     // A device-readable buffer where the device must write.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 2048, 0)], 0).unwrap();
-    let mut rx = rxq(&vq, true, 1500);
+    let mut rx = rxq(&m, &vq, true, 1500);
     assert!(matches!(
         rx.receive(&m, &tap),
         Step::Fault(QueueFault::Chain(ChainError::WrongDirection))
     ));
     // A chain that loops.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(
         &[RawDescriptor::from(SplitDescriptor::new(
             0x1_0000,
@@ -218,23 +225,23 @@ fn hostile_receive_chains_are_faults() {
         0,
     )
     .unwrap();
-    let mut rx = rxq(&vq, false, 1500);
+    let mut rx = rxq(&m, &vq, false, 1500);
     assert!(matches!(
         rx.receive(&m, &tap),
         Step::Fault(QueueFault::Chain(ChainError::Broken))
     ));
     // A buffer shorter than the header.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 8, WRITE)], 0).unwrap();
-    let mut rx = rxq(&vq, true, 1500);
+    let mut rx = rxq(&m, &vq, true, 1500);
     assert!(matches!(
         rx.receive(&m, &tap),
         Step::Fault(QueueFault::Chain(ChainError::Empty))
     ));
     // An available index 1000 ahead in a queue of 16.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.avail().idx().store(1000);
-    let mut rx = rxq(&vq, false, 1500);
+    let mut rx = rxq(&m, &vq, false, 1500);
     assert!(matches!(
         rx.receive(&m, &tap),
         Step::Fault(QueueFault::AvailIndex)
