@@ -2,7 +2,6 @@
 //! ring empties, interrupts exactly when the driver asks, a frame's used entries published
 //! together.
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::*;
@@ -14,16 +13,9 @@ fn mem() -> Arc<GuestMemoryMmap> {
 
 /// The device's queue over the driver's rings.
 fn device(d: &DriverRing, event_idx: bool, m: &Arc<GuestMemoryMmap>) -> DeviceQueue {
-    let (desc, avail, used) = d.addrs();
-    let mut q = Queue::new(1024).unwrap();
-    q.try_set_size(d.size()).unwrap();
-    q.try_set_desc_table_address(GuestAddress(desc)).unwrap();
-    q.try_set_avail_ring_address(GuestAddress(avail)).unwrap();
-    q.try_set_used_ring_address(GuestAddress(used)).unwrap();
-    q.set_event_idx(event_idx);
-    q.set_ready(true);
-    assert!(q.is_valid(&**m));
-    DeviceQueue::new(q, m).unwrap()
+    let q = d.device_queue(m);
+    assert_eq!(q.event_idx(), event_idx);
+    q
 }
 
 fn buf(i: u64) -> [Buf; 1] {
