@@ -151,6 +151,29 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
+/// How the vCPU threads are named: ours (`vcpu0`, `vcpu1`, …) or Firecracker's (`fc_vcpu 0`,
+/// …), which Kata Containers looks for to find a Firecracker VM's vCPU threads
+/// (docs/firecracker.md). The name is what `ps -L`, `top -H` and `ctl threads` show; the
+/// accounting keys vCPUs by index either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VcpuNames {
+    /// `vcpuN`.
+    #[default]
+    Ppa,
+    /// `fc_vcpu N`, as Firecracker names them.
+    Firecracker,
+}
+
+impl VcpuNames {
+    /// The name of vCPU `id`'s thread (at most 15 bytes for any id up to [`MAX_VCPUS`]).
+    pub fn name(self, id: usize) -> String {
+        match self {
+            VcpuNames::Ppa => format!("vcpu{id}"),
+            VcpuNames::Firecracker => format!("fc_vcpu {id}"),
+        }
+    }
+}
+
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -198,6 +221,8 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
+    pub vcpu_names: VcpuNames,
 }
 
 impl Default for VmConfig {
@@ -224,6 +249,7 @@ impl Default for VmConfig {
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         }
     }
 }
@@ -675,6 +701,7 @@ impl RunOptions {
             seccomp: self.seccomp.unwrap_or_default(),
             net,
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;
         let report = ReportOptions {

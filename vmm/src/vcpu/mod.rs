@@ -369,11 +369,23 @@ pub struct VcpuThread<V: hv::Vcpu> {
     pub warm_up: Option<WarmUpStub>,
 }
 
-/// Starts the thread of a vCPU; the handle must be joined before the VM is dropped.
+/// Starts the thread of a vCPU, named `vcpuN` (the tests' shorthand for [`spawn_named`]); the
+/// handle must be joined before the VM is dropped.
+#[cfg(test)]
 pub fn spawn<V: hv::Vcpu + 'static>(v: VcpuThread<V>) -> Result<JoinHandle<()>, VcpuError> {
+    let name = crate::config::VcpuNames::Ppa.name(v.shared.id);
+    spawn_named(v, name)
+}
+
+/// Starts the thread of a vCPU named `name` (the VM's [`crate::config::VcpuNames`]); the handle
+/// must be joined before the VM is dropped.
+pub fn spawn_named<V: hv::Vcpu + 'static>(
+    v: VcpuThread<V>,
+    name: String,
+) -> Result<JoinHandle<()>, VcpuError> {
     let id = v.shared.id;
     std::thread::Builder::new()
-        .name(format!("vcpu{id}"))
+        .name(name)
         .spawn(move || run::thread_main(v))
         .map_err(|e| VcpuError::Spawn(id, e))
 }
