@@ -35,8 +35,8 @@ impl Drop for LowerDir {
 
 /// The client's Python, made by scripts/setup.sh.
 fn client_python() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/firecracker-client/venv/bin/python");
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/firecracker-client/venv/bin/python");
     assert!(
         p.exists(),
         "{} is missing: scripts/setup.sh installs the pinned Firecracker client there",
@@ -101,7 +101,13 @@ fn check_pre_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     let d = &s["machine-config-default"].1;
     assert_eq!((n(&d["vcpu_count"]), n(&d["mem_size_mib"])), (1, 128));
     assert_eq!(d["smt"], false);
-    for ok in ["logger", "metrics", "machine-config", "boot-source", "network-interface"] {
+    for ok in [
+        "logger",
+        "metrics",
+        "machine-config",
+        "boot-source",
+        "network-interface",
+    ] {
         assert_eq!(s[ok].0, 204, "{ok}: {:?}", s[ok]);
         assert_eq!(s[ok].1, Value::Null, "204 has no body");
     }
@@ -133,7 +139,13 @@ fn check_control_socket(s: &std::collections::BTreeMap<String, (i64, Value)>) {
         // Spec section 4's identity, exact: wall = used + steal + halted + idle + limited +
         // paused + blocked - error, the error reported.
         let parts = [
-            "used_ns", "steal_ns", "halted_ns", "idle_ns", "limited_ns", "paused_ns", "blocked_ns",
+            "used_ns",
+            "steal_ns",
+            "halted_ns",
+            "idle_ns",
+            "limited_ns",
+            "paused_ns",
+            "blocked_ns",
         ]
         .iter()
         .map(|k| n(&v[*k]))
@@ -155,7 +167,11 @@ fn check_control_socket(s: &std::collections::BTreeMap<String, (i64, Value)>) {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["fc_vcpu 0", "fc_vcpu 1"], "the names Kata looks for");
+    assert_eq!(
+        names,
+        ["fc_vcpu 0", "fc_vcpu 1"],
+        "the names Kata looks for"
+    );
     // The kernel's names of the same threads (what `ps -L` and Kata read).
     assert_eq!(s["comms"].1, serde_json::json!(names));
 }
@@ -176,7 +192,15 @@ fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     let tiny = d.join("tiny.elf");
     std::fs::write(&tiny, ppa_vmm::payload::tiny::TINY_GUEST).unwrap();
     let mut vmm = Command::new("ip")
-        .args(["netns", "exec", &ns.name, bin(), "firecracker", "--id", "fc-e2e"])
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            bin(),
+            "firecracker",
+            "--id",
+            "fc-e2e",
+        ])
         .arg("--api-sock")
         .arg(&api_sock)
         .arg("--run-dir")
@@ -188,7 +212,10 @@ fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     wait_for(&api_sock, &mut vmm);
     let (log, metrics) = (d.join("fc.log"), d.join("fc.metrics"));
     let client = Command::new(&python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/firecracker_client.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/firecracker_client.py"
+        ))
         .args([&api_sock, &run_dir.join("fc-e2e.sock")])
         .arg(bin())
         .args([&tiny, &log, &metrics])
@@ -228,7 +255,10 @@ fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     let cfg = &s["vm-config"].1;
     assert_eq!(n(&cfg["machine-config"]["vcpu_count"]), 2);
     assert_eq!(cfg["network-interfaces"][0]["host_dev_name"], "tap0");
-    assert_eq!(cfg["network-interfaces"][0]["guest_mac"], "06:00:ac:10:00:02");
+    assert_eq!(
+        cfg["network-interfaces"][0]["guest_mac"],
+        "06:00:ac:10:00:02"
+    );
     assert_eq!(cfg["drives"], serde_json::json!([]));
     let (code, dev) = &s["device"];
     assert_eq!(*code, 0, "{dev}");
@@ -237,33 +267,60 @@ fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     assert_eq!(s["ctrl-alt-del"].0, 204);
     // SendCtrlAltDel ends the VM; the process exits as Firecracker's does.
     let done = vmm.wait_with_output().unwrap();
-    assert_eq!(done.status.code(), Some(0), "{}", String::from_utf8_lossy(&done.stderr));
+    assert_eq!(
+        done.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
     assert!(!api_sock.exists(), "the API socket is removed at the end");
     check_metrics(&metrics);
     let log = std::fs::read_to_string(&log).unwrap();
-    assert!(log.contains("[fc-e2e:"), "Firecracker's log line shape: {log}");
+    assert!(
+        log.contains("[fc-e2e:"),
+        "Firecracker's log line shape: {log}"
+    );
 }
 
 /// The metrics lines: the FlushMetrics one and the last one, Firecracker's names beside ours.
 fn check_metrics(path: &Path) {
     let text = std::fs::read_to_string(path).unwrap();
-    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(lines.len() >= 2, "{text}");
     let flush = &lines[0];
     assert!(n(&flush["utc_timestamp_ms"]) > 0);
-    assert!(n(&flush["put_api_requests"]["machine_cfg_count"]) >= 4, "{flush}");
-    assert!(n(&flush["put_api_requests"]["machine_cfg_fails"]) >= 3, "{flush}");
+    assert!(
+        n(&flush["put_api_requests"]["machine_cfg_count"]) >= 4,
+        "{flush}"
+    );
+    assert!(
+        n(&flush["put_api_requests"]["machine_cfg_fails"]) >= 3,
+        "{flush}"
+    );
     let vcpus = flush["vcpu"]["ppa_vcpus"].as_array().unwrap();
     assert_eq!(vcpus.len(), 2);
     assert!(n(&vcpus[1]["guest_ns"]) > 0, "{flush}");
     assert!(flush["vcpu"]["exit_mmio_write"].is_u64());
     let eth0 = &flush["net_eth0"];
-    assert!(eth0["rx_packets_count"].is_u64() && eth0["tx_packets_count"].is_u64(), "{eth0}");
-    assert!(!eth0["ppa_threads"].as_array().unwrap().is_empty(), "{eth0}");
+    assert!(
+        eth0["rx_packets_count"].is_u64() && eth0["tx_packets_count"].is_u64(),
+        "{eth0}"
+    );
+    assert!(
+        !eth0["ppa_threads"].as_array().unwrap().is_empty(),
+        "{eth0}"
+    );
     assert!(flush["ppa"]["uptime_ns"].is_u64());
     // Counts since the previous line: the last line counts no second configuration.
     let last = lines.last().unwrap();
-    assert_eq!(n(&last["put_api_requests"]["machine_cfg_count"]), 0, "{last}");
+    assert_eq!(
+        n(&last["put_api_requests"]["machine_cfg_count"]),
+        0,
+        "{last}"
+    );
     assert!(
         n(&last["vcpu"]["ppa_vcpus"][1]["guest_ns"]) >= n(&vcpus[1]["guest_ns"]),
         "ours are totals"
@@ -313,7 +370,12 @@ fn a_config_file_boots_the_tiny_guest_without_the_api() {
         .arg(d.join("run"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["vm"]["name"], "fc-file");
     assert_eq!(r["vm"]["end"], "completed");
@@ -339,5 +401,8 @@ fn a_config_file_boots_the_tiny_guest_without_the_api() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`vsock` section is not supported: vsock is not there yet"), "{err}");
+    assert!(
+        err.contains("`vsock` section is not supported: vsock is not there yet"),
+        "{err}"
+    );
 }

@@ -24,8 +24,8 @@ use super::http::{Method, Request, Response};
 use super::metrics::{MetricsError, MetricsState};
 use super::model::{
     ActionType, BootSource, Drive, InstanceActionInfo, InstanceInfo, Logger, MachineConfig,
-    MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface,
-    VmPatch, VmStateChange,
+    MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface, VmPatch,
+    VmStateChange,
 };
 use super::resources::{unsupported_why, ResourceError, Resources};
 
@@ -204,7 +204,10 @@ impl<S: Starter> Api<S> {
         let first = parts.next().unwrap_or("");
         let second = parts.next();
         if parts.next().is_some() {
-            return Err(RequestError::PathMethod(req.method.as_str(), req.path.clone()));
+            return Err(RequestError::PathMethod(
+                req.method.as_str(),
+                req.path.clone(),
+            ));
         }
         if req.method == Method::Get && !req.body.is_empty() {
             return Err(RequestError::GetBody);
@@ -215,9 +218,7 @@ impl<S: Starter> Api<S> {
                 &serde_json::json!({ "firecracker_version": VERSION }),
             )),
             (Method::Get, "machine-config", None) => Ok(Response::ok(&self.resources.machine)),
-            (Method::Get, "vm", Some("config")) => {
-                Ok(Response::ok(&self.resources.full_config()))
-            }
+            (Method::Get, "vm", Some("config")) => Ok(Response::ok(&self.resources.full_config())),
             (Method::Put, "machine-config", None) => {
                 let m: MachineConfig = body(req)?;
                 self.pre_boot()?;
@@ -309,7 +310,11 @@ impl<S: Starter> Api<S> {
                 let n: PartialNetworkInterface = body(req)?;
                 mismatch(&n.iface_id).map_or(Ok(()), Err)?;
                 self.post_boot()?;
-                let Some(have) = self.resources.nets.iter().find(|x| x.iface_id == n.iface_id)
+                let Some(have) = self
+                    .resources
+                    .nets
+                    .iter()
+                    .find(|x| x.iface_id == n.iface_id)
                 else {
                     return Err(RequestError::NoSuchNet(n.iface_id));
                 };

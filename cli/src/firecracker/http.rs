@@ -32,7 +32,9 @@ pub enum HttpError {
     #[error("Chunked request bodies are not supported; send a Content-Length.")]
     Chunked,
     /// The body is over the limit.
-    #[error("Request payload with size {size} is larger than the limit of {limit} allowed by server.")]
+    #[error(
+        "Request payload with size {size} is larger than the limit of {limit} allowed by server."
+    )]
     TooLarge {
         /// Content-Length.
         size: usize,

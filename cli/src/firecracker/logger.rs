@@ -193,6 +193,9 @@ mod tests {
             id: "vm-1".into(),
             ..Default::default()
         };
-        assert_eq!(format_line(&plain, &r, "main", "T"), "T [vm-1:main] hello\n");
+        assert_eq!(
+            format_line(&plain, &r, "main", "T"),
+            "T [vm-1:main] hello\n"
+        );
     }
 }

@@ -124,9 +124,15 @@ impl MetricsState {
     /// Counts one request of Firecracker's metric `group` (`put_api_requests`) on resource
     /// `name` (`machine_cfg`), and its failure.
     pub fn count(&mut self, group: &'static str, name: &str, failed: bool) {
-        *self.counts.entry((group, format!("{name}_count"))).or_default() += 1;
+        *self
+            .counts
+            .entry((group, format!("{name}_count")))
+            .or_default() += 1;
         if failed && group != "get_api_requests" {
-            *self.counts.entry((group, format!("{name}_fails"))).or_default() += 1;
+            *self
+                .counts
+                .entry((group, format!("{name}_fails")))
+                .or_default() += 1;
         }
     }
 
@@ -160,15 +166,13 @@ impl MetricsState {
         }
         let mut text = v.to_string();
         text.push('\n');
-        out.file
-            .write_all(text.as_bytes())
-            .map_err(|source| {
-                self.missed += 1;
-                MetricsError::Write {
-                    path: out.config.metrics_path.clone(),
-                    source,
-                }
-            })
+        out.file.write_all(text.as_bytes()).map_err(|source| {
+            self.missed += 1;
+            MetricsError::Write {
+                path: out.config.metrics_path.clone(),
+                source,
+            }
+        })
     }
 }
 
@@ -199,7 +203,11 @@ fn vcpu_fields(t: &VcpuTimes) -> Value {
 /// A device's frames and bytes each way (rx: to the guest, tx: from it).
 fn device_traffic(d: &DeviceStats) -> [(&'static str, u64); 4] {
     let sum = |kind, f: fn(&ppa_vmm_api::QueueStats) -> u64| {
-        d.queues.iter().filter(|q| q.kind == kind).map(f).sum::<u64>()
+        d.queues
+            .iter()
+            .filter(|q| q.kind == kind)
+            .map(f)
+            .sum::<u64>()
     };
     [
         ("rx_bytes_count", sum(QueueKind::Rx, |q| q.bytes)),
@@ -261,7 +269,12 @@ fn vm_objects(s: &Sample, prev: &mut BTreeMap<String, u64>, o: &mut Map<String, 
         dev.insert("ppa_threads".into(), Value::Array(threads));
         o.insert(format!("net_{}", d.id), Value::Object(dev));
     }
-    let names = ["rx_bytes_count", "rx_packets_count", "tx_bytes_count", "tx_packets_count"];
+    let names = [
+        "rx_bytes_count",
+        "rx_packets_count",
+        "tx_bytes_count",
+        "tx_packets_count",
+    ];
     let net: Map<String, Value> = names
         .iter()
         .zip(all)

@@ -241,7 +241,9 @@ fn configure_outputs(
         properties: None,
     });
     if let Some(mc) = r.metrics.clone().or(from_flag) {
-        m.lock().unwrap_or_else(|e| e.into_inner()).configure(&mc, &a.id)?;
+        m.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .configure(&mc, &a.id)?;
         r.metrics = Some(mc);
     }
     Ok(())

@@ -130,7 +130,10 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// Whether any bucket limits anything.
     pub fn limits(&self) -> bool {
-        self.bandwidth.iter().chain(&self.ops).any(TokenBucket::limits)
+        self.bandwidth
+            .iter()
+            .chain(&self.ops)
+            .any(TokenBucket::limits)
     }
 }
 

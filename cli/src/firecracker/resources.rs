@@ -31,7 +31,9 @@ const MAX_NETS: usize = 16;
 #[derive(Debug, Error)]
 pub enum ResourceError {
     /// vCPU count out of range.
-    #[error("Machine config error: the number of vCPUs must be between 1 and {MAX_VCPUS}, not {0}.")]
+    #[error(
+        "Machine config error: the number of vCPUs must be between 1 and {MAX_VCPUS}, not {0}."
+    )]
     VcpuCount(u16),
     /// Memory size out of range.
     #[error("Machine config error: {0}.")]
@@ -342,7 +344,11 @@ impl Resources {
     /// `PUT /drives/{id}`: refused until virtio-blk is there ([`disk_spec`]).
     pub fn put_drive(&mut self, drive: Drive) -> Result<(), ResourceError> {
         disk_spec(&drive)?;
-        match self.drives.iter_mut().find(|d| d.drive_id == drive.drive_id) {
+        match self
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == drive.drive_id)
+        {
             Some(d) => *d = drive,
             None => self.drives.push(drive),
         }
@@ -424,8 +430,9 @@ impl Resources {
                 o.guest = None;
                 o.kernel = None;
                 o.tiny_image = Some(image);
-                o.workload
-                    .extend(tiny_workloads(boot.boot_args.as_deref().unwrap_or_default())?);
+                o.workload.extend(tiny_workloads(
+                    boot.boot_args.as_deref().unwrap_or_default(),
+                )?);
             }
             KernelKind::Linux => {
                 o.guest = None;

@@ -138,7 +138,11 @@ impl<S: Starter> Server<S> {
                 continue;
             }
             if self.conns.len() >= MAX_CONNS {
-                let oldest = self.conns.iter().min_by_key(|(_, c)| c.since).map(|(k, _)| *k);
+                let oldest = self
+                    .conns
+                    .iter()
+                    .min_by_key(|(_, c)| c.since)
+                    .map(|(k, _)| *k);
                 if let Some(k) = oldest {
                     self.conns.remove(&k);
                 }

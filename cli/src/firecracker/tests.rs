@@ -121,12 +121,20 @@ fn kernel_kinds_from_the_first_bytes() {
 
 #[test]
 fn tiny_workloads_come_from_boot_args() {
-    let w = resources::tiny_workloads("console=ttyS0 ppa.workload=busy:ms=5 ppa.workload=1=idle:ms=9")
-        .unwrap();
+    let w =
+        resources::tiny_workloads("console=ttyS0 ppa.workload=busy:ms=5 ppa.workload=1=idle:ms=9")
+            .unwrap();
     assert_eq!(w, vec!["busy:ms=5", "1=idle:ms=9"]);
-    assert!(resources::tiny_workloads("reboot=k panic=1").unwrap().is_empty());
-    let e = resources::tiny_workloads("ppa.workload=spin").unwrap_err().to_string();
-    assert!(e.contains("`ppa.workload=spin` is not a tiny-guest workload"), "{e}");
+    assert!(resources::tiny_workloads("reboot=k panic=1")
+        .unwrap()
+        .is_empty());
+    let e = resources::tiny_workloads("ppa.workload=spin")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`ppa.workload=spin` is not a tiny-guest workload"),
+        "{e}"
+    );
 }
 
 fn iface(id: &str, tap: &str) -> NetworkInterface {
@@ -165,9 +173,17 @@ fn an_interface_becomes_a_net_value_and_limiters_that_limit_are_refused() {
         ops: Some(TokenBucket { size: 10, ..off }),
     });
     let e = resources::net_spec(&n).unwrap_err().to_string();
-    assert!(e.contains("transmit rate limiters are not there yet"), "{e}");
-    let e = resources::net_spec(&iface("eth0", "a/b")).unwrap_err().to_string();
-    assert!(e.starts_with("Network interface error: `a/b` is not a usable interface name"), "{e}");
+    assert!(
+        e.contains("transmit rate limiters are not there yet"),
+        "{e}"
+    );
+    let e = resources::net_spec(&iface("eth0", "a/b"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("Network interface error: `a/b` is not a usable interface name"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -177,7 +193,10 @@ fn drives_are_refused_until_virtio_blk() {
     )
     .unwrap();
     let e = resources::disk_spec(&d).unwrap_err().to_string();
-    assert!(e.contains("drive rootfs cannot be attached: disks are not there yet"), "{e}");
+    assert!(
+        e.contains("drive rootfs cannot be attached: disks are not there yet"),
+        "{e}"
+    );
     let mut r = Resources::default();
     assert!(r.put_drive(d).is_err());
     assert!(r.drives.is_empty(), "nothing kept");
@@ -193,12 +212,48 @@ fn machine_configs_are_checked_as_a_whole() {
     };
     r.put_machine(ok.clone()).unwrap();
     let bad: [(MachineConfig, &str); 6] = [
-        (MachineConfig { vcpu_count: 0, ..ok.clone() }, "between 1 and 256, not 0"),
-        (MachineConfig { mem_size_mib: 0, ..ok.clone() }, "guest memory must be between"),
-        (MachineConfig { smt: true, ..ok.clone() }, "smt cannot be enabled"),
-        (MachineConfig { track_dirty_pages: true, ..ok.clone() }, "no dirty pages"),
-        (MachineConfig { huge_pages: HugePages::Hugetlbfs2M, ..ok.clone() }, "Hugetlbfs2M"),
-        (MachineConfig { cpu_template: Some("T2".into()), ..ok.clone() }, "\"T2\""),
+        (
+            MachineConfig {
+                vcpu_count: 0,
+                ..ok.clone()
+            },
+            "between 1 and 256, not 0",
+        ),
+        (
+            MachineConfig {
+                mem_size_mib: 0,
+                ..ok.clone()
+            },
+            "guest memory must be between",
+        ),
+        (
+            MachineConfig {
+                smt: true,
+                ..ok.clone()
+            },
+            "smt cannot be enabled",
+        ),
+        (
+            MachineConfig {
+                track_dirty_pages: true,
+                ..ok.clone()
+            },
+            "no dirty pages",
+        ),
+        (
+            MachineConfig {
+                huge_pages: HugePages::Hugetlbfs2M,
+                ..ok.clone()
+            },
+            "Hugetlbfs2M",
+        ),
+        (
+            MachineConfig {
+                cpu_template: Some("T2".into()),
+                ..ok.clone()
+            },
+            "\"T2\"",
+        ),
     ];
     for (m, want) in bad {
         let e = r.put_machine(m).unwrap_err().to_string();
@@ -244,7 +299,11 @@ fn resources_translate_into_run_options() {
     assert_eq!(o.tiny_image.as_deref(), Some(std::path::Path::new(&tiny)));
     assert_eq!(o.workload, vec!["busy:ms=5"]);
     assert_eq!(o.net, vec!["tap=tap0,id=eth0"]);
-    assert_eq!(o.cpu_limit.as_deref(), Some("50%"), "--ppa-config's options stay");
+    assert_eq!(
+        o.cpu_limit.as_deref(),
+        Some("50%"),
+        "--ppa-config's options stay"
+    );
     // An initrd goes with a Linux kernel only; a kernel that is not there is refused at PUT.
     let e = r
         .put_boot(BootSource {
@@ -263,7 +322,10 @@ fn resources_translate_into_run_options() {
         })
         .unwrap_err()
         .to_string();
-    assert!(e.starts_with("Boot source error: the kernel file /nonexistent/vmlinux cannot be opened"), "{e}");
+    assert!(
+        e.starts_with("Boot source error: the kernel file /nonexistent/vmlinux cannot be opened"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -308,12 +370,19 @@ fn config_files_refuse_what_is_not_there() {
         ),
     );
     let e = Resources::from_config_file(&vsock).unwrap_err().to_string();
-    assert!(e.contains("`vsock` section is not supported: vsock is not there yet"), "{e}");
+    assert!(
+        e.contains("`vsock` section is not supported: vsock is not there yet"),
+        "{e}"
+    );
     let unknown = write("unknown.json", r#"{"boot_source":{}}"#.into());
-    let e = Resources::from_config_file(&unknown).unwrap_err().to_string();
+    let e = Resources::from_config_file(&unknown)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown field `boot_source`"), "{e}");
     let no_kernel = write("nok.json", "{}".into());
-    let e = Resources::from_config_file(&no_kernel).unwrap_err().to_string();
+    let e = Resources::from_config_file(&no_kernel)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("without kernel configuration"), "{e}");
 }
 
@@ -327,7 +396,10 @@ fn requests_are_read_whole_and_bounded() {
     let Ok(Parsed::Done(r)) = http::parse(full, 100) else {
         panic!("a whole request")
     };
-    assert_eq!((r.method, r.path.as_str(), &r.body[..]), (Method::Put, "/actions", &b"abcd"[..]));
+    assert_eq!(
+        (r.method, r.path.as_str(), &r.body[..]),
+        (Method::Put, "/actions", &b"abcd"[..])
+    );
     let e = http::parse(full, 3).unwrap_err().to_string();
     assert!(e.contains("size 4 is larger than the limit of 3"), "{e}");
     let chunked = b"PUT /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -343,7 +415,9 @@ fn requests_are_read_whole_and_bounded() {
     let long = vec![b'a'; http::MAX_HEAD + 1];
     assert_eq!(http::parse(&long, 100), Err(http::HttpError::HeadTooLong));
     let get = http::Response::no_content().to_bytes();
-    assert!(String::from_utf8(get).unwrap().starts_with("HTTP/1.1 204 No Content\r\n"));
+    assert!(String::from_utf8(get)
+        .unwrap()
+        .starts_with("HTTP/1.1 204 No Content\r\n"));
 }
 
 #[test]
@@ -355,21 +429,68 @@ fn routes_answer_as_firecracker_does_before_the_start() {
     assert_eq!(info["state"], "Not started");
     assert_eq!(info["id"], "vm_1");
     let cases: [(Method, &str, &str, &str); 12] = [
-        (Method::Put, "/machine-config", r#"{"vcpu_count":1}"#, "missing field `mem_size_mib`"),
+        (
+            Method::Put,
+            "/machine-config",
+            r#"{"vcpu_count":1}"#,
+            "missing field `mem_size_mib`",
+        ),
         (Method::Put, "/machine-config", "", "Empty PUT request."),
-        (Method::Patch, "/machine-config", "{}", "Empty PATCH request."),
-        (Method::Get, "/machine-config", "{}", "GET request cannot have a body."),
-        (Method::Put, "/network-interfaces/eth0", r#"{"iface_id":"eth1","host_dev_name":"t"}"#,
-         "The id from the path [eth0] does not match the id from the body [eth1]!"),
-        (Method::Put, "/network-interfaces/e-0", r#"{"iface_id":"e-0","host_dev_name":"t"}"#,
-         "only contain alphanumeric characters and underscores"),
+        (
+            Method::Patch,
+            "/machine-config",
+            "{}",
+            "Empty PATCH request.",
+        ),
+        (
+            Method::Get,
+            "/machine-config",
+            "{}",
+            "GET request cannot have a body.",
+        ),
+        (
+            Method::Put,
+            "/network-interfaces/eth0",
+            r#"{"iface_id":"eth1","host_dev_name":"t"}"#,
+            "The id from the path [eth0] does not match the id from the body [eth1]!",
+        ),
+        (
+            Method::Put,
+            "/network-interfaces/e-0",
+            r#"{"iface_id":"e-0","host_dev_name":"t"}"#,
+            "only contain alphanumeric characters and underscores",
+        ),
         (Method::Put, "/drives/", "{}", "The ID cannot be empty."),
-        (Method::Patch, "/vm", r#"{"state":"Paused"}"#, "not supported before starting the microVM"),
-        (Method::Put, "/actions", r#"{"action_type":"SendCtrlAltDel"}"#, "before starting"),
-        (Method::Put, "/actions", r#"{"action_type":"InstanceStart"}"#,
-         "Cannot start microvm without kernel configuration."),
-        (Method::Put, "/snapshot/create", "{}", "PUT /snapshot is not supported: PPA-VMM takes no snapshots."),
-        (Method::Get, "/nothing", "", "Invalid request method and/or path: GET /nothing."),
+        (
+            Method::Patch,
+            "/vm",
+            r#"{"state":"Paused"}"#,
+            "not supported before starting the microVM",
+        ),
+        (
+            Method::Put,
+            "/actions",
+            r#"{"action_type":"SendCtrlAltDel"}"#,
+            "before starting",
+        ),
+        (
+            Method::Put,
+            "/actions",
+            r#"{"action_type":"InstanceStart"}"#,
+            "Cannot start microvm without kernel configuration.",
+        ),
+        (
+            Method::Put,
+            "/snapshot/create",
+            "{}",
+            "PUT /snapshot is not supported: PPA-VMM takes no snapshots.",
+        ),
+        (
+            Method::Get,
+            "/nothing",
+            "",
+            "Invalid request method and/or path: GET /nothing.",
+        ),
     ];
     for (m, path, body, want) in cases {
         let (s, text) = call(&mut a, m, path, body);
@@ -388,11 +509,25 @@ fn a_failed_start_says_why_and_leaves_the_instance_not_started() {
     assert_eq!(call(&mut a, Method::Put, "/boot-source", &boot).0, 204);
     let mc = r#"{"vcpu_count":2,"mem_size_mib":64}"#;
     assert_eq!(call(&mut a, Method::Put, "/machine-config", mc).0, 204);
-    let (s, text) = call(&mut a, Method::Put, "/actions", r#"{"action_type":"InstanceStart"}"#);
-    assert_eq!((s, text.as_str()), (400, "Start microvm error: the VM could not be built: no KVM here"));
+    let (s, text) = call(
+        &mut a,
+        Method::Put,
+        "/actions",
+        r#"{"action_type":"InstanceStart"}"#,
+    );
+    assert_eq!(
+        (s, text.as_str()),
+        (
+            400,
+            "Start microvm error: the VM could not be built: no KVM here"
+        )
+    );
     let asked = starts.0.lock().unwrap().clone();
     assert_eq!(asked.len(), 1);
-    assert_eq!((asked[0].vcpus, asked[0].workload.clone()), (Some(2), vec!["idle:ms=5".to_string()]));
+    assert_eq!(
+        (asked[0].vcpus, asked[0].workload.clone()),
+        (Some(2), vec!["idle:ms=5".to_string()])
+    );
     // Still configurable: nothing started.
     assert_eq!(call(&mut a, Method::Put, "/machine-config", mc).0, 204);
     let (_, body) = call(&mut a, Method::Get, "/vm/config", "");
@@ -437,8 +572,10 @@ fn the_metrics_file_is_set_once_and_written_in_lines() {
     s.flush(None).unwrap();
     s.flush(None).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<serde_json::Value> =
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["id"], "vm_1");
     assert_eq!(lines[0]["properties"]["k"], "v");
@@ -471,9 +608,18 @@ fn the_api_thread_answers_over_its_socket() {
     };
     let out = exchange(&[b"GET /version HTTP/1.1\r\nHost: localhost\r\n\r\n"]);
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
-    assert!(out.ends_with(&format!(r#"{{"firecracker_version":"{}"}}"#, super::api::VERSION)), "{out}");
+    assert!(
+        out.ends_with(&format!(
+            r#"{{"firecracker_version":"{}"}}"#,
+            super::api::VERSION
+        )),
+        "{out}"
+    );
     let body = r#"{"vcpu_count":2,"mem_size_mib":64}"#;
-    let head = format!("PUT /machine-config HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+    let head = format!(
+        "PUT /machine-config HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
     let out = exchange(&[head.as_bytes(), body.as_bytes()]);
     assert!(out.starts_with("HTTP/1.1 204 No Content\r\n"), "{out}");
     let out = exchange(&[b"GET /machine-config HTTP/1.1\r\n\r\n"]);
