@@ -65,7 +65,9 @@ fn call<S: Starter>(a: &mut Api<S>, method: Method, path: &str, body: &str) -> (
 
 #[test]
 fn every_body_refuses_unknown_fields() {
-    let cases: [(&str, fn(&str) -> bool); 6] = [
+    /// Whether a body is refused.
+    type Refused = fn(&str) -> bool;
+    let cases: [(&str, Refused); 6] = [
         (r#"{"vcpu_count":1,"mem_size_mib":64,"x":1}"#, |s| {
             serde_json::from_str::<MachineConfig>(s).is_err()
         }),
