@@ -151,28 +151,7 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
-/// How the vCPU threads are named: ours (`vcpu0`, `vcpu1`, …) or Firecracker's (`fc_vcpu 0`,
-/// …), which Kata Containers looks for to find a Firecracker VM's vCPU threads
-/// (docs/firecracker.md). The name is what `ps -L`, `top -H` and `ctl threads` show; the
-/// accounting keys vCPUs by index either way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum VcpuNames {
-    /// `vcpuN`.
-    #[default]
-    Ppa,
-    /// `fc_vcpu N`, as Firecracker names them.
-    Firecracker,
-}
-
-impl VcpuNames {
-    /// The name of vCPU `id`'s thread (at most 15 bytes for any id up to [`MAX_VCPUS`]).
-    pub fn name(self, id: usize) -> String {
-        match self {
-            VcpuNames::Ppa => format!("vcpu{id}"),
-            VcpuNames::Firecracker => format!("fc_vcpu {id}"),
-        }
-    }
-}
+pub use crate::vcpu::VcpuNames;
 
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]

@@ -48,7 +48,7 @@ pub struct VmStatus {
     /// CPU pressure of the VM and its groups, posted by the sampler.
     pressure: PressureBoard,
     /// How its vCPU threads are named.
-    vcpu_names: crate::config::VcpuNames,
+    vcpu_names: crate::vcpu::VcpuNames,
 }
 
 impl VmStatus {
@@ -61,17 +61,17 @@ impl VmStatus {
             stop_signal: OnceLock::new(),
             finished: AtomicBool::new(false),
             pressure: PressureBoard::default(),
-            vcpu_names: crate::config::VcpuNames::Ppa,
+            vcpu_names: crate::vcpu::VcpuNames::Ppa,
         }
     }
 
     /// How the vCPU threads are named.
-    pub fn vcpu_names(&self) -> crate::config::VcpuNames {
+    pub fn vcpu_names(&self) -> crate::vcpu::VcpuNames {
         self.vcpu_names
     }
 
     /// The same status with the vCPU threads named as `names` says.
-    pub fn with_vcpu_names(mut self, names: crate::config::VcpuNames) -> Self {
+    pub fn with_vcpu_names(mut self, names: crate::vcpu::VcpuNames) -> Self {
         self.vcpu_names = names;
         self
     }
