@@ -176,6 +176,51 @@ fn check_control_socket(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     assert_eq!(s["comms"].1, serde_json::json!(names));
 }
 
+/// Checks the answers of the steps from the start on, and what our tools said meanwhile.
+fn check_post_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
+    assert_eq!(s["start"].0, 204, "{:?}", s["start"]);
+    assert_eq!(s["describe-running"].1["state"], "Running");
+    for late in [
+        "machine-config-post-boot",
+        "boot-source-post-boot",
+        "network-interface-post-boot",
+        "start-again",
+    ] {
+        assert_eq!(
+            refusal(&s[late]),
+            "API fault: The requested operation is not supported after starting the microVM.",
+            "{late}"
+        );
+    }
+    assert_eq!(s["pause"].0, 204);
+    assert_eq!(s["describe-paused"].1["state"], "Paused");
+    check_control_socket(&s);
+    assert_eq!(s["resume"].0, 204);
+    assert_eq!(s["describe-resumed"].1["state"], "Running");
+    let cfg = &s["vm-config"].1;
+    assert_eq!(n(&cfg["machine-config"]["vcpu_count"]), 2);
+    assert_eq!(cfg["network-interfaces"][0]["host_dev_name"], "tap0");
+    assert_eq!(
+        cfg["network-interfaces"][0]["guest_mac"],
+        "06:00:ac:10:00:02"
+    );
+    assert_eq!(cfg["drives"], serde_json::json!([]));
+    let (code, dev) = &s["device"];
+    assert_eq!(*code, 0, "{dev}");
+    assert_eq!(dev["mac"], "06:00:ac:10:00:02");
+    assert_eq!(s["flush"].0, 204);
+    // The run directory's view of the same VM.
+    let (code, list) = &s["host-list"];
+    assert_eq!(*code, 0, "{list}");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert_eq!(names, ["fc-e2e"], "{list}");
+}
+
 #[test]
 fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     let _g = common::serial();
@@ -233,37 +278,7 @@ fn a_firecracker_client_boots_pauses_resumes_and_ends_the_tiny_guest() {
     }
     let s = steps(&out);
     check_pre_boot(&s);
-    assert_eq!(s["start"].0, 204, "{:?}", s["start"]);
-    assert_eq!(s["describe-running"].1["state"], "Running");
-    for late in [
-        "machine-config-post-boot",
-        "boot-source-post-boot",
-        "network-interface-post-boot",
-        "start-again",
-    ] {
-        assert_eq!(
-            refusal(&s[late]),
-            "API fault: The requested operation is not supported after starting the microVM.",
-            "{late}"
-        );
-    }
-    assert_eq!(s["pause"].0, 204);
-    assert_eq!(s["describe-paused"].1["state"], "Paused");
-    check_control_socket(&s);
-    assert_eq!(s["resume"].0, 204);
-    assert_eq!(s["describe-resumed"].1["state"], "Running");
-    let cfg = &s["vm-config"].1;
-    assert_eq!(n(&cfg["machine-config"]["vcpu_count"]), 2);
-    assert_eq!(cfg["network-interfaces"][0]["host_dev_name"], "tap0");
-    assert_eq!(
-        cfg["network-interfaces"][0]["guest_mac"],
-        "06:00:ac:10:00:02"
-    );
-    assert_eq!(cfg["drives"], serde_json::json!([]));
-    let (code, dev) = &s["device"];
-    assert_eq!(*code, 0, "{dev}");
-    assert_eq!(dev["mac"], "06:00:ac:10:00:02");
-    assert_eq!(s["flush"].0, 204);
+    check_post_boot(&s);
     assert_eq!(s["ctrl-alt-del"].0, 204);
     // SendCtrlAltDel ends the VM; the process exits as Firecracker's does.
     let done = vmm.wait_with_output().unwrap();

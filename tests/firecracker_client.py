@@ -99,6 +99,11 @@ call("resume", api.vm, "patch", state="Resumed")
 call("describe-resumed", api.describe, "get")
 call("vm-config", api.vm_config, "get")
 ctl("device", "device", "name=eth0")
+out = subprocess.run([ppa_vmm, "host", "list", "--json", "--run-dir",
+                      control_sock.rsplit("/", 1)[0]], capture_output=True, text=True,
+                     check=False)
+emit("host-list", out.returncode,
+     json.loads(out.stdout) if out.returncode == 0 else out.stderr)
 call("flush", api.actions, "put", action_type="FlushMetrics")
 call("ctrl-alt-del", api.actions, "put", action_type="SendCtrlAltDel")
 api.close()
