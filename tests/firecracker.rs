@@ -194,7 +194,7 @@ fn check_post_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     }
     assert_eq!(s["pause"].0, 204);
     assert_eq!(s["describe-paused"].1["state"], "Paused");
-    check_control_socket(&s);
+    check_control_socket(s);
     assert_eq!(s["resume"].0, 204);
     assert_eq!(s["describe-resumed"].1["state"], "Running");
     let cfg = &s["vm-config"].1;
