@@ -124,6 +124,10 @@ fn check_pre_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     assert_eq!((n(&m["vcpu_count"]), n(&m["mem_size_mib"])), (2, 64));
     assert_eq!(m["smt"], false);
     assert!(refusal(&s["drive"]).contains("disks are not there yet"));
+    // A start that fails says why and leaves the instance to be fixed and started again.
+    assert_eq!(s["boot-source-bad"].0, 204);
+    assert!(refusal(&s["start-bad"]).starts_with("API fault: Start microvm error: "));
+    assert_eq!(s["describe-after-bad-start"].1["state"], "Not started");
     assert!(refusal(&s["flush-before-start"]).contains("not supported before starting"));
 }
 

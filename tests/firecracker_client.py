@@ -76,6 +76,14 @@ raw("bad-body", "PUT", "/machine-config", '{"vcpu_count": 2, "mem_size_mib": ')
 call("unknown-field", api.machine_config, "put", vcpu_count=2, mem_size_mib=64, cpus=4)
 call("smt", api.machine_config, "put", vcpu_count=2, mem_size_mib=64, smt=True)
 call("machine-config-after-refusals", api.machine_config, "get")
+# A kernel that opens (all Firecracker checks at the PUT) but does not boot: the start fails
+# with a sentence and the instance stays configurable.
+not_a_kernel = log_path + ".not-a-kernel"
+with open(not_a_kernel, "w") as f:
+    f.write("this is not a kernel\n")
+call("boot-source-bad", api.boot, "put", kernel_image_path=not_a_kernel)
+call("start-bad", api.actions, "put", action_type="InstanceStart")
+call("describe-after-bad-start", api.describe, "get")
 call("boot-source", api.boot, "put", kernel_image_path=tiny,
      boot_args="console=ttyS0 reboot=k ppa.workload=0=net-echo:ms=60000 "
                "ppa.workload=1=busy:ms=60000")

@@ -80,6 +80,17 @@ pub enum HugePages {
     Hugetlbfs2M,
 }
 
+impl HugePages {
+    /// The value as a client writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HugePages::None => "None",
+            HugePages::Transparent => "Transparent",
+            HugePages::Hugetlbfs2M => "2M",
+        }
+    }
+}
+
 /// `PUT /boot-source`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

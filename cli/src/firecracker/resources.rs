@@ -45,7 +45,7 @@ pub enum ResourceError {
     #[error("Machine config error: track_dirty_pages cannot be enabled: PPA-VMM takes no snapshots, so there are no dirty pages to track (send track_dirty_pages false).")]
     DirtyPages,
     /// Huge pages asked for.
-    #[error("Machine config error: huge_pages {0:?} is not there yet: PPA-VMM backs guest memory with 4 KiB pages until its hugepage backing exists (send huge_pages \"None\").")]
+    #[error("Machine config error: huge_pages \"{}\" is not there yet: PPA-VMM backs guest memory with 4 KiB pages until its hugepage backing exists (send huge_pages \"None\").", .0.as_str())]
     HugePages(HugePages),
     /// A CPU template asked for.
     #[error("Machine config error: cpu_template {0:?} is not supported: PPA-VMM passes the host's CPUID through unchanged (send no cpu_template, or \"None\").")]

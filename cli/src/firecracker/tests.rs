@@ -247,7 +247,7 @@ fn machine_configs_are_checked_as_a_whole() {
                 huge_pages: HugePages::Hugetlbfs2M,
                 ..ok.clone()
             },
-            "Hugetlbfs2M",
+            "huge_pages \"2M\" is not there yet",
         ),
         (
             MachineConfig {
