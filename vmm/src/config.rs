@@ -151,6 +151,8 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
+pub use crate::vcpu::VcpuNames;
+
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -198,6 +200,8 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
+    pub vcpu_names: VcpuNames,
 }
 
 impl Default for VmConfig {
@@ -224,6 +228,7 @@ impl Default for VmConfig {
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         }
     }
 }
@@ -675,6 +680,7 @@ impl RunOptions {
             seccomp: self.seccomp.unwrap_or_default(),
             net,
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;
         let report = ReportOptions {
