@@ -7,81 +7,12 @@
 //! (scripts/setup.sh does it), and its absence is a failure, not a skip. One more case boots the
 //! Linux guest image (images/linux/) directly under QEMU, to check its init and workload.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Output};
-use std::sync::Mutex;
 
+use common::nested::*;
 use serde_json::Value;
-
-/// One nested host at a time from this binary (the script also takes a lock of its own).
-static NESTED: Mutex<()> = Mutex::new(());
-
-/// The hard limit of one try in seconds. Three cases of three tries each stay under 10 minutes.
-const TRY_TIMEOUT_S: &str = "60";
-
-fn repo_path(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(rel)
-}
-
-fn require_qemu() {
-    let qemu = Command::new("sh")
-        .args(["-c", "command -v qemu-system-x86_64"])
-        .output()
-        .expect("sh runs");
-    assert!(
-        qemu.status.success(),
-        "qemu-system-x86_64 is missing: the nested SVM checks need it. Run scripts/setup.sh \
-         (it installs qemu-system-x86, busybox-static and cpio; CI runs it)."
-    );
-}
-
-/// Runs `ppa-vmm ARGS` (this build) in the nested host; panics when the host itself failed.
-fn nested(args: &[&str]) -> Output {
-    nested_with(args, None)
-}
-
-/// [`nested`] with `kvm_amd` parameters for the nested host's kvm-amd (`NESTED_KVM_AMD`).
-fn nested_with(args: &[&str], kvm_amd: Option<&str>) -> Output {
-    nested_tap(args, kvm_amd, None)
-}
-
-/// [`nested_with`], the nested host making the tap `tap` (`NAME=IP/PREFIX`) first.
-fn nested_tap(args: &[&str], kvm_amd: Option<&str>, tap: Option<(&str, u16)>) -> Output {
-    let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
-    require_qemu();
-    let mut cmd = Command::new(repo_path("scripts/nested-run.sh"));
-    cmd.args(["--timeout", TRY_TIMEOUT_S]);
-    match tap {
-        Some((t, queues)) => {
-            cmd.args(["--tap", t])
-                .env("NESTED_TAP_QUEUES", queues.to_string());
-        }
-        None => {
-            cmd.env_remove("NESTED_TAP_QUEUES");
-        }
-    }
-    cmd.arg("--")
-        .args(args)
-        .env("PPA_VMM", env!("CARGO_BIN_EXE_ppa-vmm"));
-    match kvm_amd {
-        Some(p) => cmd.env("NESTED_KVM_AMD", p),
-        None => cmd.env_remove("NESTED_KVM_AMD"),
-    };
-    let out = cmd.output().expect("scripts/nested-run.sh runs");
-    let code = out.status.code();
-    assert!(
-        !matches!(code, Some(124) | Some(125) | None),
-        "the nested host failed (exit {code:?}), not ppa-vmm: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// How many runs [`nested_retrying_emulated_triple_faults`] makes at most.
 const TRIPLE_FAULT_TRIES: usize = 3;
@@ -144,15 +75,6 @@ fn ends(o: &Output) -> String {
             .take(2000)
             .collect(),
     }
-}
-
-fn report(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "ppa-vmm's stdout in the nested host is not one JSON report ({e}); stderr: {}",
-            stderr(o)
-        )
-    })
 }
 
 fn count(v: &Value, path: &[&str]) -> u64 {
@@ -593,144 +515,4 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
         "the vCPUs' time inside KVM_RUN {guest_ns} ns is below what the guest's threads ran \
          {guest_cpu} ns"
     );
-}
-
-/// `KEY=VALUE` fields of the first console line starting with `tag`.
-fn fields(console: &str, tag: &str) -> Vec<(String, String)> {
-    console
-        .lines()
-        .find_map(|l| l.strip_prefix(tag))
-        .unwrap_or_else(|| panic!("no {tag} line in the console:\n{console}"))
-        .split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn field(f: &[(String, String)], key: &str) -> u64 {
-    f.iter()
-        .find(|(k, _)| k == key)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("no numeric {key} in {f:?}"))
-}
-
-#[test]
-fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_counted() {
-    // Two queue pairs on a multi-queue tap: Linux negotiates MQ and asks for both through the
-    // control queue (one pair per vCPU).
-    let count = 100u64;
-    let out = nested_tap(
-        &[
-            "run",
-            "--kernel",
-            "/images/linux/vmlinuz",
-            "--initrd",
-            "/images/linux/initrd.img",
-            "--vcpus",
-            "2",
-            "--memory-mib",
-            "512",
-            "--net",
-            "tap=tap0,queues=2",
-            "--cmdline",
-            &format!("ppa.net=10.0.0.2/24 ppa.workload=udp-ping:to=10.0.0.1,count={count},size=64"),
-            "--report",
-            "json",
-        ],
-        Some("npt=0"),
-        Some(("tap0=10.0.0.1/24", 2)),
-    );
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
-    let console: String = err
-        .lines()
-        .filter_map(|l| l.strip_prefix("[ttyS0] "))
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(console.contains("PPA-NET eth0=up"), "{console}");
-    let r = report(&out);
-    let dev = &r["devices"][0];
-    assert_eq!(dev["status"], "ok", "{dev}");
-    assert_eq!(
-        dev["gsi"], 5,
-        "the guest has an IOAPIC: the device has its line"
-    );
-    let queues = dev["queues"].as_array().expect("queues");
-    assert_eq!(queues.len(), 5, "two pairs and the control queue: {dev}");
-    let sum = |kind: &str, key: &str| -> u64 {
-        queues
-            .iter()
-            .filter(|q| q["kind"] == kind)
-            .map(|q| q[key].as_u64().unwrap())
-            .sum()
-    };
-    let drops = |kind: &str| -> u64 {
-        queues
-            .iter()
-            .filter(|q| q["kind"] == kind)
-            .filter_map(|q| q["drops"].as_object())
-            .flat_map(|m| m.values().filter_map(|v| v.as_u64()))
-            .sum()
-    };
-    // The driver asked for both pairs through the control queue, and broke no rule.
-    assert!(
-        sum("ctrl", "packets") >= 1,
-        "no control request answered: {dev}"
-    );
-    assert!(
-        dev["driver"]["violations"]
-            .as_object()
-            .is_none_or(|m| m.is_empty()),
-        "{dev}"
-    );
-    // Every datagram answered, or its loss counted by the device.
-    let ping = fields(&console, "PPA-UDP-PING ");
-    assert_eq!(field(&ping, "sent"), count, "{ping:?}");
-    assert!(
-        field(&ping, "lost") <= drops("rx") + drops("tx"),
-        "a lost datagram with no drop to show for it: {ping:?} {dev}"
-    );
-    // The guest's own counters of eth0 are the device's.
-    let netdev = fields(&console, "PPA-NETDEV eth0 ");
-    assert_eq!(
-        field(&netdev, "tx_packets"),
-        sum("tx", "packets"),
-        "{netdev:?} {dev}"
-    );
-    assert_eq!(
-        field(&netdev, "rx_packets"),
-        sum("rx", "packets"),
-        "{netdev:?} {dev}"
-    );
-    // And the nested host's tap saw the same frames from the other side.
-    let tap = err
-        .lines()
-        .find_map(|l| l.strip_prefix("nested: tap tap0 "))
-        .unwrap_or_else(|| panic!("no tap counters in stderr: {err}"));
-    let tap: Vec<(String, String)> = tap
-        .split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    assert_eq!(
-        field(&tap, "rx_packets"),
-        sum("tx", "packets"),
-        "{tap:?} {dev}"
-    );
-    assert_eq!(
-        field(&tap, "tx_packets"),
-        sum("rx", "packets") + drops("rx"),
-        "{tap:?} {dev}"
-    );
-    // A Linux driver kicks and takes interrupts.
-    assert!(
-        sum("tx", "notifications") > 0 && sum("rx", "interrupts") > 0,
-        "{dev}"
-    );
-    let threads = dev["threads"].as_array().unwrap();
-    assert_eq!(threads.len(), 2, "a thread per pair: {dev}");
-    for t in threads {
-        assert_eq!(t["identity_error_ns"], 0, "{t}");
-        assert!(t["used_ns"].as_u64().unwrap() > 0, "{t}");
-    }
 }

@@ -369,3 +369,146 @@ fn a_device_threads_cpu_is_its_own_schedstat() {
     );
     vmm.shutdown();
 }
+
+/// `ppa-vmm run ARGS --report none` inside `ns`: its exit code and stderr.
+fn run_in(ns: &NetNs, args: &[&str]) -> (Option<i32>, String) {
+    let out = ns
+        .command(bin())
+        .arg("run")
+        .args(args)
+        .args(["--report", "none"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn what_is_wrong_with_the_named_tap_is_said_before_any_vcpu_runs() {
+    let _g = common::serial();
+    common::require_kvm();
+    let ns = NetNs::new(true);
+    // Not a tap at all: the namespace's loopback; a veth pair.
+    let veth = ns
+        .command("ip")
+        .args([
+            "link", "add", "vth0", "type", "veth", "peer", "name", "vth1",
+        ])
+        .status()
+        .unwrap();
+    assert!(veth.success());
+    for (args, says) in [
+        (
+            vec!["--net", "tap=lo"],
+            "lo is not a tap (not a tun or tap device)",
+        ),
+        (vec!["--net", "tap=vth0"], "vth0 is not a tap"),
+        // tap0 was made with multi_queue; one queue pair is asked.
+        (
+            vec!["--net", "tap=tap0"],
+            "the tap tap0 was made with multi_queue and --net asks for 1 queue pair(s)",
+        ),
+    ] {
+        let (code, err) = run_in(&ns, &args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("tiny:"), "no vCPU ran: {err}");
+    }
+    // The reverse: a tap without multi_queue, two pairs asked.
+    let single = ns
+        .command("ip")
+        .args(["tuntap", "add", "dev", "tap1", "mode", "tap", "vnet_hdr"])
+        .status()
+        .unwrap();
+    assert!(single.success());
+    let (code, err) = run_in(&ns, &["--vcpus", "2", "--net", "tap=tap1,queues=2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "the tap tap1 was made without multi_queue and --net asks for 2 queue pair(s)"
+        ),
+        "{err}"
+    );
+    // An MTU above the tap's: the tap is raised to it (this VMM may: root).
+    let (code, err) = run_in(
+        &ns,
+        &["--net", "tap=tap1,mtu=9000", "--workload", "idle:ms=10"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let mtu = ns
+        .command("cat")
+        .arg("/sys/class/net/tap1/mtu")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&mtu.stdout).trim(), "9000");
+}
+
+#[test]
+fn a_second_vmm_on_a_multi_queue_tap_another_vmm_reads_is_refused() {
+    let _g = common::serial();
+    let ns = NetNs::new(true);
+    let vmm = Vmm::start_in(
+        &ns.name,
+        "net-first",
+        &[
+            "--vcpus",
+            "2",
+            "--net",
+            "tap=tap0,queues=2",
+            "--workload",
+            "0=net-rx:packets=1,ms=60000",
+            "--workload",
+            "1=idle:ms=60000",
+        ],
+    );
+    wait_active(&vmm);
+    // The kernel would hand it queues of its own and split the tap's frames between the two.
+    let (code, err) = run_in(&ns, &["--vcpus", "2", "--net", "tap=tap0,queues=2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("the tap tap0 already has 2 queue(s) of another process"),
+        "{err}"
+    );
+    let mut vmm = vmm;
+    vmm.connect().ok(json!({"cmd": "shutdown"}));
+    let (code, _) = vmm.wait();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn a_deleted_tap_is_reported_gone_in_the_device_figures() {
+    let _g = common::serial();
+    let ns = NetNs::new(false);
+    let vmm = Vmm::start_in(
+        &ns.name,
+        "net-gone-said",
+        &[
+            "--net",
+            "tap=tap0",
+            "--workload",
+            "net-tx:packets=2000000,size=64",
+        ],
+    );
+    wait_active(&vmm);
+    let mut c = vmm.connect();
+    let d = c.ok(json!({"cmd": "device", "name": "net0"}));
+    assert!(d.get("backend_error").is_none(), "{d}");
+    ns.delete_tap();
+    let mut said = None;
+    for _ in 0..400 {
+        let d = c.ok(json!({"cmd": "device", "name": "net0"}));
+        if let Some(e) = d["backend_error"].as_str() {
+            said = Some(e.to_string());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let said = said.expect("the device says its tap is gone");
+    assert!(said.contains("its tap tap0 is gone or down"), "{said}");
+    drop(c);
+    let mut vmm = vmm;
+    let (code, r) = vmm.wait();
+    assert_eq!(code, 0, "{r}");
+}

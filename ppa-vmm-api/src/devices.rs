@@ -157,6 +157,10 @@ pub struct DeviceStats {
     /// Why it is not `ok`, in a sentence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_reason: Option<String>,
+    /// What is wrong with its backend now (a tap gone or failing), in a sentence; absent while
+    /// it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_error: Option<String>,
     /// Its threads.
     pub threads: Vec<DeviceThreadStats>,
     /// Its queues.

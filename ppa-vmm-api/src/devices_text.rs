@@ -34,6 +34,47 @@ pub fn host_cpu_line(h: &HostCpuSplit) -> String {
     )
 }
 
+/// A device's lines under its row: why it is not ok, its backend's failure, the spread of its
+/// CPU a frame, and its drops by queue.
+fn device_notes(out: &mut String, d: &DeviceStats) {
+    if let Some(why) = &d.status_reason {
+        let _ = writeln!(out, "  status: {why}");
+    }
+    if let Some(why) = &d.backend_error {
+        let _ = writeln!(out, "  backend: {why}");
+    }
+    if let Some(f) = &d.frame_cpu {
+        let way = |name: &str, n: u64, h: &crate::HistogramJson| {
+            (n > 0).then(|| {
+                format!(
+                    "{name} {n} frames, per batch p50 {} p99 {} max {} ns ({} batches)",
+                    h.p50, h.p99, h.max, h.count
+                )
+            })
+        };
+        let parts: Vec<String> = [
+            way("tx", f.tx_frames, &f.tx_per_batch),
+            way("rx", f.rx_frames, &f.rx_per_batch),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !parts.is_empty() {
+            let _ = writeln!(out, "  CPU a frame: {}", parts.join("; "));
+        }
+    }
+    for q in d.queues.iter().filter(|q| !q.drops.is_empty()) {
+        let list: Vec<String> = q.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let _ = writeln!(
+            out,
+            "  drops on {} queue {}: {}",
+            q.kind,
+            q.index,
+            list.join(", ")
+        );
+    }
+}
+
 /// The devices tables (network devices, then disks); empty when there are none.
 pub fn devices_text(devices: &[DeviceStats]) -> String {
     let mut out = String::new();
@@ -90,23 +131,14 @@ fn net_table(out: &mut String, devices: &[&DeviceStats]) {
             drops,
             kicks_irqs(d),
         );
-        status_line(out, d);
-        for q in d.queues.iter().filter(|q| !q.drops.is_empty()) {
-            let list: Vec<String> = q.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
-            let _ = writeln!(
-                out,
-                "  drops on {} queue {}: {}",
-                q.kind,
-                q.index,
-                list.join(", ")
-            );
-        }
+        device_notes(out, d);
         thread_rows(out, d);
     }
     out.push_str(
-        "CPU is the device threads' CPU clocks; ns/fr is the CPU of the transmit (receive) work \
-         over the frames sent (delivered). A thread's WALL = USED + STEAL + WAITING (asleep in \
-         its event loop) + BLKD.\n",
+        "CPU is the device threads' CPU clocks; ns/fr is a mean: the CPU of the transmit \
+         (receive) work over the frames it handled, sent (delivered) or dropped, while the CPU \
+         marks were taken (not at level off); \"CPU a frame\" gives its spread over the batches. \
+         A thread's WALL = USED + STEAL + WAITING (asleep in its event loop) + BLKD.\n",
     );
 }
 
@@ -146,7 +178,7 @@ fn blk_table(out: &mut String, devices: &[&DeviceStats]) {
             d.backend,
             if b.readonly { " (read-only)" } else { "" },
         );
-        status_line(out, d);
+        device_notes(out, d);
         if let Some(service) = d.service.as_ref().filter(|s| !s.is_empty()) {
             let us = |ns: u64| format!("{:.1}", ns as f64 / 1e3);
             let list: Vec<String> = service
@@ -185,12 +217,6 @@ fn kicks_irqs(d: &DeviceStats) -> String {
     let irqs: u64 = d.queues.iter().map(|q| q.interrupts).sum();
     let supp: u64 = d.queues.iter().map(|q| q.interrupts_suppressed).sum();
     format!("{kicks:>7} {:>12}", format!("{irqs} ({supp})"))
-}
-
-fn status_line(out: &mut String, d: &DeviceStats) {
-    if let Some(why) = &d.status_reason {
-        let _ = writeln!(out, "  status: {why}");
-    }
 }
 
 fn thread_rows(out: &mut String, d: &DeviceStats) {
@@ -250,6 +276,7 @@ mod tests {
             gsi: None,
             status: DeviceHealth::NeedsReset,
             status_reason: Some("the driver made a malformed descriptor chain available".into()),
+            backend_error: None,
             threads: vec![DeviceThreadStats {
                 name: "net0-qp0".into(),
                 host_tid: 77,
@@ -332,6 +359,7 @@ mod tests {
             gsi: Some(6),
             status: DeviceHealth::Ok,
             status_reason: None,
+            backend_error: None,
             threads: vec![DeviceThreadStats {
                 name: "blk0-q0".into(),
                 host_tid: 78,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod limits;
+pub mod nested;
 pub mod netns;
 pub mod page;
 pub mod prom;

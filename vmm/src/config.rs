@@ -170,6 +170,8 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
+pub use crate::vcpu::VcpuNames;
+
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -220,6 +222,8 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
+    pub vcpu_names: VcpuNames,
 }
 
 impl Default for VmConfig {
@@ -247,6 +251,7 @@ impl Default for VmConfig {
             net: Vec::new(),
             disks: Vec::new(),
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         }
     }
 }
@@ -698,6 +703,7 @@ impl RunOptions {
             net,
             disks,
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;
         let report = ReportOptions {

@@ -154,6 +154,7 @@ mod tests {
             gsi: None,
             status: DeviceHealth::Ok,
             status_reason: None,
+            backend_error: None,
             threads: vec![DeviceThreadStats {
                 name: "net0-qp0".into(),
                 host_tid: 99,

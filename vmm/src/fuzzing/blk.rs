@@ -16,6 +16,7 @@ use std::cell::Cell;
 use std::io;
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -155,7 +156,11 @@ fn hostile(data: &[u8]) {
     let sectors = u64::from(disk) + 1;
     let limits = limits_of(head, sectors);
     let d = Checked::new(sectors, limits.readonly);
-    let mut rq = ReqQueue::new(DeviceQueue::new(q), limits);
+    let mem = Arc::new(mem);
+    let Ok(dq) = DeviceQueue::new(q, &mem) else {
+        return;
+    };
+    let mut rq = ReqQueue::new(dq, limits);
     let (qc, bc) = (QueueCounters::default(), BlkCounters::default());
     let o = req_pass(&mut rq, &mem, &d, &qc, &bc, || true);
     assert!(

@@ -21,6 +21,8 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+
 use virtio_bindings::bindings::virtio_blk::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -31,7 +33,7 @@ use crate::devices::blk::queue::{req_pass, BlkCounters, ReqQueue};
 use crate::devices::blk::request::{Limits, ID_BYTES, MAX_RANGES, MAX_RANGE_SECTORS};
 use crate::devices::virtio::counters::QueueCounters;
 use crate::devices::virtio::pass::Irq;
-use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
+use crate::devices::virtio::queue::QueueFault;
 
 /// Guest memory of the model.
 const MEM: usize = 0x20_0000;
@@ -169,7 +171,7 @@ fn ranges(out: &[u8], w: u64, ty: u32, l: &Limits, disk: &mut [u8]) -> Answer {
 
 /// Both sides and what the model expects.
 struct Model {
-    mem: GuestMemoryMmap,
+    mem: Arc<GuestMemoryMmap>,
     ring: DriverRing,
     rq: ReqQueue,
     disk: Checked,
@@ -191,9 +193,9 @@ struct Model {
 
 impl Model {
     fn new(size: u16, event_idx: bool, limits: Limits) -> Option<Model> {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).ok()?;
+        let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).ok()?);
         let ring = DriverRing::new(&mem, RINGS, size, event_idx);
-        let rq = Self::device_queue(&ring, event_idx, limits)?;
+        let rq = ReqQueue::new(ring.device_queue(&mem), limits);
         Some(Model {
             disk: Checked::new(limits.sectors, limits.readonly),
             shadow: vec![0; (limits.sectors * SECTOR) as usize],
@@ -210,19 +212,6 @@ impl Model {
             stopped: false,
             seq: 0,
         })
-    }
-
-    fn device_queue(ring: &DriverRing, event_idx: bool, limits: Limits) -> Option<ReqQueue> {
-        let (d, a, u) = ring.addrs();
-        let mut q = virtio_queue::Queue::new(256).ok()?;
-        use virtio_queue::QueueT;
-        q.try_set_size(ring.size()).ok()?;
-        q.try_set_desc_table_address(GuestAddress(d)).ok()?;
-        q.try_set_avail_ring_address(GuestAddress(a)).ok()?;
-        q.try_set_used_ring_address(GuestAddress(u)).ok()?;
-        q.set_event_idx(event_idx);
-        q.set_ready(true);
-        Some(ReqQueue::new(DeviceQueue::new(q), limits))
     }
 
     /// Posts a request of `header`, `out` readable and `in_len` writable bytes, and a status

@@ -11,8 +11,12 @@
 //! access is a plain load or store of guest memory, with the fences Linux uses.
 
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::devices::virtio::queue::DeviceQueue;
 
 /// `VRING_DESC_F_NEXT`.
 const NEXT: u16 = 1;
@@ -92,6 +96,23 @@ impl DriverRing {
     /// The queue's size.
     pub fn size(&self) -> u16 {
         self.size
+    }
+
+    /// The device's side of this queue (what a device thread builds from the transport's
+    /// registers), over the same rings.
+    pub fn device_queue(&self, mem: &Arc<GuestMemoryMmap>) -> DeviceQueue {
+        let mut q = Queue::new(1024).expect("1024 is a valid maximum");
+        q.try_set_size(self.size).expect("a power of two");
+        q.try_set_desc_table_address(GuestAddress(self.desc))
+            .expect("aligned");
+        q.try_set_avail_ring_address(GuestAddress(self.avail))
+            .expect("aligned");
+        q.try_set_used_ring_address(GuestAddress(self.used))
+            .expect("aligned");
+        q.set_event_idx(self.event_idx);
+        q.set_ready(true);
+        assert!(q.is_valid(&**mem), "the rings lie in guest memory");
+        DeviceQueue::new(q, mem).expect("the rings lie in guest memory")
     }
 
     /// The descriptor table, available ring and used ring addresses.

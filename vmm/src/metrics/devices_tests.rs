@@ -34,6 +34,7 @@ pub(super) fn device() -> DeviceStats {
         gsi: Some(5),
         status: DeviceHealth::Ok,
         status_reason: None,
+        backend_error: None,
         threads: vec![DeviceThreadStats {
             name: "net0-qp0".into(),
             host_tid: 4321,

@@ -275,7 +275,7 @@ pub fn req_pass<D: Disk>(
             return o;
         };
         rq.iov.clear();
-        if let Err(f) = rq.dq.add_used(mem, rq.segs.head(), done.used) {
+        if let Err(f) = rq.dq.add_used(rq.segs.head(), done.used) {
             o.fault = Some(f);
             return o;
         }
@@ -287,6 +287,6 @@ pub fn req_pass<D: Disk>(
         b.record(&done, now_ns().saturating_sub(t0));
         o.handled += 1;
     }
-    o.irq = end_pass(&mut rq.dq, mem);
+    o.irq = end_pass(&mut rq.dq);
     o
 }

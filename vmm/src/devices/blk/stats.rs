@@ -95,6 +95,7 @@ impl BlkDevice {
             gsi: self.virtio.gsi(),
             status,
             status_reason,
+            backend_error: None,
             threads,
             queues,
             cpu_ns,

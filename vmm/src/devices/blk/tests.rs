@@ -2,6 +2,8 @@
 //! the model of Linux's ring (`crate::fuzzing::driver`) in real guest memory, on an in-memory
 //! disk. [`Rig`] is shared with the request tests.
 
+use std::sync::Arc;
+
 use ppa_vmm_api::{BlkRequestKind, BlkStatus};
 use virtio_bindings::bindings::virtio_blk::*;
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -27,7 +29,7 @@ const SLOT: u64 = 0x1_0000;
 
 /// A queue in guest memory, the driver's side and the device's.
 pub(crate) struct Rig {
-    pub mem: GuestMemoryMmap,
+    pub mem: Arc<GuestMemoryMmap>,
     pub ring: DriverRing,
     pub dq: DeviceQueue,
     next: u64,
@@ -72,10 +74,10 @@ pub(crate) fn queue(size: u16, (d, a, u): (u64, u64, u64), event_idx: bool) -> Q
 impl Rig {
     /// A queue of `size` with or without EVENT_IDX.
     pub fn new(size: u16, event_idx: bool) -> Rig {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x80_0000)]).unwrap();
+        let mem =
+            Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x80_0000)]).unwrap());
         let ring = DriverRing::new(&mem, 0x1000, size, event_idx);
-        let (d, a, u) = ring.addrs();
-        let dq = DeviceQueue::new(queue(size, (d, a, u), event_idx));
+        let dq = ring.device_queue(&mem);
         Rig {
             mem,
             ring,
@@ -152,7 +154,7 @@ impl Rig {
         let mut iov = Vec::with_capacity(usize::from(self.dq.size()));
         let r = serve(&segs, &self.mem, disk, l, &mut iov);
         let used = r.map_or(0, |d| d.used);
-        self.dq.add_used(&self.mem, segs.head(), used).unwrap();
+        self.dq.add_used(segs.head(), used).unwrap();
         assert_eq!(self.ring.pop_used(&self.mem), Some((segs.head(), used)));
         r
     }
@@ -226,7 +228,7 @@ fn pass(
 fn req_queue(rig: &Rig, l: Limits) -> ReqQueue {
     // The pass takes the rig's queue; the rig keeps the driver's side.
     let q = queue(rig.ring.size(), rig.ring.addrs(), rig.dq.event_idx());
-    ReqQueue::new(DeviceQueue::new(q), l)
+    ReqQueue::new(DeviceQueue::new(q, &rig.mem).unwrap(), l)
 }
 
 #[test]

@@ -15,6 +15,7 @@
 //! per-frame CPU figures count.
 
 use std::io;
+use std::sync::Arc;
 
 use ppa_vmm_api::DropReason;
 use virtio_bindings::bindings::virtio_net::{
@@ -71,7 +72,7 @@ pub fn build(
     pair: usize,
     max_pairs: u16,
     mtu: u16,
-    mem: &GuestMemoryMmap,
+    mem: &Arc<GuestMemoryMmap>,
 ) -> Result<Queues, Violation> {
     let n = negotiated(virtio);
     let served = layout::served_by(pair, max_pairs, n);
@@ -104,7 +105,7 @@ pub struct Outcome {
     pub abandoned: bool,
     /// The driver broke the queue: the device needs a reset.
     pub fault: Option<QueueFault>,
-    /// (Receive) The tap failed.
+    /// The tap failed (receive: a read error; transmit: a frame refused as gone or down).
     pub tap_error: Option<io::Error>,
     /// (Receive) At least one frame came through the tap.
     pub tap_ok: bool,
@@ -187,7 +188,7 @@ pub fn rx_pass(
             }
         }
     }
-    o.irq = end_pass(&mut rxq.dq, mem);
+    o.irq = end_pass(&mut rxq.dq);
     o
 }
 
@@ -206,10 +207,12 @@ pub fn tx_pass(
         more: pass.more,
         abandoned: pass.abandoned,
         fault: pass.fault,
+        tap_error: pass.tap_down.map(io::Error::from_raw_os_error),
+        tap_ok: pass.frames > 0 && pass.tap_down.is_none(),
         ..Outcome::default()
     };
     if o.fault.is_none() && !o.abandoned {
-        o.irq = end_pass(&mut txq.dq, mem);
+        o.irq = end_pass(&mut txq.dq);
     }
     o
 }
@@ -230,7 +233,7 @@ pub fn ctrl_pass(
         ..Outcome::default()
     };
     if o.fault.is_none() && !o.abandoned {
-        o.irq = end_pass(&mut q.dq, mem);
+        o.irq = end_pass(&mut q.dq);
     }
     o
 }

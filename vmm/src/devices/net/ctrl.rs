@@ -141,7 +141,7 @@ impl CtrlQueue {
             pass.pairs = pairs;
         }
         self.segs.write_at(mem, readable_len, &[ack]);
-        self.dq.add_used(mem, self.segs.head(), 1)
+        self.dq.add_used(self.segs.head(), 1)
     }
 }
 

@@ -16,7 +16,7 @@
 //! space (read-only) is the MAC, the link status (up), the pairs and the MTU.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -136,6 +136,8 @@ pub struct NetShared {
     pub queues: Vec<QueueCounters>,
     /// Queue pairs the driver uses now (1 after every reset).
     pub active_pairs: AtomicU16,
+    /// Each pair's tap error (errno) while its tap fails; 0 while it works.
+    pub tap_errors: Vec<AtomicI32>,
     /// Set to stop the threads.
     pub stop: AtomicBool,
     /// Whether the tap existed before the VMM opened it (false: the VMM created it).
@@ -279,6 +281,7 @@ impl NetDevice {
             frame_cpu: (0..pairs).map(|_| FrameCpu::default()).collect(),
             queues: (0..nq).map(|_| QueueCounters::default()).collect(),
             active_pairs: AtomicU16::new(1),
+            tap_errors: (0..pairs).map(|_| AtomicI32::new(0)).collect(),
             stop: AtomicBool::new(false),
             tap_existed: existed,
         });

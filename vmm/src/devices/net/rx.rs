@@ -12,19 +12,23 @@
 //! The chains the frame did not reach stay held for the next frame. No host buffer, no copy.
 //!
 //! When the guest has made too few buffers available for the largest frame (a burst that
-//! outran the driver's refill), a frame is read into a host buffer instead and copied into the
-//! chains it fits; a frame that does not fit yet stays in that buffer, notifications are on,
-//! and the thread stops reading the tap until the guest's kick (the tap holds what comes
-//! meanwhile): frames wait, they are not dropped. Dropped and counted: a frame longer than
-//! the largest one the device takes (it is read into one byte more than that, so a read that
-//! reaches past it was cut), and one over the MTU without GSO. Chains are untrusted input ([`crate::devices::virtio::chain`]); every loop is bounded
-//! by the queue's size and by [`IOV_MAX`] buffers; nothing allocates per frame.
+//! outran the driver's refill), the read goes into the chains held and, past them, into a host
+//! buffer: a frame that fits the chains is still read straight into them (the common case for
+//! small frames); one that goes on into the host buffer waits there, its head in the chains,
+//! until the guest adds buffers, and its tail is then copied in (`copied`). Meanwhile
+//! notifications are on and the thread stops reading the tap until the guest's kick (the tap
+//! holds what comes meanwhile): frames wait, they are not dropped. Dropped and counted: a frame
+//! longer than the largest one the device takes (the buffers offered hold one byte more than
+//! that, so a read that reaches past it was cut), one over the MTU without GSO, and one that
+//! cannot fit even if every buffer the guest can post were held.
+//! Chains are untrusted input ([`crate::devices::virtio::chain`]); every loop is bounded by the
+//! queue's size and by [`IOV_MAX`] buffers; nothing allocates per frame.
 
 use std::collections::VecDeque;
 use std::io;
 
 use ppa_vmm_api::DropReason;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tap::VNET_HDR_LEN;
 use crate::devices::virtio::chain::{Direction, Segment, Segments};
@@ -154,9 +158,10 @@ impl Window {
 
     /// Adds a chain at the back (its buffers checked by `Segments::load`); false when the
     /// window has no room for its buffers.
-    fn push(&mut self, segs: &Segments, mem: &GuestMemoryMmap, max_frame: u64) -> bool {
+    fn push(&mut self, segs: &Segments, max_frame: u64) -> bool {
         let list = segs.list();
-        if self.buffers() + list.len() > IOV_MAX || self.chains.len() == self.chains.capacity() {
+        // One read takes IOV_MAX buffers: the held chains' and the host buffer.
+        if self.buffers() + list.len() >= IOV_MAX || self.chains.len() == self.chains.capacity() {
             return false;
         }
         if self.iov.len() + list.len() > self.iov.capacity() {
@@ -169,14 +174,8 @@ impl Window {
             self.start = 0;
         }
         for s in list {
-            // Each buffer was checked against `mem` when loaded; a mapping cannot vanish.
-            let Ok(slice) = mem.get_slice(GuestAddress(s.addr), s.len as usize) else {
-                return false;
-            };
-            self.iov.push(libc::iovec {
-                iov_base: slice.ptr_guard().as_ptr().cast_mut().cast(),
-                iov_len: slice.len(),
-            });
+            // Each buffer was checked against guest memory when its chain was loaded.
+            self.iov.push(s.iovec());
             self.segs.push(*s);
         }
         let held = Held {
@@ -242,8 +241,10 @@ pub struct RxQueue {
     held: Window,
     load: Segments,
     bounce: Vec<u8>,
-    /// A frame in `bounce` that waits for room.
-    pending: Option<usize>,
+    /// A frame whose tail waits in `bounce` for room.
+    pending: Option<Pending>,
+    /// The iovecs of one read (the held chains' and the host buffer's).
+    iov: Vec<libc::iovec>,
     /// The window refused a chain (it holds as many buffers as one read takes).
     window_full: bool,
     used: Vec<(u16, u32)>,
@@ -251,6 +252,22 @@ pub struct RxQueue {
 
 /// Writes `bytes` at `offset` of the chain whose buffers are `segs` (across buffers).
 fn write_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64, bytes: &[u8]) {
+    if let Some(s) = segs.first() {
+        if bytes.len() <= 16 && offset + bytes.len() as u64 <= u64::from(s.len) {
+            // The common case, a header field in the first buffer: through its mapping, found
+            // when the chain was checked, without looking the address up again.
+            // SAFETY: `s.host` maps the whole buffer (`s.len` bytes) in guest memory, which
+            // stays mapped for the VM's life; the bytes written lie inside it. Volatile: the
+            // guest may touch the same memory.
+            unsafe {
+                let dst = (s.host as *mut u8).add(offset as usize);
+                for (i, b) in bytes.iter().enumerate() {
+                    std::ptr::write_volatile(dst.add(i), *b);
+                }
+            }
+            return;
+        }
+    }
     let (mut skip, mut done) = (offset, 0);
     for s in segs {
         if done == bytes.len() {
@@ -271,9 +288,16 @@ fn write_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64, bytes: &[u8]) 
 /// Reads the byte at `offset` of the chain whose buffers are `segs`.
 fn byte_in(mem: &GuestMemoryMmap, segs: &[Segment], offset: u64) -> u8 {
     let mut skip = offset;
-    for s in segs {
+    for (k, s) in segs.iter().enumerate() {
         let len = u64::from(s.len);
         if skip < len {
+            if k == 0 {
+                // SAFETY: `s.host` maps the whole buffer in guest memory, mapped for the VM's
+                // life, and `skip` is inside it. Volatile: the guest may touch it.
+                return unsafe {
+                    std::ptr::read_volatile((s.host as *const u8).add(skip as usize))
+                };
+            }
             return mem.read_obj(GuestAddress(s.addr + skip)).unwrap_or(0);
         }
         skip -= len;
@@ -292,6 +316,7 @@ impl RxQueue {
             load: Segments::with_capacity(n),
             bounce: vec![0; MAX_GSO_FRAME + 1],
             pending: None,
+            iov: Vec::with_capacity(IOV_MAX),
             window_full: false,
             used: Vec::with_capacity(n),
         }
@@ -334,7 +359,7 @@ impl RxQueue {
             self.load
                 .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
                 .map_err(QueueFault::Chain)?;
-            if !self.held.push(&self.load, mem, self.need()) {
+            if !self.held.push(&self.load, self.need()) {
                 self.dq.unpop(1);
                 self.window_full = true;
                 break;
@@ -349,73 +374,48 @@ impl RxQueue {
         self.held.chains.len() >= usize::from(self.dq.size()) || self.window_full
     }
 
-    /// Whether the held chains take the largest frame, so it can be read straight into them.
-    fn direct(&self) -> bool {
-        let max = self.need();
-        if self.p.mergeable {
-            self.held.cover.2 >= max
-        } else {
-            self.held
-                .chains
-                .front()
-                .is_some_and(|c| u64::from(c.bytes) >= max)
-        }
-    }
-
     /// Takes the next frame from `src` into the guest.
     pub fn receive(&mut self, mem: &GuestMemoryMmap, src: &impl FrameSource) -> Step {
-        if let Some(len) = self.pending {
-            return self.place_bounced(mem, len);
+        if let Some(p) = self.pending {
+            return self.place_tail(mem, p);
         }
         if let Err(f) = self.fill(mem, self.need()) {
             return Step::Fault(f);
-        }
-        if self.direct() {
-            return self.read_direct(mem, src);
         }
         if self.held.chains.is_empty() {
             // The ring is empty and notifications are on: the guest's next buffers kick.
             return Step::NoRoom;
         }
-        let iov = [libc::iovec {
-            iov_base: self.bounce.as_mut_ptr().cast(),
-            iov_len: self.bounce.len(),
-        }];
-        // SAFETY: the one iovec covers `bounce`, which lives and is not otherwise borrowed
-        // for the call.
-        let n = match unsafe { src.read_frame(&iov) } {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Idle,
-            Err(e) => return Step::TapFailed(e),
-        };
-        if n < VNET_HDR_LEN {
-            return Step::Dropped(DropReason::TapError);
-        }
-        if self.p.over_mtu(n, self.bounce[GSO_TYPE_AT]) {
-            return Step::Dropped(DropReason::OverMtu);
-        }
-        if n > self.p.max_frame() {
-            return Step::Dropped(DropReason::OversizedFrame);
-        }
-        self.pending = Some(n);
-        self.place_bounced(mem, n)
-    }
-
-    fn read_direct(&mut self, mem: &GuestMemoryMmap, src: &impl FrameSource) -> Step {
-        let (bufs, cap) = if self.p.mergeable {
-            (self.held.cover.1, self.held.cover.2)
+        // The frame goes into the held chains (all that take it without mergeable buffers:
+        // the first), and what does not fit there into the host buffer, so that the buffers
+        // offered always hold one byte more than the largest frame.
+        let (chains, bufs, cap) = if self.p.mergeable {
+            self.held.cover
         } else {
             let c = self.held.chains[0];
-            (usize::from(c.bufs), u64::from(c.bytes))
+            (1, usize::from(c.bufs), u64::from(c.bytes))
         };
+        let spill = self.need().saturating_sub(cap) as usize;
         let r = self.held.start..self.held.start + bufs;
-        // SAFETY: each iovec points into guest memory that `mem` maps for the VM's life
-        // (checked when its chain was loaded; the regions never change), and the driver gave
-        // these buffers to the device: writing them is what it asked for.
-        let n = match unsafe { src.read_frame(&self.held.iov[r]) } {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Idle,
-            Err(e) => return Step::TapFailed(e),
+        let n = {
+            let iov = &mut self.iov;
+            iov.clear();
+            iov.extend_from_slice(&self.held.iov[r]);
+            if spill > 0 {
+                iov.push(libc::iovec {
+                    iov_base: self.bounce.as_mut_ptr().cast(),
+                    iov_len: spill.min(self.bounce.len()),
+                });
+            }
+            // SAFETY: each held iovec points into guest memory that `mem` maps for the VM's
+            // life (checked when its chain was loaded; the regions never change), given to the
+            // device by the driver to write; the last one, when there, covers `bounce`, which
+            // lives and is not otherwise borrowed for the call.
+            match unsafe { src.read_frame(iov) } {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Idle,
+                Err(e) => return Step::TapFailed(e),
+            }
         };
         if n < VNET_HDR_LEN {
             return Step::Dropped(DropReason::TapError);
@@ -424,34 +424,36 @@ impl RxQueue {
         if self.p.over_mtu(n, gso) {
             return Step::Dropped(DropReason::OverMtu);
         }
-        // The buffers hold more than the largest frame: one that reaches past it was longer.
-        debug_assert!(cap > self.p.max_frame() as u64);
+        // The buffers hold one byte more than the largest frame: one that reaches past it was
+        // longer (and cut there).
         if n > self.p.max_frame() {
             return Step::Dropped(DropReason::OversizedFrame);
         }
-        self.commit(mem, n, false)
+        if n as u64 <= cap {
+            return self.commit(mem, n, None);
+        }
+        if !self.p.mergeable {
+            // A chain without mergeable buffers holds one frame: this one never fits.
+            return Step::Dropped(DropReason::OversizedFrame);
+        }
+        // The frame fills the held chains and goes on in the host buffer: it waits there for
+        // more chains.
+        let p = Pending {
+            len: n,
+            in_chains: cap as usize,
+            chains,
+        };
+        self.pending = Some(p);
+        self.place_tail(mem, p)
     }
 
-    /// Puts the host buffer's frame of `len` bytes into the held chains, popping more as it
-    /// needs.
-    fn place_bounced(&mut self, mem: &GuestMemoryMmap, len: usize) -> Step {
-        if let Err(f) = self.fill(mem, len as u64) {
+    /// Puts the tail of the pending frame (in the host buffer) into chains after those its
+    /// head fills, popping more as it needs.
+    fn place_tail(&mut self, mem: &GuestMemoryMmap, p: Pending) -> Step {
+        if let Err(f) = self.fill(mem, p.len as u64) {
             return Step::Fault(f);
         }
-        let fits = if self.p.mergeable {
-            self.held.bytes >= len as u64
-        } else {
-            match self.held.chains.front() {
-                Some(c) if u64::from(c.bytes) >= len as u64 => true,
-                Some(_) => {
-                    // A chain without mergeable buffers holds one frame: this one never fits.
-                    self.pending = None;
-                    return Step::Dropped(DropReason::OversizedFrame);
-                }
-                None => false,
-            }
-        };
-        if !fits {
+        if self.held.bytes < p.len as u64 {
             if self.held_everything() {
                 // Every buffer the guest can post is held and the frame is larger still:
                 // waiting would stop receive for good.
@@ -461,12 +463,14 @@ impl RxQueue {
             return Step::NoRoom;
         }
         self.pending = None;
-        self.commit(mem, len, true)
+        debug_assert!(self.held.chains.len() >= p.chains);
+        self.commit(mem, p.len, Some(p.in_chains))
     }
 
-    /// Gives back the chains a frame of `len` bytes fills (copying it from the host buffer
-    /// first when `copy`), with `num_buffers` written.
-    fn commit(&mut self, mem: &GuestMemoryMmap, len: usize, copy: bool) -> Step {
+    /// Gives back the chains a frame of `len` bytes fills, with `num_buffers` written; with
+    /// `tail`, the frame's bytes from that offset on are in the host buffer and are copied into
+    /// the chains after those its head filled.
+    fn commit(&mut self, mem: &GuestMemoryMmap, len: usize, tail: Option<usize>) -> Step {
         self.used.clear();
         let (mut left, mut from, mut buf) = (len as u64, 0usize, self.held.start);
         for c in self.held.chains.iter() {
@@ -474,9 +478,10 @@ impl RxQueue {
                 break;
             }
             let take = left.min(u64::from(c.bytes));
-            let segs = &self.held.segs[buf..buf + usize::from(c.bufs)];
-            if copy {
-                write_in(mem, segs, 0, &self.bounce[from..from + take as usize]);
+            if let Some(t) = tail.filter(|&t| from >= t) {
+                let segs = &self.held.segs[buf..buf + usize::from(c.bufs)];
+                let src = &self.bounce[from - t..from - t + take as usize];
+                write_in(mem, segs, 0, src);
             }
             self.used.push((c.head, take as u32));
             left -= take;
@@ -488,7 +493,7 @@ impl RxQueue {
         }
         let count = self.used.len() as u16;
         write_in(mem, self.held.first(), NUM_BUFFERS_AT, &count.to_le_bytes());
-        if let Err(f) = self.dq.add_used_many(mem, &self.used) {
+        if let Err(f) = self.dq.add_used_many(&self.used) {
             return Step::Fault(f);
         }
         self.held.consume(usize::from(count), self.need());
@@ -496,9 +501,18 @@ impl RxQueue {
         Step::Delivered {
             chains: count,
             bytes: len,
-            copied: copy,
+            copied: tail.is_some(),
         }
     }
+}
+
+/// A frame whose head filled `chains` held chains (`in_chains` bytes) and whose tail waits in
+/// the host buffer.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    len: usize,
+    in_chains: usize,
+    chains: usize,
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //! is each way's CPU over the frames handled while the marks were taken (both counted only at
 //! levels basic and full), with the per-batch histograms beside it.
 
+use std::sync::atomic::Ordering;
+
 use ppa_vmm_api::{DeviceCpu, DeviceKind, DeviceStats, FrameCpu, PerPacket};
 
 use super::{worker, NetDevice};
@@ -79,6 +81,23 @@ pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
 }
 
 impl NetDevice {
+    /// The tap's failure, when a queue pair's tap fails now.
+    fn backend_error(&self) -> Option<String> {
+        let errno = self
+            .net
+            .tap_errors
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .find(|&e| e != 0)?;
+        let e = std::io::Error::from_raw_os_error(errno);
+        let gone = matches!(errno, libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO);
+        Some(format!(
+            "its tap {} {} ({e}): frames to and from the host stop",
+            self.tap_name,
+            if gone { "is gone or down" } else { "fails" }
+        ))
+    }
+
     /// Every figure since the device started.
     pub(super) fn raw(&self) -> Raw {
         let times: Vec<_> = self.net.meters.iter().map(WorkerMeter::times).collect();
@@ -126,6 +145,7 @@ impl NetDevice {
             gsi: self.virtio.gsi(),
             status,
             status_reason,
+            backend_error: self.backend_error(),
             threads,
             queues,
             cpu_ns,

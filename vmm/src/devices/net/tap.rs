@@ -16,6 +16,8 @@ use std::path::Path;
 
 use thiserror::Error;
 
+mod link;
+
 /// Length of the virtio 1.x network header in front of every frame.
 pub const VNET_HDR_LEN: usize = 12;
 /// Longest interface name (IFNAMSIZ less the NUL).
@@ -47,8 +49,47 @@ pub enum TapError {
         /// Interface name.
         name: String,
     },
-    /// Busy: another process holds a single-queue tap, or the flags do not match it.
-    #[error("the tap {name} is in use or was made with other flags (a tun device, or without multi_queue when several queues are asked)")]
+    /// The interface exists and is not a tap.
+    #[error(
+        "{name} is not a tap ({what}); virtio-net needs one: ip tuntap add dev TAP mode tap vnet_hdr"
+    )]
+    NotATap {
+        /// Interface name.
+        name: String,
+        /// What it is instead.
+        what: &'static str,
+    },
+    /// The tap's multi-queue flag does not match the queue pairs asked.
+    #[error("the tap {name} was made {made} and --net asks for {queues} queue pair(s); {fix}")]
+    QueueMismatch {
+        /// Interface name.
+        name: String,
+        /// "with multi_queue" or "without multi_queue".
+        made: &'static str,
+        /// Queue pairs asked.
+        queues: usize,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// A single-queue tap another process reads.
+    #[error("the tap {name} is in use by another process (a tap made without multi_queue has one reader)")]
+    InUse {
+        /// Interface name.
+        name: String,
+    },
+    /// A multi-queue tap with queues another process holds.
+    #[error(
+        "the tap {name} already has {others} queue(s) of another process (another VMM?): two \
+         readers of one tap split its traffic, each frame going to one of them"
+    )]
+    Shared {
+        /// Interface name.
+        name: String,
+        /// Queues attached or detached that are not this VMM's.
+        others: u32,
+    },
+    /// Another error attaching to the tap.
+    #[error("cannot attach to the tap {name}")]
     Busy {
         /// Interface name.
         name: String,
@@ -89,15 +130,80 @@ pub fn exists(name: &str) -> bool {
     Path::new("/sys/class/net").join(name).exists()
 }
 
+/// `tun_flags` of an existing tun or tap `name` (as `/sys/class/net` shows it), or None when
+/// the interface is not one (or is not there).
+fn tun_flags(name: &str) -> Option<u32> {
+    let t =
+        std::fs::read_to_string(Path::new("/sys/class/net").join(name).join("tun_flags")).ok()?;
+    u32::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Why the kernel refused (EINVAL) to attach to an existing interface `name`.
+fn refused(name: &str, queues: usize, e: io::Error) -> TapError {
+    let name_s = name.to_string();
+    if !exists(name) {
+        return TapError::Busy {
+            name: name_s,
+            source: e,
+        };
+    }
+    let Some(flags) = tun_flags(name) else {
+        return TapError::NotATap {
+            name: name_s,
+            what: "not a tun or tap device",
+        };
+    };
+    if flags & libc::IFF_TUN as u32 != 0 {
+        return TapError::NotATap {
+            name: name_s,
+            what: "a tun device, which carries IP packets, not Ethernet frames",
+        };
+    }
+    let mq = flags & libc::IFF_MULTI_QUEUE as u32 != 0;
+    match (mq, queues > 1) {
+        (true, false) => TapError::QueueMismatch {
+            name: name_s,
+            made: "with multi_queue",
+            queues,
+            fix: "give --net ...,queues=N (N > 1) or make the tap without multi_queue",
+        },
+        (false, true) => TapError::QueueMismatch {
+            name: name_s,
+            made: "without multi_queue",
+            queues,
+            fix: "make it with multi_queue (ip tuntap add dev TAP mode tap vnet_hdr multi_queue) or give queues=1",
+        },
+        _ => TapError::Busy { name: name_s, source: e },
+    }
+}
+
 impl Tap {
-    /// Opens `queues` queues of the tap `name` (checked by the caller: 1 to 15 bytes, no `/`).
+    /// Opens `queues` queues of the tap `name` (checked by the caller: 1 to 15 bytes, no `/`),
+    /// and refuses a multi-queue tap with queues of another process attached (two readers
+    /// would split its traffic), as the kernel's own count says.
     pub fn open(name: &str, queues: usize) -> Result<Vec<Tap>, TapError> {
-        (0..queues.max(1))
-            .map(|_| Tap::open_one(name, queues > 1))
-            .collect()
+        let taps = (0..queues.max(1))
+            .map(|_| Tap::open_one(name, queues))
+            .collect::<Result<Vec<Tap>, TapError>>()?;
+        if queues > 1 {
+            match link::queues(name) {
+                Ok(Some((on, off))) if on + off > queues as u32 => {
+                    return Err(TapError::Shared {
+                        name: name.to_string(),
+                        others: on + off - queues as u32,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    log::warn!("cannot ask the kernel how many queues the tap {name} has: {e}")
+                }
+            }
+        }
+        Ok(taps)
     }
 
-    fn open_one(name: &str, multi_queue: bool) -> Result<Tap, TapError> {
+    fn open_one(name: &str, queues: usize) -> Result<Tap, TapError> {
+        let multi_queue = queues > 1;
         // SAFETY: the path is a NUL-terminated literal; the result is checked.
         let fd = unsafe {
             libc::open(
@@ -138,6 +244,8 @@ impl Tap {
                     mq: if multi_queue { " multi_queue" } else { "" },
                 },
                 (Some(libc::EPERM), true) => TapError::NotOurs { name },
+                (Some(libc::EBUSY), true) => TapError::InUse { name },
+                (Some(libc::EINVAL), true) => refused(&name, queues, e),
                 _ => TapError::Busy { name, source: e },
             });
         }

@@ -60,6 +60,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
         gsi: None,
         status: DeviceHealth::Ok,
         status_reason: None,
+        backend_error: None,
         threads: vec![DeviceThreadStats {
             name: "net0-qp0".into(),
             host_tid: 1,

@@ -19,7 +19,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::queues::QueueCounters;
 use super::tap::VNET_HDR_LEN;
-use crate::devices::virtio::chain::{Direction, Segments};
+use crate::devices::virtio::chain::{Direction, Segment, Segments};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
 /// The largest frame a transmit chain may carry after its header: a 64 KiB TSO frame.
@@ -74,6 +74,8 @@ pub struct TxPass {
     pub more: bool,
     /// The pass stopped because the device's epoch ended (a reset) or it was stopped.
     pub abandoned: bool,
+    /// The tap refused a frame as gone or down (its errno): the backend failed.
+    pub tap_down: Option<i32>,
     /// A fault that needs a reset, after which nothing more was taken.
     pub fault: Option<QueueFault>,
 }
@@ -141,9 +143,13 @@ impl TxQueue {
                 pass.fault = Some(QueueFault::Chain(e));
                 return pass;
             }
-            self.send(mem, sink, c);
+            if let Err(e) = self.send(sink, c) {
+                if drop_reason(&e) == DropReason::TapDown {
+                    pass.tap_down = e.raw_os_error();
+                }
+            }
             pass.frames += 1;
-            if let Err(f) = self.dq.add_used(mem, self.segs.head(), 0) {
+            if let Err(f) = self.dq.add_used(self.segs.head(), 0) {
                 pass.fault = Some(f);
                 return pass;
             }
@@ -151,23 +157,31 @@ impl TxQueue {
         }
     }
 
-    fn send(&mut self, mem: &GuestMemoryMmap, sink: &impl FrameSink, c: &QueueCounters) {
+    /// Writes the chain loaded last to `sink`; counts the frame or its drop. The tap's error,
+    /// when it refused the frame.
+    fn send(&mut self, sink: &impl FrameSink, c: &QueueCounters) -> io::Result<()> {
         let frame = self.segs.total() - VNET_HDR_LEN as u64;
         if frame > MAX_TX_FRAME {
             c.drop_one(DropReason::OversizedFrame);
-            return;
+            return Ok(());
         }
-        self.segs.iovecs(mem, 0, self.segs.total(), &mut self.iov);
-        // SAFETY: each iovec points into a guest memory region that `mem` keeps mapped for
-        // the whole call (the slices were just made from it and `mem` outlives this call).
+        self.iov.clear();
+        self.iov.extend(self.segs.list().iter().map(Segment::iovec));
+        // SAFETY: each iovec points into a guest memory region, checked when the chain was
+        // loaded this pass; guest memory stays mapped for the VM's life (the caller's `mem`,
+        // borrowed for the whole pass, is that memory).
         let r = unsafe { sink.write_frame(&self.iov) };
         self.iov.clear();
         match r {
             Ok(_) => {
                 c.packets.add(1);
                 c.bytes.add(frame);
+                Ok(())
             }
-            Err(e) => c.drop_one(drop_reason(&e)),
+            Err(e) => {
+                c.drop_one(drop_reason(&e));
+                Err(e)
+            }
         }
     }
 }

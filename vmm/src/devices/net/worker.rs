@@ -239,16 +239,34 @@ impl Worker {
         self.set_listening(ops, false);
     }
 
+    /// The tap failed: said once in the log and in the device's figures (`backend_error`);
+    /// receive stops reading it until the guest adds buffers (a tap that came back is read
+    /// again then).
     fn tap_failed(&mut self, e: &io::Error, ops: &mut EventOps) {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        self.net.tap_errors[self.pair].store(errno, Ordering::Relaxed);
         if !self.tap_down_logged {
             self.tap_down_logged = true;
             log::warn!(
-                "{}: its tap {} failed ({e}); frames from the host stop until the guest adds buffers again",
+                "{}: its tap {} failed ({e}){}; frames to and from the host stop until it works again",
                 self.net.id,
-                self.tap().name()
+                self.tap().name(),
+                if matches!(errno, libc::EBADFD | libc::ENODEV | libc::ENXIO | libc::EIO) {
+                    ": the tap is gone or down"
+                } else {
+                    ""
+                }
             );
         }
         self.set_listening(ops, false);
+    }
+
+    /// Frames went through the tap: a failure is over (and is logged again if it comes back).
+    fn tap_ok(&mut self) {
+        if self.tap_down_logged {
+            self.tap_down_logged = false;
+            self.net.tap_errors[self.pair].store(0, Ordering::Relaxed);
+        }
     }
 
     fn on_wake(&mut self, ops: &mut EventOps) {
@@ -311,7 +329,7 @@ impl Worker {
         );
         self.q.rx = Some(rxq);
         if o.tap_ok {
-            self.tap_down_logged = false;
+            self.tap_ok();
         }
         if let Some(e) = &o.tap_error {
             self.tap_failed(e, ops);
@@ -339,6 +357,12 @@ impl Worker {
             || virtio.serves(epoch),
         );
         self.q.tx = Some(txq);
+        if o.tap_ok {
+            self.tap_ok();
+        }
+        if let Some(e) = &o.tap_error {
+            self.tap_failed(e, ops);
+        }
         self.after(ops, index, &o, AGAIN_TX)
     }
 

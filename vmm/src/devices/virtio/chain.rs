@@ -68,6 +68,20 @@ pub struct Segment {
     pub addr: u64,
     /// Bytes (never 0: zero-length descriptors are skipped).
     pub len: u32,
+    /// Where the buffer is mapped in this process, found when the chain was checked: the
+    /// buffer lies wholly in one guest memory region, mapped for the VM's life, so the I/O
+    /// paths need not look it up again.
+    pub host: usize,
+}
+
+impl Segment {
+    /// The buffer as an `iovec` for the kernel to read or write.
+    pub fn iovec(&self) -> libc::iovec {
+        libc::iovec {
+            iov_base: self.host as *mut libc::c_void,
+            iov_len: self.len as usize,
+        }
+    }
 }
 
 /// The checked buffers of one chain. Made once per queue with room for the largest chain a
@@ -128,12 +142,17 @@ impl Segments {
                 continue;
             }
             let addr = d.addr().0;
-            if addr.checked_add(u64::from(d.len())).is_none()
-                || mem.get_slice(GuestAddress(addr), d.len() as usize).is_err()
-            {
+            if addr.checked_add(u64::from(d.len())).is_none() {
                 return Err(ChainError::OutsideMemory);
             }
-            self.list.push(Segment { addr, len: d.len() });
+            let Ok(slice) = mem.get_slice(GuestAddress(addr), d.len() as usize) else {
+                return Err(ChainError::OutsideMemory);
+            };
+            self.list.push(Segment {
+                addr,
+                len: d.len(),
+                host: slice.ptr_guard().as_ptr() as usize,
+            });
             self.total += u64::from(d.len());
             if !writing {
                 self.readable += 1;

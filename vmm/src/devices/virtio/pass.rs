@@ -7,6 +7,8 @@
 //! with [`end_pass`], whose [`Irq`] the thread hands to [`signal`] (the fuzzer's models look
 //! at the `Irq` themselves). Used by `net` and `blk` alike, so both follow one discipline.
 
+use std::sync::Arc;
+
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryMmap;
 
@@ -21,14 +23,19 @@ use super::VirtioShared;
 pub fn device_queue(
     virtio: &VirtioShared,
     index: Option<usize>,
-    mem: &GuestMemoryMmap,
+    mem: &Arc<GuestMemoryMmap>,
 ) -> Result<Option<DeviceQueue>, Violation> {
     let Some(index) = index else {
         return Ok(None);
     };
     let event_idx = virtio.has_feature(VIRTIO_RING_F_EVENT_IDX);
     match (virtio.queue(index), virtio.max_size(index)) {
-        (Some(regs), Some(max)) => Ok(regs.to_queue(max, event_idx, mem)?.map(DeviceQueue::new)),
+        (Some(regs), Some(max)) => match regs.to_queue(max, event_idx, mem)? {
+            Some(q) => DeviceQueue::new(q, mem)
+                .map(Some)
+                .map_err(|_| Violation::BadQueue),
+            None => Ok(None),
+        },
         _ => Ok(None),
     }
 }
@@ -46,10 +53,10 @@ pub enum Irq {
 
 /// The interrupt decision for the used entries `dq` added since the last one: every used
 /// entry counts, a zero-length one included.
-pub fn end_pass(dq: &mut DeviceQueue, mem: &GuestMemoryMmap) -> Irq {
+pub fn end_pass(dq: &mut DeviceQueue) -> Irq {
     if dq.unsignalled() == 0 {
         Irq::None
-    } else if dq.needs_interrupt(mem) {
+    } else if dq.needs_interrupt() {
         Irq::Wanted
     } else {
         Irq::Suppressed

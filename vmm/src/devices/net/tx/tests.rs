@@ -1,6 +1,7 @@
 //! Frames sent from mock transmit queues into a sink that records them or fails as a tap can.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
@@ -40,8 +41,8 @@ impl FrameSink for Sink {
     }
 }
 
-fn mem() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap()
+fn mem() -> Arc<GuestMemoryMmap> {
+    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap())
 }
 
 /// A pass with a budget larger than any test's queue, never interrupted by a reset.
@@ -58,7 +59,7 @@ fn frames_go_out_whole_and_are_counted() {
     let m = mem();
     m.write_slice(&[0xaa; 12], GuestAddress(0x1_0000)).unwrap();
     m.write_slice(&[0xbb; 64], GuestAddress(0x2_0000)).unwrap();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     // Two frames: header and data in two buffers, then all in one.
     vq.add_desc_chains(
         &[
@@ -69,7 +70,7 @@ fn frames_go_out_whole_and_are_counted() {
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let sink = Sink::default();
     let c = QueueCounters::default();
     let pass = run(&mut tx, &m, &sink, &c);
@@ -102,9 +103,9 @@ fn a_refusing_tap_drops_with_its_reason() {
         (libc::EINVAL, DropReason::TapError),
     ] {
         let m = mem();
-        let vq = MockSplitQueue::new(&m, 16);
+        let vq = MockSplitQueue::new(&*m, 16);
         vq.add_desc_chains(&[d(0x1_0000, 80, 0, 0)], 0).unwrap();
-        let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+        let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
         let sink = Sink {
             errno: Some(errno),
             ..Default::default()
@@ -119,13 +120,13 @@ fn a_refusing_tap_drops_with_its_reason() {
 #[test]
 fn an_oversized_frame_is_dropped_and_the_next_one_still_goes() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(
         &[d(0x1_0000, 12 + 65_536, 0, 0), d(0x3_0000, 12 + 10, 0, 0)],
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let sink = Sink::default();
     let c = QueueCounters::default();
     assert_eq!(run(&mut tx, &m, &sink, &c).chains, 2);
@@ -136,7 +137,7 @@ fn an_oversized_frame_is_dropped_and_the_next_one_still_goes() {
 #[test]
 fn a_malformed_chain_stops_the_queue_with_a_fault() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(
         &[
             d(0x1_0000, 80, 0, 0),
@@ -146,7 +147,7 @@ fn a_malformed_chain_stops_the_queue_with_a_fault() {
         0,
     )
     .unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let sink = Sink::default();
     let c = QueueCounters::default();
     let pass = run(&mut tx, &m, &sink, &c);
@@ -162,17 +163,17 @@ fn a_malformed_chain_stops_the_queue_with_a_fault() {
     assert_eq!(c.drops(DropReason::BadChain), 1);
     assert_eq!(sink.frames.borrow().len(), 1, "nothing after the bad chain");
     // A chain shorter than the header is malformed too.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x1_0000, 4, 0, 0)], 0).unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     assert_eq!(
         run(&mut tx, &m, &sink, &c).fault,
         Some(QueueFault::Chain(ChainError::Empty))
     );
     // A buffer outside RAM.
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     vq.add_desc_chains(&[d(0x7000_0000, 100, 0, 0)], 0).unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     assert_eq!(
         run(&mut tx, &m, &sink, &c).fault,
         Some(QueueFault::Chain(ChainError::OutsideMemory))
@@ -182,10 +183,10 @@ fn a_malformed_chain_stops_the_queue_with_a_fault() {
 #[test]
 fn a_pass_stops_at_its_budget_and_says_chains_are_left() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     let descs: Vec<_> = (0..5).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
     vq.add_desc_chains(&descs, 0).unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let (sink, c) = (Sink::default(), QueueCounters::default());
     let pass = tx.run(&m, &sink, &c, 2, || true);
     assert_eq!(
@@ -207,10 +208,10 @@ fn a_pass_stops_at_its_budget_and_says_chains_are_left() {
 #[test]
 fn a_reset_ends_a_pass_before_the_next_chain() {
     let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
+    let vq = MockSplitQueue::new(&*m, 16);
     let descs: Vec<_> = (0..4).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
     vq.add_desc_chains(&descs, 0).unwrap();
-    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap()));
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let (sink, c) = (Sink::default(), QueueCounters::default());
     let left = std::cell::Cell::new(2);
     let pass = tx.run(&m, &sink, &c, 1000, || {

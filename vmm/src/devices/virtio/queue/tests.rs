@@ -2,28 +2,20 @@
 //! ring empties, interrupts exactly when the driver asks, a frame's used entries published
 //! together.
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::*;
 use crate::fuzzing::driver::{Buf, DriverRing};
 
-fn mem() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
+fn mem() -> Arc<GuestMemoryMmap> {
+    Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap())
 }
 
 /// The device's queue over the driver's rings.
-fn device(d: &DriverRing, event_idx: bool, m: &GuestMemoryMmap) -> DeviceQueue {
-    let (desc, avail, used) = d.addrs();
-    let mut q = Queue::new(1024).unwrap();
-    q.try_set_size(d.size()).unwrap();
-    q.try_set_desc_table_address(GuestAddress(desc)).unwrap();
-    q.try_set_avail_ring_address(GuestAddress(avail)).unwrap();
-    q.try_set_used_ring_address(GuestAddress(used)).unwrap();
-    q.set_event_idx(event_idx);
-    q.set_ready(true);
-    assert!(q.is_valid(m));
-    DeviceQueue::new(q)
+fn device(d: &DriverRing, event_idx: bool, m: &Arc<GuestMemoryMmap>) -> DeviceQueue {
+    let q = d.device_queue(m);
+    assert_eq!(q.event_idx(), event_idx);
+    q
 }
 
 fn buf(i: u64) -> [Buf; 1] {
@@ -113,17 +105,17 @@ fn interrupts_follow_used_event_and_no_interrupt_and_count_zero_length_entries()
     d.publish(&m);
     assert!(d.enable_cb(&m));
     let h = q.pop(&m).unwrap().unwrap().head_index();
-    assert!(!q.needs_interrupt(&m), "nothing added yet");
-    q.add_used(&m, h, 0).unwrap();
+    assert!(!q.needs_interrupt(), "nothing added yet");
+    q.add_used(h, 0).unwrap();
     assert!(
-        q.needs_interrupt(&m),
+        q.needs_interrupt(),
         "a zero-length used entry is a used entry"
     );
     // Polling: the driver turned interrupts off.
     d.disable_cb(&m);
     let h = q.pop(&m).unwrap().unwrap().head_index();
-    q.add_used(&m, h, 10).unwrap();
-    assert!(!q.needs_interrupt(&m), "used_event not passed");
+    q.add_used(h, 10).unwrap();
+    assert!(!q.needs_interrupt(), "used_event not passed");
     // Without EVENT_IDX, VRING_AVAIL_F_NO_INTERRUPT says the same.
     let mut d = DriverRing::new(&m, 0x4000, 8, false);
     let mut q = device(&d, false, &m);
@@ -132,12 +124,12 @@ fn interrupts_follow_used_event_and_no_interrupt_and_count_zero_length_entries()
     d.publish(&m);
     d.disable_cb(&m);
     let h = q.pop(&m).unwrap().unwrap().head_index();
-    q.add_used(&m, h, 10).unwrap();
-    assert!(!q.needs_interrupt(&m), "NO_INTERRUPT honoured");
+    q.add_used(h, 10).unwrap();
+    assert!(!q.needs_interrupt(), "NO_INTERRUPT honoured");
     d.enable_cb(&m);
     let h = q.pop(&m).unwrap().unwrap().head_index();
-    q.add_used(&m, h, 10).unwrap();
-    assert!(q.needs_interrupt(&m));
+    q.add_used(h, 10).unwrap();
+    assert!(q.needs_interrupt());
 }
 
 #[test]
@@ -153,14 +145,14 @@ fn several_used_entries_appear_together() {
         .map(|_| q.pop(&m).unwrap().unwrap().head_index())
         .collect();
     let entries: Vec<(u16, u32)> = heads.iter().map(|&h| (h, 7)).collect();
-    q.add_used_many(&m, &entries).unwrap();
+    q.add_used_many(&entries).unwrap();
     assert_eq!(d.used_idx(&m), 3, "one move of the index");
     assert_eq!(q.unsignalled(), 3);
     for h in heads {
         assert_eq!(d.pop_used(&m), Some((h, 7)));
     }
     assert_eq!(
-        q.add_used_many(&m, &[(8, 1)]),
+        q.add_used_many(&[(8, 1)]),
         Err(QueueFault::UsedRing),
         "a head past the queue"
     );
@@ -179,6 +171,6 @@ fn an_available_index_too_far_ahead_is_a_fault_and_unpop_takes_chains_back() {
     q.unpop(1);
     assert_ne!(q.pop(&m).unwrap().unwrap().head_index(), a);
     let (_, avail, _) = d.addrs();
-    vm_memory::Bytes::write_obj(&m, 100u16, GuestAddress(avail + 2)).unwrap();
+    vm_memory::Bytes::write_obj(&*m, 100u16, GuestAddress(avail + 2)).unwrap();
     assert_eq!(q.pop(&m).unwrap_err(), QueueFault::AvailIndex);
 }
