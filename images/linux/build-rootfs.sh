@@ -107,6 +107,11 @@ trap 'rm -rf "$stage" "$out.tmp" "$out.cmds"' EXIT
 	cp -a "$here/rootfs/." "$stage/"
 	install -m 755 "$agent" "$stage/usr/sbin/ppa-agent"
 	install -m 644 "$root/guest-agent/ppa-agent.conf" "$stage/etc/ppa-agent.conf"
+	# The workload unit ends in a clean shutdown, which takes the agent more than its default
+	# 3 samples to reach under emulation: the VMM reads the page at the power-off, so exited
+	# threads stay published for 60 samples (a minute) and the workload'"'"'s are still listed.
+	sed -i "s/^linger = .*/linger = 60/" "$stage/etc/ppa-agent.conf"
+	grep -qx "linger = 60" "$stage/etc/ppa-agent.conf"
 	install -m 644 "$root/guest-agent/ppa-agent.service" "$stage/etc/systemd/system/ppa-agent.service"
 	install -m 755 "$workload" "$stage/usr/bin/ppa-workload"
 	install -D -m 755 "$here/run-workload" "$stage/usr/lib/ppa/run-workload"
