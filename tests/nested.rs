@@ -582,8 +582,16 @@ fn the_debian_image_boots_from_its_disk_through_systemd_to_its_workload_on_svm()
         )),
         "{console}"
     );
-    // The agent that published is the process systemd started for its unit.
-    let unit = fields(&console, "PPA-AGENT-UNIT ");
+    // The agent that published is the process systemd started for its unit. (The unit's
+    // lines reach the console through the journal, after a `run-workload[PID]: ` prefix.)
+    let after_tag: String = console
+        .lines()
+        .find_map(|l| {
+            l.split_once("PPA-AGENT-UNIT ")
+                .map(|(_, rest)| rest.to_string())
+        })
+        .unwrap_or_else(|| panic!("no PPA-AGENT-UNIT line on the console:\n{console}"));
+    let unit = fields(&format!("PPA-AGENT-UNIT {after_tag}"), "PPA-AGENT-UNIT ");
     let g = &r["guest"];
     assert_eq!(g["published"], true, "{g}");
     assert_eq!(
