@@ -542,7 +542,7 @@ fn the_debian_image_boots_from_its_disk_through_systemd_to_its_workload_on_svm()
     let ms = 500u64;
     let spec = format!("spin:threads=2,ms={ms}");
     let out = Command::new(repo_path("scripts/nested-run.sh"))
-        .args(["--timeout", "1500", "--tries", "2", "--"])
+        .args(["--timeout", "900", "--tries", "2", "--"])
         .args([
             "run",
             "--kernel",
