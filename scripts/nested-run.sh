@@ -18,11 +18,14 @@
 # default target/release/ppa-agent when it was built: the image is rebuilt when the agent is
 # newer than it; PPA_AGENT= (empty) builds an image without one), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
 # NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
+# NESTED_ROOTFS (default images/linux/out/rootfs.ext4 when it exists; empty: none): the Debian
+# image, a copy-on-write disk of the outer machine, inside at /images/linux/rootfs.ext4,
 # NESTED_GUEST_ELF=1 (also the guest's ELF kernel, /images/linux/vmlinux: 53 MB more to boot),
 # NESTED_LOCK (/tmp/ppa-vmm-nested.lock: one nested host at a time on the machine),
 # NESTED_TRACE=1 (the nested host traces its KVM events; a failed ppa-vmm run sends the last 3000
 # lines back, saved beside the run's result as result-N.txt.lf.trace).
-# Inside, the Linux guest image is at /images/linux/vmlinuz and /images/linux/initrd.img.
+# Inside, the Linux guest image is at /images/linux/vmlinuz and /images/linux/initrd.img, and the
+# Debian image (when built) at /images/linux/rootfs.ext4 (a link to the outer machine's disk).
 #
 # Exit codes: ppa-vmm's own; 124 no try finished in time (or the host died every time);
 # 125 the nested host could not be prepared or started (a missing tool, no kvm-amd).
@@ -47,7 +50,7 @@ while [ $# -gt 0 ]; do
 	--tries=*) tries=${1#--tries=}; shift ;;
 	--prepare) prepare_only=1; shift ;;
 	--) shift; break ;;
-	-h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,25p' "$0"; exit 0 ;;
 	*) echo "nested-run: unknown argument '$1' (ppa-vmm's arguments go after --; see --help)" >&2; exit 125 ;;
 	esac
 done
@@ -91,7 +94,7 @@ done
 if [ -z "$guest_stale" ]; then
 	# An image built without the agent (or with another) is stale once an agent is there.
 	grep -qx "agent=${agent:-none}" "$guest_dir/out/build-info.txt" 2>/dev/null || guest_stale=1
-	for src in "$guest_dir"/init "$guest_dir"/lib.sh "$guest_dir"/build.sh "$guest_dir"/src/* $agent; do
+	for src in "$guest_dir"/init "$guest_dir"/run-workload "$guest_dir"/lib.sh "$guest_dir"/build.sh "$guest_dir"/src/* $agent; do
 		if [ "$src" -nt "$guest_dir/out/initrd.img" ]; then guest_stale=1; fi
 	done
 fi
@@ -115,12 +118,18 @@ ko_irqbypass=$(ko irqbypass)
 ko_kvm=$(ko kvm)
 ko_kvm_amd=$(ko kvm-amd)
 ko_tun=$(ko tun)
+# The outer machine's virtio-blk disk (the guest's Debian image, below): virtio over PCI.
+disk_kos=()
+for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk; do
+	disk_kos+=("$(ko "$m")")
+done
 # The workload runner the guest image carries, also the nested host's UDP echo (--tap).
 workload_bin="$PPA_CACHE/ppa-workload"
 [ -x "$workload_bin" ] || ppa_die "no $workload_bin: images/linux/build.sh builds it"
 
 inputs=("$vmm" "$root/scripts/nested/init" "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img"
-	"$vmlinuz" "$ko_irqbypass" "$ko_kvm" "$ko_kvm_amd" "$ko_tun" "$workload_bin" "$(ppa_busybox)")
+	"$vmlinuz" "$ko_irqbypass" "$ko_kvm" "$ko_kvm_amd" "$ko_tun" "${disk_kos[@]}" "$workload_bin"
+	"$(ppa_busybox)")
 guest_elf=
 if [ -n "${NESTED_GUEST_ELF:-}" ]; then
 	guest_elf="$guest_dir/out/vmlinux"
@@ -137,6 +146,7 @@ if [ ! -f "$nested/initrd.img" ] || [ "$(cat "$nested/initrd.stamp" 2>/dev/null)
 	cp "$ko_kvm" "$staging/lib/modules/kvm.ko"
 	cp "$ko_kvm_amd" "$staging/lib/modules/kvm-amd.ko"
 	cp "$ko_tun" "$staging/lib/modules/tun.ko"
+	for ko in "${disk_kos[@]}"; do cp "$ko" "$staging/lib/modules/"; done
 	install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
 	ppa_install_with_libs "$vmm" "$staging" /usr/bin/ppa-vmm
 	cp "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img" "$staging/images/linux/"
@@ -162,6 +172,16 @@ ppa_cpio "$run_dir/args" "$run_dir/args.cpio"
 cat "$nested/initrd.img" "$run_dir/args.cpio" >"$run_dir/initrd.img"
 
 append="console=ttyS0 tsc=reliable panic=-1"
+# The Debian image, when it was built (images/linux/build-rootfs.sh): a virtio-blk disk of the
+# outer machine in QEMU's snapshot mode (its writes go to a temporary overlay: the file here
+# never changes), which the outer init links as /images/linux/rootfs.ext4.
+rootfs=${NESTED_ROOTFS-$guest_dir/out/rootfs.ext4}
+disk_args=()
+if [ -n "$rootfs" ] && [ -f "$rootfs" ]; then
+	disk_args=(-drive "file=$rootfs,format=raw,if=none,id=rootfs,snapshot=on,cache=unsafe"
+		-device virtio-blk-pci,drive=rootfs)
+	append+=" nested.rootfs=1"
+fi
 [ -z "${NESTED_KVM_AMD:-}" ] || append+=" nested.kvm_amd=$NESTED_KVM_AMD"
 [ -z "${NESTED_TRACE:-}" ] || append+=" nested.trace=1"
 [ -z "$tap" ] || append+=" nested.tap=$tap nested.tapq=${NESTED_TAP_QUEUES:-1}"
@@ -200,6 +220,7 @@ while [ "$try" -le "$tries" ]; do
 		-nodefaults -display none -monitor none -no-reboot \
 		-chardev "file,id=console,path=$console" -serial chardev:console \
 		-chardev "file,id=result,path=$result" -serial chardev:result \
+		"${disk_args[@]}" \
 		-kernel "$nested/vmlinuz" -initrd "$run_dir/initrd.img" -append "$append" \
 		</dev/null >"$run_dir/qemu-$try.log" 2>&1 &
 	qemu=$!

@@ -516,3 +516,107 @@ fn a_linux_guest_boots_runs_its_workload_on_two_vcpus_and_every_figure_adds_up_o
          {guest_cpu} ns"
     );
 }
+
+/// The Debian image (images/linux/build-rootfs.sh) on a virtio-blk root disk, booted by this
+/// build in the nested host, through systemd to its workload and a clean power-off. Slow (the
+/// whole of Debian's boot under an emulated CPU's nested KVM: docs/linux.md has the time), so
+/// it runs only when asked for and the image is built:
+///
+///     images/linux/build.sh && images/linux/build-rootfs.sh
+///     PPA_NESTED_SLOW=1 cargo test --release -p ppa-vmm-cli --test nested debian -- --nocapture
+///
+/// Otherwise it says why it did nothing and passes (CI builds no Debian image).
+#[test]
+fn the_debian_image_boots_from_its_disk_through_systemd_to_its_workload_on_svm() {
+    let image = repo_path("images/linux/out/rootfs.ext4");
+    if std::env::var_os("PPA_NESTED_SLOW").is_none_or(|v| v != "1") || !image.is_file() {
+        eprintln!(
+            "skipped: the Debian image's boot in the nested host runs with PPA_NESTED_SLOW=1 and \
+             a built {} (images/linux/build-rootfs.sh); see docs/linux.md",
+            image.display()
+        );
+        return;
+    }
+    let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
+    require_qemu();
+    let ms = 500u64;
+    let spec = format!("spin:threads=2,ms={ms}");
+    let out = Command::new(repo_path("scripts/nested-run.sh"))
+        .args(["--timeout", "900", "--tries", "2", "--"])
+        .args([
+            "run",
+            "--kernel",
+            "/images/linux/vmlinuz",
+            "--initrd",
+            "/images/linux/initrd.img",
+            "--disk",
+            "path=/images/linux/rootfs.ext4",
+            "--cmdline",
+            &format!("root=/dev/vda ppa.workload={spec}"),
+            "--vcpus",
+            "2",
+            "--memory-mib",
+            "1024",
+            "--report",
+            "json",
+        ])
+        .env("PPA_VMM", env!("CARGO_BIN_EXE_ppa-vmm"))
+        .env("NESTED_KVM_AMD", "npt=0")
+        .env("NESTED_ROOTFS", &image)
+        .env_remove("NESTED_TAP_QUEUES")
+        .output()
+        .expect("scripts/nested-run.sh runs");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+    let console = console(&out);
+    let r = report(&out);
+    assert_eq!(r["vm"]["end"], "completed", "stderr: {err}");
+    assert!(
+        console.contains("PPA-ROOT dev=/dev/vda mounted"),
+        "{console}"
+    );
+    assert!(console.contains("init=systemd"), "{console}");
+    assert!(
+        console.contains(&format!(
+            "PPA-WORKLOAD-DONE workload={spec} rc=0 agent=running "
+        )),
+        "{console}"
+    );
+    // The agent that published is the process systemd started for its unit. (The unit's
+    // lines reach the console through the journal, after a `run-workload[PID]: ` prefix.)
+    let after_tag: String = console
+        .lines()
+        .find_map(|l| {
+            l.split_once("PPA-AGENT-UNIT ")
+                .map(|(_, rest)| rest.to_string())
+        })
+        .unwrap_or_else(|| panic!("no PPA-AGENT-UNIT line on the console:\n{console}"));
+    let unit = fields(&format!("PPA-AGENT-UNIT {after_tag}"), "PPA-AGENT-UNIT ");
+    let g = &r["guest"];
+    assert_eq!(g["published"], true, "{g}");
+    assert_eq!(
+        g["agent"]["pid"].as_u64(),
+        Some(field(&unit, "pid")),
+        "{unit:?} {g}"
+    );
+    assert!(
+        unit.iter()
+            .any(|(k, v)| k == "cgroup" && v.ends_with("/ppa-agent.service")),
+        "{unit:?}"
+    );
+    assert_eq!(field(&unit, "delayacct"), 1, "{unit:?}");
+    let threads = g["threads"].as_array().expect("the guest's threads");
+    for name in ["spin-0", "spin-1", "systemd"] {
+        assert!(
+            threads.iter().any(|t| t["comm"] == name),
+            "the agent did not publish {name}: {g}"
+        );
+    }
+    // The root disk served the boot: reads, and systemd's writes.
+    let disk = r["devices"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["kind"] == "blk"))
+        .unwrap_or_else(|| panic!("no disk in the report: {}", r["devices"]));
+    let reads = disk["blk"]["requests"]["read"].as_u64().unwrap_or(0);
+    assert!(reads > 0, "{disk}");
+}

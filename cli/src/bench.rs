@@ -17,6 +17,7 @@
 
 use serde::Serialize;
 
+pub mod disk;
 mod hogs;
 pub mod kernel;
 pub mod limit;

@@ -80,7 +80,7 @@ pub struct BenchArgs {
     /// Length of each run's measured window, ms (socket).
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub window_ms: u64,
-    /// Rounds of alternated runs (default 3; limit and socket: 5; overhead: 15).
+    /// Rounds of alternated runs (default 3; limit, socket and disk: 5; overhead: 15).
     #[arg(long)]
     pub rounds: Option<usize>,
     /// vCPUs of the VM (socket).
@@ -104,6 +104,9 @@ pub struct BenchArgs {
     /// Echo round trips (net).
     #[arg(long, default_value_t = 2000)]
     pub echoes: u64,
+    /// 4 KiB blocks written and read per run (disk).
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
+    pub blocks: u64,
 }
 
 /// What `ppa-vmm bench` measures.
@@ -119,6 +122,9 @@ pub enum BenchKind {
     /// virtio-net: the tiny guest's frames through the device into a tap against a host loop
     /// writing the same frames, echo round trips, and an idle device's cost to exits.
     Net,
+    /// virtio-blk: the tiny guest's 4 KiB writes and reads through the device against a host
+    /// loop doing the same pwrite and pread on the same file.
+    Disk,
     /// Start time: exec of `ppa-vmm run` until its control socket answers, with a cold and
     /// a warm calibration cache.
     Start,

@@ -278,6 +278,14 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             args.json,
             crate::bench::net::NetResult::to_text,
         )?,
+        BenchKind::Disk => print_result(
+            &crate::bench::disk::disk(crate::bench::disk::DiskOptions {
+                blocks: args.blocks,
+                rounds: args.rounds.unwrap_or(5),
+            })?,
+            args.json,
+            crate::bench::disk::DiskResult::to_text,
+        )?,
         BenchKind::Socket if args.exits.is_some() => {
             return Err(
                 "`--exits` sets the length of `bench overhead`; `bench socket` runs \

@@ -136,7 +136,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__bench)
-            opts="-h --json --exits --window-ms --rounds --vcpus --rate --client-nice --periods --hogs --packets --echoes --help overhead socket limit net start"
+            opts="-h --json --exits --window-ms --rounds --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --help overhead socket limit net disk start"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -175,6 +175,10 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --echoes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --blocks)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -704,7 +708,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__run)
-            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --help"
+            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --disk --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -851,6 +855,10 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --net)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --disk)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -80,6 +80,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l seccomp -d 'Afte
 log\t'Allow it and have the kernel log it (audit type 1326)'
 kill\t'Stop the VMM: a message on stderr naming the thread and the call, exit status 159'"
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l net -d 'A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID] (repeatable: net0, net1, …)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l disk -d 'A virtio-blk disk on a raw file (or block device): path=FILE[,readonly=on][,id=NAME][,queues=N] (repeatable: blk0, blk1, …; the file is locked: a disk one VMM may write is never opened by another)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand demo" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l api-sock -d 'The API socket (Firecracker\'s default: /run/firecracker.socket)' -r -F
@@ -104,13 +105,14 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l boot-tim
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (overhead; default 8000)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l window-ms -d 'Length of each run\'s measured window, ms (socket)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default 3; limit and socket: 5; overhead: 15)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default 3; limit, socket and disk: 5; overhead: 15)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l vcpus -d 'vCPUs of the VM (socket)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rate -d '`stats` requests per second in the loaded runs (socket)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l client-nice -d 'Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l periods -d 'Periods per run (limit)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l packets -d 'Frames per transmit run (net)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l echoes -d 'Echo round trips (net)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l blocks -d '4 KiB blocks written and read per run (disk)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l json -d 'Print one JSON object whose last key is "verdict"'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l hogs -d 'Run beside one spinning process per CPU (limit)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -2,7 +2,9 @@
 # Builds the Linux guest image: images/linux/out/vmlinuz (Debian 12's 6.1 cloud kernel, a
 # bzImage), out/vmlinux (the same kernel as an ELF with its PVH entry note) and out/initrd.img (an
 # uncompressed busybox initramfs whose /init runs the workload named by `ppa.workload=` on the
-# kernel command line; see images/linux/init and docs/linux.md).
+# kernel command line, or with `root=` mounts that disk and hands over to its systemd; see
+# images/linux/init and docs/linux.md). The Debian image (a root file system) is
+# images/linux/build-rootfs.sh's.
 #
 # Usage: images/linux/build.sh [--agent PATH]
 #   --agent PATH   install this ppa-agent binary as /usr/bin/ppa-agent (also PPA_AGENT=PATH);
@@ -50,26 +52,20 @@ kernel_dir=$(ppa_kernel_dir)
 vmlinuz=$(find "$kernel_dir/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n 1)
 [ -n "$vmlinuz" ] || ppa_die "$kernel_pkg has no boot/vmlinuz-*"
 
-# The workload runner: a static C program, so the initramfs needs no libc of its own.
-workload_bin="$PPA_CACHE/ppa-workload"
-if [ ! -x "$workload_bin" ] || [ "$here/src/ppa-workload.c" -nt "$workload_bin" ] ||
-	[ "$here/src/udp.c" -nt "$workload_bin" ] || [ "$here/src/load.c" -nt "$workload_bin" ]; then
-	gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$workload_bin.tmp" \
-		"$here/src/ppa-workload.c" "$here/src/udp.c" "$here/src/load.c" ||
-		ppa_die "cannot build ppa-workload statically (is libc6-dev installed?)"
-	mv "$workload_bin.tmp" "$workload_bin"
-fi
+workload_bin=$(ppa_workload_bin "$here")
 
 staging=$(mktemp -d "$PPA_CACHE/initrd.XXXXXX")
 trap 'rm -rf "$staging"' EXIT
 ppa_busybox_root "$staging"
 install -m 755 "$here/init" "$staging/init"
+install -m 755 "$here/run-workload" "$staging/usr/bin/run-workload"
 install -m 755 "$workload_bin" "$staging/usr/bin/ppa-workload"
-# The virtio network stack, as modules in Debian's kernels (docs/linux.md): init loads them in
-# this order; virtio_mmio binds the LNRO0005 devices of the DSDT, virtio_net makes eth0.
+# The virtio network stack and virtio_blk, as modules in Debian's kernels (docs/linux.md): init
+# loads them in this order; virtio_mmio binds the LNRO0005 devices of the DSDT, virtio_net
+# makes eth0, virtio_blk the disks (/dev/vda: the Debian image's root with root=).
 modules_dir=$(find "$kernel_dir/lib/modules" -maxdepth 1 -mindepth 1 -type d | head -n 1)
 mkdir -p "$staging/lib/modules"
-for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net; do
+for m in virtio_ring virtio virtio_mmio failover net_failover virtio_net virtio_blk; do
 	ko=$(find "$modules_dir/kernel" -name "$m.ko" | head -n 1)
 	if [ -n "$ko" ]; then
 		cp "$ko" "$staging/lib/modules/$m.ko"

@@ -121,6 +121,22 @@ ppa_kernel_dir() {
 	ppa_unpack "$deb"
 }
 
+# The workload runner, a static C program (so the initramfs needs no libc of its own), built
+# into the cache from the sources in DIR/src when they are newer; prints its path.
+ppa_workload_bin() {
+	local dir=$1 bin="$PPA_CACHE/ppa-workload" src stale=
+	[ -x "$bin" ] || stale=1
+	for src in "$dir"/src/*.c; do
+		if [ "$src" -nt "$bin" ]; then stale=1; fi
+	done
+	if [ -n "$stale" ]; then
+		gcc -O2 -Wall -Wextra -Werror -static -pthread -o "$bin.tmp" "$dir"/src/*.c ||
+			ppa_die "cannot build ppa-workload statically (is libc6-dev installed?)"
+		mv "$bin.tmp" "$bin"
+	fi
+	echo "$bin"
+}
+
 # A static busybox: the host's when its busybox-static package is installed, else the package's.
 ppa_busybox() {
 	if dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' &&

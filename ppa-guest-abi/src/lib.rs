@@ -29,8 +29,10 @@ pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
 /// gave [`WorkloadDesc::flags`] its first bit ([`workload::FLAG_NO_PUBLISH`]); minor 2 added
 /// the `memtouch` workload ([`workload::MEMTOUCH`]) and its report keys; minor 3 the network
 /// workloads ([`workload::NET_TX`], [`workload::NET_RX`], [`workload::NET_ECHO`]), the
-/// network device's window and RAM in [`BootInfo`] and their report keys.
-pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 3;
+/// network device's window and RAM in [`BootInfo`] and their report keys; minor 4 the disk
+/// workloads ([`workload::BLK_WRITE`], [`workload::BLK_VERIFY`]), the disk's window and RAM
+/// and their report keys.
+pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 4;
 /// Size of one boot-info record in guest memory.
 pub const BOOT_INFO_SIZE: usize = 256;
 
@@ -43,6 +45,15 @@ pub const WORKLOAD_PIO_PORT: u16 = 0x0600;
 /// The EtherType of the tiny guest's frames: IEEE's "local experimental" 0x88B5, so that no
 /// host stack routes them anywhere.
 pub const NET_ETHERTYPE: u16 = 0x88B5;
+
+/// Bytes of one block of the disk workloads (`blk-write`, `blk-verify`).
+pub const BLK_BLOCK: u64 = 4096;
+
+/// Word `word` (0 to 511) of block `block` of the disk workloads: what `blk-write` writes and
+/// `blk-verify` expects, so any block read back at another offset, or left unwritten, shows.
+pub const fn blk_pattern(block: u64, word: u64) -> u64 {
+    (block.wrapping_add(1)).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (word << 32 | word)
+}
 
 /// Offsets inside the doorbell page. Every doorbell is an 8-byte aligned register; the guest
 /// writes a little-endian value (1 to 8 bytes) to it.
@@ -107,9 +118,21 @@ pub mod report {
     /// Network workloads: the device's status when the workload ended (0 when it never
     /// started; the virtio status bits otherwise, 0x40 NEEDS_RESET).
     pub const NET_STATUS: u64 = 17;
+    /// Disk workloads: blocks written (`blk-write`) or read (`blk-verify`) with status OK.
+    pub const BLK_BLOCKS: u64 = 18;
+    /// `blk-verify`: blocks read OK that did not hold their pattern.
+    pub const BLK_MISMATCHES: u64 = 19;
+    /// Disk workloads: requests answered with a status other than OK (the final FLUSH of
+    /// `blk-write` included).
+    pub const BLK_ERRORS: u64 = 20;
+    /// Disk workloads: the device's status when the workload ended (as `net_status`).
+    pub const BLK_STATUS: u64 = 21;
+    /// Disk workloads: TSC time of the block requests, from the first made available to the
+    /// last given back (`blk-write`'s FLUSH after them not included), ns.
+    pub const BLK_NS: u64 = 22;
 
     /// Name of each key, index = key.
-    pub const NAMES: [&str; 18] = [
+    pub const NAMES: [&str; 23] = [
         "spin_ns",
         "lost_ns",
         "gaps",
@@ -128,6 +151,11 @@ pub mod report {
         "net_received",
         "net_echoed",
         "net_status",
+        "blk_blocks",
+        "blk_mismatches",
+        "blk_errors",
+        "blk_status",
+        "blk_ns",
     ];
 }
 
@@ -165,6 +193,17 @@ pub mod workload {
     /// reports [`crate::report::NET_RECEIVED`], [`crate::report::NET_ECHOED`] and
     /// [`crate::report::NET_SENT`].
     pub const NET_ECHO: u32 = 10;
+    /// `blk-write`: params = [blocks, depth, hold_ms]: writes 4 KiB block `i` (sectors `8i`
+    /// to `8i + 7`) with [`crate::blk_pattern`]`(i, ..)` for `i` in `0..blocks`, up to `depth`
+    /// requests in flight, through the virtio-blk device at
+    /// [`crate::BootInfo::blk_mmio_gpa`], polling its used ring, then FLUSHes and spins
+    /// `hold_ms` (a test kills the VMM meanwhile); reports
+    /// [`crate::report::BLK_BLOCKS`], [`crate::report::BLK_ERRORS`],
+    /// [`crate::report::BLK_STATUS`] and [`crate::report::BLK_NS`].
+    pub const BLK_WRITE: u32 = 11;
+    /// `blk-verify`: params = [blocks, depth]: reads the same blocks back and compares each
+    /// with its pattern; reports what `blk-write` does and [`crate::report::BLK_MISMATCHES`].
+    pub const BLK_VERIFY: u32 = 12;
 
     /// [`crate::WorkloadDesc::flags`] bit: do not publish to the PPA page.
     pub const FLAG_NO_PUBLISH: u32 = 1;
@@ -250,8 +289,16 @@ pub struct BootInfo {
     pub net_ram_gpa: u64,
     /// Size of that area (minor 3).
     pub net_ram_size: u64,
+    /// Guest-physical address of the first virtio-blk device's MMIO window, 0 when none
+    /// (minor 4).
+    pub blk_mmio_gpa: u64,
+    /// Guest-physical address of a RAM area the disk workload may use for its ring, headers
+    /// and buffers, 0 when none (minor 4).
+    pub blk_ram_gpa: u64,
+    /// Size of that area (minor 4).
+    pub blk_ram_size: u64,
     /// Zero; room for minor-version additions.
-    pub reserved: [u64; 17],
+    pub reserved: [u64; 14],
 }
 
 impl BootInfo {
@@ -275,7 +322,10 @@ impl BootInfo {
             net_mmio_gpa: 0,
             net_ram_gpa: 0,
             net_ram_size: 0,
-            reserved: [0; 17],
+            blk_mmio_gpa: 0,
+            blk_ram_gpa: 0,
+            blk_ram_size: 0,
+            reserved: [0; 14],
         }
     }
 
@@ -303,6 +353,9 @@ impl BootInfo {
         w.u64(self.net_mmio_gpa);
         w.u64(self.net_ram_gpa);
         w.u64(self.net_ram_size);
+        w.u64(self.blk_mmio_gpa);
+        w.u64(self.blk_ram_gpa);
+        w.u64(self.blk_ram_size);
         for r in self.reserved {
             w.u64(r);
         }
@@ -342,7 +395,8 @@ const _: () = {
     assert!(core::mem::offset_of!(BootInfo, gap_threshold_ns) == 48);
     assert!(core::mem::offset_of!(BootInfo, workload) == 56);
     assert!(core::mem::offset_of!(BootInfo, net_mmio_gpa) == 96);
-    assert!(core::mem::offset_of!(BootInfo, reserved) == 120);
+    assert!(core::mem::offset_of!(BootInfo, blk_mmio_gpa) == 120);
+    assert!(core::mem::offset_of!(BootInfo, reserved) == 144);
     assert!(doorbell::REPORT_BASE + 8 * doorbell::REPORT_KEYS <= DOORBELL_SIZE);
     assert!(report::NAMES.len() as u64 <= doorbell::REPORT_KEYS);
 };

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceHealth, DeviceKind, DropReason, QueueKind};
+use crate::{BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, QueueKind};
 
 /// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -50,9 +50,14 @@ pub struct QueueStats {
     pub interrupts_suppressed: u64,
     /// Descriptor chains taken from the queue.
     pub chains: u64,
-    /// Frames carried (written to the tap for tx, to the guest for rx).
+    /// Frames carried (written to the tap for tx, to the guest for rx); 0 on a block
+    /// device's queue, which carries requests.
     pub packets: u64,
-    /// Bytes of those frames (the virtio header excluded).
+    /// Requests answered (a block device's `req` queue; absent on a network device's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<u64>,
+    /// Bytes of those frames (the virtio header excluded), or of those requests' data (read
+    /// into the guest and written from it).
     pub bytes: u64,
     /// Received frames that went through the device's host buffer instead of straight into
     /// the guest's buffers (the guest had too few buffers available for the largest frame).
@@ -102,6 +107,10 @@ pub struct DeviceCpu {
     pub rx: u64,
     /// The control queue's work.
     pub ctrl: u64,
+    /// A block device's request queues' work (parsing, the file's reads, writes and flushes,
+    /// the used ring).
+    #[serde(default)]
+    pub req: u64,
     /// The rest: the event loops' own cost (waits, wake-ups, following the driver's resets).
     pub other: u64,
 }
@@ -168,6 +177,39 @@ pub struct DeviceStats {
     pub frame_cpu: Option<FrameCpu>,
     /// The driver's side.
     pub driver: DriverStats,
+    /// A block device's requests, bytes and errors (blk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blk: Option<BlkStats>,
+    /// Per request type, the service time of each request from the moment the device took
+    /// its chain to the moment it gave it back (blk; types with at least one request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<BTreeMap<BlkRequestKind, crate::HistogramJson>>,
+}
+
+/// What a block device did (`blk` of [`DeviceStats`]). Every field is defined in
+/// docs/accounting.md ("Block devices").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlkStats {
+    /// The disk's size the guest sees, bytes (the file's size down to a 512-byte sector).
+    pub capacity_bytes: u64,
+    /// Whether the disk is read-only (`VIRTIO_BLK_F_RO`).
+    pub readonly: bool,
+    /// Whether the device offers DISCARD (the file can punch holes).
+    pub discard: bool,
+    /// Whether the device offers WRITE_ZEROES (the file can zero or punch a range).
+    pub write_zeroes: bool,
+    /// Whether the driver negotiated FLUSH: without it every write is made durable
+    /// (`fdatasync`) before it completes.
+    pub flush_negotiated: bool,
+    /// Requests answered, by type (types with at least one).
+    pub requests: BTreeMap<BlkRequestKind, u64>,
+    /// Bytes read from the disk into the guest.
+    pub bytes_read: u64,
+    /// Bytes written from the guest to the disk.
+    pub bytes_written: u64,
+    /// Requests answered with a status other than OK, by status (statuses seen).
+    pub errors: BTreeMap<BlkStatus, u64>,
 }
 
 /// Where the VMM process's CPU went: every thread in one of the three (`host_cpu_ns`).

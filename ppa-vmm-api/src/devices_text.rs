@@ -1,13 +1,14 @@
-//! Devices as text: one line per device (its status, CPU, frames each way, CPU per frame,
-//! drops, kicks and interrupts), its threads with their time split, and where the VMM
-//! process's CPU went. The final report, `ctl --text stats` and `ctl --text device` print it.
+//! Devices as text: one line per network device (its status, CPU, frames each way, CPU per
+//! frame, drops, kicks and interrupts) and per disk (requests by type, bytes, errors, kicks,
+//! interrupts, service times by type), each with its threads and their time split, and where
+//! the VMM process's CPU went. The final report, `ctl --text stats` and `ctl --text device` print it.
 //!
 //! Data flow: callers hand in the protocol's `DeviceStats` (and the VM's `HostCpuSplit`);
 //! [`devices_text`] formats them. Pure: no I/O.
 
 use std::fmt::Write as _;
 
-use crate::{DeviceStats, HostCpuSplit, QueueKind};
+use crate::{BlkRequestKind, DeviceKind, DeviceStats, HostCpuSplit, QueueKind};
 
 fn ms(ns: u64) -> String {
     format!("{:.2}", ns as f64 / 1e6)
@@ -74,12 +75,27 @@ fn device_notes(out: &mut String, d: &DeviceStats) {
     }
 }
 
-/// The devices table; empty when there are none.
+/// The devices tables (network devices, then disks); empty when there are none.
 pub fn devices_text(devices: &[DeviceStats]) -> String {
-    if devices.is_empty() {
-        return String::new();
-    }
     let mut out = String::new();
+    let net: Vec<&DeviceStats> = devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Net)
+        .collect();
+    let blk: Vec<&DeviceStats> = devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Blk)
+        .collect();
+    if !net.is_empty() {
+        net_table(&mut out, &net);
+    }
+    if !blk.is_empty() {
+        blk_table(&mut out, &blk);
+    }
+    out
+}
+
+fn net_table(out: &mut String, devices: &[&DeviceStats]) {
     let _ = writeln!(
         out,
         "{:<8} {:<10} {:<11} {:>9} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>12}",
@@ -101,12 +117,9 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
             .cpu_ns_per_packet
             .map_or(("-".into(), "-".into()), |p| (per(p.tx), per(p.rx)));
         let drops: u64 = d.queues.iter().map(|q| q.drops.values().sum::<u64>()).sum();
-        let kicks: u64 = d.queues.iter().map(|q| q.notifications).sum();
-        let irqs: u64 = d.queues.iter().map(|q| q.interrupts).sum();
-        let supp: u64 = d.queues.iter().map(|q| q.interrupts_suppressed).sum();
         let _ = writeln!(
             out,
-            "{:<8} {:<10} {:<11} {:>9} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>12}",
+            "{:<8} {:<10} {:<11} {:>9} {:>10} {:>10} {:>9} {:>9} {:>7} {}",
             d.id,
             d.backend,
             d.status.as_str(),
@@ -116,29 +129,10 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
             ptx,
             prx,
             drops,
-            kicks,
-            format!("{irqs} ({supp})"),
+            kicks_irqs(d),
         );
-        device_notes(&mut out, d);
-        let _ = writeln!(
-            out,
-            "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
-            "THREAD", "TID", "WALL ms", "USED ms", "STEAL", "WAITING", "BLKD", "IDENT"
-        );
-        for t in &d.threads {
-            let _ = writeln!(
-                out,
-                "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.2}%",
-                t.name,
-                t.host_tid,
-                ms(t.wall_ns),
-                ms(t.used_ns),
-                ms(t.steal_ns),
-                ms(t.waiting_ns),
-                ms(t.blocked_ns),
-                t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64
-            );
-        }
+        device_notes(out, d);
+        thread_rows(out, d);
     }
     out.push_str(
         "CPU is the device threads' CPU clocks; ns/fr is a mean: the CPU of the transmit \
@@ -146,7 +140,105 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
          marks were taken (not at level off); \"CPU a frame\" gives its spread over the batches. \
          A thread's WALL = USED + STEAL + WAITING (asleep in its event loop) + BLKD.\n",
     );
-    out
+}
+
+fn blk_table(out: &mut String, devices: &[&DeviceStats]) {
+    let _ = writeln!(
+        out,
+        "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>7} {:>12}  BACKEND",
+        "DISK",
+        "STATUS",
+        "CPU ms",
+        "READS",
+        "WRITES",
+        "FLUSHES",
+        "READ MiB",
+        "WRIT MiB",
+        "ERRORS",
+        "KICKS",
+        "IRQS (supp)",
+    );
+    for d in devices {
+        let Some(b) = &d.blk else { continue };
+        let n = |k: BlkRequestKind| b.requests.get(&k).copied().unwrap_or(0);
+        let mib = |bytes: u64| format!("{:.2}", bytes as f64 / (1u64 << 20) as f64);
+        let _ = writeln!(
+            out,
+            "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {}  {}{}",
+            d.id,
+            d.status.as_str(),
+            ms(d.cpu_ns),
+            n(BlkRequestKind::Read),
+            n(BlkRequestKind::Write),
+            n(BlkRequestKind::Flush),
+            mib(b.bytes_read),
+            mib(b.bytes_written),
+            b.errors.values().sum::<u64>(),
+            kicks_irqs(d),
+            d.backend,
+            if b.readonly { " (read-only)" } else { "" },
+        );
+        device_notes(out, d);
+        if let Some(service) = d.service.as_ref().filter(|s| !s.is_empty()) {
+            let us = |ns: u64| format!("{:.1}", ns as f64 / 1e3);
+            let list: Vec<String> = service
+                .iter()
+                .map(|(k, h)| {
+                    format!(
+                        "{k} {}/{}/{} ({})",
+                        us(h.p50),
+                        us(h.p99),
+                        us(h.max),
+                        h.count
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  service us p50/p99/max (requests): {}",
+                list.join(", ")
+            );
+        }
+        if !b.errors.is_empty() {
+            let list: Vec<String> = b.errors.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            let _ = writeln!(out, "  errors: {}", list.join(", "));
+        }
+        thread_rows(out, d);
+    }
+    out.push_str(
+        "CPU is the disk threads' CPU clocks; service is a request's time from its chain taken \
+         to its answer given back. A thread's BLKD is mostly its file I/O (reads from a cold \
+         cache, fdatasync).\n",
+    );
+}
+
+fn kicks_irqs(d: &DeviceStats) -> String {
+    let kicks: u64 = d.queues.iter().map(|q| q.notifications).sum();
+    let irqs: u64 = d.queues.iter().map(|q| q.interrupts).sum();
+    let supp: u64 = d.queues.iter().map(|q| q.interrupts_suppressed).sum();
+    format!("{kicks:>7} {:>12}", format!("{irqs} ({supp})"))
+}
+
+fn thread_rows(out: &mut String, d: &DeviceStats) {
+    let _ = writeln!(
+        out,
+        "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "THREAD", "TID", "WALL ms", "USED ms", "STEAL", "WAITING", "BLKD", "IDENT"
+    );
+    for t in &d.threads {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.2}%",
+            t.name,
+            t.host_tid,
+            ms(t.wall_ns),
+            ms(t.used_ns),
+            ms(t.steal_ns),
+            ms(t.waiting_ns),
+            ms(t.blocked_ns),
+            t.identity_error_ns as f64 * 100.0 / t.wall_ns.max(1) as f64
+        );
+    }
 }
 
 #[cfg(test)]
@@ -171,6 +263,7 @@ mod tests {
             chains: packets,
             packets,
             bytes: 64 * packets,
+            requests: None,
             copied: 0,
             drops: drops.iter().copied().collect(),
         };
@@ -213,6 +306,8 @@ mod tests {
                 resets_unsettled: 0,
                 violations: BTreeMap::new(),
             },
+            blk: None,
+            service: None,
         };
         let t = devices_text(&[d]);
         let lines: Vec<&str> = t.lines().collect();
@@ -238,5 +333,105 @@ mod tests {
             h,
             "HOST CPU 4.00 ms: vCPU threads 3.00 ms (75.0 %), device threads 1.00 ms (25.0 %), service threads 0.00 ms (0.0 %)\n"
         );
+    }
+
+    #[test]
+    fn a_disk_is_one_line_its_service_times_errors_and_threads() {
+        use crate::{BlkStats, BlkStatus, HistogramJson};
+        let h = |count, p50, p99| HistogramJson {
+            frac_bits: 3,
+            count,
+            sum: 0,
+            avg: 0,
+            max: p99,
+            p50,
+            p90: p99,
+            p99,
+            p999: p99,
+            slots: Vec::new(),
+        };
+        let d = DeviceStats {
+            id: "blk0".into(),
+            kind: DeviceKind::Blk,
+            backend: "/var/lib/vm/root.ext4".into(),
+            mac: None,
+            mmio_base: 0xC000_1000,
+            gsi: Some(6),
+            status: DeviceHealth::Ok,
+            status_reason: None,
+            backend_error: None,
+            threads: vec![DeviceThreadStats {
+                name: "blk0-q0".into(),
+                host_tid: 78,
+                wall_ns: 10_000_000,
+                used_ns: 2_000_000,
+                steal_ns: 0,
+                waiting_ns: 7_000_000,
+                blocked_ns: 1_000_000,
+                identity_error_ns: 0,
+            }],
+            queues: vec![QueueStats {
+                index: 0,
+                kind: QueueKind::Req,
+                notifications: 9,
+                interrupts: 8,
+                interrupts_suppressed: 0,
+                chains: 31,
+                packets: 0,
+                requests: Some(31),
+                bytes: 1 << 20,
+                copied: 0,
+                drops: BTreeMap::new(),
+            }],
+            cpu_ns: 2_000_000,
+            cpu: DeviceCpu::default(),
+            cpu_ns_per_packet: None,
+            frame_cpu: None,
+            driver: DriverStats {
+                features: 0,
+                activations: 1,
+                resets: 0,
+                notify_exits: 0,
+                resets_unsettled: 0,
+                violations: BTreeMap::new(),
+            },
+            blk: Some(BlkStats {
+                capacity_bytes: 1 << 30,
+                readonly: true,
+                discard: false,
+                write_zeroes: false,
+                flush_negotiated: true,
+                requests: BTreeMap::from([
+                    (BlkRequestKind::Read, 16),
+                    (BlkRequestKind::Write, 14),
+                    (BlkRequestKind::Flush, 1),
+                ]),
+                bytes_read: 1 << 20,
+                bytes_written: 0,
+                errors: BTreeMap::from([(BlkStatus::Ioerr, 15)]),
+            }),
+            service: Some(BTreeMap::from([
+                (BlkRequestKind::Read, h(16, 5_000, 9_500)),
+                (BlkRequestKind::Flush, h(1, 250_000, 250_000)),
+            ])),
+        };
+        let t = devices_text(&[d]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("DISK "), "{t}");
+        assert!(lines[1].starts_with("blk0     ok "), "{t}");
+        assert!(
+            lines[1].contains(" 16 ") && lines[1].contains(" 14 ") && lines[1].contains(" 15 "),
+            "reads, writes, errors: {t}"
+        );
+        assert!(
+            lines[1].ends_with("/var/lib/vm/root.ext4 (read-only)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("read 5.0/9.5/9.5 (16), flush 250.0/250.0/250.0 (1)"),
+            "{t}"
+        );
+        assert!(t.contains("errors: ioerr 15"), "{t}");
+        assert!(t.contains("blk0-q0") && !t.contains("TX frames"), "{t}");
     }
 }

@@ -34,14 +34,14 @@ mod types;
 
 pub use clip::{clip, clip_middle, describe, MESSAGE_MAX, QUOTE_MAX};
 pub use devices::{
-    DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, FrameCpu,
+    BlkStats, DeviceCpu, DeviceStats, DeviceThreadInfo, DeviceThreadStats, DriverStats, FrameCpu,
     HostCpuSplit, PerPacket, QueueStats,
 };
 pub use event::{Event, EventKind};
 pub use names::{
-    DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
-    SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
-    VcpuMicroState, VmEnd, VmState,
+    BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick,
+    OverloadKind, QueueKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
+    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use pressure::{
     GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,

@@ -335,6 +335,39 @@ names! {
 }
 
 names! {
+    /// A block request's type (keys of `requests` and `service` of [`crate::DeviceStats`]).
+    #[derive(PartialOrd, Ord)]
+    pub enum BlkRequestKind ("a block request type") {
+        /// VIRTIO_BLK_T_IN: sectors read into the guest.
+        Read = "read",
+        /// VIRTIO_BLK_T_OUT: sectors written from the guest.
+        Write = "write",
+        /// VIRTIO_BLK_T_FLUSH: what was written made durable (`fdatasync`).
+        Flush = "flush",
+        /// VIRTIO_BLK_T_GET_ID: the disk's id string.
+        GetId = "get_id",
+        /// VIRTIO_BLK_T_DISCARD: ranges the guest no longer needs.
+        Discard = "discard",
+        /// VIRTIO_BLK_T_WRITE_ZEROES: ranges made to read as zeros.
+        WriteZeroes = "write_zeroes",
+        /// A type the device does not know (answered UNSUPP).
+        Unknown = "unknown",
+    }
+}
+
+names! {
+    /// A block request's status other than OK (keys of `errors` of [`crate::BlkStats`]).
+    #[derive(PartialOrd, Ord)]
+    pub enum BlkStatus ("a block request status") {
+        /// VIRTIO_BLK_S_IOERR: a malformed request, one past the disk's end, a write to a
+        /// read-only disk, or the file's own error.
+        Ioerr = "ioerr",
+        /// VIRTIO_BLK_S_UNSUPP: a type the device does not offer.
+        Unsupp = "unsupp",
+    }
+}
+
+names! {
     /// A device's health (`status` of [`crate::DeviceStats`]).
     pub enum DeviceHealth ("a device status") {
         /// Working, or waiting for a driver.

@@ -97,12 +97,31 @@ pub enum ConfigError {
         /// vCPUs.
         vcpus: usize,
     },
+    /// A bad `--disk` value.
+    #[error("bad --disk `{spec}`")]
+    Disk {
+        /// The value as given (cut).
+        spec: String,
+        /// What is wrong with it.
+        #[source]
+        source: crate::devices::blk::spec::DiskSpecError,
+    },
+    /// A disk with more request queues than the VM has vCPUs.
+    #[error("--disk path={path} asks for {queues} request queues but the VM has {vcpus} vCPUs (one queue per vCPU at most)")]
+    DiskQueues {
+        /// The disk's path.
+        path: String,
+        /// Queues asked.
+        queues: u16,
+        /// vCPUs.
+        vcpus: usize,
+    },
     /// More virtio devices than the memory map has windows for.
-    #[error("{0} virtio devices; a VM has room for 16")]
+    #[error("{0} virtio devices (--net and --disk together); a VM has room for 16")]
     TooManyDevices(usize),
-    /// Two network devices with one id.
-    #[error("two network devices are called {0}")]
-    NetId(String),
+    /// Two devices with one id.
+    #[error("two devices are called {0}")]
+    DeviceId(String),
     /// A bad workload spec.
     #[error("bad workload `{q}`", q = ppa_vmm_api::clip(.spec))]
     Workload {
@@ -197,6 +216,9 @@ pub struct VmConfig {
     pub seccomp: crate::seccomp::Mode,
     /// Network devices (virtio-net on taps), `net0`, `net1`, … in this order.
     pub net: Vec<crate::devices::net::spec::NetSpec>,
+    /// Disks (virtio-blk on files), `blk0`, `blk1`, … in this order, after the network
+    /// devices in the memory map.
+    pub disks: Vec<crate::devices::blk::spec::DiskSpec>,
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
@@ -227,6 +249,7 @@ impl Default for VmConfig {
             ppa_page_file: None,
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
+            disks: Vec::new(),
             calibration_cache: None,
             vcpu_names: VcpuNames::Ppa,
         }
@@ -246,20 +269,7 @@ impl VmConfig {
         if self.histogram_bits > MAX_FRAC_BITS {
             return Err(ConfigError::HistogramBits(self.histogram_bits));
         }
-        let mut ids = std::collections::BTreeSet::new();
-        for (i, n) in self.net.iter().enumerate() {
-            if usize::from(n.queues) > self.vcpus {
-                return Err(ConfigError::NetQueues {
-                    tap: n.tap.clone(),
-                    queues: n.queues,
-                    vcpus: self.vcpus,
-                });
-            }
-            let id = n.id.clone().unwrap_or_else(|| format!("net{i}"));
-            if !ids.insert(id.clone()) {
-                return Err(ConfigError::NetId(id));
-            }
-        }
+        devices::check(self.vcpus, &self.net, &self.disks)?;
         Ok(())
     }
 }
@@ -427,6 +437,12 @@ pub struct RunOptions {
     #[arg(long, value_name = "tap=NAME,...")]
     #[serde(default)]
     pub net: Vec<String>,
+    /// A virtio-blk disk on a raw file (or block device):
+    /// path=FILE[,readonly=on][,id=NAME][,queues=N] (repeatable: blk0, blk1, …; the file is
+    /// locked: a disk one VMM may write is never opened by another).
+    #[arg(long, value_name = "path=FILE,...")]
+    #[serde(default)]
+    pub disk: Vec<String>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -574,6 +590,11 @@ impl RunOptions {
             } else {
                 over.net
             },
+            disk: if over.disk.is_empty() {
+                self.disk
+            } else {
+                over.disk
+            },
         }
     }
 
@@ -628,7 +649,8 @@ impl RunOptions {
         let workloads = parse_workloads(&self.workload)?;
         let metrics_addr = self.service_names()?;
         let client_limits = client_limits(self.client_timeout, self.idle_timeout)?;
-        let net = parse_nets(&self.net)?;
+        let net = devices::parse_nets(&self.net)?;
+        let disks = devices::parse_disks(&self.disk)?;
         let vcpus = self.vcpus.unwrap_or(d.vcpus);
         // Before anything sized by it (the limits' checks): a count out of range is refused
         // as such, whatever else the config says.
@@ -679,6 +701,7 @@ impl RunOptions {
             ppa_page_file: self.ppa_page_file,
             seccomp: self.seccomp.unwrap_or_default(),
             net,
+            disks,
             calibration_cache: None,
             vcpu_names: VcpuNames::Ppa,
         };
@@ -716,18 +739,7 @@ fn parse_workloads(specs: &[String]) -> Result<Vec<Assignment>, ConfigError> {
         .collect()
 }
 
-/// Each `--net` device.
-fn parse_nets(specs: &[String]) -> Result<Vec<crate::devices::net::spec::NetSpec>, ConfigError> {
-    specs
-        .iter()
-        .map(|spec| {
-            crate::devices::net::spec::NetSpec::parse(spec).map_err(|source| ConfigError::Net {
-                spec: spec.chars().take(200).collect(),
-                source,
-            })
-        })
-        .collect()
-}
+pub mod devices;
 
 #[cfg(test)]
 mod tests;

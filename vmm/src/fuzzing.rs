@@ -26,11 +26,14 @@ use crate::limits::{check_groups, check_name, GroupSpec, Limit, MAX_PERIOD_NS, M
 use crate::payload::tiny::workload::{resolve, Assignment, Spec, VcpuWorkload, WorkloadError};
 use crate::payload::Payload;
 
+mod blk;
+pub mod blkmodel;
 pub mod driver;
 pub mod netmodel;
 mod ppa_page;
 mod virtqueue;
 
+pub use blk::blk;
 pub use ppa_page::{ppa_page, ppa_page_words};
 pub use virtqueue::virtqueue;
 
@@ -39,7 +42,7 @@ pub type Check = fn(&[u8]);
 
 /// Every fuzz target: its name (the file `fuzz/fuzz_targets/NAME.rs` and the folders of its
 /// seeds and regressions) and its check function.
-pub const TARGETS: [(&str, Check); 7] = [
+pub const TARGETS: [(&str, Check); 8] = [
     ("request", request),
     ("config", config),
     ("workload", workload),
@@ -47,6 +50,7 @@ pub const TARGETS: [(&str, Check); 7] = [
     ("http_head", http_head),
     ("ppa_page", ppa_page),
     ("virtqueue", virtqueue),
+    ("blk", blk),
 ];
 
 /// A handler over a synthetic VM of two vCPUs that never ran (no KVM), with no `stats` reuse.

@@ -8,7 +8,8 @@
 //!    else comes in; the image keeps no state outside the stack, so all vCPUs share it safely.
 //! 2. **Run:** vCPU 0 prints one console line (one CONSOLE doorbell write per byte), then each
 //!    vCPU runs its workload (`idle`, `busy`, `periodic`, `exits`, `fault`, `hostile`,
-//!    `memtouch`, or a network workload over virtio-net: [`net`]). The spin loops read the
+//!    `memtouch`, a network workload over virtio-net: [`net`], or a disk workload over
+//!    virtio-blk: [`blk`]). The spin loops read the
 //!    TSC back to back; a step between two reads longer than the gap threshold means the vCPU was not running guest code, and is summed as lost
 //!    time.
 //! 3. **Publish** (unless the workload's `FLAG_NO_PUBLISH` is set): every 2 ms of TSC time the
@@ -20,16 +21,19 @@
 //!
 //! Exit codes: 0 done, `0xE1` bad boot info, `0xE2` unknown workload, `0xE3` a fault workload
 //! that did not fault, `0xE4` a hostile workload without a PPA page, `0xE5` a network workload
-//! without a usable virtio-net device, `0xDEAD` panic.
+//! without a usable virtio-net device, `0xE6` a disk workload without a usable virtio-blk
+//! device, `0xDEAD` panic.
 #![no_std]
 #![no_main]
 
+mod blk;
 mod boot;
 mod hostile;
 mod mem;
 mod memtouch;
 mod net;
 mod ppa;
+mod virtio;
 
 use core::arch::asm;
 use core::panic::PanicInfo;
@@ -48,6 +52,8 @@ const EXIT_NO_FAULT: u64 = 0xE3;
 const EXIT_NO_PAGE: u64 = 0xE4;
 /// Exit code: a network workload found no virtio-net device, or could not start it.
 const EXIT_NO_NET: u64 = 0xE5;
+/// Exit code: a disk workload found no virtio-blk device, or could not start it.
+const EXIT_NO_BLK: u64 = 0xE6;
 /// Exit code: the guest panicked.
 const EXIT_PANIC: u64 = 0xDEAD;
 /// Longest single halt of the `idle` workload while it publishes into the PPA page (a
@@ -344,7 +350,34 @@ fn kind_name(kind: u32) -> &'static [u8] {
         workload::PERIODIC => b"periodic",
         workload::EXITS => b"exits",
         workload::NET_TX | workload::NET_RX | workload::NET_ECHO => b"net",
+        workload::BLK_WRITE | workload::BLK_VERIFY => b"blk",
         _ => b"worker",
+    }
+}
+
+/// `blk-write` or `blk-verify` on the first virtio-blk device; reports its counts.
+fn disk_workload(ctx: &mut Ctx, kind: u32, params: [u64; 4]) {
+    let b = ctx.boot;
+    // SAFETY: `b` is the VMM's checked record: its disk window and RAM area are ones the VMM
+    // mapped for this VM's virtio-blk device and for nothing else.
+    let disk = unsafe { blk::Disk::init(b.blk_mmio_gpa, b.blk_ram_gpa, b.blk_ram_size) };
+    let Ok(mut disk) = disk else {
+        ctx.db.exit(EXIT_NO_BLK)
+    };
+    let c = if kind == workload::BLK_WRITE {
+        blk::write(&mut disk, ctx.clk, params[0], params[1], params[2])
+    } else {
+        blk::verify(&mut disk, ctx.clk, params[0], params[1])
+    };
+    ctx.st.iterations = c.blocks;
+    for (key, value) in [
+        (report::BLK_BLOCKS, c.blocks),
+        (report::BLK_MISMATCHES, c.mismatches),
+        (report::BLK_ERRORS, c.errors),
+        (report::BLK_STATUS, u64::from(disk.status())),
+        (report::BLK_NS, c.ns),
+    ] {
+        ctx.db.write(doorbell::REPORT_BASE + 8 * key, value);
     }
 }
 
@@ -424,6 +457,7 @@ pub unsafe extern "C" fn _start(boot: *const BootInfo) -> ! {
                 db.write(doorbell::REPORT_BASE + 8 * key, value);
             }
         }
+        workload::BLK_WRITE | workload::BLK_VERIFY => disk_workload(&mut ctx, kind, params),
         // SAFETY: the VMM's checked record gives this range as RAM of this VM, identity
         // mapped and used by nothing else (no image, stack, table or record lies there).
         workload::MEMTOUCH => match unsafe { memtouch::run(params[1], params[0]) } {

@@ -14,8 +14,8 @@
 //! Devices: [`tiny`] (the tiny guest's doorbells, console, report registers and workload
 //! port); for Linux guests [`serial`] (a 16550 UART with its interrupt) and [`i8042`] (whose
 //! reset command stops the VM); for every guest the virtio devices over MMIO ([`virtio`]:
-//! the transport; [`net`]: virtio-net on a tap), which have threads of their own
-//! ([`Device`]).
+//! the transport; [`net`]: virtio-net on a tap; [`blk`]: virtio-blk on a file), which have
+//! threads of their own ([`Device`]).
 
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::accounting::AccountingControl;
 use crate::hypervisor::IoAddr;
 
+pub mod blk;
 pub mod bus;
 pub mod i8042;
 pub mod net;

@@ -1,12 +1,13 @@
 //! The device families: each device's threads (time split and CPU by kind of work), its
-//! queues (kicks, interrupts, chains, frames, bytes, drops by reason), its status, and the
-//! VM's host CPU split (docs/control.md, "Device metrics"; docs/accounting.md, "Devices").
+//! queues (kicks, interrupts, chains, frames, bytes, drops by reason), a disk's requests by
+//! type, bytes, errors and service times, its status, and the VM's host CPU split (docs/control.md, "Device metrics"; docs/accounting.md, "Devices").
 //!
 //! Data flow: [`super::render`] calls [`add_device`] for each `DeviceStats` of the snapshot
 //! and [`add_host_cpu`] once; labels are `vm`, `device`, then `thread` or `queue` and `kind`.
 
 use ppa_vmm_api::{DeviceHealth, DeviceStats, HostCpuSplit};
 
+use super::buckets::Buckets;
 use super::text::{Families, Seconds};
 
 /// Adds the VM's host CPU split.
@@ -24,9 +25,45 @@ pub fn add_host_cpu(f: &mut Families, vm: &str, h: &HostCpuSplit) {
     }
 }
 
+/// Adds a disk's requests, bytes, errors and service times.
+fn add_blk(f: &mut Families, dev: &[(&str, &str); 2], d: &DeviceStats) {
+    let Some(b) = &d.blk else {
+        return;
+    };
+    for (kind, n) in &b.requests {
+        f.add(
+            "ppa_device_requests_total",
+            &[dev[0], dev[1], ("type", kind.as_str())],
+            *n,
+        );
+    }
+    for (dir, n) in [("read", b.bytes_read), ("written", b.bytes_written)] {
+        f.add(
+            "ppa_device_request_bytes_total",
+            &[dev[0], dev[1], ("direction", dir)],
+            n,
+        );
+    }
+    for (status, n) in &b.errors {
+        f.add(
+            "ppa_device_request_errors_total",
+            &[dev[0], dev[1], ("status", status.as_str())],
+            *n,
+        );
+    }
+    for (kind, h) in d.service.iter().flatten() {
+        f.add_histogram(
+            "ppa_device_request_service_seconds",
+            &[dev[0], dev[1], ("type", kind.as_str())],
+            &Buckets::of_json(h),
+        );
+    }
+}
+
 /// Adds one device's figures.
 pub fn add_device(f: &mut Families, vm: &str, d: &DeviceStats) {
     let dev = [("vm", vm), ("device", d.id.as_str())];
+    add_blk(f, &dev, d);
     for h in DeviceHealth::ALL {
         f.add(
             "ppa_device_status",
@@ -38,6 +75,7 @@ pub fn add_device(f: &mut Families, vm: &str, d: &DeviceStats) {
         ("tx", d.cpu.tx),
         ("rx", d.cpu.rx),
         ("ctrl", d.cpu.ctrl),
+        ("req", d.cpu.req),
         ("other", d.cpu.other),
     ] {
         f.add(

@@ -21,6 +21,7 @@ pub(super) fn device() -> DeviceStats {
         chains: packets + 1,
         packets,
         bytes: packets * 64,
+        requests: None,
         copied: 0,
         drops: BTreeMap::from([(DropReason::TapWouldBlock, 1)]),
     };
@@ -50,6 +51,7 @@ pub(super) fn device() -> DeviceStats {
             tx: 200_000_000,
             rx: 50_000_000,
             ctrl: 0,
+            req: 0,
             other: 50_000_000,
         },
         cpu_ns_per_packet: Some(PerPacket {
@@ -65,6 +67,8 @@ pub(super) fn device() -> DeviceStats {
             resets_unsettled: 0,
             violations: BTreeMap::new(),
         },
+        blk: None,
+        service: None,
     }
 }
 
@@ -124,5 +128,88 @@ fn device_families_carry_the_device_thread_and_queue() {
     assert_eq!(
         find("ppa_vm_host_cpu_seconds_total", &[("part", "service")]),
         0.012
+    );
+}
+
+/// A disk with two writes, a flush, an error and the writes' service times; its one queue is
+/// the network device's first, as a `req` queue without drops.
+pub(super) fn disk() -> DeviceStats {
+    use ppa_vmm_api::{BlkRequestKind, BlkStats, BlkStatus};
+    let mut d = device();
+    d.id = "blk0".into();
+    d.kind = DeviceKind::Blk;
+    d.queues.truncate(1);
+    d.queues[0].kind = QueueKind::Req;
+    d.queues[0].drops.clear();
+    let one = crate::accounting::histogram::Histogram::new(3).unwrap();
+    one.record(3_000);
+    one.record(300_000);
+    d.blk = Some(BlkStats {
+        capacity_bytes: 1 << 20,
+        readonly: false,
+        discard: true,
+        write_zeroes: true,
+        flush_negotiated: true,
+        requests: BTreeMap::from([(BlkRequestKind::Write, 2), (BlkRequestKind::Flush, 1)]),
+        bytes_read: 0,
+        bytes_written: 8192,
+        errors: BTreeMap::from([(BlkStatus::Unsupp, 1)]),
+    });
+    d.service = Some(BTreeMap::from([(
+        BlkRequestKind::Write,
+        one.snapshot().to_json(),
+    )]));
+    d
+}
+
+#[test]
+fn a_disk_has_its_requests_bytes_errors_and_service_times() {
+    let text = render(&stats());
+    let s = samples(&text);
+    let find = |name: &str, labels: &[(&str, &str)]| {
+        s.iter()
+            .find(|x| x.name == name && labels.iter().all(|(k, v)| x.label(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{text}"))
+            .value
+    };
+    assert_eq!(
+        find(
+            "ppa_device_requests_total",
+            &[("device", "blk0"), ("type", "write")]
+        ),
+        2.0
+    );
+    assert_eq!(find("ppa_device_requests_total", &[("type", "flush")]), 1.0);
+    assert_eq!(
+        find(
+            "ppa_device_request_bytes_total",
+            &[("direction", "written")]
+        ),
+        8192.0
+    );
+    assert_eq!(
+        find("ppa_device_request_errors_total", &[("status", "unsupp")]),
+        1.0
+    );
+    assert_eq!(
+        find(
+            "ppa_device_request_service_seconds_count",
+            &[("type", "write")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        find(
+            "ppa_device_request_service_seconds_bucket",
+            &[("type", "write"), ("le", "0.000004096")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        find(
+            "ppa_device_work_cpu_seconds_total",
+            &[("device", "blk0"), ("work", "req")]
+        ),
+        0.0
     );
 }

@@ -38,7 +38,7 @@ pub enum ThreadKind {
     Sampler,
     /// The CPU limiter (`limiter`).
     Limiter,
-    /// A device's queue-pair thread (`net0-qp0`).
+    /// A device's queue thread (`net0-qp0`, `blk0-q0`).
     Device,
     /// Any other thread.
     Other,
@@ -86,8 +86,10 @@ impl ThreadKind {
             {
                 ThreadKind::Vcpu
             }
-            c if c.rsplit_once("-qp").is_some_and(|(d, n)| {
-                !d.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+            c if ["-qp", "-q"].iter().any(|sep| {
+                c.rsplit_once(sep).is_some_and(|(d, n)| {
+                    !d.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                })
             }) =>
             {
                 ThreadKind::Device

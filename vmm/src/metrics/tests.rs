@@ -200,7 +200,7 @@ pub(super) fn stats() -> Detailed {
         },
         vcpus: vec![vcpu(0, None, Some(7_000_000)), vcpu(1, Some(3), None)],
         groups: vec![group()],
-        devices: vec![super::devices_tests::device()],
+        devices: vec![super::devices_tests::device(), super::devices_tests::disk()],
         process: Some(process()),
         pressure_groups: vec![ppa_vmm_api::GroupPressure {
             name: "dataplane".into(),
@@ -668,10 +668,13 @@ fn every_sample_parses_and_is_unique() {
     // histograms, 2 pressure totals; the process: 7 figures and 7 thread kinds.
     let group = 7 + h + 2 + 1 + 4 * h + 2;
     let process = 7 + 7;
-    // Host CPU by 3 parts; the device: 3 statuses, 4 kinds of work, its thread's CPU and 4
+    // Host CPU by 3 parts; the device: 3 statuses, 5 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.
-    let devices = 3 + 3 + 4 + 1 + 4 + 2 * (6 + 1);
-    assert_eq!(n, vm + vcpus + group + process + devices, "{text}");
+    let devices = 3 + 3 + 5 + 1 + 4 + 2 * (6 + 1);
+    // The disk: 3 statuses, 5 kinds of work, its thread's CPU and 4 states, one queue's 6
+    // counts, 2 request types, 2 directions, one error status, one service histogram.
+    let disk = 3 + 5 + 1 + 4 + 6 + 2 + 2 + 1 + h;
+    assert_eq!(n, vm + vcpus + group + process + devices + disk, "{text}");
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
 }
 

@@ -179,15 +179,17 @@ pub enum PayloadError {
     /// The zero page could not be made.
     #[error(transparent)]
     Boot(#[from] crate::arch::x86_64::linux::BootError),
-    /// A network workload without a network device.
-    #[error("the network workloads (net-tx, net-rx, net-echo) need a network device: add --net tap=NAME")]
-    NoNetDevice,
-    /// More than one vCPU runs a network workload.
-    #[error("network workloads run on one vCPU of the tiny guest (it drives the first device's first queue pair); vCPUs {0:?} have one")]
-    NetVcpus(Vec<usize>),
-    /// No room in low RAM for the network workload's rings and buffers.
-    #[error("{memory_mib} MiB of guest memory leaves no room for the network workload's rings and buffers (2 MiB): give the VM more memory")]
-    NetNoRoom {
+    /// A device workload without its device.
+    #[error("{} need a device to drive: add {}", .0.workloads(), .0.option())]
+    NoDevice(tiny::DriverKind),
+    /// More than one vCPU runs a workload of one device.
+    #[error("{what} run on one vCPU of the tiny guest (it drives the first device's first queue); vCPUs {vcpus:?} have one", what = .0.workloads(), vcpus = .1)]
+    DriverVcpus(tiny::DriverKind, Vec<usize>),
+    /// No room in low RAM for a device workload's rings and buffers.
+    #[error("{memory_mib} MiB of guest memory leaves no room for the rings and buffers of {} (2 MiB): give the VM more memory", .kind.workloads())]
+    DriverNoRoom {
+        /// Whose.
+        kind: tiny::DriverKind,
         /// RAM given.
         memory_mib: u64,
     },

@@ -100,6 +100,9 @@ mod sys {
     pub const pread64: i64 = libc::SYS_pread64;
     pub const read: i64 = libc::SYS_read;
     pub const readv: i64 = libc::SYS_readv;
+    pub const preadv: i64 = libc::SYS_preadv;
+    pub const pwritev: i64 = libc::SYS_pwritev;
+    pub const fallocate: i64 = libc::SYS_fallocate;
     pub const openat: i64 = libc::SYS_openat;
     pub const close: i64 = libc::SYS_close;
     pub const statx: i64 = libc::SYS_statx;
@@ -392,6 +395,38 @@ pub const DEVICE: &[Allow] = &[
     ),
 ];
 
+/// A disk's thread (`devices::blk::worker`): its event loop, and the file's positioned reads,
+/// writes, flushes and holes.
+pub const DISK: &[Allow] = &[
+    allow!(epoll_wait, Args::Any, "the event loop"),
+    allow!(epoll_pwait, Args::Any, "the event loop"),
+    allow!(
+        epoll_ctl,
+        Args::Any,
+        "the queue's kicks watched in an active epoch, unwatched after a reset"
+    ),
+    allow!(
+        preadv,
+        Args::Any,
+        "a read request: the disk file straight into the guest's buffers"
+    ),
+    allow!(
+        pwritev,
+        Args::Any,
+        "a write request: the guest's buffers straight into the disk file"
+    ),
+    allow!(
+        fdatasync,
+        Args::Any,
+        "a FLUSH request (and every write when the driver did not negotiate FLUSH)"
+    ),
+    allow!(
+        fallocate,
+        Args::Any,
+        "DISCARD and WRITE_ZEROES: holes punched, ranges zeroed"
+    ),
+];
+
 /// The `signals` thread's own: a second stop signal removes the files (socket files, a PPA page
 /// file) that are still this process's before it exits (`owned_files::remove_all`).
 pub const SIGNALS: &[Allow] = &[
@@ -459,6 +494,7 @@ pub fn groups(kind: Kind) -> Vec<&'static [Allow]> {
         Kind::Api => vec![API],
         Kind::Signals => vec![SIGNALS],
         Kind::Device => vec![DEVICE],
+        Kind::Disk => vec![DISK],
         Kind::ApiStats | Kind::Sampler | Kind::Limiter => vec![],
     };
     own.into_iter().chain(common).collect()

@@ -82,11 +82,13 @@ pub enum Kind {
     Signals,
     /// A device thread (`net0-qp0`): a virtio queue pair's event loop against its tap.
     Device,
+    /// A disk's thread (`blk0-q0`): a virtio-blk request queue's event loop against its file.
+    Disk,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Main,
         Kind::Vcpu,
         Kind::Api,
@@ -95,6 +97,7 @@ impl Kind {
         Kind::Limiter,
         Kind::Signals,
         Kind::Device,
+        Kind::Disk,
     ];
 
     /// The name used in logs, messages and docs/security.md.
@@ -108,6 +111,7 @@ impl Kind {
             Kind::Limiter => "limiter",
             Kind::Signals => "signals",
             Kind::Device => "device",
+            Kind::Disk => "disk",
         }
     }
 }

@@ -85,6 +85,9 @@ pub enum VmError {
     /// A network device could not be made.
     #[error(transparent)]
     Net(#[from] crate::devices::net::NetError),
+    /// A disk could not be made.
+    #[error(transparent)]
+    Blk(#[from] crate::devices::blk::BlkError),
 }
 
 /// A VM ready to run, on hypervisor `H`.

@@ -11,7 +11,7 @@
 //! queue where [`super::layout`] puts it). Each pass is bounded (a budget of frames or
 //! requests), checks `go_on` (the epoch) before each frame or chain and abandons the rest when
 //! a reset came, and ends with [`end_pass`]: the interrupt decision for the used entries it
-//! added. Each returns the frames it handled (delivered, sent or dropped), which the
+//! added (`crate::devices::virtio::pass`, shared with every device). Each returns the frames it handled (delivered, sent or dropped), which the
 //! per-frame CPU figures count.
 
 use std::io;
@@ -22,7 +22,6 @@ use virtio_bindings::bindings::virtio_net::{
     VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_GUEST_UFO,
     VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
 };
-use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::GuestMemoryMmap;
 
 use super::ctrl::CtrlQueue;
@@ -31,7 +30,9 @@ use super::queues::QueueCounters;
 use super::rx::{FrameSource, RxParams, RxQueue, Step};
 use super::tap::VNET_HDR_LEN;
 use super::tx::{FrameSink, TxQueue};
-use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
+use crate::devices::virtio::pass::device_queue;
+pub use crate::devices::virtio::pass::{end_pass, Irq};
+use crate::devices::virtio::queue::QueueFault;
 use crate::devices::virtio::status::Violation;
 use crate::devices::virtio::VirtioShared;
 
@@ -53,26 +54,6 @@ pub struct Queues {
     pub tx: Option<TxQueue>,
     /// The control queue (pair 0).
     pub ctrl: Option<CtrlQueue>,
-}
-
-fn device_queue(
-    virtio: &VirtioShared,
-    index: Option<usize>,
-    mem: &Arc<GuestMemoryMmap>,
-) -> Result<Option<DeviceQueue>, Violation> {
-    let Some(index) = index else {
-        return Ok(None);
-    };
-    let event_idx = virtio.has_feature(VIRTIO_RING_F_EVENT_IDX);
-    match (virtio.queue(index), virtio.max_size(index)) {
-        (Some(regs), Some(max)) => match regs.to_queue(max, event_idx, mem)? {
-            Some(q) => DeviceQueue::new(q, mem)
-                .map(Some)
-                .map_err(|_| Violation::BadQueue),
-            None => Ok(None),
-        },
-        _ => Ok(None),
-    }
 }
 
 /// What the driver negotiated of the layout.
@@ -109,29 +90,6 @@ pub fn build(
         tx: device_queue(virtio, served.tx, mem)?.map(TxQueue::new),
         ctrl: device_queue(virtio, served.ctrl, mem)?.map(|q| CtrlQueue::new(q, max_pairs, n.mq)),
     })
-}
-
-/// The interrupt decision at the end of a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Irq {
-    /// The pass added no used entry.
-    None,
-    /// The driver wants an interrupt for what the pass gave back.
-    Wanted,
-    /// The driver asked not to be interrupted for it.
-    Suppressed,
-}
-
-/// The interrupt decision for the used entries `dq` added since the last one: every used
-/// entry counts, a zero-length one included.
-pub fn end_pass(dq: &mut DeviceQueue) -> Irq {
-    if dq.unsignalled() == 0 {
-        Irq::None
-    } else if dq.needs_interrupt() {
-        Irq::Wanted
-    } else {
-        Irq::Suppressed
-    }
 }
 
 /// What a pass did and what the thread must do next.

@@ -28,9 +28,9 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
-use super::virtio::{VirtioDevice, VirtioShared};
+use super::virtio::{eventfds, read_config_bytes, VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
 use crate::hypervisor::IrqLine;
@@ -245,17 +245,6 @@ pub struct NetParams<'a> {
     pub mmio_base: u64,
 }
 
-fn eventfds(n: usize, id: &str) -> Result<Vec<EventFd>, NetError> {
-    (0..n)
-        .map(|_| {
-            EventFd::new(EFD_NONBLOCK).map_err(|source| NetError::EventFd {
-                id: id.to_string(),
-                source,
-            })
-        })
-        .collect()
-}
-
 impl NetDevice {
     /// Opens the tap and makes the device (its threads start with [`NetDevice::start`]).
     pub fn new(p: NetParams<'_>) -> Result<(Arc<NetDevice>, Arc<VirtioShared>), NetError> {
@@ -284,7 +273,10 @@ impl NetDevice {
             ctrl,
             features: offered_features(pairs),
             taps,
-            kicks: eventfds(nq, &p.id)?,
+            kicks: eventfds(nq).map_err(|source| NetError::EventFd {
+                id: p.id.clone(),
+                source,
+            })?,
             meters: (0..pairs).map(|_| WorkerMeter::default()).collect(),
             frame_cpu: (0..pairs).map(|_| FrameCpu::default()).collect(),
             queues: (0..nq).map(|_| QueueCounters::default()).collect(),
@@ -363,14 +355,7 @@ impl VirtioDevice for NetDevice {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|o| self.config.get(o))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_bytes(&self.config, offset, data);
     }
 
     fn on_reset(&self) {

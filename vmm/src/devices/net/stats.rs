@@ -8,18 +8,14 @@
 //! is each way's CPU over the frames handled while the marks were taken (both counted only at
 //! levels basic and full), with the per-batch histograms beside it.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use ppa_vmm_api::{
-    DeviceCpu, DeviceHealth, DeviceKind, DeviceStats, DeviceThreadStats, DriverStats, FrameCpu,
-    PerPacket,
-};
+use ppa_vmm_api::{DeviceCpu, DeviceKind, DeviceStats, FrameCpu, PerPacket};
 
 use super::{worker, NetDevice};
 use crate::accounting::histogram::{HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::accounting::worker::WorkerMeter;
-use crate::devices::virtio::{Health, ALL_VIOLATIONS};
+use crate::devices::virtio::stats::{driver_stats, health, since_common, thread_stats};
 
 /// Every figure since the device started, with the per-batch histograms as snapshots (a
 /// baseline subtracts them).
@@ -66,41 +62,10 @@ fn with_frame_cpu(
 }
 
 /// `cur` less `base`, counter by counter (0 where a counter went down: a thread that was
-/// not there at the reset). The means are left for [`Raw::since`] to make again.
+/// not there at the reset): what every device has ([`since_common`]), then the frames behind
+/// the means, which are made again.
 pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
-    for t in &mut cur.threads {
-        if let Some(b) = base.threads.iter().find(|b| b.name == t.name) {
-            t.wall_ns = t.wall_ns.saturating_sub(b.wall_ns);
-            t.used_ns = t.used_ns.saturating_sub(b.used_ns);
-            t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
-            t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
-            t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
-            t.identity_error_ns =
-                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
-        }
-    }
-    for q in &mut cur.queues {
-        if let Some(b) = base.queues.iter().find(|b| b.index == q.index) {
-            q.notifications = q.notifications.saturating_sub(b.notifications);
-            q.interrupts = q.interrupts.saturating_sub(b.interrupts);
-            q.interrupts_suppressed = q
-                .interrupts_suppressed
-                .saturating_sub(b.interrupts_suppressed);
-            q.chains = q.chains.saturating_sub(b.chains);
-            q.packets = q.packets.saturating_sub(b.packets);
-            q.bytes = q.bytes.saturating_sub(b.bytes);
-            q.copied = q.copied.saturating_sub(b.copied);
-            for (r, n) in q.drops.iter_mut() {
-                *n = n.saturating_sub(b.drops.get(r).copied().unwrap_or(0));
-            }
-            q.drops.retain(|_, n| *n > 0);
-        }
-    }
-    cur.cpu_ns = cur.cpu_ns.saturating_sub(base.cpu_ns);
-    cur.cpu.tx = cur.cpu.tx.saturating_sub(base.cpu.tx);
-    cur.cpu.rx = cur.cpu.rx.saturating_sub(base.cpu.rx);
-    cur.cpu.ctrl = cur.cpu.ctrl.saturating_sub(base.cpu.ctrl);
-    cur.cpu.other = cur.cpu.other.saturating_sub(base.cpu.other);
+    since_common(&mut cur, base);
     if let (Some(f), Some(b)) = (cur.frame_cpu.as_mut(), base.frame_cpu.as_ref()) {
         f.rx_frames = f.rx_frames.saturating_sub(b.rx_frames);
         f.tx_frames = f.tx_frames.saturating_sub(b.tx_frames);
@@ -116,27 +81,6 @@ pub fn since(mut cur: DeviceStats, base: &DeviceStats) -> DeviceStats {
 }
 
 impl NetDevice {
-    fn health(&self) -> (DeviceHealth, Option<String>) {
-        match self.virtio.health() {
-            Health::Ok => (DeviceHealth::Ok, None),
-            Health::NeedsReset => (
-                DeviceHealth::NeedsReset,
-                self.virtio
-                    .last_violation()
-                    .map(|v| v.describe().to_string()),
-            ),
-            Health::Failed => (
-                DeviceHealth::Failed,
-                Some(
-                    self.virtio
-                        .last_violation()
-                        .map_or("the driver gave up on the device", |v| v.describe())
-                        .to_string(),
-                ),
-            ),
-        }
-    }
-
     /// The tap's failure, when a queue pair's tap fails now.
     fn backend_error(&self) -> Option<String> {
         let errno = self
@@ -154,40 +98,13 @@ impl NetDevice {
         ))
     }
 
-    fn driver_stats(&self) -> DriverStats {
-        let c = &self.virtio.counters;
-        let violations: BTreeMap<String, u64> = ALL_VIOLATIONS
-            .iter()
-            .zip(c.violations.iter())
-            .map(|(v, n)| (v.name().to_string(), n.load(Ordering::Relaxed)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        DriverStats {
-            features: self.virtio.driver_features(),
-            activations: c.activations.load(Ordering::Relaxed),
-            resets: c.resets.load(Ordering::Relaxed),
-            resets_unsettled: c.resets_unsettled.load(Ordering::Relaxed),
-            notify_exits: c.notify_exits.load(Ordering::Relaxed),
-            violations,
-        }
-    }
-
     /// Every figure since the device started.
     pub(super) fn raw(&self) -> Raw {
         let times: Vec<_> = self.net.meters.iter().map(WorkerMeter::times).collect();
         let threads = times
             .iter()
             .enumerate()
-            .map(|(pair, t)| DeviceThreadStats {
-                name: self.thread_name(pair),
-                host_tid: self.net.meters[pair].tid(),
-                wall_ns: t.wall_ns,
-                used_ns: t.used_ns,
-                steal_ns: t.steal_ns,
-                waiting_ns: t.waiting_ns,
-                blocked_ns: t.blocked_ns,
-                identity_error_ns: t.identity_error_ns(),
-            })
+            .map(|(pair, t)| thread_stats(self.thread_name(pair), &self.net.meters[pair], t))
             .collect();
         let queues: Vec<_> = self
             .net
@@ -202,6 +119,7 @@ impl NetDevice {
             rx: part(worker::PART_RX),
             tx: part(worker::PART_TX),
             ctrl: part(worker::PART_CTRL),
+            req: 0,
             other: cpu_ns.saturating_sub(
                 part(worker::PART_RX) + part(worker::PART_TX) + part(worker::PART_CTRL),
             ),
@@ -217,7 +135,7 @@ impl NetDevice {
             rx_batches.merge(&rh);
             tx_batches.merge(&th);
         }
-        let (status, status_reason) = self.health();
+        let (status, status_reason) = health(&self.virtio);
         let stats = DeviceStats {
             id: self.net.id.clone(),
             kind: DeviceKind::Net,
@@ -239,7 +157,9 @@ impl NetDevice {
                 tx_per_batch: tx_batches.to_json(),
             }),
             cpu,
-            driver: self.driver_stats(),
+            driver: driver_stats(&self.virtio),
+            blk: None,
+            service: None,
         };
         Raw {
             stats,

@@ -80,6 +80,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             chains: 3 * k,
             packets: 2 * k,
             bytes: 128 * k,
+            requests: None,
             copied: 0,
             drops: BTreeMap::from([(DropReason::TapWouldBlock, k)]),
         }],
@@ -88,6 +89,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             tx: 8 * k,
             rx: 0,
             ctrl: 0,
+            req: 0,
             other: 2 * k,
         },
         cpu_ns_per_packet: Some(PerPacket {
@@ -109,6 +111,8 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             resets_unsettled: 0,
             violations: BTreeMap::new(),
         },
+        blk: None,
+        service: None,
     };
     let d = since(dev(5), &dev(2));
     let t = &d.threads[0];

@@ -21,21 +21,21 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use ppa_vmm_api::DropReason;
 use virtio_bindings::bindings::virtio_net::{
     VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
 };
 use vm_memory::GuestMemoryMmap;
 
-use super::batch::{self, Irq, Outcome, Queues};
+use super::batch::{self, Outcome, Queues};
 use super::layout;
 use super::rx::RxQueue;
 use super::NetShared;
 use crate::accounting::{AccountingControl, Level};
+use crate::devices::virtio::pass::signal;
 use crate::devices::virtio::queue::QueueFault;
-use crate::devices::virtio::status::Violation;
-use crate::devices::virtio::VirtioShared;
+use crate::devices::virtio::{kicks, VirtioShared};
 
 /// CPU parts of a queue pair's thread ([`crate::accounting::worker::PARTS`] indexes).
 pub const PART_RX: usize = 0;
@@ -232,15 +232,10 @@ impl Worker {
     }
 
     fn fault(&mut self, f: QueueFault, ops: &mut EventOps) {
-        let v = match f {
-            QueueFault::Chain(e) => {
-                log::warn!("{}: {}", self.net.id, e.describe());
-                Violation::BadChain
-            }
-            QueueFault::AvailIndex => Violation::AvailIndex,
-            QueueFault::UsedRing => Violation::BadQueue,
-        };
-        self.virtio.needs_reset_in(self.epoch, v);
+        if let QueueFault::Chain(e) = f {
+            log::warn!("{}: {}", self.net.id, e.describe());
+        }
+        self.virtio.needs_reset_in(self.epoch, f.violation());
         self.set_listening(ops, false);
     }
 
@@ -313,14 +308,7 @@ impl Worker {
             self.fault(f, ops);
             return o.handled;
         }
-        match o.irq {
-            Irq::None => {}
-            Irq::Wanted => {
-                let raised = self.virtio.signal_used();
-                self.net.queues[index].interrupt(raised);
-            }
-            Irq::Suppressed => self.net.queues[index].interrupt(false),
-        }
+        signal(&self.virtio, o.irq, &self.net.queues[index]);
         if o.more && !o.abandoned {
             self.requeue(again);
         }
@@ -405,11 +393,6 @@ impl Worker {
     }
 }
 
-/// Reads a kick eventfd: the number of kicks since the last read.
-fn kicks(fd: &vmm_sys_util::eventfd::EventFd) -> u64 {
-    fd.read().unwrap_or(0)
-}
-
 impl MutEventSubscriber for Worker {
     fn init(&mut self, ops: &mut EventOps) {
         if let Some(w) = self.virtio.wake_fd(self.pair) {
@@ -465,29 +448,12 @@ impl MutEventSubscriber for Worker {
 pub fn run(worker: Worker) {
     let net = Arc::clone(&worker.net);
     let pair = worker.pair;
-    let meter = &net.meters[pair];
-    meter.start();
-    let mut em = match EventManager::<Worker>::new() {
-        Ok(em) => em,
-        Err(e) => {
-            log::error!(
-                "{}: cannot start the event loop of pair {pair}: {e:?}",
-                net.id
-            );
-            meter.end();
-            return;
-        }
-    };
-    em.add_subscriber(worker);
-    crate::seccomp::enter(crate::seccomp::Kind::Device);
-    while !net.stop.load(Ordering::Acquire) {
-        meter.wait_begin();
-        let r = em.run();
-        meter.wait_end();
-        if let Err(e) = r {
-            log::error!("{}: the event loop of pair {pair} failed: {e:?}", net.id);
-            break;
-        }
-    }
-    meter.end();
+    let name = format!("{}-qp{pair}", net.id);
+    crate::devices::virtio::thread::run(
+        &name,
+        &net.meters[pair],
+        &net.stop,
+        crate::seccomp::Kind::Device,
+        worker,
+    );
 }

@@ -198,6 +198,41 @@ impl Segments {
             .filter_map(|s| mem.get_slice(GuestAddress(s.addr), s.len as usize).ok())
     }
 
+    /// Replaces `out` with `iovec`s over the chain's bytes `[skip, skip + len)` (as many as
+    /// there are), in order; returns how many bytes they cover. At most one entry per buffer:
+    /// `out`, made with the queue's size as capacity, never grows. The entries point into
+    /// `mem`'s mappings, valid while `mem` lives (the caller's I/O must end before it goes).
+    pub fn iovecs(
+        &self,
+        mem: &GuestMemoryMmap,
+        skip: u64,
+        len: u64,
+        out: &mut Vec<libc::iovec>,
+    ) -> u64 {
+        out.clear();
+        let (mut skip, mut left) = (skip, len);
+        for s in self.slices(mem) {
+            if left == 0 {
+                break;
+            }
+            let n = s.len() as u64;
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            let take = (n - skip).min(left);
+            if let Ok(sub) = s.subslice(skip as usize, take as usize) {
+                out.push(libc::iovec {
+                    iov_base: sub.ptr_guard().as_ptr().cast_mut().cast(),
+                    iov_len: sub.len(),
+                });
+                left -= take;
+            }
+            skip = 0;
+        }
+        len - left
+    }
+
     /// Copies up to `bytes.len()` bytes into the buffers in order, skipping the first `skip`
     /// bytes of the chain; returns how many were copied.
     pub fn write_at(&self, mem: &GuestMemoryMmap, skip: u64, bytes: &[u8]) -> usize {
@@ -225,16 +260,29 @@ impl Segments {
 
     /// Copies the chain's first `out.len()` bytes (or fewer) into `out`; returns how many.
     pub fn read_into(&self, mem: &GuestMemoryMmap, out: &mut [u8]) -> usize {
+        self.read_at(mem, 0, out)
+    }
+
+    /// Copies the chain's bytes from `skip` on into `out` (as many as fit or are there);
+    /// returns how many.
+    pub fn read_at(&self, mem: &GuestMemoryMmap, skip: u64, out: &mut [u8]) -> usize {
+        let mut skip = skip;
         let mut done = 0;
         for s in self.slices(mem) {
             if done == out.len() {
                 break;
             }
-            let n = (s.len()).min(out.len() - done);
-            if let Ok(sub) = s.subslice(0, n) {
+            let len = s.len() as u64;
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let n = ((len - skip) as usize).min(out.len() - done);
+            if let Ok(sub) = s.subslice(skip as usize, n) {
                 sub.copy_to(&mut out[done..done + n]);
             }
             done += n;
+            skip = 0;
         }
         done
     }

@@ -29,10 +29,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::hypervisor::IrqLine;
 
 pub mod chain;
+pub mod counters;
 pub mod mmio;
+pub mod pass;
 pub mod queue;
 pub mod state;
+pub mod stats;
 pub mod status;
+pub mod thread;
 
 use state::Word;
 use status::Violation;
@@ -526,4 +530,27 @@ pub trait VirtioDevice: Send + Sync {
     fn on_reset(&self) {}
     /// The eventfd that queue `queue`'s kicks signal, if the device has that queue.
     fn kick_fd(&self, queue: usize) -> Option<&EventFd>;
+}
+
+/// Reads a kick eventfd: the number of kicks since the last read.
+pub fn kicks(fd: &EventFd) -> u64 {
+    fd.read().unwrap_or(0)
+}
+
+/// `n` non-blocking eventfds (a device's kicks).
+pub fn eventfds(n: usize) -> std::io::Result<Vec<EventFd>> {
+    (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect()
+}
+
+/// Copies the configuration space `config` from `offset` into `data`; bytes past its end
+/// read 0 (what [`VirtioDevice::read_config`] answers).
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
 }

@@ -29,6 +29,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::chain::ChainError;
+use super::status::Violation;
 
 /// A queue the driver broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,17 @@ pub enum QueueFault {
     AvailIndex,
     /// A ring could not be read or written (it lies outside guest memory now).
     UsedRing,
+}
+
+impl QueueFault {
+    /// The rule the driver broke, as the device's NEEDS_RESET records it.
+    pub fn violation(self) -> Violation {
+        match self {
+            QueueFault::Chain(_) => Violation::BadChain,
+            QueueFault::AvailIndex => Violation::AvailIndex,
+            QueueFault::UsedRing => Violation::BadQueue,
+        }
+    }
 }
 
 /// A queue a device thread serves, with the notification discipline.

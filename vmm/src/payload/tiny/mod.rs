@@ -63,15 +63,61 @@ pub struct TinyBoot {
     /// The first network device's window and the RAM its driver uses, when a vCPU runs a
     /// network workload.
     net: Option<(Region, Region)>,
+    /// The first disk's window and the RAM its driver uses, when a vCPU runs a disk workload.
+    blk: Option<(Region, Region)>,
     board: Arc<TinyBoard>,
 }
 
-/// Bytes of RAM the network workloads' driver gets (its rings and 512 buffers of 2 KiB).
-const NET_RAM: u64 = 2 << 20;
+/// Bytes of RAM a device workload's driver gets (the network driver's rings and 512 buffers
+/// of 2 KiB; the disk driver's ring and 64 slots of 4 KiB).
+const DRIVER_RAM: u64 = 2 << 20;
 
-/// The network workload's place: the first network device's window and, for its driver, a
-/// 2 MiB-aligned window of low RAM above the image and any memtouch window, below the stacks.
-fn net_window(
+/// The kind of device a workload drives, for its place and its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverKind {
+    /// virtio-net: net-tx, net-rx, net-echo.
+    Net,
+    /// virtio-blk: blk-write, blk-verify.
+    Blk,
+}
+
+impl DriverKind {
+    /// The workloads, in words.
+    pub fn workloads(self) -> &'static str {
+        match self {
+            DriverKind::Net => "the network workloads (net-tx, net-rx, net-echo)",
+            DriverKind::Blk => "the disk workloads (blk-write, blk-verify)",
+        }
+    }
+
+    /// The option that adds the device.
+    pub fn option(self) -> &'static str {
+        match self {
+            DriverKind::Net => "--net tap=NAME",
+            DriverKind::Blk => "--disk path=FILE",
+        }
+    }
+
+    fn device(self) -> ppa_vmm_api::DeviceKind {
+        match self {
+            DriverKind::Net => ppa_vmm_api::DeviceKind::Net,
+            DriverKind::Blk => ppa_vmm_api::DeviceKind::Blk,
+        }
+    }
+
+    fn uses(self, w: &Workload) -> bool {
+        match self {
+            DriverKind::Net => w.uses_net(),
+            DriverKind::Blk => w.uses_blk(),
+        }
+    }
+}
+
+/// A device workload's place: the first device of `kind`'s window and, for its driver, a
+/// 2 MiB-aligned window of low RAM from `free_from` (above the image and any memtouch window),
+/// below the stacks.
+fn driver_window(
+    kind: DriverKind,
     workloads: &[VcpuWorkload],
     virtio: &[VirtioSlot],
     free_from: u64,
@@ -81,22 +127,23 @@ fn net_window(
     let users: Vec<usize> = workloads
         .iter()
         .enumerate()
-        .filter(|(_, w)| w.workload.uses_net())
+        .filter(|(_, w)| kind.uses(&w.workload))
         .map(|(i, _)| i)
         .collect();
     if users.is_empty() {
         return Ok(None);
     }
     if users.len() > 1 {
-        return Err(PayloadError::NetVcpus(users));
+        return Err(PayloadError::DriverVcpus(kind, users));
     }
     let dev = virtio
         .iter()
-        .find(|s| s.kind == ppa_vmm_api::DeviceKind::Net)
-        .ok_or(PayloadError::NoNetDevice)?;
+        .find(|s| s.kind == kind.device())
+        .ok_or(PayloadError::NoDevice(kind))?;
     let start = free_from.next_multiple_of(2 << 20);
-    if start + NET_RAM > stacks {
-        return Err(PayloadError::NetNoRoom {
+    if start + DRIVER_RAM > stacks {
+        return Err(PayloadError::DriverNoRoom {
+            kind,
             memory_mib: ram.iter().map(|r| r.size).sum::<u64>() >> 20,
         });
     }
@@ -104,7 +151,7 @@ fn net_window(
         dev.window,
         Region {
             gpa: start,
-            size: NET_RAM,
+            size: DRIVER_RAM,
         },
     )))
 }
@@ -193,7 +240,9 @@ impl TinyBoot {
             Some(t) if t.gpa < MMIO_GAP_END => t.end(),
             _ => image_end,
         };
-        let net = net_window(&workloads, virtio, free_from, stacks, ram)?;
+        let net = driver_window(DriverKind::Net, &workloads, virtio, free_from, stacks, ram)?;
+        let blk_from = net.map_or(free_from, |(_, r)| r.end());
+        let blk = driver_window(DriverKind::Blk, &workloads, virtio, blk_from, stacks, ram)?;
         Ok(TinyBoot {
             label,
             bytes,
@@ -204,6 +253,7 @@ impl TinyBoot {
             map_gib,
             touch,
             net,
+            blk,
             board: TinyBoard::new(vcpus),
         })
     }
@@ -261,6 +311,11 @@ impl TinyBoot {
                 info.net_ram_gpa = ram.gpa;
                 info.net_ram_size = ram.size;
             }
+            if let (true, Some((window, ram))) = (w.workload.uses_blk(), self.blk) {
+                info.blk_mmio_gpa = window.gpa;
+                info.blk_ram_gpa = ram.gpa;
+                info.blk_ram_size = ram.size;
+            }
             write(mem, layout::boot_info_gpa(index), &info.to_bytes())?;
             vcpu.set_sregs(&tables.special_regs())?;
             vcpu.set_regs(&entry_regs(
@@ -310,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn a_network_workload_needs_a_device_one_vcpu_and_room() {
+    fn a_device_workload_needs_a_device_one_vcpu_and_room() {
         let slot = VirtioSlot {
             window: Region {
                 gpa: 0xC000_0000,
@@ -333,21 +388,38 @@ mod tests {
         let t = prep(32, 2, &["busy:ms=1", "1=net-tx"], &[slot]).unwrap();
         let (window, ram) = t.net.unwrap();
         assert_eq!(window.gpa, 0xC000_0000);
-        assert_eq!((ram.gpa % (2 << 20), ram.size), (0, NET_RAM));
+        assert_eq!((ram.gpa % (2 << 20), ram.size), (0, DRIVER_RAM));
         assert!(ram.end() <= layout::stacks_bottom(2, 32 << 20));
         assert!(matches!(
             prep(32, 1, &["net-rx"], &[]),
-            Err(PayloadError::NoNetDevice)
+            Err(PayloadError::NoDevice(DriverKind::Net))
         ));
         assert!(matches!(
             prep(32, 2, &["net-echo"], &[slot]),
-            Err(PayloadError::NetVcpus(v)) if v == vec![0, 1]
+            Err(PayloadError::DriverVcpus(DriverKind::Net, v)) if v == vec![0, 1]
         ));
         assert!(matches!(
             prep(3, 1, &["net-tx"], &[slot]),
-            Err(PayloadError::NetNoRoom { .. })
+            Err(PayloadError::DriverNoRoom { .. })
         ));
         assert!(prep(32, 1, &["busy"], &[]).unwrap().net.is_none());
+        // A disk workload beside a network one: each driver its own area, the disk's window.
+        let disk = VirtioSlot {
+            window: Region {
+                gpa: 0xC000_1000,
+                size: 0x1000,
+            },
+            gsi: 6,
+            kind: ppa_vmm_api::DeviceKind::Blk,
+        };
+        let t = prep(32, 2, &["net-tx", "1=blk-write"], &[slot, disk]).unwrap();
+        let ((_, net_ram), (blk_window, blk_ram)) = (t.net.unwrap(), t.blk.unwrap());
+        assert_eq!(blk_window.gpa, 0xC000_1000);
+        assert!(blk_ram.gpa >= net_ram.end(), "apart");
+        assert!(matches!(
+            prep(32, 1, &["blk-verify"], &[slot]),
+            Err(PayloadError::NoDevice(DriverKind::Blk))
+        ));
     }
 
     #[test]

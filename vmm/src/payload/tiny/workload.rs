@@ -16,7 +16,7 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WorkloadError {
     /// The name before the colon is not a workload.
-    #[error("unknown workload `{q}` (expected idle, busy, periodic, exits, mixed, fault, hostile, memtouch, net-tx, net-rx or net-echo)", q = ppa_vmm_api::clip(.0))]
+    #[error("unknown workload `{q}` (expected idle, busy, periodic, exits, mixed, fault, hostile, memtouch, net-tx, net-rx, net-echo, blk-write or blk-verify)", q = ppa_vmm_api::clip(.0))]
     UnknownWorkload(String),
     /// A key the workload does not take.
     #[error("workload `{workload}` has no parameter `{qkey}` (it takes: {allowed})", qkey = ppa_vmm_api::clip(.key))]
@@ -161,6 +161,23 @@ pub enum Workload {
         /// Duration, ms.
         ms: u64,
     },
+    /// Write 4 KiB blocks `0..blocks` of the first disk with their patterns, then FLUSH, then
+    /// spin `hold_ms` before reporting (a test kills the VMM meanwhile).
+    BlkWrite {
+        /// Blocks.
+        blocks: u64,
+        /// Requests in flight (1 to 64).
+        depth: u64,
+        /// Spin after the FLUSH, ms.
+        hold_ms: u64,
+    },
+    /// Read blocks `0..blocks` of the first disk back and compare them with their patterns.
+    BlkVerify {
+        /// Blocks.
+        blocks: u64,
+        /// Requests in flight (1 to 64).
+        depth: u64,
+    },
 }
 
 impl Workload {
@@ -170,6 +187,11 @@ impl Workload {
             self,
             Workload::NetTx { .. } | Workload::NetRx { .. } | Workload::NetEcho { .. }
         )
+    }
+
+    /// Whether it drives the disk.
+    pub fn uses_blk(&self) -> bool {
+        matches!(self, Workload::BlkWrite { .. } | Workload::BlkVerify { .. })
     }
 }
 
@@ -207,6 +229,8 @@ pub struct Assignment {
 
 const MAX_MS: u64 = 86_400_000;
 const MAX_COUNT: u64 = 10_000_000_000;
+/// The most blocks a disk workload names (4 KiB each: 1 TiB).
+const MAX_BLOCKS: u64 = 1 << 28;
 
 /// The parameters of one spec, checked against the keys its workload takes.
 struct Params<'a> {
@@ -388,6 +412,21 @@ impl FromStr for Spec {
                     ms: p.num("ms", 10_000, (0, MAX_MS))?,
                 })
             }
+            "blk-write" => {
+                let p = Params::parse("blk-write", "blocks, depth, hold_ms", rest)?;
+                Spec::One(Workload::BlkWrite {
+                    blocks: p.num("blocks", 1024, (0, MAX_BLOCKS))?,
+                    depth: p.num("depth", 32, (1, 64))?,
+                    hold_ms: p.num("hold_ms", 0, (0, MAX_MS))?,
+                })
+            }
+            "blk-verify" => {
+                let p = Params::parse("blk-verify", "blocks, depth", rest)?;
+                Spec::One(Workload::BlkVerify {
+                    blocks: p.num("blocks", 1024, (0, MAX_BLOCKS))?,
+                    depth: p.num("depth", 32, (1, 64))?,
+                })
+            }
             "mixed" => {
                 let p = Params::parse("mixed", "ms", rest)?;
                 Spec::Mixed {
@@ -564,6 +603,12 @@ impl Workload {
                 wait_ms,
             } => (abi::NET_RX, [packets, ms, wait_ms, 0]),
             Workload::NetEcho { ms } => (abi::NET_ECHO, [ms, 0, 0, 0]),
+            Workload::BlkWrite {
+                blocks,
+                depth,
+                hold_ms,
+            } => (abi::BLK_WRITE, [blocks, depth, hold_ms, 0]),
+            Workload::BlkVerify { blocks, depth } => (abi::BLK_VERIFY, [blocks, depth, 0, 0]),
         };
         WorkloadDesc {
             kind,
@@ -612,6 +657,22 @@ impl fmt::Display for Workload {
                 wait_ms,
             } => write!(f, "net-rx:packets={packets},ms={ms},wait_ms={wait_ms}"),
             Workload::NetEcho { ms } => write!(f, "net-echo:ms={ms}"),
+            Workload::BlkWrite {
+                blocks,
+                depth,
+                hold_ms: 0,
+            } => write!(f, "blk-write:blocks={blocks},depth={depth}"),
+            Workload::BlkWrite {
+                blocks,
+                depth,
+                hold_ms,
+            } => write!(
+                f,
+                "blk-write:blocks={blocks},depth={depth},hold_ms={hold_ms}"
+            ),
+            Workload::BlkVerify { blocks, depth } => {
+                write!(f, "blk-verify:blocks={blocks},depth={depth}")
+            }
         }
     }
 }

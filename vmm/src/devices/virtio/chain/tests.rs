@@ -199,3 +199,39 @@ fn a_request_with_its_answer_is_readable_then_writable() {
     );
     assert_eq!(e.unwrap_err(), ChainError::WrongDirection);
 }
+
+#[test]
+fn iovecs_cover_a_byte_range_across_buffers_and_never_grow() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.add_desc_chains(
+        &[
+            d(0x1000, 16, NEXT, 1),
+            d(0x2000, 100, NEXT | WRITE, 2),
+            d(0x3000, 1, WRITE, 0),
+        ],
+        0,
+    )
+    .unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let chain = q.iter(&m).unwrap().next().unwrap();
+    let mut s = Segments::with_capacity(16);
+    s.load(chain, &m, Direction::ReadThenWrite, 17).unwrap();
+    let mut iov = Vec::with_capacity(16);
+    // The write buffers' data: from byte 16, 100 bytes, not the status byte after them.
+    assert_eq!(s.iovecs(&m, 16, 100, &mut iov), 100);
+    assert_eq!(iov.len(), 1);
+    let base = m.get_host_address(GuestAddress(0x2000)).unwrap();
+    assert_eq!((iov[0].iov_base as *mut u8, iov[0].iov_len), (base, 100));
+    // A range across two buffers, starting inside the first.
+    assert_eq!(s.iovecs(&m, 10, 10, &mut iov), 10);
+    assert_eq!(
+        iov.iter().map(|v| v.iov_len).collect::<Vec<_>>(),
+        vec![6, 4]
+    );
+    // Past the end: only what is there.
+    assert_eq!(s.iovecs(&m, 110, 50, &mut iov), 7);
+    assert_eq!(s.iovecs(&m, 500, 5, &mut iov), 0);
+    assert!(iov.is_empty());
+    assert_eq!(iov.capacity(), 16, "no allocation");
+}

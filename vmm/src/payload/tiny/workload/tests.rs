@@ -265,3 +265,42 @@ fn network_workloads_parse_with_defaults_and_round_trip() {
     let d = one("net-rx:packets=9,ms=8,wait_ms=7").to_desc();
     assert_eq!((d.kind, d.params), (abi::NET_RX, [9, 8, 7, 0]));
 }
+
+#[test]
+fn disk_workloads_parse_with_defaults_and_round_trip() {
+    assert_eq!(
+        one("blk-write"),
+        Workload::BlkWrite {
+            blocks: 1024,
+            depth: 32,
+            hold_ms: 0
+        }
+    );
+    assert_eq!(
+        one("blk-verify:blocks=8,depth=1"),
+        Workload::BlkVerify {
+            blocks: 8,
+            depth: 1
+        }
+    );
+    for w in [
+        "blk-write:blocks=3,depth=64",
+        "blk-write:blocks=3,depth=1,hold_ms=5",
+        "blk-verify:blocks=0,depth=2",
+    ] {
+        assert_eq!(one(w).to_string(), w);
+        assert!(one(w).uses_blk() && !one(w).uses_net());
+    }
+    assert!(!one("net-tx").uses_blk());
+    for bad in [
+        "blk-write:depth=0",
+        "blk-write:depth=65",
+        "blk-verify:size=4",
+    ] {
+        assert!(bad.parse::<Spec>().is_err(), "{bad}");
+    }
+    let d = one("blk-write:blocks=9,depth=4,hold_ms=3").to_desc();
+    assert_eq!((d.kind, d.params), (abi::BLK_WRITE, [9, 4, 3, 0]));
+    let d = one("blk-verify:blocks=9,depth=4").to_desc();
+    assert_eq!((d.kind, d.params), (abi::BLK_VERIFY, [9, 4, 0, 0]));
+}

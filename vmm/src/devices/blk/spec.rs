@@ -1,0 +1,162 @@
+//! `--disk` values: `path=FILE[,readonly=on][,id=NAME][,queues=N]`, parsed and checked before
+//! anything is built (a bad value is exit code 2 with a sentence, before any vCPU runs).
+//!
+//! Data flow: the config layer hands each `--disk` string (or config-file entry) to
+//! [`DiskSpec::parse`]; the VM builder gives each spec its id (`blk0`, `blk1`, … in order,
+//! unless `id=` names it), which is also the string GET_ID answers, and opens the file.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// The most request queues a disk may have (one thread each).
+pub const MAX_QUEUES: u16 = 16;
+/// The longest id: GET_ID answers 20 bytes (`VIRTIO_BLK_ID_BYTES`).
+pub const MAX_ID: usize = 20;
+
+/// Why a `--disk` value was refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DiskSpecError {
+    /// `path=` is missing.
+    #[error("a disk needs path=FILE (e.g. --disk path=rootfs.ext4)")]
+    NoPath,
+    /// A key the option does not take.
+    #[error("--disk has no key `{0}` (it takes path, readonly, id and queues)")]
+    UnknownKey(String),
+    /// A key given twice.
+    #[error("--disk key `{0}` is given twice")]
+    Duplicate(String),
+    /// `key=value` expected.
+    #[error("`{0}` is not of the form key=value")]
+    NotKeyValue(String),
+    /// An empty path.
+    #[error("path= is empty; it names the disk's file")]
+    EmptyPath,
+    /// A bad `readonly=` value.
+    #[error("readonly={0} is neither on nor off")]
+    BadReadonly(String),
+    /// A bad queue count.
+    #[error("queues={0} is out of range: 1 to {MAX_QUEUES} request queues")]
+    BadQueues(String),
+    /// A bad id.
+    #[error("id={0} is not a usable disk id (1 to {MAX_ID} letters, digits, `-` or `_`: GET_ID answers it in 20 bytes)")]
+    BadId(String),
+}
+
+/// One disk as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    /// The file (a regular file or a block device) holding the disk's bytes.
+    pub path: PathBuf,
+    /// Whether the guest may only read it (`VIRTIO_BLK_F_RO`; the file is opened read-only).
+    pub readonly: bool,
+    /// The device id (None: `blk` and its index), which GET_ID answers.
+    pub id: Option<String>,
+    /// Request queues (each with its own thread).
+    pub queues: u16,
+}
+
+fn valid_id(s: &str) -> bool {
+    (1..=MAX_ID).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// At most 64 characters of untrusted input for an error message.
+fn cut(s: &str) -> String {
+    let mut out: String = s.chars().take(64).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+impl DiskSpec {
+    /// Parses `path=FILE[,readonly=on|off][,id=NAME][,queues=N]` (a path cannot hold a comma).
+    pub fn parse(s: &str) -> Result<DiskSpec, DiskSpecError> {
+        let mut spec = DiskSpec {
+            path: PathBuf::new(),
+            readonly: false,
+            id: None,
+            queues: 1,
+        };
+        let mut seen: Vec<&str> = Vec::new();
+        for kv in s.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| DiskSpecError::NotKeyValue(cut(kv)))?;
+            if seen.contains(&k) {
+                return Err(DiskSpecError::Duplicate(cut(k)));
+            }
+            match k {
+                "path" if v.is_empty() => return Err(DiskSpecError::EmptyPath),
+                "path" => spec.path = PathBuf::from(v),
+                "readonly" => {
+                    spec.readonly = match v {
+                        "on" | "true" | "yes" | "1" => true,
+                        "off" | "false" | "no" | "0" => false,
+                        _ => return Err(DiskSpecError::BadReadonly(cut(v))),
+                    }
+                }
+                "id" if valid_id(v) => spec.id = Some(v.to_string()),
+                "id" => return Err(DiskSpecError::BadId(cut(v))),
+                "queues" => {
+                    spec.queues = v
+                        .parse()
+                        .ok()
+                        .filter(|q| (1..=MAX_QUEUES).contains(q))
+                        .ok_or_else(|| DiskSpecError::BadQueues(cut(v)))?;
+                }
+                _ => return Err(DiskSpecError::UnknownKey(cut(k))),
+            }
+            seen.push(k);
+        }
+        if spec.path.as_os_str().is_empty() {
+            return Err(DiskSpecError::NoPath);
+        }
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_is_a_path_with_options() {
+        let d = DiskSpec::parse("path=/var/lib/vm/root.ext4").unwrap();
+        assert_eq!(d.path, PathBuf::from("/var/lib/vm/root.ext4"));
+        assert_eq!((d.readonly, d.id.as_deref(), d.queues), (false, None, 1));
+        let d = DiskSpec::parse("path=a.img,readonly=on,id=data_1,queues=2").unwrap();
+        assert_eq!(
+            (d.readonly, d.id.as_deref(), d.queues),
+            (true, Some("data_1"), 2)
+        );
+        assert!(!DiskSpec::parse("readonly=off,path=x").unwrap().readonly);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        use DiskSpecError::*;
+        for (s, e) in [
+            ("", NoPath),
+            ("readonly=on", NoPath),
+            ("path=", EmptyPath),
+            ("path=a,size=3", UnknownKey("size".into())),
+            ("path=a,path=b", Duplicate("path".into())),
+            ("path=a,ro", NotKeyValue("ro".into())),
+            ("path=a,readonly=maybe", BadReadonly("maybe".into())),
+            ("path=a,queues=0", BadQueues("0".into())),
+            ("path=a,queues=17", BadQueues("17".into())),
+            ("path=a,id=a b", BadId("a b".into())),
+            (
+                "path=a,id=abcdefghijklmnopqrstu",
+                BadId("abcdefghijklmnopqrstu".into()),
+            ),
+        ] {
+            assert_eq!(DiskSpec::parse(s), Err(e), "{s}");
+        }
+        // Twenty characters fit GET_ID's answer exactly.
+        assert!(DiskSpec::parse("path=a,id=abcdefghijklmnopqrst").is_ok());
+    }
+}
