@@ -21,8 +21,16 @@ fn sum(d: &DeviceStats, kind: QueueKind, f: impl Fn(&crate::QueueStats) -> u64) 
 pub fn host_cpu_line(h: &HostCpuSplit) -> String {
     let total = h.total().max(1) as f64;
     let pct = |ns: u64| ns as f64 * 100.0 / total;
+    let stops = if h.vcpu_stops > 0 {
+        format!(
+            " (of it the limits' stops {} ms, the VMM's)",
+            ms(h.vcpu_stops)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "HOST CPU {} ms: vCPU threads {} ms ({:.1} %), device threads {} ms ({:.1} %), service threads {} ms ({:.1} %)\n",
+        "HOST CPU {} ms: vCPU threads {} ms ({:.1} %){stops}, device threads {} ms ({:.1} %), service threads {} ms ({:.1} %)\n",
         ms(h.total()),
         ms(h.vcpus),
         pct(h.vcpus),
@@ -224,6 +232,7 @@ mod tests {
         assert!(t.contains("net0-qp0") && t.contains("  0.00%"), "{t}");
         assert_eq!(devices_text(&[]), "");
         let h = host_cpu_line(&HostCpuSplit {
+            vcpu_stops: 0,
             vcpus: 3_000_000,
             devices: 1_000_000,
             service: 0,

@@ -511,6 +511,8 @@ fn times() -> VcpuTimes {
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 5,
     }
 }

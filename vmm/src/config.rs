@@ -103,6 +103,12 @@ pub enum ConfigError {
     /// Two network devices with one id.
     #[error("two network devices are called {0}")]
     NetId(String),
+    /// A bad `--pin` or `--numa-node`.
+    #[error(transparent)]
+    Pin(#[from] crate::placement::PinError),
+    /// A bad `--memory-backing`.
+    #[error(transparent)]
+    Backing(#[from] crate::memory::BackingError),
     /// A bad workload spec.
     #[error("bad workload `{q}`", q = ppa_vmm_api::clip(.spec))]
     Workload {
@@ -198,6 +204,10 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// Which host CPUs each thread may run on (`--pin`), checked when the VM is built.
+    pub placement: crate::placement::Placement,
+    /// What backs guest RAM (page size, NUMA node: `--memory-backing`, `--numa-node`).
+    pub memory_backing: crate::memory::MemoryBacking,
 }
 
 impl Default for VmConfig {
@@ -224,6 +234,8 @@ impl Default for VmConfig {
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
             calibration_cache: None,
+            placement: Default::default(),
+            memory_backing: Default::default(),
         }
     }
 }
@@ -422,6 +434,20 @@ pub struct RunOptions {
     #[arg(long, value_name = "tap=NAME,...")]
     #[serde(default)]
     pub net: Vec<String>,
+    /// Which host CPUs threads run on, KEY=CPUS (repeatable; the most specific KEY wins):
+    /// KEY vcpus, vcpuN, a device id (net0: all its threads), a queue pair (net0-qp1) or
+    /// service; CPUS in the kernel's list form (4, 0-3,6).
+    #[arg(long, value_name = "KEY=CPUS")]
+    #[serde(default)]
+    pub pin: Vec<String>,
+    /// What backs guest RAM: hugepages (2 MiB), hugepages=2M or hugepages=1G from the
+    /// kernel's pool (refused before any vCPU runs when it has too few free pages), or
+    /// anonymous (4 KiB pages, the default).
+    #[arg(long, value_name = "hugepages[=2M|1G]")]
+    pub memory_backing: Option<String>,
+    /// Bind guest RAM to NUMA node N (mbind) and keep threads no --pin names on its CPUs.
+    #[arg(long, value_name = "N")]
+    pub numa_node: Option<u32>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -569,6 +595,14 @@ impl RunOptions {
             } else {
                 over.net
             },
+            pin: {
+                // Later rules of a key replace earlier ones: the file's, then the flags'.
+                let mut pin = self.pin;
+                pin.extend(over.pin);
+                pin
+            },
+            memory_backing: over.memory_backing.or(self.memory_backing),
+            numa_node: over.numa_node.or(self.numa_node),
         }
     }
 
@@ -675,6 +709,14 @@ impl RunOptions {
             seccomp: self.seccomp.unwrap_or_default(),
             net,
             calibration_cache: None,
+            placement: crate::placement::Placement::parse(&self.pin)?,
+            memory_backing: crate::memory::MemoryBacking {
+                page: match &self.memory_backing {
+                    Some(b) => crate::memory::MemoryBacking::parse(b)?,
+                    None => Default::default(),
+                },
+                numa_node: self.numa_node,
+            },
         };
         config.validate()?;
         let report = ReportOptions {

@@ -295,6 +295,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
         periods_ns: 1_000_000_000,
         throttled_periods: 9,
         used_ns: 500_123_000,
+        stops: Default::default(),
         limited_ns: 400_000_000,
         overshoot_max_ns: 41_000,
         overshoot: HistogramJson {

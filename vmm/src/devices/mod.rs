@@ -110,6 +110,10 @@ pub trait Device: Send + Sync {
     fn cpu_ns(&self) -> u64;
     /// Restarts its figures from zero (the socket's `reset` of the whole VM).
     fn reset(&self);
+    /// Its threads' CPU sets were changed (`--pin`, `set-pin`): a thread asleep since keeps
+    /// the CPU it slept on until it wakes, so a device whose threads can sleep long wakes them
+    /// once. By default nothing.
+    fn placed(&self) {}
 }
 
 /// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).

@@ -316,6 +316,7 @@ impl CgroupLimits {
                     periods_ns: s.nr_periods.saturating_mul(l.period_ns),
                     throttled_periods: s.nr_throttled,
                     used_ns: members.iter().map(|&i| cpu_of(i)).sum(),
+                    stops: Default::default(),
                     limited_ns: s.throttled_ns,
                     overshoot_max_ns: 0,
                     overshoot: HistogramSnapshot::empty(3).to_json(),

@@ -24,7 +24,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, ThrottleEndWhy};
+use ppa_vmm_api::{
+    Event, GroupStats, LimitBackend, LimitKick, LimitKicks, LimitStops, ThrottleEndWhy,
+};
 
 use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, next_look_ns, Decision, Member};
@@ -35,6 +37,7 @@ use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
+use crate::vcpu::stops::StopTotals;
 use crate::vcpu::{Deadline, LimitKind, ThreadState, TimerMode, VcpuShared};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
@@ -97,6 +100,15 @@ struct Entity {
     limiter_kicks: u64,
     /// Members' kick-timer readings for this limit when it was set.
     timer_base: Vec<MemberKicks>,
+    /// Members' stops' totals at the period start, and what the completed periods' stops
+    /// cost (not charged: `vcpu::stops`).
+    base_stops: Vec<StopTotals>,
+    stops: LimitStops,
+    /// When the limit was set: 0 for a limit of the VM's config, whose first period begins
+    /// when its first member starts (`periods`).
+    set_at: u64,
+    /// Every member finished and the last period was closed at the last one's end.
+    ended: bool,
 }
 
 /// What the socket and the report share with the thread.
@@ -128,12 +140,14 @@ fn limited_total(v: &VcpuShared, now: u64) -> u64 {
     t
 }
 
+/// The CPU clock a limit charges `v` by (its thread's, less its stops: `vcpu::stops`).
 fn cpu_of(v: &VcpuShared) -> Option<u64> {
-    v.acct.thread_cpu_ns()
+    v.charged_cpu_ns().map(|(c, _)| c)
 }
 
-/// CPU time since `base`. A thread that started during the period is charged from its
-/// start (the CPU time when its wall clock started), not from when the limiter first saw it.
+/// Charged CPU time since `base`. A thread that started during the period is charged from
+/// its start (the CPU time when its wall clock started, before any stop), not from when the
+/// limiter first saw it.
 fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
     if base.is_none() {
         *base = v.acct.origin_cpu_ns();
@@ -142,6 +156,11 @@ fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
         (Some(now), Some(b)) => now.saturating_sub(b),
         _ => 0,
     }
+}
+
+/// The stops' totals of `v` now (zero before its thread started).
+fn stops_of(v: &VcpuShared) -> StopTotals {
+    v.charged_cpu_ns().map(|(_, t)| t).unwrap_or_default()
 }
 
 impl Entity {
@@ -177,6 +196,10 @@ impl Entity {
             was_stopped: vec![false; n],
             limiter_kicks: 0,
             timer_base: vec![MemberKicks::zero(); n],
+            base_stops: vec![StopTotals::default(); n],
+            stops: LimitStops::default(),
+            set_at: 0,
+            ended: false,
         }
     }
 
@@ -238,6 +261,7 @@ impl Entity {
             periods_ns: self.periods_ns,
             throttled_periods: self.throttled_periods,
             used_ns: self.used_ns,
+            stops: self.stops.clone(),
             limited_ns,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
@@ -400,6 +424,7 @@ impl Limiter {
                     e.limit = new;
                     e.period_start = 0;
                     let now = now_ns();
+                    e.set_at = now;
                     for (k, &i) in e.members.iter().enumerate() {
                         e.limited_base[k] = limited_total(&self.vcpus[i], now);
                     }
@@ -414,6 +439,7 @@ impl Limiter {
                 }
                 let mut e = Entity::new(VM_GROUP.into(), all, LimitKind::Vm, new);
                 let now = now_ns();
+                e.set_at = now;
                 for (k, &i) in e.members.iter().enumerate() {
                     e.limited_base[k] = limited_total(&self.vcpus[i], now);
                 }
@@ -447,7 +473,8 @@ impl Limiter {
             LimitKind::Runaway,
             Some((limit, given.to_string())),
         );
-        e.limited_base[0] = limited_total(&self.vcpus[vcpu], now_ns());
+        e.set_at = now_ns();
+        e.limited_base[0] = limited_total(&self.vcpus[vcpu], e.set_at);
         entities.push(e);
         drop(entities);
         self.wake.fetch_add(1, Ordering::Release);
@@ -477,6 +504,7 @@ impl Limiter {
         let mut was_stopped = was_stopped;
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
+            e.base_stops[k] = stops_of(&self.vcpus[i]);
             if e.stopped[k] {
                 self.vcpus[i].release(e.kind.into());
                 e.stopped[k] = false;
@@ -498,61 +526,6 @@ impl Limiter {
         e.next_look = Some(now);
     }
 
-    /// Closes the period that ended at `boundary`; applies a pending change.
-    fn end_period(&self, e: &mut Entity, boundary: u64, now: u64) {
-        if let Some((l, _)) = &e.limit {
-            let per: Vec<u64> = e
-                .members
-                .iter()
-                .zip(e.base_cpu.iter_mut())
-                .map(|(&i, b)| used_since(&self.vcpus[i], b))
-                .collect();
-            let used: u64 = per.iter().sum();
-            let equal = l.quota_ns / e.members.len().max(1) as u64;
-            e.last_used = per
-                .iter()
-                .zip(&e.was_stopped)
-                .map(|(&u, &s)| {
-                    let want = u + u / 10;
-                    if s {
-                        want.max(equal)
-                    } else {
-                        want
-                    }
-                })
-                .collect();
-            e.periods += 1;
-            e.periods_ns += l.period_ns;
-            e.used_ns += used;
-            if e.log.len() < PERIOD_LOG && self.keep_log.load(Ordering::Relaxed) {
-                e.log.push(used);
-            }
-            if e.stopped_this_period {
-                e.throttled_periods += 1;
-                // Learn the margin from the error of a period that ended in stops.
-                let err = used as i64 - l.quota_ns as i64;
-                if let Some(m) = e.margin.as_mut() {
-                    m.learn(err, e.stops_this_period);
-                }
-            }
-            if used > l.quota_ns {
-                let over = used - l.quota_ns;
-                e.overshoot.record(over);
-                e.overshoot_max = e.overshoot_max.max(over);
-            }
-        }
-        if let Some(change) = e.pending.take() {
-            e.limit = change;
-        }
-        // Fell behind by more than a period (the thread was held up): start afresh from now.
-        let start = match &e.limit {
-            Some((l, _)) if now < boundary + l.period_ns => boundary,
-            _ => now,
-        };
-        self.begin_period(e, start, ThrottleEndWhy::Period);
-        e.period_start = start;
-    }
-
     /// One look at one limit.
     fn look(&self, e: &mut Entity, now: u64) {
         if e.limit.is_none() {
@@ -564,14 +537,11 @@ impl Limiter {
             e.next_look = None;
             return;
         }
-        if e.period_start == 0 {
-            // A new limit: its members' limited time and kicks count from now.
-            for (k, &i) in e.members.iter().enumerate() {
-                e.limited_base[k] = limited_total(&self.vcpus[i], now);
-            }
-            e.timer_base = e.timer_counts(&self.vcpus);
-            e.limiter_kicks = 0;
-            self.begin_period(e, now, ThrottleEndWhy::Period);
+        if e.ended || self.close_at_end(e) {
+            return;
+        }
+        if e.period_start == 0 && !self.first_period(e, now) {
+            return;
         }
         self.adopt_holds(e, now);
         let period = e.limit.as_ref().map_or(0, |(l, _)| l.period_ns);
@@ -790,5 +760,6 @@ impl Limiter {
     }
 }
 
+mod periods;
 #[cfg(test)]
 mod tests;

@@ -126,6 +126,8 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         park_cpu_ns: 20_000,
         proc_ticks: None,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 0,
     };
     VcpuDetail {
@@ -146,6 +148,7 @@ fn group() -> GroupStats {
         periods_ns: 1_200_000_000,
         throttled_periods: 11,
         used_ns: 600_000_000,
+        stops: Default::default(),
         limited_ns: 1_100_000_000,
         overshoot_max_ns: 40_000,
         overshoot: hist(&[900, 20_000, 40_000]).to_json(),
@@ -192,6 +195,7 @@ pub(super) fn stats() -> Detailed {
             },
             host_threads_ns: 42_000_000,
             host_cpu_ns: ppa_vmm_api::HostCpuSplit {
+                vcpu_stops: 0,
                 vcpus: 4_500_000_000,
                 devices: 300_000_000,
                 service: 12_000_000,

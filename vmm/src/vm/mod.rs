@@ -30,6 +30,7 @@ use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
 use crate::memory::{map_region, GuestRam, MemoryError, SlotAllocator};
 use crate::payload::{Boot, Load, PayloadError};
+use crate::placement::PlacementBoard;
 use crate::ppa_page::PpaPage;
 use crate::report::{Report, VmInfo};
 use crate::sync::now_ns;
@@ -85,6 +86,9 @@ pub enum VmError {
     /// A network device could not be made.
     #[error(transparent)]
     Net(#[from] crate::devices::net::NetError),
+    /// The threads could not be put on their CPUs.
+    #[error(transparent)]
+    Place(#[from] crate::handle::PlaceError),
 }
 
 /// A VM ready to run, on hypervisor `H`.
@@ -92,6 +96,7 @@ pub struct Vm<H: Hypervisor = Kvm> {
     status: Arc<VmStatus>,
     hub: Arc<EventHub>,
     limiter: Arc<Limiter>,
+    placement: Arc<PlacementBoard>,
     vcpus: Vec<<H::Vm as hv::Vm>::Vcpu>,
     shared: Vec<Arc<VcpuShared>>,
     control: Arc<AccountingControl>,
@@ -141,14 +146,14 @@ fn create_vm<H: Hypervisor>(hv: &H, vcpus: usize) -> Result<H::Vm, VmError> {
     Ok(hv.create_vm()?)
 }
 
-/// Maps RAM (`regions`, prefaulted when asked) into `vm`.
+/// Maps RAM (`regions`, backed as `config` says and prefaulted when it asks) into `vm`.
 fn map_ram<V: hv::Vm>(
     vm: &V,
     slots: &mut SlotAllocator,
     regions: &[Region],
-    prefault: bool,
+    config: &VmConfig,
 ) -> Result<GuestRam, VmError> {
-    let ram = GuestRam::create(regions, prefault)?;
+    let ram = GuestRam::create(regions, config.prefault, &config.memory_backing)?;
     // SAFETY: the returned `GuestRam` is kept by the `Vm` in a field dropped after the
     // hypervisor's VM and every vCPU (see the field order of `Vm`).
     unsafe { ram.register(vm, slots) }?;
@@ -181,6 +186,35 @@ fn create_vcpus<V: hv::Vm>(vm: &V, n: usize) -> Result<Vec<V::Vcpu>, VmError> {
     (0..n)
         .map(|i| vm.create_vcpu(i).map_err(VmError::from))
         .collect()
+}
+
+/// The VM's placement, checked (a rule naming a vCPU or device it lacks, or a CPU outside
+/// the process's allowed set, and a NUMA node that does not exist, are refused here, before
+/// anything is mapped), with the node's CPUs for the threads no rule names.
+fn placement(config: &VmConfig) -> Result<Arc<PlacementBoard>, VmError> {
+    let original = crate::placement::allowed();
+    let devices: Vec<(String, usize)> = config
+        .net
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let id = n.id.clone().unwrap_or_else(|| format!("net{i}"));
+            (id, usize::from(n.queues))
+        })
+        .collect();
+    let mut p = config.placement.clone();
+    p.check(config.vcpus, &devices, &original)
+        .map_err(ConfigError::from)?;
+    if let Some(node) = config.memory_backing.numa_node {
+        p.node_cpus =
+            Some(crate::placement::node_cpus(node, &original).map_err(ConfigError::from)?);
+    }
+    Ok(Arc::new(PlacementBoard::new(
+        p,
+        original,
+        config.vcpus,
+        devices,
+    )))
 }
 
 /// TSC frequency: the hypervisor's, or measured against CLOCK_MONOTONIC over 20 ms.
@@ -285,6 +319,7 @@ impl<H: Hypervisor> Vm<H> {
                 return Err(PayloadError::HostCannotBoot(why).into());
             }
         }
+        let placement = placement(&config)?;
         let regions = ram_regions(config.memory_mib << 20);
         let page = (config.ppa_page_size > 0)
             .then(|| ppa_page_region(config.ppa_page_size))
@@ -300,7 +335,7 @@ impl<H: Hypervisor> Vm<H> {
             Vec::new()
         };
         let mut slots = SlotAllocator::default();
-        let ram = map_ram(&hv_vm, &mut slots, &regions, config.prefault)?;
+        let ram = map_ram(&hv_vm, &mut slots, &regions, &config)?;
         let ppa_page = map_ppa_page(&hv_vm, &mut slots, &config)?;
         let vcpus = create_vcpus(&hv_vm, config.vcpus)?;
         let tsc_khz = tsc_khz(&vcpus[0]);
@@ -344,7 +379,13 @@ impl<H: Hypervisor> Vm<H> {
                 tsc_khz,
                 kvm_exit_cost_ns: exit_cost.map(|c| c.hot_ns),
                 kvm_exit_cost_after_park_ns: exit_cost.map(|c| c.after_park_ns),
+                memory: crate::report::MemoryInfo {
+                    page_size: config.memory_backing.page,
+                    numa_node: config.memory_backing.numa_node,
+                },
+                pins: config.placement.texts(),
             },
+            placement,
             vcpus,
             shared,
             control,
@@ -378,6 +419,7 @@ impl<H: Hypervisor> Vm<H> {
             self.ppa_page.clone(),
         )
         .with_devices(self.devices.clone())
+        .with_placement(Arc::clone(&self.placement))
     }
 
     /// Sends systemd's readiness messages through `n` (`READY=1` once every vCPU runs and

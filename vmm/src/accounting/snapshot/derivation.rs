@@ -280,6 +280,8 @@ pub fn derive(
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 0,
     };
     (times, hist)

@@ -425,6 +425,7 @@ impl super::Device for NetDevice {
                 device: self.net.id.clone(),
                 name: self.thread_name(pair),
                 host_tid: self.net.meters[pair].tid(),
+                ..Default::default()
             })
             .collect()
     }
@@ -436,6 +437,12 @@ impl super::Device for NetDevice {
     fn reset(&self) {
         let mut b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
         *b = Some(self.raw());
+    }
+
+    fn placed(&self) {
+        // Each pair's thread runs its wake pass once (nothing to do in it) and so moves to
+        // one of its CPUs.
+        self.virtio.wake_all();
     }
 
     fn stats(&self) -> DeviceStats {
