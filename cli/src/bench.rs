@@ -23,6 +23,7 @@ pub mod limit;
 pub mod net;
 pub mod socket;
 pub mod start;
+pub mod stops;
 
 use ppa_vmm::accounting::host::host_steal_ns;
 use ppa_vmm::accounting::Level;

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DeviceHealth, DeviceKind, DropReason, QueueKind};
 
-/// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns`.
+/// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns +
+/// limited_ns`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceThreadStats {
@@ -28,7 +29,14 @@ pub struct DeviceThreadStats {
     pub waiting_ns: u64,
     /// Asleep anywhere else.
     pub blocked_ns: u64,
-    /// `wall − (used + steal + waiting + blocked)`.
+    /// Held by a CPU limit of scope `vm` (not serving its queues).
+    #[serde(default)]
+    pub limited_ns: u64,
+    /// Frames that waited for a hold to end (those the first pass of each kind carried after
+    /// it).
+    #[serde(default)]
+    pub held_frames: u64,
+    /// `wall − (used + steal + waiting + blocked + limited)`.
     pub identity_error_ns: i64,
 }
 

@@ -194,6 +194,8 @@ mod tests {
                 steal_ns: 1_000_000,
                 waiting_ns: 5_000_000,
                 blocked_ns: 0,
+                limited_ns: 0,
+                held_frames: 0,
                 identity_error_ns: 0,
             }],
             queues: vec![

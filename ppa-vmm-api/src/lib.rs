@@ -42,9 +42,9 @@ pub use devices::{
 pub use event::{Event, EventKind};
 pub use limits::{GroupStats, KickStages, LimitKicks, LimitStops};
 pub use names::{
-    DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
-    SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
-    VcpuMicroState, VmEnd, VmState,
+    DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, LimitScope, OverloadKind,
+    QueueKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName,
+    VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use pressure::{
     GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{HistogramJson, LimitBackend, LimitKick};
+use crate::{HistogramJson, LimitBackend, LimitKick, LimitScope};
 
 /// One CPU limit (a vCPU group's, or the VM's as group `vm`) and what it did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -42,6 +42,20 @@ pub struct GroupStats {
     /// What stopping and restarting the members cost in those periods, outside the quota.
     #[serde(default)]
     pub stops: LimitStops,
+    /// What the limit covers: `vcpus` (its members' threads) or, for the VM's limit, `vm`
+    /// (the device threads too: their CPU is charged, and they are held once the vCPUs are).
+    #[serde(default)]
+    pub scope: LimitScope,
+    /// Scope `vm`: the device threads' CPU in the completed periods (part of `used_ns`).
+    #[serde(default)]
+    pub devices_ns: u64,
+    /// Scope `vm`: the time the device threads were held (their `limited_ns`, summed), and
+    /// how often one was.
+    #[serde(default)]
+    pub devices_limited_ns: u64,
+    /// See `devices_limited_ns`.
+    #[serde(default)]
+    pub device_holds: u64,
     /// Time the members spent stopped by this limit (their limited_ns, summed).
     pub limited_ns: u64,
     /// Largest overshoot of a period (used − quota when positive).

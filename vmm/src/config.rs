@@ -390,7 +390,8 @@ pub struct RunOptions {
     /// without a request (default 300; 0: never).
     #[arg(long, value_name = "SECS")]
     pub idle_timeout: Option<f64>,
-    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
+    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms),
+    /// with ,scope=vm to cover the device threads too (default scope=vcpus).
     #[arg(long, value_name = "LIMIT")]
     pub cpu_limit: Option<String>,
     /// A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%);
@@ -468,13 +469,13 @@ pub fn parse_limits(
     groups: &[String],
     vcpus: usize,
 ) -> Result<crate::limits::limiter::LimitConfig, ConfigError> {
-    use crate::limits::{check_groups, GroupSpec, Limit};
-    let vm = match cpu_limit {
-        None => None,
+    use crate::limits::{check_groups, GroupSpec};
+    let (vm, vm_scope) = match cpu_limit {
+        None => (None, Default::default()),
         Some(text) => {
-            let l = Limit::parse(text)?;
+            let (l, scope) = crate::limits::parse_vm_limit(text)?;
             l.check_members(text, vcpus.max(1))?;
-            Some((l, text.to_string()))
+            (Some((l, text.to_string())), scope)
         }
     };
     let groups = groups
@@ -484,6 +485,7 @@ pub fn parse_limits(
     check_groups(&groups, vcpus)?;
     Ok(crate::limits::limiter::LimitConfig {
         vm,
+        vm_scope,
         groups,
         backend: Default::default(),
         kick: Default::default(),

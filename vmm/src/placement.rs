@@ -469,12 +469,25 @@ impl PlacementBoard {
         Ok(())
     }
 
-    /// Remembers the service threads (tid, name) found when the threads were placed.
-    pub fn set_service(&self, threads: Vec<(i32, String)>) {
-        *self.service.lock().unwrap_or_else(|e| e.into_inner()) = threads;
+    /// The calling thread is a service thread of this VM called `name`: it is remembered (for
+    /// `threads` and `set-pin`) and moved to the service threads' CPUs at once, before it
+    /// does its work. Best effort: a set the kernel refuses leaves it where it is.
+    pub fn register_current(&self, name: &str) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.register(tid, name);
+        let _ = set_affinity(0, &self.cpus_for(&ThreadRole::Service));
     }
 
-    /// The service threads found when the threads were placed.
+    /// Remembers thread `tid` as a service thread called `name` (once).
+    pub fn register(&self, tid: i32, name: &str) {
+        let mut s = self.service.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.iter().any(|(t, _)| *t == tid) {
+            s.push((tid, name.to_string()));
+        }
+    }
+
+    /// The service threads registered.
     pub fn service(&self) -> Vec<(i32, String)> {
         self.service
             .lock()

@@ -296,6 +296,10 @@ fn group(name: &str, slots: usize) -> GroupStats {
         throttled_periods: 9,
         used_ns: 500_123_000,
         stops: Default::default(),
+        scope: Default::default(),
+        devices_ns: 0,
+        devices_limited_ns: 0,
+        device_holds: 0,
         limited_ns: 400_000_000,
         overshoot_max_ns: 41_000,
         overshoot: HistogramJson {

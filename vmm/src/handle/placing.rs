@@ -5,7 +5,7 @@
 //! [`VmHandle::place_threads`]: each vCPU thread and each device thread gets the set its role
 //! resolves to (`PlacementBoard::cpus_for`), and every other thread of the process (main,
 //! signals, api, api-stats, sampler, limiter) the service set; the service threads found are
-//! remembered, and devices are told ([`crate::devices::Device::placed`]) so that a thread
+//! remembered, and devices are told ([`crate::devices::Device::wake_threads`]) so that a thread
 //! asleep since moves at once. `set-pin` ([`VmHandle::set_pin`]) checks and sets one rule and
 //! places again. [`VmHandle::threads`] asks the kernel for each thread's set and last CPU.
 
@@ -80,14 +80,19 @@ impl VmHandle {
                 set(&t.name, t.host_tid, &device_role(&t.device, &t.name))?;
                 own.push(t.host_tid);
             }
-            d.placed();
+            d.wake_threads();
         }
         if find_service {
-            let service: Vec<(i32, String)> = placement::process_threads()
-                .into_iter()
-                .filter(|(tid, _)| !own.contains(tid))
-                .collect();
-            board.set_service(service);
+            // The calling (main) thread, and the process's `signals` thread if it has one (the
+            // binary's: one VM a process); the VM's other service threads registered
+            // themselves as they started (`PlacementBoard::register_current`).
+            // SAFETY: gettid has no preconditions.
+            board.register(unsafe { libc::gettid() }, "main");
+            for (tid, name) in placement::process_threads() {
+                if name == "signals" && !own.contains(&tid) {
+                    board.register(tid, &name);
+                }
+            }
         }
         for (tid, name) in board.service() {
             // A service thread that ended meanwhile (a helper) is no error.

@@ -32,7 +32,7 @@ use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, next_look_ns, Decision, Member};
 use super::margin::StopMargin;
 use super::member_kicks::{stages_since, MemberKicks};
-use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
+use super::{check_name, KickMode, Limit, LimitError, Scope, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
@@ -107,6 +107,8 @@ struct Entity {
     /// When the limit was set: 0 for a limit of the VM's config, whose first period begins
     /// when its first member starts (`periods`).
     set_at: u64,
+    /// Scope `vm`: the device threads' account (`devices`).
+    dev: devices::DeviceCharge,
     /// Every member finished and the last period was closed at the last one's end.
     ended: bool,
 }
@@ -129,6 +131,8 @@ pub struct Limiter {
     look_lateness: Histogram,
     /// Keep each limit's per-period use (`bench limit`); off otherwise.
     keep_log: AtomicBool,
+    /// The VM's devices with threads (a limit of scope `vm` charges and holds them).
+    devices: std::sync::OnceLock<Vec<Arc<dyn crate::devices::Device>>>,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -200,6 +204,7 @@ impl Entity {
             stops: LimitStops::default(),
             set_at: 0,
             ended: false,
+            dev: Default::default(),
         }
     }
 
@@ -236,7 +241,13 @@ impl Entity {
         }
     }
 
-    fn figures(&self, vcpus: &[Arc<VcpuShared>], now: u64, timers: bool) -> GroupStats {
+    fn figures(
+        &self,
+        vcpus: &[Arc<VcpuShared>],
+        now: u64,
+        timers: bool,
+        devices: (u64, u64, u64),
+    ) -> GroupStats {
         let (quota_ns, period_ns) = self
             .limit
             .as_ref()
@@ -262,6 +273,10 @@ impl Entity {
             throttled_periods: self.throttled_periods,
             used_ns: self.used_ns,
             stops: self.stops.clone(),
+            scope: scope_of(self),
+            devices_ns: devices.0,
+            devices_limited_ns: devices.1,
+            device_holds: devices.2,
             limited_ns,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
@@ -331,7 +346,13 @@ impl Limiter {
             host_cpus: crate::sched::allowed_cpus().len(),
             look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
             keep_log: AtomicBool::new(false),
+            devices: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The VM's devices with threads of their own (set once, before the run).
+    pub fn set_devices(&self, devices: Vec<Arc<dyn crate::devices::Device>>) {
+        let _ = self.devices.set(devices);
     }
 
     /// How late the thread's planned looks were (woken at a deadline: how long after it).
@@ -345,8 +366,9 @@ impl Limiter {
     }
 
     /// With the cgroup backend: waits (at most 5 s) until every vCPU thread has its id, and
-    /// places each in its cgroup. Call before the vCPUs are released.
-    pub fn place_threads(&self) -> Result<(), CgroupError> {
+    /// places each in its cgroup, the device threads (`devices`) and the others (`service`)
+    /// in theirs. Call before the vCPUs are released.
+    pub fn place_threads(&self, devices: &[i32], service: &[i32]) -> Result<(), CgroupError> {
         let Some(cg) = &self.cgroup else {
             return Ok(());
         };
@@ -361,7 +383,7 @@ impl Limiter {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
-        cg.place(&tids)
+        cg.place(&tids, devices, service)
     }
 
     /// Keeps each limit's per-period use from now on, for [`Limiter::period_log`] (`bench
@@ -397,7 +419,7 @@ impl Limiter {
         let now = now_ns();
         self.lock()
             .iter()
-            .map(|e| e.figures(&self.vcpus, now, self.timers))
+            .map(|e| e.figures(&self.vcpus, now, self.timers, self.devices_figures(e)))
             .collect()
     }
 
@@ -409,6 +431,11 @@ impl Limiter {
         }
         let new = match limit.trim() {
             "none" | "off" => None,
+            text if group == VM_GROUP => {
+                let (l, _) = super::parse_vm_limit(text)?;
+                Some((l, text.to_string()))
+            }
+            text if text.contains(',') => return Err(LimitError::Scope(text.to_string())),
             text => {
                 let l = Limit::parse(text)?;
                 Some((l, text.to_string()))
@@ -483,6 +510,7 @@ impl Limiter {
 
     /// Ends the thread's loop (it releases every member it stopped).
     pub fn stop(&self) {
+        self.hold_devices(false);
         self.stop.store(true, Ordering::Release);
         self.wake.fetch_add(1, Ordering::Release);
         futex_wake(&self.wake);
@@ -502,6 +530,9 @@ impl Limiter {
     fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
         let was_stopped = e.stopped.iter().any(|s| *s);
         let mut was_stopped = was_stopped;
+        if scope_of(e) == Scope::Vm {
+            self.devices_begin(e);
+        }
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             e.base_stops[k] = stops_of(&self.vcpus[i]);
@@ -561,14 +592,20 @@ impl Limiter {
             .margin
             .get_or_insert(StopMargin::new(self.margin_ns))
             .get();
-        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        let (budget, for_devices) = if scope_of(e) == Scope::Vm {
+            self.devices_budget(e, &members, l.quota_ns, margin_ns)
+        } else {
+            (l.quota_ns, None)
+        };
+        let d = decide(budget, &members, margin_ns, self.host_cpus);
         self.apply_stops(e, &d, &members, l.quota_ns, now);
         let timed = self.publish_deadlines(e, &d, &cpu, now);
         let period_end = e.period_start + l.period_ns;
-        e.next_look = Some(match next_look_ns(&d, &timed) {
-            Some(r) => (now + r).min(period_end),
-            None => period_end,
-        });
+        let next = match (next_look_ns(&d, &timed), for_devices) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        e.next_look = Some(next.map_or(period_end, |r| (now + r).min(period_end)));
     }
 
     /// What the engine is given of each member of `e` now, and each member's CPU clock as read
@@ -760,6 +797,17 @@ impl Limiter {
     }
 }
 
+mod devices;
 mod periods;
 #[cfg(test)]
 mod tests;
+
+/// The scope of `e`'s limit, from its text (`50%,scope=vm`); a group's is always `vcpus`.
+fn scope_of(e: &Entity) -> Scope {
+    match &e.limit {
+        Some((_, text)) if e.kind == LimitKind::Vm => {
+            super::parse_vm_limit(text).map_or(Scope::Vcpus, |(_, s)| s)
+        }
+        _ => Scope::Vcpus,
+    }
+}

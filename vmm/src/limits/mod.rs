@@ -117,6 +117,9 @@ pub enum LimitError {
     /// Run-time changes under the cgroup backend.
     #[error("limits cannot be changed at run time with the cgroup backend")]
     Backend,
+    /// A scope that is not `vcpus` or `vm`, or one given to a vCPU group.
+    #[error("`{q}` is not a scope of the VM's limit (scope=vcpus, the default, or scope=vm: the device threads too; a vCPU group's limit covers its vCPUs only)", q = ppa_vmm_api::clip(.0))]
+    Scope(String),
     /// A bad runaway threshold.
     #[error("`{q}` is not a runaway threshold (milliseconds, 1 to 3600000)", q = ppa_vmm_api::clip(.0))]
     Runaway(String),
@@ -131,6 +134,25 @@ pub enum LimitError {
 /// Who enforces the limits: the VMM itself ([`limiter`]), or the kernel's CFS bandwidth
 /// control through cgroups ([`cgroup`]).
 pub use ppa_vmm_api::LimitBackend as Backend;
+/// What the VM's limit covers.
+pub use ppa_vmm_api::LimitScope as Scope;
+
+/// Parses the VM's limit: `LIMIT` or `LIMIT,scope=vcpus|vm` (`--cpu-limit`, `set-limit
+/// group=vm`).
+pub fn parse_vm_limit(s: &str) -> Result<(Limit, Scope), LimitError> {
+    let (limit, scope) = match s.split_once(',') {
+        None => (s, Scope::Vcpus),
+        Some((l, rest)) => {
+            let scope = match rest.trim() {
+                "scope=vcpus" => Scope::Vcpus,
+                "scope=vm" => Scope::Vm,
+                _ => return Err(LimitError::Scope(rest.to_string())),
+            };
+            (l, scope)
+        }
+    };
+    Ok((Limit::parse(limit)?, scope))
+}
 
 /// How the VMM backend stops a member that must stop (`--limit-kick`).
 #[derive(
@@ -159,6 +181,8 @@ pub enum KickMode {
 pub struct LimitConfig {
     /// The VM-wide limit and its text.
     pub vm: Option<(Limit, String)>,
+    /// What the VM-wide limit covers.
+    pub vm_scope: Scope,
     /// The vCPU groups.
     pub groups: Vec<GroupSpec>,
     /// Who enforces them.
@@ -478,6 +502,29 @@ mod tests {
             Err(LimitError::OverMembers { max: 200, .. })
         ));
         assert!(l.check_members("250%", 3).is_ok());
+    }
+
+    #[test]
+    fn the_vm_limit_takes_a_scope() {
+        let (l, s) = parse_vm_limit("50%,scope=vm").unwrap();
+        assert_eq!((l.quota_ns, s), (50_000_000, Scope::Vm));
+        assert_eq!(parse_vm_limit("50%").unwrap().1, Scope::Vcpus);
+        assert_eq!(
+            parse_vm_limit("2ms/10ms, scope=vcpus").unwrap().1,
+            Scope::Vcpus
+        );
+        for bad in ["50%,scope=all", "50%,vm", "50%,scope=vm,x"] {
+            assert!(
+                matches!(parse_vm_limit(bad), Err(LimitError::Scope(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            parse_vm_limit("x,scope=vm"),
+            Err(LimitError::Syntax(_))
+        ));
+        // A group's limit has no scope.
+        assert!(GroupSpec::parse("g:0:50%,scope=vm").is_err());
     }
 
     #[test]

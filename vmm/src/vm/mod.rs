@@ -364,6 +364,7 @@ impl<H: Hypervisor> Vm<H> {
         let control = accounting_control(&config);
         let hub = Arc::new(EventHub::new().map_err(|e| VmError::Thread("event hub", e))?);
         let limiter = limiter(&config, &shared, &hub, exit_cost)?;
+        limiter.set_devices(devices.clone());
         let name = config
             .name
             .clone()

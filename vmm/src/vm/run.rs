@@ -210,9 +210,18 @@ where
         let start_realtime_ns = realtime_ns();
         let steal_at_start = host_steal_ns();
         let done_rx = self.spawn_vcpus(&mut run)?;
-        self.limiter.place_threads().map_err(VmError::Cgroup)?;
         wait_tids(&run.shared);
         handle.place_threads(true)?;
+        let devices: Vec<i32> = handle
+            .devices()
+            .iter()
+            .flat_map(|d| d.threads())
+            .map(|t| t.host_tid)
+            .collect();
+        let service: Vec<i32> = self.placement.service().iter().map(|t| t.0).collect();
+        self.limiter
+            .place_threads(&devices, &service)
+            .map_err(VmError::Cgroup)?;
         crate::seccomp::enter(crate::seccomp::Kind::Main);
         self.status.mark_started();
         futex_wake(&run.gate);
@@ -275,10 +284,14 @@ where
             log::info!("serving metrics at http://{a}/metrics");
         }
         let l = Arc::clone(&self.limiter);
+        let placement = Arc::clone(&self.placement);
         run.limiter_thread = Some(
             std::thread::Builder::new()
                 .name("limiter".into())
-                .spawn(move || l.run())
+                .spawn(move || {
+                    placement.register_current("limiter");
+                    l.run()
+                })
                 .map_err(|e| VmError::Thread("limiter", e))?,
         );
         run.sampler = Some(

@@ -439,10 +439,14 @@ impl super::Device for NetDevice {
         *b = Some(self.raw());
     }
 
-    fn placed(&self) {
-        // Each pair's thread runs its wake pass once (nothing to do in it) and so moves to
-        // one of its CPUs.
+    fn wake_threads(&self) {
+        // Each pair's thread runs its wake pass once (nothing to do in it): it moves to one of
+        // its CPUs, and looks at its hold before it waits again.
         self.virtio.wake_all();
+    }
+
+    fn worker_meters(&self) -> &[WorkerMeter] {
+        &self.net.meters
     }
 
     fn stats(&self) -> DeviceStats {

@@ -305,6 +305,10 @@ impl Worker {
             let cpu = self.net.meters[self.pair].cpu_mark(part);
             self.net.frame_cpu[self.pair].record(part, cpu, frames);
         }
+        // The first pass of each kind after a limit's hold: the frames that waited for it.
+        self.net.meters[self.pair]
+            .hold
+            .after_pass(1 << part, frames);
     }
 
     /// Carries out what a pass on queue `index` says (`again`: its bit to re-run it).
@@ -481,6 +485,11 @@ pub fn run(worker: Worker) {
     em.add_subscriber(worker);
     crate::seccomp::enter(crate::seccomp::Kind::Device);
     while !net.stop.load(Ordering::Acquire) {
+        // Held by a CPU limit of scope `vm`: the queues are not served until it ends.
+        if meter.hold.is_held() {
+            meter.hold.wait(&net.stop, 1 << PART_RX | 1 << PART_TX);
+            continue;
+        }
         meter.wait_begin();
         let r = em.run();
         meter.wait_end();

@@ -38,6 +38,7 @@ impl Limiter {
         for (k, &i) in e.members.iter().enumerate() {
             e.limited_base[k] = super::limited_total(&self.vcpus[i], now);
         }
+        self.devices_set(e);
         e.timer_base = e.timer_counts(&self.vcpus);
         e.limiter_kicks = 0;
         let from_start = e.set_at <= first_start;
@@ -90,7 +91,7 @@ impl Limiter {
     /// their stops, the expected use of each next period and the overshoot; a whole period
     /// (`whole`) also teaches the margin.
     pub(super) fn record_period(&self, e: &mut Entity, length: u64, whole: bool) {
-        let Some((l, _)) = &e.limit else {
+        let Some(l) = e.limit.as_ref().map(|(l, _)| *l) else {
             return;
         };
         let per: Vec<u64> = e
@@ -113,6 +114,13 @@ impl Limiter {
                 }
             })
             .collect();
+        // Scope `vm`: the device threads' CPU is the VM's too.
+        let used = used
+            + if super::scope_of(e) == crate::limits::Scope::Vm {
+                self.devices_close(e)
+            } else {
+                0
+            };
         e.periods += 1;
         e.periods_ns += length;
         e.used_ns += used;

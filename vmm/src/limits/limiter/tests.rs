@@ -11,6 +11,7 @@ fn set_limit_checks_and_queues() {
         groups: vec![g],
         backend: Backend::Vmm,
         kick: KickMode::Timer,
+        vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
     assert!(matches!(
@@ -42,6 +43,7 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
         groups: vec![GroupSpec::parse("a:0-1:50%").unwrap()],
         backend: Backend::Vmm,
         kick: KickMode::Timer,
+        vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
     let close = |n: usize, every: u64, t: &mut u64| {
@@ -90,6 +92,7 @@ fn periods_cover_the_time_the_members_ran() {
         groups: Vec::new(),
         backend: Backend::Vmm,
         kick: KickMode::Timer,
+        vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
     let t0 = 10_000_000_000;
