@@ -157,6 +157,8 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
+pub use crate::vcpu::VcpuNames;
+
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -208,6 +210,8 @@ pub struct VmConfig {
     pub placement: crate::placement::Placement,
     /// What backs guest RAM (page size, NUMA node: `--memory-backing`, `--numa-node`).
     pub memory_backing: crate::memory::MemoryBacking,
+    /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
+    pub vcpu_names: VcpuNames,
 }
 
 impl Default for VmConfig {
@@ -236,6 +240,7 @@ impl Default for VmConfig {
             calibration_cache: None,
             placement: Default::default(),
             memory_backing: Default::default(),
+            vcpu_names: VcpuNames::Ppa,
         }
     }
 }
@@ -719,6 +724,7 @@ impl RunOptions {
                 },
                 numa_node: self.numa_node,
             },
+            vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;
         let report = ReportOptions {

@@ -133,7 +133,7 @@ impl VmHandle {
                     ppa_vmm_api::ThreadInfo {
                         vcpu: v.id,
                         host_tid: tid,
-                        name: format!("vcpu{}", v.id),
+                        name: self.vcpu_thread_name(v.id),
                         state: v.state(),
                         cpus: cpus(tid),
                         last_cpu: last(tid),
