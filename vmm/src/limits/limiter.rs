@@ -350,11 +350,6 @@ impl Limiter {
         }
     }
 
-    /// The VM's devices with threads of their own (set once, before the run).
-    pub fn set_devices(&self, devices: Vec<Arc<dyn crate::devices::Device>>) {
-        let _ = self.devices.set(devices);
-    }
-
     /// How late the thread's planned looks were (woken at a deadline: how long after it).
     pub fn look_lateness(&self) -> HistogramSnapshot {
         self.look_lateness.snapshot()
@@ -798,16 +793,7 @@ impl Limiter {
 }
 
 mod devices;
+use devices::scope_of;
 mod periods;
 #[cfg(test)]
 mod tests;
-
-/// The scope of `e`'s limit, from its text (`50%,scope=vm`); a group's is always `vcpus`.
-fn scope_of(e: &Entity) -> Scope {
-    match &e.limit {
-        Some((_, text)) if e.kind == LimitKind::Vm => {
-            super::parse_vm_limit(text).map_or(Scope::Vcpus, |(_, s)| s)
-        }
-        _ => Scope::Vcpus,
-    }
-}

@@ -35,7 +35,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use super::kick_lead::{Lead, MAX_LEAD_NS};
 use super::{LimitKind, VcpuShared};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
-use crate::accounting::host::{current_cpu, thread_cpu_ns};
+use crate::accounting::host::current_cpu;
 use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
@@ -527,76 +527,6 @@ impl Drop for OsTimer {
     }
 }
 
-/// The kernel's part of a timer stop without KVM, for `bench limit`: `samples` firings of a
-/// timer made as a vCPU's is (CLOCK_MONOTONIC, `SIGEV_THREAD_ID` at the calling thread,
-/// `signal`, whose handler must call [`crate::hypervisor::timer_signal::mark_timer_fired`]), each armed
-/// 300-1,000 µs ahead while the thread spins in user space, as a vCPU runs in the guest:
-/// from the armed-for time to the handler, per firing (the hrtimer's expiry and the signal's
-/// delivery to a running thread; what the vCPU's `to_handler` adds is leaving KVM_RUN).
-pub fn signal_path(signal: libc::c_int, samples: usize) -> std::io::Result<HistogramSnapshot> {
-    let fired = TimerFired::default();
-    let timer = OsTimer::create(signal, &fired)?;
-    let h = Histogram::new(3).expect("3 fractional bits are valid");
-    for k in 0..samples {
-        fired.fired.store(false, Ordering::Relaxed);
-        // Spread the expiries over the tick: 300 µs to 1 ms ahead, not a multiple of it.
-        let at = now_ns() + 300_000 + (k as u64 * 7_919) % 700_000;
-        timer.set(at)?;
-        let give_up = at + 20_000_000;
-        while !fired.fired.load(Ordering::Acquire) && now_ns() < give_up {
-            std::hint::spin_loop();
-        }
-        let handler = fired.at_ns.load(Ordering::Acquire);
-        if fired.fired.load(Ordering::Acquire) && handler >= at {
-            h.record(handler - at);
-        }
-    }
-    timer.set(0)?;
-    Ok(h.snapshot())
-}
-
-/// The spin of a stop is at most the CPU left to its target when the vCPU read its deadlines,
-/// divided by this: 5 %.
-pub const SPIN_SHARE_DIVISOR: u64 = 20;
-
-/// The most a vCPU may spin for deadlines whose nearest CPU target is `target`, read with its
-/// charged CPU clock from `cpu`: a twentieth of the CPU left to it (no cap without a target).
-/// The spin is charged to the limit like the guest's own time (it is what lands the stop on
-/// its target), so it is kept to 5 % of a member's share: a share of 250 µs (1 ms per period
-/// among 4 busy vCPUs) gave the guest 35-40 % of it when the spin could take half (issue 39).
-/// A share longer than 20 leads (about 1.5 ms here) is spun to exactly; a shorter one stops as
-/// exactly as its timer's latency allows past the lead, and the limiter's margin takes the
-/// median of that out of the next periods.
-pub fn spin_cap(target: Option<u64>, cpu: impl FnOnce() -> u64) -> u64 {
-    target.map_or(u64::MAX, |t| t.saturating_sub(cpu()) / SPIN_SHARE_DIVISOR)
-}
-
-/// The charged CPU clock now and the thread's own CPU clock it was read from (vCPU thread).
-fn charged_now(shared: &VcpuShared) -> (u64, u64) {
-    let raw = thread_cpu_ns();
-    (shared.stops.charged(|| raw).0, raw)
-}
-
-/// Spins in user space until the thread's CPU clock reaches `target` (from `cpu`, read last),
-/// and returns the clock then; None when the limiter published since `epoch` or a request is
-/// waiting (the loop looks again). The spin is at most the lead of CPU ([`on_fire`]), VMM
-/// time in the accounting; after [`SPIN_WALL_MAX_NS`] of wall time it stops where it is.
-fn spin_to(shared: &VcpuShared, target: u64, mut cpu: u64, epoch: u64) -> Option<u64> {
-    let t = &shared.kick_timer;
-    let give_up = now_ns().saturating_add(SPIN_WALL_MAX_NS);
-    while cpu < target {
-        if t.epoch.load(Ordering::Acquire) != epoch || !shared.requests.load().is_empty() {
-            return None;
-        }
-        if now_ns() > give_up {
-            break;
-        }
-        std::hint::spin_loop();
-        cpu = thread_cpu_ns();
-    }
-    Some(cpu)
-}
-
 /// The vCPU thread's side: its timer and what it last read of its deadlines. Lives on the
 /// vCPU thread, inside the run loop (the timer is deleted when the loop ends, while the
 /// thread still holds the [`VcpuShared`] whose `fired` flag the timer points at).
@@ -825,5 +755,10 @@ impl KickTimer {
     }
 }
 
+mod probe;
+mod spin;
+pub use probe::signal_path;
+pub use spin::spin_cap;
+use spin::{charged_now, spin_to};
 #[cfg(test)]
 mod tests;

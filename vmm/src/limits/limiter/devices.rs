@@ -12,10 +12,11 @@
 
 use std::sync::Arc;
 
-use super::{Entity, Limiter};
+use super::{Entity, LimitKind, Limiter};
 use crate::accounting::worker::WorkerMeter;
 use crate::devices::Device;
 use crate::limits::engine::{Member, MIN_RECHECK_NS};
+use crate::limits::Scope;
 
 /// A limit of scope `vm`'s account of the device threads.
 #[derive(Debug, Default)]
@@ -39,6 +40,11 @@ fn meters(devices: &[Arc<dyn Device>]) -> impl Iterator<Item = &WorkerMeter> {
 }
 
 impl Limiter {
+    /// The VM's devices with threads of their own (set once, before the run).
+    pub fn set_devices(&self, devices: Vec<Arc<dyn Device>>) {
+        let _ = self.devices.set(devices);
+    }
+
     fn devices(&self) -> &[Arc<dyn Device>] {
         self.devices.get().map_or(&[], |d| d.as_slice())
     }
@@ -127,5 +133,15 @@ impl Limiter {
             held.saturating_sub(e.dev.limited_base),
             holds.saturating_sub(e.dev.holds_base),
         )
+    }
+}
+
+/// The scope of `e`'s limit, from its text (`50%,scope=vm`); a group's is always `vcpus`.
+pub(super) fn scope_of(e: &Entity) -> Scope {
+    match &e.limit {
+        Some((_, text)) if e.kind == LimitKind::Vm => {
+            crate::limits::parse_vm_limit(text).map_or(Scope::Vcpus, |(_, s)| s)
+        }
+        _ => Scope::Vcpus,
     }
 }
