@@ -625,26 +625,28 @@ impl KickTimer {
         deadlines.iter().flatten().map(|d| d.cpu_target).min()
     }
 
+    /// Reads every slot again (the limiter published since `epoch`), and the spin's cap.
+    fn reread(&mut self, shared: &VcpuShared, epoch: u64) {
+        let mut read = [(0, None); SLOTS];
+        for (k, r) in LimitKind::ALL.into_iter().zip(read.iter_mut()) {
+            match shared.kick_timer.read(k) {
+                Some(v) => *r = v,
+                // The limiter is writing this slot: take it all again at the next entry.
+                None => return,
+            }
+        }
+        self.seen = read;
+        self.seen_epoch = epoch;
+        self.spin_cap = spin_cap(Self::least_target(&self.deadlines()), || {
+            charged_now(shared).0
+        });
+    }
+
     #[cold]
     fn slow(&mut self, shared: &VcpuShared, fired: bool, epoch: u64) -> Prepared {
         let t = &shared.kick_timer;
         if epoch != self.seen_epoch {
-            let mut read = [(0, None); SLOTS];
-            let mut whole = true;
-            for (k, r) in LimitKind::ALL.into_iter().zip(read.iter_mut()) {
-                match t.read(k) {
-                    Some(v) => *r = v,
-                    // The limiter is writing this slot: take it all again at the next entry.
-                    None => whole = false,
-                }
-            }
-            if whole {
-                self.seen = read;
-                self.seen_epoch = epoch;
-                self.spin_cap = spin_cap(Self::least_target(&self.deadlines()), || {
-                    charged_now(shared).0
-                });
-            }
+            self.reread(shared, epoch);
         }
         let now = now_ns();
         let mut due = false;

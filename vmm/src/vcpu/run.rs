@@ -141,6 +141,25 @@ fn stamp(prev: Level, cpu: bool) -> Stamp {
     }
 }
 
+/// The entry's stamp at level `next`; a stop still open ends at it (with the CPU clock it
+/// then needs), so the guest's time from here on is charged again.
+fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut StopTrack) -> Stamp {
+    let stopped = shared.stops.is_open();
+    let level = if next == Level::Off {
+        rec.level()
+    } else {
+        next
+    };
+    let entry = stamp(
+        level,
+        rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
+    );
+    if stopped {
+        stop.end(shared, entry.cpu.unwrap_or_else(thread_cpu_ns));
+    }
+    entry
+}
+
 /// The exit path.
 pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
@@ -192,18 +211,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         };
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
-        let stopped = shared.stops.is_open();
-        let entry = stamp(
-            if next == Level::Off {
-                rec.level()
-            } else {
-                next
-            },
-            rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
-        );
-        if stopped {
-            stop.end(&shared, entry.cpu.unwrap_or_else(thread_cpu_ns));
-        }
+        let entry = entry_stamp(rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
         let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
