@@ -408,9 +408,11 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     // The stop in progress is not charged: the charged clock stays at the spin's end while
     // the thread parks (issue 39).
     let (frozen, open) = r.shared.charged_cpu_ns().unwrap();
-    // Each firing is a stop's cost: the re-arms before it (the vCPU had been preempted) too.
+    // Each firing is a stop's cost: the re-arms before it (the vCPU had been preempted) too;
+    // a firing while the stop of the one before is still open (no entry between them, as
+    // under host load) is part of that stop.
     let firings = 1 + r.shared.kick_timer.rearms(vm);
-    assert_eq!(open.stops, firings);
+    assert!((1..=firings).contains(&open.stops), "{open:?} {firings}");
     assert!(
         frozen >= target.cpu_target && frozen <= parked_cpu,
         "{frozen}"
@@ -422,7 +424,7 @@ fn a_timer_kick_stops_the_vcpu_until_the_limiter_moves_on() {
     // charged clock is the thread's less it (the fake has no exit cost: no round trip).
     let (charged, t) = r.shared.charged_cpu_ns().unwrap();
     let raw = r.shared.acct.thread_cpu_ns().unwrap();
-    assert_eq!((t.stops, t.kvm_estimate_ns), (firings, 0), "{t:?}");
+    assert_eq!((t.stops, t.kvm_estimate_ns), (open.stops, 0), "{t:?}");
     assert!(
         t.cpu_ns > 0 && charged + t.cpu_ns <= raw,
         "{t:?} {charged} {raw}"
