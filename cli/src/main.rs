@@ -264,6 +264,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
                 percent: 25,
                 rounds: args.rounds.unwrap_or(5),
                 hogs: args.hogs,
+                cgroup_unavailable: None,
             })?,
             args.json,
             limit::LimitResult::to_text,
