@@ -90,7 +90,7 @@ fn a_vm_on_2m_huge_pages_boots_from_the_pool_and_a_short_pool_is_refused_with_th
     let v = &out.report.vcpus[0];
     assert_eq!(reported(v, "touched_bytes"), 16 << 20);
     assert_eq!(reported(v, "touch_errors"), 0, "every word read back");
-    let json = serde_json::to_value(&out.report.vm.info.memory).unwrap();
+    let json = serde_json::to_value(out.report.vm.info.memory).unwrap();
     assert_eq!(json["page_size"], "2M", "{json}");
     // The VM is gone: its pages are back in the pool.
     assert_eq!(read("free_hugepages"), free_before);
