@@ -699,8 +699,10 @@ mod tests {
             return;
         }
         let why = "cannot write cgroup.threads: Operation not supported (simulated)";
+        // Ten periods a run: the first two and the last are left out, the rest is enough to
+        // find periods under host load.
         let r = limit(LimitOptions {
-            periods: 4,
+            periods: 10,
             percent: 25,
             rounds: 1,
             hogs: false,

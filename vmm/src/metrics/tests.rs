@@ -673,8 +673,9 @@ fn every_sample_parses_and_is_unique() {
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
     // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
-    // histograms, 2 pressure totals; the process: 7 figures and 7 thread kinds.
-    let group = 7 + h + 2 + 1 + 4 * h + 2;
+    // histograms, 2 pressure totals, the stops' cost in 2 parts and their count; the process:
+    // 7 figures and 7 thread kinds.
+    let group = 7 + h + 2 + 1 + 4 * h + 2 + 3;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 4 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.
