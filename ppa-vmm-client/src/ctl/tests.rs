@@ -87,7 +87,7 @@ fn refuses_an_unknown_command_with_the_list() {
     let msg = e.to_string();
     assert!(msg.starts_with("unknown command `frobnicate`"), "{msg}");
     assert!(
-        msg.contains("version, stats,") && msg.contains("set-limit, groups, guest,"),
+        msg.contains("version, stats,") && msg.contains("set-limit, set-pin, groups, guest,"),
         "{msg}"
     );
     assert!(msg.contains("ppa-vmm ctl --help"), "{msg}");
@@ -345,8 +345,8 @@ fn groups_text_is_one_line_per_limit() {
         assert_eq!(
             vm,
             [
-                "vm", "0,1", "50%", "vmm", "10", "9", "500.123", "50.01", "400.000", "130", "12.3",
-                "11.0", "40.0", "41.0"
+                "vm", "0,1", "50%", "vmm", "10", "9", "500.123", "50.01", "0", "0.000", "400.000",
+                "130", "12.3", "11.0", "40.0", "41.0"
             ],
             "{text}"
         );
