@@ -22,8 +22,10 @@ mod hogs;
 pub mod kernel;
 pub mod limit;
 pub mod net;
+pub mod quiet;
 pub mod socket;
 pub mod start;
+pub mod stops;
 
 use ppa_vmm::accounting::host::host_steal_ns;
 use ppa_vmm::accounting::Level;
@@ -104,6 +106,9 @@ pub struct OverheadResult {
     pub exits_per_run: u64,
     /// Rounds.
     pub rounds: usize,
+    /// The CPU every measured vCPU ran on: the least busy of the allowed ones when the bench
+    /// began (null: none could be read, and they ran where the scheduler put them).
+    pub cpu: Option<usize>,
     /// Raw KVM_RUN loop (median over the rounds).
     pub raw_exits_per_s: f64,
     /// ppa-vmm, accounting off (median).
@@ -155,10 +160,12 @@ pub struct OverheadSpread {
     pub full_notrace_over_off: Spread,
 }
 
-/// A one-vCPU VM of `workload` at `level`, with the kernel's tracepoints or not.
-fn vm_of(workload: String, level: Level, trace: bool) -> Result<Vm, VmError> {
+/// A one-vCPU VM of `workload` at `level`, with the kernel's tracepoints or not, its vCPU
+/// pinned to `cpu` when given.
+fn vm_of(workload: String, level: Level, trace: bool, cpu: Option<usize>) -> Result<Vm, VmError> {
     let opts = RunOptions {
         vcpus: Some(1),
+        pin: cpu.map(|c| vec![format!("vcpus={c}")]).unwrap_or_default(),
         workload: vec![workload],
         accounting: Some(level),
         kernel_trace: Some(trace),
@@ -168,12 +175,12 @@ fn vm_of(workload: String, level: Level, trace: bool) -> Result<Vm, VmError> {
     Vm::try_from(config)
 }
 
-fn vm(exits: u64, level: Level, trace: bool) -> Result<Vm, VmError> {
-    vm_of(format!("exits:n={exits},kind=mmio"), level, trace)
+fn vm(exits: u64, level: Level, trace: bool, cpu: Option<usize>) -> Result<Vm, VmError> {
+    vm_of(format!("exits:n={exits},kind=mmio"), level, trace, cpu)
 }
 
-fn ppa_rate(exits: u64, level: Level, trace: bool) -> Result<f64, VmError> {
-    let out = vm(exits, level, trace)?.run()?;
+fn ppa_rate(exits: u64, level: Level, trace: bool, cpu: Option<usize>) -> Result<f64, VmError> {
+    let out = vm(exits, level, trace, cpu)?.run()?;
     let v = &out.report.vcpus[0];
     let total: u64 = v.times.exits.values().sum();
     Ok(total as f64 * 1e9 / v.times.wall_ns.max(1) as f64)
@@ -185,15 +192,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One run's exits per second: the raw loop (`None`) or ppa-vmm at a level, with the kernel's
-/// tracepoints or not.
-fn rate(exits: u64, config: Option<(Level, bool)>) -> Result<f64, VmError> {
+/// tracepoints or not; on `cpu` when given (the raw loop runs on the calling thread, pinned
+/// for the run; ppa-vmm's vCPU by `--pin vcpus=CPU`).
+fn rate(exits: u64, config: Option<(Level, bool)>, cpu: Option<usize>) -> Result<f64, VmError> {
     match config {
         None => {
             let exit_gpa = ppa_guest_abi::DOORBELL_GPA + ppa_guest_abi::doorbell::EXIT;
-            let (n, ns) = vm(exits, Level::Off, false)?.run_raw(exit_gpa)?;
+            let vm = vm(exits, Level::Off, false, None)?;
+            let _pinned = quiet::Pinned::to(cpu);
+            let (n, ns) = vm.run_raw(exit_gpa)?;
             Ok(n as f64 * 1e9 / ns.max(1) as f64)
         }
-        Some((level, trace)) => ppa_rate(exits, level, trace),
+        Some((level, trace)) => ppa_rate(exits, level, trace, cpu),
     }
 }
 
@@ -208,6 +218,9 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
         Some((Level::Full, false)),
     ];
     let load_start = limit::load_avg();
+    // One quiet CPU for every measured vCPU (the raw loop's and each level's), so that rounds
+    // differ by what the VMM does, not by where the scheduler put them.
+    let cpu = quiet::pick(&quiet::busy_ticks(200));
     let (t0, s0) = (now_ns(), host_steal_ns());
     let mut rounds = Vec::new();
     for round in 0..o.rounds.max(1) {
@@ -219,7 +232,7 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
         for k in 0..configs.len() {
             let i = (round + k) % configs.len();
             std::thread::sleep(std::time::Duration::from_millis(50));
-            rates[i] = rate(o.exits, configs[i])?;
+            rates[i] = rate(o.exits, configs[i], cpu)?;
         }
         let [raw, off, basic, full, full_notrace] = rates;
         rounds.push(OverheadRound {
@@ -258,6 +271,7 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
     Ok(OverheadResult {
         exits_per_run: o.exits,
         rounds: o.rounds,
+        cpu,
         raw_exits_per_s: rate_of(0),
         off_exits_per_s: rate_of(1),
         basic_exits_per_s: rate_of(2),
@@ -292,7 +306,7 @@ impl OverheadResult {
             )
         };
         format!(
-            "MMIO exit throughput, {} exits per run, {} alternated rounds, each ratio the median round's\n\
+            "MMIO exit throughput, {} exits per run, {} alternated rounds, each ratio the median round's, every vCPU on {}\n\
              {:<28} {:>12.0} exits/s\n\
              {:<28} {:>12.0} exits/s   off/raw   {:.4} (>= 0.95)  {}\n\
              {:<28} {:>12.0} exits/s   basic/off {:.4} (>= 0.985) {}\n\
@@ -302,6 +316,8 @@ impl OverheadResult {
              {}verdict: {}\n",
             self.exits_per_run,
             self.rounds,
+            self.cpu
+                .map_or("the CPUs the scheduler chose".to_string(), |c| format!("CPU {c}")),
             "raw KVM_RUN loop",
             self.raw_exits_per_s,
             "ppa-vmm accounting off",

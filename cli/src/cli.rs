@@ -128,6 +128,9 @@ pub enum BenchKind {
     /// Start time: exec of `ppa-vmm run` until its control socket answers, with a cold and
     /// a warm calibration cache.
     Start,
+    /// CPU limits' stops: what stopping a busy vCPU costs, and the guest's own share of
+    /// quotas of 100 µs to 1 ms per vCPU and 10 ms period, by its rdtsc and guest_ns.
+    Stops,
 }
 
 /// The JSON Schemas `ppa-vmm schema` prints and `dist/schemas/` ships.

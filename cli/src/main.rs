@@ -264,6 +264,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
                 percent: 25,
                 rounds: args.rounds.unwrap_or(5),
                 hogs: args.hogs,
+                cgroup_unavailable: None,
             })?,
             args.json,
             limit::LimitResult::to_text,
@@ -293,6 +294,14 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
                     .into(),
             )
         }
+        BenchKind::Stops => print_result(
+            &crate::bench::stops::stops(crate::bench::stops::StopsOptions {
+                rounds: args.rounds.unwrap_or(3),
+                run_ms: 2_000,
+            })?,
+            args.json,
+            crate::bench::stops::StopsResult::to_text,
+        )?,
         BenchKind::Start => print_result(
             &crate::bench::start::start(crate::bench::start::StartOptions {
                 rounds: args.rounds.unwrap_or(10),

@@ -136,7 +136,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__bench)
-            opts="-h --json --exits --window-ms --rounds --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --help overhead socket limit net disk start"
+            opts="-h --json --exits --window-ms --rounds --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --help overhead socket limit net disk start stops"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -708,7 +708,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__run)
-            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --disk --help"
+            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --disk --pin --memory-backing --numa-node --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -859,6 +859,18 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --disk)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pin)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --memory-backing)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --numa-node)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -66,7 +66,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l api-sock -d 'Ser
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l metrics-addr -d 'Serve the metrics over HTTP at http://IP:PORT/metrics while the VM runs' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l client-timeout -d 'Close a client of either that takes longer than this to send a request it has begun (an HTTP client: its whole head), or leaves its answers unread this long (default 10)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l idle-timeout -d 'Close a control client with nothing in flight and no subscription after this long without a request (default 300; 0: never)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l cpu-limit -d 'VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l cpu-limit -d 'VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms), with ,scope=vm to cover the device threads too (default scope=vcpus)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l vcpu-group -d 'A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%); repeatable' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l limit-backend -d 'Who enforces the limits: vmm (precise, default) or cgroup (CFS bandwidth control, for comparison)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l limit-kick -d 'How the vmm backend stops a vCPU: timer (its own kick timer, fired by the kernel; the limiter thread as fallback; default) or limiter (the limiter thread\'s kicks alone)' -r -f -a "timer\t'Each vCPU\'s kick timer, armed by the vCPU thread for the CPU its runway allows and fired by the kernel; the limiter thread keeps the books and kicks when a timer is late'
@@ -81,6 +81,9 @@ log\t'Allow it and have the kernel log it (audit type 1326)'
 kill\t'Stop the VMM: a message on stderr naming the thread and the call, exit status 159'"
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l net -d 'A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID] (repeatable: net0, net1, …)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l disk -d 'A virtio-blk disk on a raw file (or block device): path=FILE[,readonly=on][,id=NAME][,queues=N] (repeatable: blk0, blk1, …; the file is locked: a disk one VMM may write is never opened by another)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l pin -d 'Which host CPUs threads run on, KEY=CPUS (repeatable; the most specific KEY wins): KEY vcpus, vcpuN, a device id (net0: all its threads), a queue pair (net0-qp1) or service; CPUS in the kernel\'s list form (4, 0-3,6)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l memory-backing -d 'What backs guest RAM: hugepages (2 MiB), hugepages=2M or hugepages=1G from the kernel\'s pool (refused before any vCPU runs when it has too few free pages), or anonymous (4 KiB pages, the default)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l numa-node -d 'Bind guest RAM to NUMA node N (mbind) and keep threads no --pin names on its CPUs' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand demo" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l api-sock -d 'The API socket (Firecracker\'s default: /run/firecracker.socket)' -r -F

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, QueueKind};
 
-/// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns`.
+/// One device thread's figures: `wall_ns = used_ns + steal_ns + waiting_ns + blocked_ns +
+/// limited_ns`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceThreadStats {
@@ -28,7 +29,14 @@ pub struct DeviceThreadStats {
     pub waiting_ns: u64,
     /// Asleep anywhere else.
     pub blocked_ns: u64,
-    /// `wall − (used + steal + waiting + blocked)`.
+    /// Held by a CPU limit of scope `vm` (not serving its queues).
+    #[serde(default)]
+    pub limited_ns: u64,
+    /// Frames that waited for a hold to end (those the first pass of each kind carried after
+    /// it).
+    #[serde(default)]
+    pub held_frames: u64,
+    /// `wall − (used + steal + waiting + blocked + limited)`.
     pub identity_error_ns: i64,
 }
 
@@ -225,6 +233,12 @@ pub struct HostCpuSplit {
     /// Every other thread of the process (main, api, sampler, limiter, signals, ended
     /// helpers): the process CPU clock less the two above.
     pub service: u64,
+    /// Of `vcpus`: the vCPU threads' CPU on their limits' stops (from each stop to the next
+    /// guest entry; docs/limits.md, "What a stop costs, and who pays it"): the VMM's work on
+    /// those threads, charged to no limit. The KVM round trips the stops forced are in
+    /// `vcpus` too and are the groups' `stops.kvm_ns_estimate`.
+    #[serde(default)]
+    pub vcpu_stops: u64,
 }
 
 impl HostCpuSplit {
@@ -235,7 +249,7 @@ impl HostCpuSplit {
 }
 
 /// One device thread in `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceThreadInfo {
     /// Device id.
@@ -244,4 +258,11 @@ pub struct DeviceThreadInfo {
     pub name: String,
     /// Host thread id (0 before it started).
     pub host_tid: i32,
+    /// The CPUs it may run on, in the kernel's list form; null when not known (the device
+    /// does not say; `threads` fills it in).
+    #[serde(default)]
+    pub cpus: Option<String>,
+    /// The CPU it last ran on; null when not known.
+    #[serde(default)]
+    pub last_cpu: Option<u32>,
 }

@@ -22,8 +22,16 @@ fn sum(d: &DeviceStats, kind: QueueKind, f: impl Fn(&crate::QueueStats) -> u64) 
 pub fn host_cpu_line(h: &HostCpuSplit) -> String {
     let total = h.total().max(1) as f64;
     let pct = |ns: u64| ns as f64 * 100.0 / total;
+    let stops = if h.vcpu_stops > 0 {
+        format!(
+            " (of it the limits' stops {} ms, the VMM's)",
+            ms(h.vcpu_stops)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "HOST CPU {} ms: vCPU threads {} ms ({:.1} %), device threads {} ms ({:.1} %), service threads {} ms ({:.1} %)\n",
+        "HOST CPU {} ms: vCPU threads {} ms ({:.1} %){stops}, device threads {} ms ({:.1} %), service threads {} ms ({:.1} %)\n",
         ms(h.total()),
         ms(h.vcpus),
         pct(h.vcpus),
@@ -285,6 +293,8 @@ mod tests {
                 steal_ns: 1_000_000,
                 waiting_ns: 5_000_000,
                 blocked_ns: 0,
+                limited_ns: 0,
+                held_frames: 0,
                 identity_error_ns: 0,
             }],
             queues: vec![
@@ -325,6 +335,7 @@ mod tests {
         assert!(t.contains("net0-qp0") && t.contains("  0.00%"), "{t}");
         assert_eq!(devices_text(&[]), "");
         let h = host_cpu_line(&HostCpuSplit {
+            vcpu_stops: 0,
             vcpus: 3_000_000,
             devices: 1_000_000,
             service: 0,
@@ -368,6 +379,8 @@ mod tests {
                 steal_ns: 0,
                 waiting_ns: 7_000_000,
                 blocked_ns: 1_000_000,
+                limited_ns: 0,
+                held_frames: 0,
                 identity_error_ns: 0,
             }],
             queues: vec![QueueStats {

@@ -26,9 +26,11 @@ pub mod devices_text;
 mod event;
 pub mod guest_view;
 pub mod http;
+mod limits;
 mod names;
 mod pressure;
 mod request;
+mod threads;
 mod time_split;
 mod types;
 
@@ -38,21 +40,23 @@ pub use devices::{
     HostCpuSplit, PerPacket, QueueStats,
 };
 pub use event::{Event, EventKind};
+pub use limits::{GroupStats, KickStages, LimitKicks, LimitStops};
 pub use names::{
     BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick,
-    OverloadKind, QueueKind, SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy,
-    UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    LimitScope, OverloadKind, QueueKind, SplitKind, SplitSource, ThreadState, Threshold,
+    ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use pressure::{
     GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,
     TRIGGER_MAX_WINDOW_US, TRIGGER_MIN_WINDOW_US,
 };
 pub use request::{parse_request, Request, RequestId};
+pub use threads::{ServiceThreadInfo, ThreadInfo, Threads};
 pub use time_split::TimeSplit;
 pub use types::{
-    identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
-    HistogramJson, HostCpu, KickStages, Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads,
-    Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
+    identity_within, GuestAgentView, GuestCpuView, GuestThreadView, GuestView, HistogramJson,
+    HostCpu, Level, SlotJson, Stats, Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary,
+    VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.
@@ -134,6 +138,14 @@ pub enum Command {
         /// `N%`, `QUOTA/PERIOD`, or `none` to remove it.
         limit: String,
     },
+    /// Moves the threads `key` names to `cpus` at once, replacing that key's rule
+    /// (`--pin KEY=CPUS` at run time).
+    SetPin {
+        /// `vcpus`, `vcpuN`, a device id (`net0`), a queue pair (`net0-qp1`) or `service`.
+        key: String,
+        /// The CPUs, in the kernel's list form (`4`, `0-3,6`).
+        cpus: String,
+    },
     /// The CPU limits and what they did.
     Groups {},
     /// The PPA page: what the guest published, decoded and checked.
@@ -166,7 +178,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 18] = [
+pub const COMMANDS: [&str; 19] = [
     "version",
     "stats",
     "vcpu",
@@ -176,6 +188,7 @@ pub const COMMANDS: [&str; 18] = [
     "set-thresholds",
     "threads",
     "set-limit",
+    "set-pin",
     "groups",
     "guest",
     "pause",
@@ -217,6 +230,8 @@ pub enum ErrorKind {
     TooManyClients,
     /// A limit or group the command names is invalid or does not exist.
     BadLimit,
+    /// A placement rule (`set-pin`) names what the VM does not have, or CPUs it may not use.
+    BadPin,
     /// The server failed; the request had no effect.
     Internal,
 }

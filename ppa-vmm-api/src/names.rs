@@ -241,6 +241,19 @@ names! {
 }
 
 names! {
+    /// What a VM's CPU limit covers (`scope` of [`crate::GroupStats`], `--cpu-limit L,scope=S`).
+    #[derive(Default)]
+    pub enum LimitScope ("a limit scope") {
+        /// The vCPU threads alone.
+        #[default]
+        Vcpus = "vcpus",
+        /// The vCPU threads and the device threads: everything the VM costs but the VMM's
+        /// service threads.
+        Vm = "vm",
+    }
+}
+
+names! {
     /// How the members of a CPU limit are stopped (`kicks.path` of [`crate::GroupStats`]).
     pub enum LimitKick ("a limit kick path") {
         /// Each member's kick timer (armed by the vCPU thread, fired by the kernel) stops it;

@@ -51,6 +51,13 @@ fn parses_every_command() {
                 limit: "50%".into(),
             },
         ),
+        (
+            r#"{"cmd":"set-pin","key":"net0-qp1","cpus":"0-3,6"}"#,
+            Command::SetPin {
+                key: "net0-qp1".into(),
+                cpus: "0-3,6".into(),
+            },
+        ),
         (r#"{"cmd":"groups"}"#, Command::Groups {}),
         (r#"{"cmd":"guest"}"#, Command::Guest {}),
         (r#"{"cmd":"pause"}"#, Command::Pause {}),
@@ -511,6 +518,8 @@ fn times() -> VcpuTimes {
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 5,
     }
 }
@@ -532,7 +541,7 @@ fn vcpu_figures_keep_their_json() {
          \"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
          \"kvm_run_wall_ns\":0,\"kvm_run_cpu_ns\":6,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
-         \"steal_before_start_ns\":5}"
+         \"cpus\":null,\"last_cpu\":null,\"steal_before_start_ns\":5}"
     );
     let summary = VcpuSummary::from(t);
     assert_eq!(summary.split(), split());
@@ -544,7 +553,7 @@ fn vcpu_figures_keep_their_json() {
          \"steal_ns\":50000,\"halted_ns\":40000,\"idle_ns\":200000,\"limited_ns\":60000,\
          \"paused_ns\":45000,\"blocked_ns\":3000,\"identity_error_ns\":2000,\"parks\":2,\
          \"exits\":{\"hlt\":5},\
-         \"overloads\":0}"
+         \"overloads\":0,\"cpus\":null,\"last_cpu\":null}"
     );
     let back: VcpuSummary =
         serde_json::from_str(&serde_json::to_string(&summary).unwrap()).unwrap();

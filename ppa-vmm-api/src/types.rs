@@ -10,10 +10,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    LimitBackend, LimitKick, SplitKind, SplitSource, ThreadState, TimeSplit, VcpuMicroState,
-    VmState,
-};
+use crate::{GroupStats, SplitKind, SplitSource, TimeSplit, VcpuMicroState, VmState};
 
 /// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
 /// identity error and the exit counts under the same field names.
@@ -294,6 +291,14 @@ pub struct VcpuTimes {
     pub proc_ticks: Option<TickTimes>,
     /// Runaway and overload detections since the vCPU started.
     pub overloads: u64,
+    /// The CPUs its thread was placed on (`--pin`, `set-pin`, the NUMA node's, or what it
+    /// inherited), in the kernel's list form; null before it was placed.
+    #[serde(default)]
+    pub cpus: Option<String>,
+    /// The host CPU of its last entry into the guest (null before the first timed entry:
+    /// level off reads none).
+    #[serde(default)]
+    pub last_cpu: Option<u32>,
     /// Run-queue wait of the vCPU thread before its clocks started (its creation, the
     /// warm-up, the start gate): outside wall_ns and steal_ns, and unchanged by a reset. x86
     /// KVM's paravirt steal clock counts the thread's run-queue wait from its creation, so a
@@ -355,6 +360,12 @@ pub struct VcpuSummary {
     pub exits: BTreeMap<String, u64>,
     /// Runaway and overload detections since the vCPU started.
     pub overloads: u64,
+    /// The CPUs its thread was placed on, list form (see [`VcpuTimes::cpus`]).
+    #[serde(default)]
+    pub cpus: Option<String>,
+    /// The host CPU of its last entry into the guest.
+    #[serde(default)]
+    pub last_cpu: Option<u32>,
 }
 
 vcpu_figures!(VcpuSummary);
@@ -381,6 +392,8 @@ impl From<VcpuTimes> for VcpuSummary {
             parks: t.parks,
             exits: t.exits.into_iter().filter(|(_, n)| *n > 0).collect(),
             overloads: t.overloads,
+            cpus: t.cpus,
+            last_cpu: t.last_cpu,
         }
     }
 }
@@ -481,155 +494,6 @@ pub struct Stats {
     /// Each device (spec section 10).
     #[serde(default)]
     pub devices: Vec<crate::DeviceStats>,
-}
-
-/// One CPU limit (a vCPU group's, or the VM's as group `vm`) and what it did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GroupStats {
-    /// Group name (`vm` for the VM-wide limit).
-    pub name: String,
-    /// Member vCPUs.
-    pub vcpus: Vec<usize>,
-    /// `vmm` (enforced by the VMM) or `cgroup`.
-    pub backend: LimitBackend,
-    /// The limit as given (`50%`, `15ms/10ms`).
-    pub limit: String,
-    /// CPU time allowed per period.
-    pub quota_ns: u64,
-    /// Period length.
-    pub period_ns: u64,
-    /// Periods completed since the limit was set.
-    pub periods: u64,
-    /// Length of those periods, summed: the time `used_ns` was measured over (the periods of
-    /// a limit changed at run time need not all have the same length, and a removed limit has
-    /// a `period_ns` of 0 but keeps its periods).
-    #[serde(default)]
-    pub periods_ns: u64,
-    /// Periods in which a member had to stop.
-    pub throttled_periods: u64,
-    /// CPU time the members used in completed periods.
-    pub used_ns: u64,
-    /// Time the members spent stopped by this limit (their limited_ns, summed).
-    pub limited_ns: u64,
-    /// Largest overshoot of a period (used − quota when positive).
-    pub overshoot_max_ns: u64,
-    /// Overshoot per period, for periods that overshot.
-    pub overshoot: HistogramJson,
-    /// How the members were stopped.
-    pub kicks: LimitKicks,
-}
-
-impl GroupStats {
-    /// What the members used over the completed periods, in percent of one CPU
-    /// (`used_ns` / `periods_ns`); `None` before a period has completed.
-    pub fn used_percent(&self) -> Option<f64> {
-        (self.periods_ns > 0).then(|| self.used_ns as f64 * 100.0 / self.periods_ns as f64)
-    }
-}
-
-/// How a limit's members were stopped since the limit was set (`kicks` of [`GroupStats`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LimitKicks {
-    /// The path in use.
-    pub path: LimitKick,
-    /// Stops made by the members' kick timers.
-    pub timer: u64,
-    /// Timer firings after which a member had CPU left (it had been preempted or idle, so it
-    /// used less CPU than the wall time elapsed) and re-armed its timer instead of stopping.
-    pub rearms: u64,
-    /// Stops made by the limiter thread's kick: every stop without timers, else the fallback
-    /// when a timer was late.
-    pub limiter: u64,
-    /// Where the time of the members' timer stops went, stage by stage, since the limit was
-    /// set (null with the cgroup backend, whose stops the kernel makes where nothing sees
-    /// them).
-    #[serde(default)]
-    pub stages: Option<KickStages>,
-}
-
-/// The stages of a limit's timer stops, wall time of each stop's stage merged over the
-/// members (docs/limits.md, "Where the overshoot comes from"). A vCPU's stages are its own,
-/// whichever of its limits stopped it: a vCPU in a group and under the VM's limit counts each
-/// stop in both.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct KickStages {
-    /// From the instant the timer was armed for to its signal handler: the timer's expiry,
-    /// the signal, the vCPU's way out of the guest and out of KVM_RUN.
-    pub to_handler: HistogramJson,
-    /// From the handler to the run loop's stop decision.
-    pub to_decision: HistogramJson,
-    /// The CPU time of the vCPU's spin in user space from the decision to its CPU target,
-    /// when its timer fired before it (0 when it fired at or past it). CPU, not wall: what the
-    /// exact stop costs, the same whether or not the thread was preempted while it spun.
-    pub spin: HistogramJson,
-    /// From the end of the spin to the park.
-    pub to_park: HistogramJson,
-}
-
-impl KickStages {
-    /// The stages by name, in the order a stop goes through them.
-    pub fn named(&self) -> [(&'static str, &HistogramJson); 4] {
-        [
-            ("to_handler", &self.to_handler),
-            ("to_decision", &self.to_decision),
-            ("spin", &self.spin),
-            ("to_park", &self.to_park),
-        ]
-    }
-
-    /// One line for the text outputs: `N timer stops, p50/p99 µs to handler A/B, to decision
-    /// C/D, spin G/H, to park E/F`, or `no timer stop measured` (a limit whose stops were all the
-    /// limiter's, or none yet): a limit of the VMM backend always has the line, so the text
-    /// report has the same lines on a quiet host and a loaded one.
-    pub fn summary(&self) -> String {
-        if self.to_handler.count == 0 {
-            return "no timer stop measured".to_string();
-        }
-        let us = |ns: u64| ns as f64 / 1e3;
-        let parts: Vec<String> = self
-            .named()
-            .iter()
-            .map(|(name, h)| {
-                let name = name.replace('_', " ");
-                format!("{name} {:.1}/{:.1}", us(h.p50), us(h.p99))
-            })
-            .collect();
-        format!(
-            "{} timer stops, p50/p99 us {}",
-            self.to_handler.count,
-            parts.join(", ")
-        )
-    }
-}
-
-/// One vCPU thread in `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ThreadInfo {
-    /// vCPU index.
-    pub vcpu: usize,
-    /// Host thread id (0 before the thread started).
-    pub host_tid: i32,
-    /// Thread name.
-    pub name: String,
-    /// `created`, `running`, `parked` or `finished`.
-    pub state: ThreadState,
-}
-
-/// Result of `threads`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Threads {
-    /// The VMM's process id.
-    pub pid: u32,
-    /// Each vCPU thread.
-    pub vcpus: Vec<ThreadInfo>,
-    /// Each device thread.
-    #[serde(default)]
-    pub devices: Vec<crate::DeviceThreadInfo>,
 }
 
 /// One guest thread as decoded from the PPA page (result of `guest`).

@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 18] = [
+pub const COMMANDS: [CommandHelp; 19] = [
     row(
         "version",
         "",
@@ -57,12 +57,17 @@ pub const COMMANDS: [CommandHelp; 18] = [
     row(
         "threads",
         "",
-        "each vCPU's and device thread's host thread id",
+        "each vCPU's, device and service thread's host thread id, CPU set and last CPU",
     ),
     row(
         "set-limit",
         "group=NAME limit=N%|QUOTA/PERIOD|none",
         "sets, changes or removes a CPU limit (group vm: the VM's)",
+    ),
+    row(
+        "set-pin",
+        "key=KEY cpus=CPUS",
+        "moves the threads KEY names (vcpus, vcpuN, a device, DEV-qpN, service) to CPUS at once",
     ),
     row("groups", "", "every CPU limit and what it did"),
     row(
@@ -98,7 +103,7 @@ pub const COMMANDS: [CommandHelp; 18] = [
 
 /// Argument keys whose values are always text (a limit, a group or histogram name): `ctl`
 /// sends `limit=150` as the string `"150"`, never as a number.
-pub const TEXT_ARGS: [&str; 3] = ["group", "limit", "name"];
+pub const TEXT_ARGS: [&str; 5] = ["group", "limit", "name", "key", "cpus"];
 
 /// Width of the usage column of [`help`]; a longer usage puts its description on the next line.
 const USAGE_WIDTH: usize = 30;
@@ -152,6 +157,7 @@ mod tests {
             Command::SetThresholds { .. } => "set-thresholds",
             Command::Threads {} => "threads",
             Command::SetLimit { .. } => "set-limit",
+            Command::SetPin { .. } => "set-pin",
             Command::Groups {} => "groups",
             Command::Guest {} => "guest",
             Command::Pause {} => "pause",
@@ -172,6 +178,7 @@ mod tests {
             "histogram" => &["name=guest_run"],
             "set-level" => &["level=full"],
             "set-limit" => &["group=vm", "limit=50%"],
+            "set-pin" => &["key=vcpus", "cpus=0"],
             "device" => &["name=net0"],
             _ => &[],
         };

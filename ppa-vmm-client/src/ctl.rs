@@ -364,6 +364,8 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
         "THROTTLED",
         "USED_MS",
         "USED%",
+        "STOPS",
+        "STOPS_MS",
         "LMTD_MS",
         "OVERSHOOTS",
         "MEAN_US",
@@ -388,6 +390,8 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
                 g.throttled_periods.to_string(),
                 ms(g.used_ns),
                 pct,
+                g.stops.count.to_string(),
+                ms(g.stops.total_ns()),
                 ms(g.limited_ns),
                 over.count.to_string(),
                 us(over.avg),
@@ -422,8 +426,11 @@ pub(crate) fn groups_table(groups: &[GroupStats]) -> String {
         s.push_str(&line(r));
     }
     s.push_str(
-        "USED% is of one CPU over the completed periods; OVERSHOOTS counts the periods whose use \
-         passed the quota, MEAN/P50/P99/MAX are of how far (used - quota).\n",
+        "USED is what the limit charged: the members' CPU less their STOPS' cost, STOPS_MS, which \
+         the VMM pays outside the quota (their CPU from each stop to the next guest entry, and \
+         the KVM round trips they forced, an estimate); USED% is of one CPU over the completed \
+         periods; OVERSHOOTS counts the periods whose use passed the quota, MEAN/P50/P99/MAX \
+         are of how far (used - quota).\n",
     );
     for g in groups {
         if let Some(line) = g.kicks.stages.as_ref().map(|st| st.summary()) {

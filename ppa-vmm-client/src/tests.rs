@@ -149,6 +149,8 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         park_cpu_ns: 0,
         proc_ticks: None,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 0,
     }
 }

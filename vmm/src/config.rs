@@ -122,6 +122,12 @@ pub enum ConfigError {
     /// Two devices with one id.
     #[error("two devices are called {0}")]
     DeviceId(String),
+    /// A bad `--pin` or `--numa-node`.
+    #[error(transparent)]
+    Pin(#[from] crate::placement::PinError),
+    /// A bad `--memory-backing`.
+    #[error(transparent)]
+    Backing(#[from] crate::memory::BackingError),
     /// A bad workload spec.
     #[error("bad workload `{q}`", q = ppa_vmm_api::clip(.spec))]
     Workload {
@@ -222,6 +228,10 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// Which host CPUs each thread may run on (`--pin`), checked when the VM is built.
+    pub placement: crate::placement::Placement,
+    /// What backs guest RAM (page size, NUMA node: `--memory-backing`, `--numa-node`).
+    pub memory_backing: crate::memory::MemoryBacking,
     /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
     pub vcpu_names: VcpuNames,
 }
@@ -251,6 +261,8 @@ impl Default for VmConfig {
             net: Vec::new(),
             disks: Vec::new(),
             calibration_cache: None,
+            placement: Default::default(),
+            memory_backing: Default::default(),
             vcpu_names: VcpuNames::Ppa,
         }
     }
@@ -393,7 +405,8 @@ pub struct RunOptions {
     /// without a request (default 300; 0: never).
     #[arg(long, value_name = "SECS")]
     pub idle_timeout: Option<f64>,
-    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms).
+    /// VM-wide CPU limit: N% of one CPU (100 ms period) or QUOTA/PERIOD (e.g. 15ms/10ms),
+    /// with ,scope=vm to cover the device threads too (default scope=vcpus).
     #[arg(long, value_name = "LIMIT")]
     pub cpu_limit: Option<String>,
     /// A vCPU group with its own CPU limit, NAME:VCPUS:LIMIT (e.g. dataplane:0-1:50%);
@@ -443,6 +456,20 @@ pub struct RunOptions {
     #[arg(long, value_name = "path=FILE,...")]
     #[serde(default)]
     pub disk: Vec<String>,
+    /// Which host CPUs threads run on, KEY=CPUS (repeatable; the most specific KEY wins):
+    /// KEY vcpus, vcpuN, a device id (net0: all its threads), a queue pair (net0-qp1) or
+    /// service; CPUS in the kernel's list form (4, 0-3,6).
+    #[arg(long, value_name = "KEY=CPUS")]
+    #[serde(default)]
+    pub pin: Vec<String>,
+    /// What backs guest RAM: hugepages (2 MiB), hugepages=2M or hugepages=1G from the
+    /// kernel's pool (refused before any vCPU runs when it has too few free pages), or
+    /// anonymous (4 KiB pages, the default).
+    #[arg(long, value_name = "hugepages[=2M|1G]")]
+    pub memory_backing: Option<String>,
+    /// Bind guest RAM to NUMA node N (mbind) and keep threads no --pin names on its CPUs.
+    #[arg(long, value_name = "N")]
+    pub numa_node: Option<u32>,
 }
 
 /// Applies `NAME=NS` settings to `t`.
@@ -463,13 +490,13 @@ pub fn parse_limits(
     groups: &[String],
     vcpus: usize,
 ) -> Result<crate::limits::limiter::LimitConfig, ConfigError> {
-    use crate::limits::{check_groups, GroupSpec, Limit};
-    let vm = match cpu_limit {
-        None => None,
+    use crate::limits::{check_groups, GroupSpec};
+    let (vm, vm_scope) = match cpu_limit {
+        None => (None, Default::default()),
         Some(text) => {
-            let l = Limit::parse(text)?;
+            let (l, scope) = crate::limits::parse_vm_limit(text)?;
             l.check_members(text, vcpus.max(1))?;
-            Some((l, text.to_string()))
+            (Some((l, text.to_string())), scope)
         }
     };
     let groups = groups
@@ -479,6 +506,7 @@ pub fn parse_limits(
     check_groups(&groups, vcpus)?;
     Ok(crate::limits::limiter::LimitConfig {
         vm,
+        vm_scope,
         groups,
         backend: Default::default(),
         kick: Default::default(),
@@ -595,6 +623,14 @@ impl RunOptions {
             } else {
                 over.disk
             },
+            pin: {
+                // Later rules of a key replace earlier ones: the file's, then the flags'.
+                let mut pin = self.pin;
+                pin.extend(over.pin);
+                pin
+            },
+            memory_backing: over.memory_backing.or(self.memory_backing),
+            numa_node: over.numa_node.or(self.numa_node),
         }
     }
 
@@ -703,6 +739,14 @@ impl RunOptions {
             net,
             disks,
             calibration_cache: None,
+            placement: crate::placement::Placement::parse(&self.pin)?,
+            memory_backing: crate::memory::MemoryBacking {
+                page: match &self.memory_backing {
+                    Some(b) => crate::memory::MemoryBacking::parse(b)?,
+                    None => Default::default(),
+                },
+                numa_node: self.numa_node,
+            },
             vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;

@@ -7,6 +7,9 @@
 //! and on nothing that serves or runs a VM, so the control socket and the sampler use it
 //! without depending on `vm`.
 
+mod placing;
+pub use placing::PlaceError;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -97,6 +100,7 @@ pub struct VmHandle {
     limiter: Arc<Limiter>,
     ppa_page: Option<Arc<PpaPage>>,
     devices: Arc<[Arc<dyn crate::devices::Device>]>,
+    placement: Option<Arc<crate::placement::PlacementBoard>>,
 }
 
 impl VmHandle {
@@ -116,6 +120,7 @@ impl VmHandle {
             limiter,
             ppa_page,
             devices: Arc::new([]),
+            placement: None,
         }
     }
 
@@ -123,6 +128,17 @@ impl VmHandle {
     pub fn with_devices(mut self, devices: Vec<Arc<dyn crate::devices::Device>>) -> Self {
         self.devices = devices.into();
         self
+    }
+
+    /// The same handle with the VM's placement (`--pin`, `set-pin`).
+    pub fn with_placement(mut self, p: Arc<crate::placement::PlacementBoard>) -> Self {
+        self.placement = Some(p);
+        self
+    }
+
+    /// The VM's placement (None for a handle over synthetic vCPUs).
+    pub fn placement(&self) -> Option<&Arc<crate::placement::PlacementBoard>> {
+        self.placement.as_ref()
     }
 
     /// The VM's devices.
@@ -240,7 +256,17 @@ impl VmHandle {
             vcpus,
             devices,
             service: process_cpu_ns().saturating_sub(vcpus + devices),
+            vcpu_stops: self.vcpu_stops_ns(),
         }
+    }
+
+    /// The vCPU threads' CPU on their limits' stops (measured, `vcpu::stops`).
+    pub fn vcpu_stops_ns(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .filter_map(|v| v.charged_cpu_ns())
+            .map(|(_, t)| t.cpu_ns)
+            .sum()
     }
 
     /// CPU time of every thread of the process that is not a vCPU thread (the main thread,

@@ -66,6 +66,7 @@ pub(crate) mod metrics;
 pub mod notify;
 pub(crate) mod owned_files;
 pub mod payload;
+pub mod placement;
 pub(crate) mod ppa_page;
 pub mod pressure;
 pub mod probes;

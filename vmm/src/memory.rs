@@ -14,10 +14,15 @@
 use std::sync::Arc;
 
 use thiserror::Error;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
 
 use crate::arch::x86_64::layout::Region;
 use crate::hypervisor::{self as hv, HvError, MemorySlot};
+
+pub mod backing;
+pub use backing::{BackingError, MemoryBacking, PageSize};
 
 /// Why guest memory could not be made or mapped.
 #[derive(Debug, Error)]
@@ -31,6 +36,9 @@ pub enum MemoryError {
         #[source]
         source: vm_memory::mmap::FromRangesError,
     },
+    /// The backing asked for (huge pages, a NUMA node) cannot be had.
+    #[error(transparent)]
+    Backing(#[from] BackingError),
     /// A region has no host address (a bug: it was just mapped).
     #[error("guest memory at {gpa:#x} has no host address")]
     HostAddress {
@@ -112,8 +120,14 @@ pub struct GuestRam {
 }
 
 impl GuestRam {
-    /// Maps `regions` (each in whole pages), prefaulting every page when `prefault`.
-    pub fn create(regions: &[Region], prefault: bool) -> Result<GuestRam, MemoryError> {
+    /// Maps `regions` (each in whole pages) as `backing` says, prefaulting every page when
+    /// `prefault`. Huge pages are checked against their pool first (nothing is mapped when
+    /// it is short).
+    pub fn create(
+        regions: &[Region],
+        prefault: bool,
+        backing: &MemoryBacking,
+    ) -> Result<GuestRam, MemoryError> {
         for r in regions {
             if r.gpa % 4096 != 0 || r.size % 4096 != 0 || r.size == 0 {
                 return Err(MemoryError::Unaligned {
@@ -122,13 +136,24 @@ impl GuestRam {
                 });
             }
         }
-        let ranges: Vec<(GuestAddress, usize)> = regions
+        let bytes: u64 = regions.iter().map(|r| r.size).sum();
+        let sizes: Vec<u64> = regions.iter().map(|r| r.size).collect();
+        let pool = backing::Pool::read(backing.page);
+        backing.check(&sizes, bytes >> 20, pool)?;
+        let mapped = regions
             .iter()
-            .map(|r| (GuestAddress(r.gpa), r.size as usize))
-            .collect();
-        let bytes = regions.iter().map(|r| r.size).sum();
-        let memory = GuestMemoryMmap::<()>::from_ranges(&ranges)
-            .map_err(|source| MemoryError::Map { bytes, source })?;
+            .map(|r| {
+                let m = backing::map_region(r.size, backing)?;
+                GuestRegionMmap::new(m, GuestAddress(r.gpa)).ok_or(MemoryError::Unaligned {
+                    gpa: r.gpa,
+                    size: r.size,
+                })
+            })
+            .collect::<Result<Vec<_>, MemoryError>>()?;
+        let memory = GuestMemoryMmap::<()>::from_regions(mapped).map_err(|e| MemoryError::Map {
+            bytes,
+            source: e.into(),
+        })?;
         let ram = GuestRam {
             memory: Arc::new(memory),
             regions: regions.to_vec(),
@@ -219,7 +244,7 @@ mod tests {
             s.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
         };
         let before = rss();
-        let ram = GuestRam::create(&regions, false).unwrap();
+        let ram = GuestRam::create(&regions, false, &MemoryBacking::default()).unwrap();
         assert_eq!(ram.size(), 16 << 30);
         assert!(
             rss() < before + (64 << 20),
@@ -246,7 +271,8 @@ mod tests {
     fn ram_and_other_regions_get_their_own_slots() {
         let hv = FakeHypervisor::new(Vec::new());
         let vm = hv.create_vm().unwrap();
-        let ram = GuestRam::create(&ram_regions(5 << 30), false).unwrap();
+        let ram =
+            GuestRam::create(&ram_regions(5 << 30), false, &MemoryBacking::default()).unwrap();
         let mut slots = SlotAllocator::default();
         // SAFETY: `ram` outlives `vm` (declared before it, dropped after).
         unsafe { ram.register(&vm, &mut slots) }.unwrap();
@@ -277,7 +303,11 @@ mod tests {
         let refused = unsafe { map_region(&vm, &mut slots, bad, 0) };
         assert!(matches!(refused, Err(MemoryError::Unaligned { .. })));
         assert!(matches!(
-            GuestRam::create(&[Region { gpa: 0, size: 100 }], false),
+            GuestRam::create(
+                &[Region { gpa: 0, size: 100 }],
+                false,
+                &MemoryBacking::default()
+            ),
             Err(MemoryError::Unaligned { .. })
         ));
     }

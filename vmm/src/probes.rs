@@ -15,3 +15,20 @@ pub use crate::sched::{allowed_cpus, raise_priority};
 pub fn kick_signal_path(samples: usize) -> std::io::Result<HistogramSnapshot> {
     crate::vcpu::signal_path(crate::hypervisor::kvm::kick::kick_signal(), samples)
 }
+
+/// Gives `config` a VM limit of `quota_ns` per `period_ns` without the checks of a limit
+/// given as text (`bench stops` measures the guest's share of quotas below the smallest the
+/// VMM accepts, `limits::MIN_QUOTA_NS`, to show where that least comes from).
+pub fn set_vm_limit_unchecked(config: &mut crate::config::VmConfig, quota_ns: u64, period_ns: u64) {
+    let limit = crate::limits::Limit {
+        quota_ns,
+        period_ns,
+    };
+    config.limits.vm = Some((
+        limit,
+        format!("{}us/{}us", quota_ns / 1000, period_ns / 1000),
+    ));
+}
+
+/// The smallest quota per busy member a limit may give (`limits::MIN_QUOTA_NS`).
+pub const MIN_QUOTA_NS: u64 = crate::limits::MIN_QUOTA_NS;

@@ -198,6 +198,35 @@ pub struct VmInfo {
     pub kvm_exit_cost_ns: Option<u64>,
     /// The same for the first KVM_RUN after a park (measured after a 200 µs sleep).
     pub kvm_exit_cost_after_park_ns: Option<u64>,
+    /// What backs guest RAM.
+    pub memory: MemoryInfo,
+    /// The placement rules the run ended with (`--pin` and `set-pin`, `KEY=CPUS`).
+    pub pins: Vec<String>,
+}
+
+/// What backs guest RAM (`--memory-backing`, `--numa-node`).
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
+pub struct MemoryInfo {
+    /// `4K` (anonymous memory), `2M` or `1G` (huge pages from the kernel's pool).
+    pub page_size: crate::memory::PageSize,
+    /// The NUMA node RAM is bound to, or null.
+    pub numa_node: Option<u32>,
+}
+
+/// How the text report says what backs RAM: nothing for anonymous memory on any node.
+fn memory_text(m: &MemoryInfo) -> String {
+    let mut parts = Vec::new();
+    if m.page_size != crate::memory::PageSize::Base {
+        parts.push(format!("{} huge pages", m.page_size));
+    }
+    if let Some(n) = m.numa_node {
+        parts.push(format!("NUMA node {n}"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
 }
 
 /// Everything a finished run knows, gathered once by `Vm::run` after the vCPU threads are
@@ -535,10 +564,11 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "VM: {} vCPUs, {} MiB, image {}, TSC {} kHz, uptime {:.1} ms, {}, accounting {:?}, \
+            "VM: {} vCPUs, {} MiB{}, image {}, TSC {} kHz, uptime {:.1} ms, {}, accounting {:?}, \
              exit round trip in KVM {cost}, VMM threads {:.2} ms CPU",
             vm.info.vcpus,
             vm.info.memory_mib,
+            memory_text(&vm.info.memory),
             vm.info.image,
             vm.info.tsc_khz,
             ms(vm.uptime_ns),
@@ -643,7 +673,7 @@ impl Report {
         for g in &self.groups {
             let _ = writeln!(
                 out,
-                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, used {:.2} ms = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us; kick {}: {} by timer ({} re-arms), {} by the limiter",
+                "LIMIT {} (vCPUs {:?}, {}, {} backend): {} of {} periods throttled, charged {:.2} ms = {:.2} % of one CPU over its periods, limited {:.2} ms, worst overshoot {:.1} us; kick {}: {} by timer ({} re-arms), {} by the limiter",
                 g.name,
                 g.vcpus,
                 g.limit,
@@ -659,6 +689,17 @@ impl Report {
                 g.kicks.rearms,
                 g.kicks.limiter,
             );
+            if g.backend == ppa_vmm_api::LimitBackend::Vmm {
+                let _ = writeln!(
+                    out,
+                    "  stops of {}: {} cost the VMM {:.2} ms outside the quota ({:.2} ms of CPU, {:.2} ms of KVM round trips, an estimate); charged = the members' CPU less that",
+                    g.name,
+                    g.stops.count,
+                    ms(g.stops.total_ns()),
+                    ms(g.stops.cpu_ns),
+                    ms(g.stops.kvm_ns_estimate),
+                );
+            }
             if let Some(line) = g.kicks.stages.as_ref().map(|s| s.summary()) {
                 let _ = writeln!(out, "  stop stages of {}: {line}", g.name);
             }

@@ -53,7 +53,12 @@ impl Sampler {
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run(&vm, &control, &s, overload))?;
+            .spawn(move || {
+                if let Some(b) = vm.placement() {
+                    b.register_current("sampler");
+                }
+                run(&vm, &control, &s, overload)
+            })?;
         Ok(Sampler {
             stop,
             handle: Some(handle),

@@ -87,7 +87,7 @@ fn refuses_an_unknown_command_with_the_list() {
     let msg = e.to_string();
     assert!(msg.starts_with("unknown command `frobnicate`"), "{msg}");
     assert!(
-        msg.contains("version, stats,") && msg.contains("set-limit, groups, guest,"),
+        msg.contains("version, stats,") && msg.contains("set-limit, set-pin, groups, guest,"),
         "{msg}"
     );
     assert!(msg.contains("ppa-vmm ctl --help"), "{msg}");
@@ -295,6 +295,11 @@ fn group(name: &str, slots: usize) -> GroupStats {
         periods_ns: 1_000_000_000,
         throttled_periods: 9,
         used_ns: 500_123_000,
+        stops: Default::default(),
+        scope: Default::default(),
+        devices_ns: 0,
+        devices_limited_ns: 0,
+        device_holds: 0,
         limited_ns: 400_000_000,
         overshoot_max_ns: 41_000,
         overshoot: HistogramJson {
@@ -340,8 +345,8 @@ fn groups_text_is_one_line_per_limit() {
         assert_eq!(
             vm,
             [
-                "vm", "0,1", "50%", "vmm", "10", "9", "500.123", "50.01", "400.000", "130", "12.3",
-                "11.0", "40.0", "41.0"
+                "vm", "0,1", "50%", "vmm", "10", "9", "500.123", "50.01", "0", "0.000", "400.000",
+                "130", "12.3", "11.0", "40.0", "41.0"
             ],
             "{text}"
         );

@@ -163,6 +163,8 @@ mod tests {
                 steal_ns: 0,
                 waiting_ns: at_s * 1_000_000_000 - used_ns,
                 blocked_ns: 0,
+                limited_ns: 0,
+                held_frames: 0,
                 identity_error_ns: 0,
             }],
             queues: vec![q(0, QueueKind::Rx), q(1, QueueKind::Tx)],

@@ -24,13 +24,18 @@ fn st(now: u64, cpu: u64) -> Stamp {
     }
 }
 
+/// A stamp of the wall clock alone (level basic's, at most boundaries).
+fn wall(now: u64) -> Stamp {
+    Stamp { now, cpu: None }
+}
+
 #[test]
 fn basic_level_splits_wall_between_guest_and_vmm() {
     let mut r = recorder(Level::Basic);
-    r.on_entry(st(1_500, 0), 0, Level::Basic);
-    r.on_exit(st(11_500, 0), ExitReason::MmioWrite);
-    r.on_entry(st(12_000, 0), 1, Level::Basic);
-    r.on_exit(st(20_000, 0), ExitReason::IoOut);
+    r.on_entry(wall(1_500), 0, Level::Basic);
+    r.on_exit(wall(11_500), ExitReason::MmioWrite);
+    r.on_entry(wall(12_000), 1, Level::Basic);
+    r.on_exit(wall(20_000), ExitReason::IoOut);
     assert_eq!(r.meter().hist.guest_run.snapshot().count(), 0, "batched");
     r.flush();
     let m = r.meter().read();
@@ -51,6 +56,44 @@ fn basic_level_splits_wall_between_guest_and_vmm() {
     assert_eq!(m.since, 20_000);
     assert_eq!(r.meter().hist.guest_run.snapshot().count(), 2);
     assert_eq!(r.meter().hist.exit_handling_all.snapshot().count(), 1);
+}
+
+/// Issue 39: at level basic the handling after a kicked exit (a limit's stop: its spin and
+/// park path, which preemptions stretch to milliseconds of wall) is measured by the thread's
+/// CPU clock, read at that exit and at the next entry; other exits' handling stays wall time.
+#[test]
+fn basic_level_measures_kicked_exits_and_parks_by_the_cpu_clock() {
+    let mut r = recorder(Level::Basic);
+    r.on_entry(wall(1_500), 0, Level::Basic);
+    assert!(!r.cpu_at_exit(false), "an MMIO exit reads no clock");
+    assert!(r.cpu_at_exit(true));
+    r.on_exit(st(11_500, 9_000), ExitReason::Intr);
+    assert!(r.cpu_at_entry(), "the interval began with a CPU reading");
+    // Preempted for 2 ms in the spin: 40 µs of CPU in 2.04 ms of wall.
+    r.on_entry(st(2_051_500, 49_000), 0, Level::Basic);
+    r.on_exit(wall(2_061_500), ExitReason::MmioWrite);
+    assert!(!r.cpu_at_entry(), "after a plain exit: wall time");
+    r.on_entry(wall(2_062_000), 0, Level::Basic);
+    let m = r.meter().read();
+    assert_eq!(m.cpu_vmm_full, 40_000, "the kicked exit's handling, by CPU");
+    assert_eq!(m.vmm_wall_basic, 500 + 500, "the others', by wall");
+    // A park's end reads the CPU clock: what follows it to the entry is measured by it too.
+    let mut r = recorder(Level::Basic);
+    r.on_entry(wall(1_500), 0, Level::Basic);
+    r.on_exit(wall(2_000), ExitReason::MmioWrite);
+    let p = |now, cpu| ParkStamp {
+        now,
+        cpu: Some(cpu),
+        run_delay: Some(0),
+    };
+    r.park_begin(ParkKind::Limited, p(3_000, 600));
+    r.park_end(p(10_000_000, 700), 9_000_000);
+    assert!(r.cpu_at_entry());
+    r.on_entry(st(12_000_000, 15_700), 0, Level::Basic);
+    assert_eq!(r.meter().read().cpu_vmm_full, 15_000);
+    // Level off never reads it.
+    let r = recorder(Level::Off);
+    assert!(!r.cpu_at_exit(true) && !r.cpu_at_entry());
 }
 
 #[test]

@@ -11,13 +11,16 @@
 //! packet), so the CPU of each kind is exact. As it ends it stores its final CPU time and
 //! run-queue wait (its /proc entries go with it). Readers ([`WorkerMeter::times`]) combine
 //! these with the kernel's exact counters: `used` is the thread's CPU clock, `steal` its
-//! schedstat run_delay, and the time it was not runnable is split into `waiting` (asleep in
-//! its loop's wait) and `blocked` (asleep anywhere else).
+//! schedstat run_delay, and the time it was not runnable is split into `limited` (held by a
+//! CPU limit of scope `vm`: [`hold`]), `waiting` (asleep in its loop's wait) and `blocked`
+//! (asleep anywhere else).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::host::{thread_cpu_ns, SchedStatFile, ThreadClock};
+
+pub mod hold;
 use crate::sync::now_ns;
 use crate::sync::Counter;
 
@@ -37,6 +40,8 @@ pub struct WorkerTimes {
     pub waiting_ns: u64,
     /// Not runnable anywhere else (a page fault waiting for I/O, a kernel lock).
     pub blocked_ns: u64,
+    /// Held by a CPU limit of scope `vm` (asleep on the hold, not serving its queues).
+    pub limited_ns: u64,
     /// CPU of each kind of work, by [`PARTS`] index.
     pub parts_ns: [u64; PARTS],
     /// Whether the thread has ended.
@@ -44,10 +49,11 @@ pub struct WorkerTimes {
 }
 
 impl WorkerTimes {
-    /// `wall − (used + steal + waiting + blocked)`, signed.
+    /// `wall − (used + steal + waiting + blocked + limited)`, signed.
     pub fn identity_error_ns(&self) -> i64 {
         self.wall_ns as i64
-            - (self.used_ns + self.steal_ns + self.waiting_ns + self.blocked_ns) as i64
+            - (self.used_ns + self.steal_ns + self.waiting_ns + self.blocked_ns + self.limited_ns)
+                as i64
     }
 }
 
@@ -77,6 +83,8 @@ pub struct WorkerMeter {
     files: OnceLock<Files>,
     /// Own schedstat, read by the thread itself at its end.
     own: OnceLock<SchedStatFile>,
+    /// The hold of a CPU limit of scope `vm`.
+    pub hold: hold::ThreadHold,
 }
 
 impl WorkerMeter {
@@ -184,6 +192,7 @@ impl WorkerMeter {
             cpu_ns: cpu,
             run_delay_ns: run_delay.saturating_sub(self.run_delay_at_start.load(Ordering::Relaxed)),
             waited_ns: waited,
+            held_ns: self.hold.held_ns(),
             parts_ns: std::array::from_fn(|i| self.parts[i].get()),
             ended,
         })
@@ -201,6 +210,8 @@ pub struct SplitInput {
     pub run_delay_ns: u64,
     /// Wall time inside its loop's waits.
     pub waited_ns: u64,
+    /// Wall time held by a limit.
+    pub held_ns: u64,
     /// CPU by kind of work.
     pub parts_ns: [u64; PARTS],
     /// Whether it ended.
@@ -216,13 +227,15 @@ pub fn split(i: SplitInput) -> WorkerTimes {
     let steal = i.run_delay_ns.min(i.wall_ns);
     let used = i.cpu_ns.min(i.wall_ns - steal);
     let not_runnable = i.wall_ns - steal - used;
-    let waiting = i.waited_ns.min(not_runnable);
+    let limited = i.held_ns.min(not_runnable);
+    let waiting = i.waited_ns.min(not_runnable - limited);
     WorkerTimes {
         wall_ns: i.wall_ns,
         used_ns: used,
         steal_ns: steal,
         waiting_ns: waiting,
-        blocked_ns: not_runnable - waiting,
+        blocked_ns: not_runnable - limited - waiting,
+        limited_ns: limited,
         parts_ns: i.parts_ns,
         ended: i.ended,
     }
@@ -239,6 +252,7 @@ mod tests {
             cpu_ns: 300,
             run_delay_ns: 100,
             waited_ns: 650,
+            held_ns: 0,
             parts_ns: [100, 150, 0, 0],
             ended: false,
         });
@@ -270,6 +284,17 @@ mod tests {
             (30, 70, 0, 0)
         );
         assert_eq!(t.identity_error_ns(), 0);
+        // Held by a limit (issue 36): its own part, before the loop's waits.
+        let t = split(SplitInput {
+            wall_ns: 1000,
+            cpu_ns: 300,
+            run_delay_ns: 100,
+            waited_ns: 400,
+            held_ns: 500,
+            ..Default::default()
+        });
+        assert_eq!((t.limited_ns, t.waiting_ns, t.blocked_ns), (500, 100, 0));
+        assert_eq!(t.identity_error_ns(), 0);
     }
 
     #[test]
@@ -298,9 +323,11 @@ mod tests {
         assert!(t.used_ns >= t.parts_ns[1], "{t:?}");
         // The 20 ms sleep was in the loop's wait: off CPU, asleep there or waking up. (On a
         // host that is itself a VM, time its hypervisor takes from the running thread is in
-        // neither clock and lands in `blocked`: it stays small beside the sleep.)
+        // neither clock and lands in `blocked`: it stays small beside the sleep. The thread's
+        // CPU clock also counts the sleep's entry and exit, under host load up to a few
+        // hundred µs of it: the bound leaves that room.)
         assert!(
-            t.waiting_ns + t.steal_ns + t.blocked_ns >= 20_000_000,
+            t.waiting_ns + t.steal_ns + t.blocked_ns >= 15_000_000,
             "{t:?}"
         );
         assert!(

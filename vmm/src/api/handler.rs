@@ -14,7 +14,7 @@
 
 use ppa_vmm_api::{
     parse_request, Command, ErrorBody, ErrorKind, EventKind, HistogramFormat, PressureTrigger,
-    Response, Stats, ThreadInfo, Threads, ThresholdsUpdate, VersionInfo, VmState,
+    Response, Stats, ThresholdsUpdate, VersionInfo, VmState,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -72,6 +72,7 @@ pub fn changes_state(cmd: &Command) -> bool {
             | Command::SetLevel { .. }
             | Command::SetThresholds { .. }
             | Command::SetLimit { .. }
+            | Command::SetPin { .. }
             | Command::Pause {}
             | Command::Resume {}
             | Command::Shutdown {}
@@ -101,24 +102,6 @@ fn version_info() -> VersionInfo {
             ppa_guest_abi::BOOT_INFO_VERSION >> 16,
             ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
         ),
-    }
-}
-
-/// What `threads` answers: the vCPU threads and every device's.
-fn threads(vm: &VmHandle) -> Threads {
-    Threads {
-        pid: std::process::id(),
-        vcpus: vm
-            .vcpus()
-            .iter()
-            .map(|v| ThreadInfo {
-                vcpu: v.id,
-                host_tid: v.host_tid(),
-                name: vm.vcpu_thread_name(v.id),
-                state: v.state(),
-            })
-            .collect(),
-        devices: vm.devices().iter().flat_map(|d| d.threads()).collect(),
     }
 }
 
@@ -334,7 +317,7 @@ impl Handler {
                 self.invalidate();
                 to_value(&t)
             }
-            Command::Threads {} => to_value(&threads(&vm)),
+            Command::Threads {} => to_value(&vm.threads()),
             Command::Device { name } => device(&vm, &name),
             Command::Pause {} | Command::Resume {} | Command::Shutdown {} if vm.finished() => Err(
                 ErrorBody::new(ErrorKind::InvalidState, "every vCPU has already ended"),
@@ -364,6 +347,11 @@ impl Handler {
                     .map_err(|e| ErrorBody::new(ErrorKind::BadLimit, e.to_string()))?;
                 self.invalidate();
                 to_value(&vm.limiter().groups())
+            }
+            Command::SetPin { key, cpus } => {
+                vm.set_pin(&format!("{key}={cpus}"))
+                    .map_err(|e| ErrorBody::new(ErrorKind::BadPin, e.to_string()))?;
+                to_value(&vm.threads())
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
             Command::Pressure {} => to_value(&vm.pressure().report()),

@@ -81,6 +81,7 @@ impl ApiServer {
             }
         };
         let metrics_addr = http.as_ref().and_then(|l| l.local_addr().ok());
+        let vm_placement = vm.placement().cloned();
         let loop_err = |e: io::Error| SocketError::EventLoop(e.to_string());
         let limits = opts.limits;
         let want = OWN_FDS + (limits.api_max_clients + limits.http_max_clients) as u64;
@@ -116,6 +117,9 @@ impl ApiServer {
             std::thread::Builder::new()
                 .name("api-stats".into())
                 .spawn(move || {
+                    if let Some(b) = vm.placement() {
+                        b.register_current("api-stats");
+                    }
                     // As prompt as the api thread, which waits for its posts; its CPU is
                     // bounded by the board's budget (0.5 % of a CPU), so SCHED_FIFO is safe.
                     crate::sched::raise_realtime(
@@ -132,9 +136,15 @@ impl ApiServer {
                 })
                 .map_err(SocketError::Spawn)?
         };
+        let placement = vm_placement;
         let thread = std::thread::Builder::new()
             .name("api".into())
-            .spawn(move || serve_loop(em, &serve))
+            .spawn(move || {
+                if let Some(b) = placement {
+                    b.register_current("api");
+                }
+                serve_loop(em, &serve)
+            })
             .map_err(SocketError::Spawn)?;
         Ok(Some(ApiServer {
             board,

@@ -111,6 +111,15 @@ pub trait Device: Send + Sync {
     fn cpu_ns(&self) -> u64;
     /// Restarts its figures from zero (the socket's `reset` of the whole VM).
     fn reset(&self);
+    /// Wakes each of its threads once: after their CPU sets changed (`--pin`, `set-pin`: a
+    /// thread asleep since keeps the CPU it slept on until it wakes), or a limit held or
+    /// released them (each thread looks at its hold before it waits). By default nothing.
+    fn wake_threads(&self) {}
+    /// Its threads' meters, one per thread in the order of [`Device::threads`] (what a CPU
+    /// limit of scope `vm` charges and holds). By default none.
+    fn worker_meters(&self) -> &[crate::accounting::worker::WorkerMeter] {
+        &[]
+    }
 }
 
 /// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).

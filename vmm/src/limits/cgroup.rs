@@ -4,9 +4,12 @@
 //! Data flow: [`CgroupLimits::create`] makes one cgroup per limit under the cpu controller
 //! (v2 `cpu.max` where the cpu controller is enabled in the unified hierarchy, else v1
 //! `cpu.cfs_quota_us`/`cpu.cfs_period_us`), in `ppa-vmm-PID-N` under the process's own
-//! cgroup ([`cgroup_place`]: under a systemd unit with `Delegate=yes`, the unit's): the VM's
-//! limit is the parent, each vCPU group a child, so both hold. `Vm::run` calls [`CgroupLimits::place`] with the vCPU threads' ids
-//! after they exist and before the start gate opens, so no guest code runs outside them.
+//! cgroup ([`cgroup_place`]: under a systemd unit with `Delegate=yes`, the unit's), with three
+//! leaves (issue 36): `vcpus/` (each vCPU group a child of it), `devices/` and `service/`.
+//! The VM's limit is the quota of `vcpus/` (scope `vcpus`) or of the VM's cgroup (scope `vm`),
+//! each group's its own, so all hold and a quota on the vCPUs never holds a device thread.
+//! `Vm::run` calls [`CgroupLimits::place`] with every thread's id after they exist and before
+//! the start gate opens, so no guest code runs outside them.
 //! Figures come from the cgroups' own `cpu.stat` (periods, throttled periods, throttled
 //! time) and the members' thread CPU clocks. The directories are removed on drop. What fails
 //! is a [`CgroupError`].
@@ -84,7 +87,14 @@ pub struct CgroupLimits {
     groups: Vec<(String, PathBuf, Vec<usize>, String, Limit)>,
     v2: bool,
     root: PathBuf,
+    /// The process's own cgroup (threads go back to it at the end).
+    parent: PathBuf,
+    /// What the VM's limit covers.
+    scope: super::Scope,
 }
+
+/// The leaves of a VM's cgroup.
+pub const LEAVES: [&str; 3] = ["vcpus", "devices", "service"];
 
 /// Figures of a cgroup's `cpu.stat`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -186,7 +196,11 @@ fn enable_cpu(dir: &Path) -> Result<(), CgroupError> {
 
 impl CgroupLimits {
     /// Creates the cgroups for `config` in `ppa-vmm-TAG` under this process's own cgroup of
-    /// the cpu hierarchy ([`cgroup_place`]).
+    /// the cpu hierarchy ([`cgroup_place`]): the VM's cgroup with three leaves, `vcpus/` (the
+    /// vCPU threads, each vCPU group a child of it), `devices/` (the device threads) and
+    /// `service/` (every other thread), so that a quota on the vCPUs never holds a device or
+    /// service thread. The VM's limit is the quota of `vcpus/` (scope `vcpus`) or of the VM's
+    /// cgroup (scope `vm`: devices and service too).
     pub fn create(config: &LimitConfig, vcpus: usize, tag: &str) -> Result<Self, CgroupError> {
         let unified = Path::new(CGROUP_ROOT);
         let v2 = fs::read_to_string(unified.join("cgroup.controllers"))
@@ -213,38 +227,47 @@ impl CgroupLimits {
             groups: Vec::new(),
             v2,
             root: root.clone(),
+            parent: parent.clone(),
+            scope: config.vm_scope,
         };
         if v2 {
             // Threads of one process in different cgroups need a threaded subtree: ours, under
             // the process's cgroup (which becomes its threaded domain), with the cpu
             // controller on for it and in it.
-            let _ = write(&root.join("cgroup.type"), "threaded");
+            write(&root.join("cgroup.type"), "threaded")?;
             enable_cpu(&parent)?;
             enable_cpu(&root)?;
         }
-        let vm_limit = config.vm.clone().unwrap_or((
-            Limit {
-                quota_ns: u64::MAX,
-                period_ns: super::DEFAULT_PERIOD_NS,
-            },
-            "none".into(),
-        ));
-        me.set(&root, &vm_limit.0)?;
-        if config.vm.is_some() {
+        for leaf in LEAVES {
+            me.make(&root.join(leaf))?;
+        }
+        let vcpus_dir = root.join("vcpus");
+        if v2 && !config.groups.is_empty() {
+            enable_cpu(&vcpus_dir)?;
+        }
+        let unlimited = Limit {
+            quota_ns: u64::MAX,
+            period_ns: super::DEFAULT_PERIOD_NS,
+        };
+        let vm_dir = match config.vm_scope {
+            super::Scope::Vm => &root,
+            super::Scope::Vcpus => &vcpus_dir,
+        };
+        me.set(&root, &unlimited)?;
+        me.set(&vcpus_dir, &unlimited)?;
+        if let Some((l, given)) = &config.vm {
+            me.set(vm_dir, l)?;
             me.groups.push((
                 VM_GROUP.into(),
-                root.clone(),
+                vm_dir.clone(),
                 (0..vcpus).collect(),
-                vm_limit.1.clone(),
-                vm_limit.0,
+                given.clone(),
+                *l,
             ));
         }
         for g in &config.groups {
-            let dir = root.join(&g.name);
-            create_dir(&dir)?;
-            if v2 {
-                let _ = write(&dir.join("cgroup.type"), "threaded");
-            }
+            let dir = vcpus_dir.join(&g.name);
+            me.make(&dir)?;
             me.set(&dir, &g.limit)?;
             me.groups.push((
                 g.name.clone(),
@@ -255,6 +278,29 @@ impl CgroupLimits {
             ));
         }
         Ok(me)
+    }
+
+    /// Makes a cgroup under the VM's (threaded with v2).
+    fn make(&self, dir: &Path) -> Result<(), CgroupError> {
+        create_dir(dir)?;
+        if self.v2 {
+            write(&dir.join("cgroup.type"), "threaded")?;
+        }
+        Ok(())
+    }
+
+    /// The file a thread's id is written to, to move it into a cgroup.
+    fn threads_file(&self) -> &'static str {
+        if self.v2 {
+            "cgroup.threads"
+        } else {
+            "tasks"
+        }
+    }
+
+    /// Where the VM's cgroup is: its directory.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn set(&self, dir: &Path, l: &Limit) -> Result<(), CgroupError> {
@@ -277,16 +323,39 @@ impl CgroupLimits {
         }
     }
 
-    /// Places vCPU `i`'s thread (`tids[i]`) in its group's cgroup, or the VM's.
-    pub fn place(&self, tids: &[i32]) -> Result<(), CgroupError> {
-        let file = if self.v2 { "cgroup.threads" } else { "tasks" };
-        for (i, tid) in tids.iter().enumerate() {
+    /// Places vCPU `i`'s thread (`vcpus[i]`) in its group's cgroup under `vcpus/`, or in
+    /// `vcpus/`; the device threads in `devices/`, the others (`service`) in `service/`.
+    pub fn place(
+        &self,
+        vcpus: &[i32],
+        devices: &[i32],
+        service: &[i32],
+    ) -> Result<(), CgroupError> {
+        let file = self.threads_file();
+        let vcpus_dir = self.root.join("vcpus");
+        for (i, tid) in vcpus.iter().enumerate() {
             let dir = self
                 .groups
                 .iter()
                 .find(|g| g.0 != VM_GROUP && g.2.contains(&i))
-                .map_or(&self.root, |g| &g.1);
+                .map_or(&vcpus_dir, |g| &g.1);
             write(&dir.join(file), &tid.to_string())?;
+        }
+        for (leaf, tids) in [("devices", devices), ("service", service)] {
+            for tid in tids {
+                match write(&self.root.join(leaf).join(file), &tid.to_string()) {
+                    // A service thread that ended meanwhile is no error.
+                    Err(CgroupError::Write { source, .. })
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    // A real-time service thread (`api-stats` runs SCHED_FIFO) is refused by a
+                    // cgroup v1 cpu group without RT runtime (`cpu.rt_runtime_us` 0): it stays
+                    // in the process's cgroup, outside the VM's quota (its CPU is bounded by
+                    // its own budget, 0.5 % of a CPU).
+                    Err(CgroupError::Write { source, .. })
+                        if leaf == "service" && source.raw_os_error() == Some(libc::EINVAL) => {}
+                    r => r?,
+                }
+            }
         }
         Ok(())
     }
@@ -316,6 +385,15 @@ impl CgroupLimits {
                     periods_ns: s.nr_periods.saturating_mul(l.period_ns),
                     throttled_periods: s.nr_throttled,
                     used_ns: members.iter().map(|&i| cpu_of(i)).sum(),
+                    stops: Default::default(),
+                    scope: if name == VM_GROUP {
+                        self.scope
+                    } else {
+                        Default::default()
+                    },
+                    devices_ns: 0,
+                    devices_limited_ns: 0,
+                    device_holds: 0,
                     limited_ns: s.throttled_ns,
                     overshoot_max_ns: 0,
                     overshoot: HistogramSnapshot::empty(3).to_json(),
@@ -334,14 +412,25 @@ impl CgroupLimits {
 
 impl Drop for CgroupLimits {
     fn drop(&mut self) {
-        // Children first; a cgroup with threads left in it cannot be removed (they are gone
-        // once the vCPU threads have exited).
-        for (name, dir, ..) in self.groups.iter().rev() {
-            if name != VM_GROUP {
-                let _ = fs::remove_dir(dir);
+        // The threads still in the VM's cgroups (the service threads, the main thread among
+        // them) go back to the process's cgroup; then children first (a cgroup with threads
+        // in it cannot be removed; the vCPU and device threads have exited).
+        let file = self.threads_file();
+        let mut dirs: Vec<PathBuf> = self
+            .groups
+            .iter()
+            .filter(|g| g.0 != VM_GROUP)
+            .map(|g| g.1.clone())
+            .collect();
+        dirs.extend(LEAVES.iter().map(|l| self.root.join(l)));
+        dirs.push(self.root.clone());
+        for dir in &dirs {
+            let tids = fs::read_to_string(dir.join(file)).unwrap_or_default();
+            for tid in tids.split_whitespace() {
+                let _ = fs::write(self.parent.join(file), tid);
             }
+            let _ = fs::remove_dir(dir);
         }
-        let _ = fs::remove_dir(&self.root);
     }
 }
 

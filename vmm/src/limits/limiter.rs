@@ -24,17 +24,20 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ppa_vmm_api::{Event, GroupStats, LimitBackend, LimitKick, LimitKicks, ThrottleEndWhy};
+use ppa_vmm_api::{
+    Event, GroupStats, LimitBackend, LimitKick, LimitKicks, LimitStops, ThrottleEndWhy,
+};
 
 use super::cgroup::{CgroupError, CgroupLimits};
 use super::engine::{decide, next_look_ns, Decision, Member};
 use super::margin::StopMargin;
 use super::member_kicks::{stages_since, MemberKicks};
-use super::{check_name, KickMode, Limit, LimitError, VM_GROUP};
+use super::{check_name, KickMode, Limit, LimitError, Scope, VM_GROUP};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
 use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
+use crate::vcpu::stops::StopTotals;
 use crate::vcpu::{Deadline, LimitKind, ThreadState, TimerMode, VcpuShared};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
@@ -97,6 +100,17 @@ struct Entity {
     limiter_kicks: u64,
     /// Members' kick-timer readings for this limit when it was set.
     timer_base: Vec<MemberKicks>,
+    /// Members' stops' totals at the period start, and what the completed periods' stops
+    /// cost (not charged: `vcpu::stops`).
+    base_stops: Vec<StopTotals>,
+    stops: LimitStops,
+    /// When the limit was set: 0 for a limit of the VM's config, whose first period begins
+    /// when its first member starts (`periods`).
+    set_at: u64,
+    /// Scope `vm`: the device threads' account (`devices`).
+    dev: devices::DeviceCharge,
+    /// Every member finished and the last period was closed at the last one's end.
+    ended: bool,
 }
 
 /// What the socket and the report share with the thread.
@@ -117,6 +131,8 @@ pub struct Limiter {
     look_lateness: Histogram,
     /// Keep each limit's per-period use (`bench limit`); off otherwise.
     keep_log: AtomicBool,
+    /// The VM's devices with threads (a limit of scope `vm` charges and holds them).
+    devices: std::sync::OnceLock<Vec<Arc<dyn crate::devices::Device>>>,
 }
 
 fn limited_total(v: &VcpuShared, now: u64) -> u64 {
@@ -128,12 +144,14 @@ fn limited_total(v: &VcpuShared, now: u64) -> u64 {
     t
 }
 
+/// The CPU clock a limit charges `v` by (its thread's, less its stops: `vcpu::stops`).
 fn cpu_of(v: &VcpuShared) -> Option<u64> {
-    v.acct.thread_cpu_ns()
+    v.charged_cpu_ns().map(|(c, _)| c)
 }
 
-/// CPU time since `base`. A thread that started during the period is charged from its
-/// start (the CPU time when its wall clock started), not from when the limiter first saw it.
+/// Charged CPU time since `base`. A thread that started during the period is charged from
+/// its start (the CPU time when its wall clock started, before any stop), not from when the
+/// limiter first saw it.
 fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
     if base.is_none() {
         *base = v.acct.origin_cpu_ns();
@@ -142,6 +160,11 @@ fn used_since(v: &VcpuShared, base: &mut Option<u64>) -> u64 {
         (Some(now), Some(b)) => now.saturating_sub(b),
         _ => 0,
     }
+}
+
+/// The stops' totals of `v` now (zero before its thread started).
+fn stops_of(v: &VcpuShared) -> StopTotals {
+    v.charged_cpu_ns().map(|(_, t)| t).unwrap_or_default()
 }
 
 impl Entity {
@@ -177,6 +200,11 @@ impl Entity {
             was_stopped: vec![false; n],
             limiter_kicks: 0,
             timer_base: vec![MemberKicks::zero(); n],
+            base_stops: vec![StopTotals::default(); n],
+            stops: LimitStops::default(),
+            set_at: 0,
+            ended: false,
+            dev: Default::default(),
         }
     }
 
@@ -213,7 +241,13 @@ impl Entity {
         }
     }
 
-    fn figures(&self, vcpus: &[Arc<VcpuShared>], now: u64, timers: bool) -> GroupStats {
+    fn figures(
+        &self,
+        vcpus: &[Arc<VcpuShared>],
+        now: u64,
+        timers: bool,
+        devices: (u64, u64, u64),
+    ) -> GroupStats {
         let (quota_ns, period_ns) = self
             .limit
             .as_ref()
@@ -238,6 +272,11 @@ impl Entity {
             periods_ns: self.periods_ns,
             throttled_periods: self.throttled_periods,
             used_ns: self.used_ns,
+            stops: self.stops.clone(),
+            scope: scope_of(self),
+            devices_ns: devices.0,
+            devices_limited_ns: devices.1,
+            device_holds: devices.2,
             limited_ns,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
@@ -307,6 +346,7 @@ impl Limiter {
             host_cpus: crate::sched::allowed_cpus().len(),
             look_lateness: Histogram::new(3).expect("3 fractional bits are valid"),
             keep_log: AtomicBool::new(false),
+            devices: std::sync::OnceLock::new(),
         }
     }
 
@@ -321,8 +361,9 @@ impl Limiter {
     }
 
     /// With the cgroup backend: waits (at most 5 s) until every vCPU thread has its id, and
-    /// places each in its cgroup. Call before the vCPUs are released.
-    pub fn place_threads(&self) -> Result<(), CgroupError> {
+    /// places each in its cgroup, the device threads (`devices`) and the others (`service`)
+    /// in theirs. Call before the vCPUs are released.
+    pub fn place_threads(&self, devices: &[i32], service: &[i32]) -> Result<(), CgroupError> {
         let Some(cg) = &self.cgroup else {
             return Ok(());
         };
@@ -337,7 +378,7 @@ impl Limiter {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
-        cg.place(&tids)
+        cg.place(&tids, devices, service)
     }
 
     /// Keeps each limit's per-period use from now on, for [`Limiter::period_log`] (`bench
@@ -373,7 +414,7 @@ impl Limiter {
         let now = now_ns();
         self.lock()
             .iter()
-            .map(|e| e.figures(&self.vcpus, now, self.timers))
+            .map(|e| e.figures(&self.vcpus, now, self.timers, self.devices_figures(e)))
             .collect()
     }
 
@@ -385,6 +426,11 @@ impl Limiter {
         }
         let new = match limit.trim() {
             "none" | "off" => None,
+            text if group == VM_GROUP => {
+                let (l, _) = super::parse_vm_limit(text)?;
+                Some((l, text.to_string()))
+            }
+            text if text.contains(',') => return Err(LimitError::Scope(text.to_string())),
             text => {
                 let l = Limit::parse(text)?;
                 Some((l, text.to_string()))
@@ -400,6 +446,7 @@ impl Limiter {
                     e.limit = new;
                     e.period_start = 0;
                     let now = now_ns();
+                    e.set_at = now;
                     for (k, &i) in e.members.iter().enumerate() {
                         e.limited_base[k] = limited_total(&self.vcpus[i], now);
                     }
@@ -414,6 +461,7 @@ impl Limiter {
                 }
                 let mut e = Entity::new(VM_GROUP.into(), all, LimitKind::Vm, new);
                 let now = now_ns();
+                e.set_at = now;
                 for (k, &i) in e.members.iter().enumerate() {
                     e.limited_base[k] = limited_total(&self.vcpus[i], now);
                 }
@@ -447,7 +495,8 @@ impl Limiter {
             LimitKind::Runaway,
             Some((limit, given.to_string())),
         );
-        e.limited_base[0] = limited_total(&self.vcpus[vcpu], now_ns());
+        e.set_at = now_ns();
+        e.limited_base[0] = limited_total(&self.vcpus[vcpu], e.set_at);
         entities.push(e);
         drop(entities);
         self.wake.fetch_add(1, Ordering::Release);
@@ -456,6 +505,7 @@ impl Limiter {
 
     /// Ends the thread's loop (it releases every member it stopped).
     pub fn stop(&self) {
+        self.hold_devices(false);
         self.stop.store(true, Ordering::Release);
         self.wake.fetch_add(1, Ordering::Release);
         futex_wake(&self.wake);
@@ -475,8 +525,12 @@ impl Limiter {
     fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
         let was_stopped = e.stopped.iter().any(|s| *s);
         let mut was_stopped = was_stopped;
+        if scope_of(e) == Scope::Vm {
+            self.devices_begin(e);
+        }
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
+            e.base_stops[k] = stops_of(&self.vcpus[i]);
             if e.stopped[k] {
                 self.vcpus[i].release(e.kind.into());
                 e.stopped[k] = false;
@@ -498,61 +552,6 @@ impl Limiter {
         e.next_look = Some(now);
     }
 
-    /// Closes the period that ended at `boundary`; applies a pending change.
-    fn end_period(&self, e: &mut Entity, boundary: u64, now: u64) {
-        if let Some((l, _)) = &e.limit {
-            let per: Vec<u64> = e
-                .members
-                .iter()
-                .zip(e.base_cpu.iter_mut())
-                .map(|(&i, b)| used_since(&self.vcpus[i], b))
-                .collect();
-            let used: u64 = per.iter().sum();
-            let equal = l.quota_ns / e.members.len().max(1) as u64;
-            e.last_used = per
-                .iter()
-                .zip(&e.was_stopped)
-                .map(|(&u, &s)| {
-                    let want = u + u / 10;
-                    if s {
-                        want.max(equal)
-                    } else {
-                        want
-                    }
-                })
-                .collect();
-            e.periods += 1;
-            e.periods_ns += l.period_ns;
-            e.used_ns += used;
-            if e.log.len() < PERIOD_LOG && self.keep_log.load(Ordering::Relaxed) {
-                e.log.push(used);
-            }
-            if e.stopped_this_period {
-                e.throttled_periods += 1;
-                // Learn the margin from the error of a period that ended in stops.
-                let err = used as i64 - l.quota_ns as i64;
-                if let Some(m) = e.margin.as_mut() {
-                    m.learn(err, e.stops_this_period);
-                }
-            }
-            if used > l.quota_ns {
-                let over = used - l.quota_ns;
-                e.overshoot.record(over);
-                e.overshoot_max = e.overshoot_max.max(over);
-            }
-        }
-        if let Some(change) = e.pending.take() {
-            e.limit = change;
-        }
-        // Fell behind by more than a period (the thread was held up): start afresh from now.
-        let start = match &e.limit {
-            Some((l, _)) if now < boundary + l.period_ns => boundary,
-            _ => now,
-        };
-        self.begin_period(e, start, ThrottleEndWhy::Period);
-        e.period_start = start;
-    }
-
     /// One look at one limit.
     fn look(&self, e: &mut Entity, now: u64) {
         if e.limit.is_none() {
@@ -564,14 +563,11 @@ impl Limiter {
             e.next_look = None;
             return;
         }
-        if e.period_start == 0 {
-            // A new limit: its members' limited time and kicks count from now.
-            for (k, &i) in e.members.iter().enumerate() {
-                e.limited_base[k] = limited_total(&self.vcpus[i], now);
-            }
-            e.timer_base = e.timer_counts(&self.vcpus);
-            e.limiter_kicks = 0;
-            self.begin_period(e, now, ThrottleEndWhy::Period);
+        if e.ended || self.close_at_end(e) {
+            return;
+        }
+        if e.period_start == 0 && !self.first_period(e, now) {
+            return;
         }
         self.adopt_holds(e, now);
         let period = e.limit.as_ref().map_or(0, |(l, _)| l.period_ns);
@@ -591,14 +587,20 @@ impl Limiter {
             .margin
             .get_or_insert(StopMargin::new(self.margin_ns))
             .get();
-        let d = decide(l.quota_ns, &members, margin_ns, self.host_cpus);
+        let (budget, for_devices) = if scope_of(e) == Scope::Vm {
+            self.devices_budget(e, &members, l.quota_ns, margin_ns)
+        } else {
+            (l.quota_ns, None)
+        };
+        let d = decide(budget, &members, margin_ns, self.host_cpus);
         self.apply_stops(e, &d, &members, l.quota_ns, now);
         let timed = self.publish_deadlines(e, &d, &cpu, now);
         let period_end = e.period_start + l.period_ns;
-        e.next_look = Some(match next_look_ns(&d, &timed) {
-            Some(r) => (now + r).min(period_end),
-            None => period_end,
-        });
+        let next = match (next_look_ns(&d, &timed), for_devices) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        e.next_look = Some(next.map_or(period_end, |r| (now + r).min(period_end)));
     }
 
     /// What the engine is given of each member of `e` now, and each member's CPU clock as read
@@ -790,5 +792,8 @@ impl Limiter {
     }
 }
 
+mod devices;
+use devices::scope_of;
+mod periods;
 #[cfg(test)]
 mod tests;

@@ -43,6 +43,8 @@ pub(super) fn device() -> DeviceStats {
             steal_ns: 100_000_000,
             waiting_ns: 1_600_000_000,
             blocked_ns: 0,
+            limited_ns: 0,
+            held_frames: 0,
             identity_error_ns: 0,
         }],
         queues: vec![q(0, QueueKind::Rx, 100), q(1, QueueKind::Tx, 1000)],

@@ -358,6 +358,14 @@ pub fn add_group(f: &mut Families, vm: &str, g: &GroupStats) {
         g.throttled_periods,
     );
     f.add("ppa_group_used_seconds_total", &labels, Seconds(g.used_ns));
+    for (part, ns) in [
+        ("cpu", g.stops.cpu_ns),
+        ("kvm_estimate", g.stops.kvm_ns_estimate),
+    ] {
+        let with_part = [labels[0], labels[1], labels[2], ("part", part)];
+        f.add("ppa_group_stop_cost_seconds_total", &with_part, Seconds(ns));
+    }
+    f.add("ppa_group_stop_cost_stops_total", &labels, g.stops.count);
     f.add(
         "ppa_group_limited_seconds_total",
         &labels,

@@ -126,6 +126,8 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         park_cpu_ns: 20_000,
         proc_ticks: None,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 0,
     };
     VcpuDetail {
@@ -146,6 +148,11 @@ fn group() -> GroupStats {
         periods_ns: 1_200_000_000,
         throttled_periods: 11,
         used_ns: 600_000_000,
+        stops: Default::default(),
+        scope: Default::default(),
+        devices_ns: 0,
+        devices_limited_ns: 0,
+        device_holds: 0,
         limited_ns: 1_100_000_000,
         overshoot_max_ns: 40_000,
         overshoot: hist(&[900, 20_000, 40_000]).to_json(),
@@ -192,6 +199,7 @@ pub(super) fn stats() -> Detailed {
             },
             host_threads_ns: 42_000_000,
             host_cpu_ns: ppa_vmm_api::HostCpuSplit {
+                vcpu_stops: 0,
                 vcpus: 4_500_000_000,
                 devices: 300_000_000,
                 service: 12_000_000,
@@ -665,8 +673,9 @@ fn every_sample_parses_and_is_unique() {
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
     // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
-    // histograms, 2 pressure totals; the process: 7 figures and 7 thread kinds.
-    let group = 7 + h + 2 + 1 + 4 * h + 2;
+    // histograms, 2 pressure totals, the stops' cost in 2 parts and their count; the process:
+    // 7 figures and 7 thread kinds.
+    let group = 7 + h + 2 + 1 + 4 * h + 2 + 3;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 5 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.

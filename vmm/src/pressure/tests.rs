@@ -78,6 +78,8 @@ fn summary(id: usize, seq: &[S], t: usize) -> VcpuSummary {
         parks: 0,
         exits: Default::default(),
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
     }
 }
 

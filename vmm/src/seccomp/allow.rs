@@ -84,6 +84,8 @@ mod sys {
     pub const rt_sigreturn: i64 = libc::SYS_rt_sigreturn;
     pub const sched_yield: i64 = libc::SYS_sched_yield;
     pub const sched_setattr: i64 = libc::SYS_sched_setattr;
+    pub const sched_setaffinity: i64 = libc::SYS_sched_setaffinity;
+    pub const sched_getaffinity: i64 = libc::SYS_sched_getaffinity;
     pub const mmap: i64 = libc::SYS_mmap;
     pub const mprotect: i64 = libc::SYS_mprotect;
     pub const mremap: i64 = libc::SYS_mremap;
@@ -310,6 +312,11 @@ pub const READ_FILES: &[Allow] = &[
         "schedstat and KVM statistics at an offset, on descriptors opened at set-up"
     ),
     allow!(lseek, Args::Any, "file reads"),
+    allow!(
+        sched_getaffinity,
+        Args::Any,
+        "a thread's CPU set, shown beside the CPU it last ran on (threads, stats, the report)"
+    ),
     allow!(statx, Args::Any, "a file's size before it is read whole"),
     allow!(fstat, Args::Any, "a file's size before it is read whole"),
     allow!(
@@ -337,6 +344,11 @@ pub const VCPU: &[Allow] = &[
 
 /// The api thread's own.
 pub const API: &[Allow] = &[
+    allow!(
+        sched_setaffinity,
+        Args::Any,
+        "set-pin: the threads a placement rule names moved to its CPUs"
+    ),
     allow!(epoll_wait, Args::Any, "the event loop"),
     allow!(epoll_pwait, Args::Any, "the event loop"),
     allow!(epoll_ctl, Args::Any, "connections watched and unwatched"),

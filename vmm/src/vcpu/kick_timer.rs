@@ -35,7 +35,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use super::kick_lead::{Lead, MAX_LEAD_NS};
 use super::{LimitKind, VcpuShared};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
-use crate::accounting::host::{current_cpu, thread_cpu_ns};
+use crate::accounting::host::current_cpu;
 use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
@@ -92,10 +92,19 @@ pub enum OnFire {
     Idle,
 }
 
-/// The decision at a firing with the thread's CPU clock at `cpu_ns` and a timer lead of
+/// The decision at a firing with the charged CPU clock at `cpu_ns` and a timer lead of
 /// `lead_ns` (at least [`REARM_MIN_NS`] is taken): the slot with the least CPU left decides
-/// (the earliest deadline wins).
-pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS], lead_ns: u64) -> OnFire {
+/// (the earliest deadline wins). A re-arm waits `firing_ns` longer than the CPU left less the
+/// lead: the firing's own exit and entry (a KVM round trip) are a stop's cost, not charged, so
+/// the guest gets that much less than the wall time that passes (without it, a vCPU a few µs
+/// short of its target re-armed again and again, each firing costing more than the guest got
+/// between two: 75,000 firings in 3 s for 4 vCPUs at 1 ms per 10 ms).
+pub fn on_fire(
+    cpu_ns: u64,
+    deadlines: &[Option<Deadline>; SLOTS],
+    lead_ns: u64,
+    firing_ns: u64,
+) -> OnFire {
     let lead_ns = lead_ns.max(REARM_MIN_NS);
     let least = LimitKind::ALL
         .into_iter()
@@ -106,7 +115,7 @@ pub fn on_fire(cpu_ns: u64, deadlines: &[Option<Deadline>; SLOTS], lead_ns: u64)
         None => OnFire::Idle,
         Some((left, kind)) if left <= lead_ns => OnFire::Stop(kind),
         Some((left, limit)) => OnFire::Rearm {
-            after_ns: left - lead_ns,
+            after_ns: left - lead_ns + firing_ns,
             limit,
         },
     }
@@ -518,63 +527,6 @@ impl Drop for OsTimer {
     }
 }
 
-/// The kernel's part of a timer stop without KVM, for `bench limit`: `samples` firings of a
-/// timer made as a vCPU's is (CLOCK_MONOTONIC, `SIGEV_THREAD_ID` at the calling thread,
-/// `signal`, whose handler must call [`crate::hypervisor::timer_signal::mark_timer_fired`]), each armed
-/// 300-1,000 µs ahead while the thread spins in user space, as a vCPU runs in the guest:
-/// from the armed-for time to the handler, per firing (the hrtimer's expiry and the signal's
-/// delivery to a running thread; what the vCPU's `to_handler` adds is leaving KVM_RUN).
-pub fn signal_path(signal: libc::c_int, samples: usize) -> std::io::Result<HistogramSnapshot> {
-    let fired = TimerFired::default();
-    let timer = OsTimer::create(signal, &fired)?;
-    let h = Histogram::new(3).expect("3 fractional bits are valid");
-    for k in 0..samples {
-        fired.fired.store(false, Ordering::Relaxed);
-        // Spread the expiries over the tick: 300 µs to 1 ms ahead, not a multiple of it.
-        let at = now_ns() + 300_000 + (k as u64 * 7_919) % 700_000;
-        timer.set(at)?;
-        let give_up = at + 20_000_000;
-        while !fired.fired.load(Ordering::Acquire) && now_ns() < give_up {
-            std::hint::spin_loop();
-        }
-        let handler = fired.at_ns.load(Ordering::Acquire);
-        if fired.fired.load(Ordering::Acquire) && handler >= at {
-            h.record(handler - at);
-        }
-    }
-    timer.set(0)?;
-    Ok(h.snapshot())
-}
-
-/// The most a vCPU may spin for deadlines whose nearest CPU target is `target`, read with its
-/// CPU clock from `cpu`: half the CPU left to it (no cap without a target). A runway shorter
-/// than twice the lead (a small share: 1 % of 10 ms, or a 100 % VM limit split over 64 vCPUs
-/// at 10 ms periods) would otherwise be spun through whole, leaving the guest none of its
-/// quota; such a stop re-enters the guest for the first half and is as exact as the timer.
-pub fn spin_cap(target: Option<u64>, cpu: impl FnOnce() -> u64) -> u64 {
-    target.map_or(u64::MAX, |t| t.saturating_sub(cpu()) / 2)
-}
-
-/// Spins in user space until the thread's CPU clock reaches `target` (from `cpu`, read last),
-/// and returns the clock then; None when the limiter published since `epoch` or a request is
-/// waiting (the loop looks again). The spin is at most the lead of CPU ([`on_fire`]), VMM
-/// time in the accounting; after [`SPIN_WALL_MAX_NS`] of wall time it stops where it is.
-fn spin_to(shared: &VcpuShared, target: u64, mut cpu: u64, epoch: u64) -> Option<u64> {
-    let t = &shared.kick_timer;
-    let give_up = now_ns().saturating_add(SPIN_WALL_MAX_NS);
-    while cpu < target {
-        if t.epoch.load(Ordering::Acquire) != epoch || !shared.requests.load().is_empty() {
-            return None;
-        }
-        if now_ns() > give_up {
-            break;
-        }
-        std::hint::spin_loop();
-        cpu = thread_cpu_ns();
-    }
-    Some(cpu)
-}
-
 /// The vCPU thread's side: its timer and what it last read of its deadlines. Lives on the
 /// vCPU thread, inside the run loop (the timer is deleted when the loop ends, while the
 /// thread still holds the [`VcpuShared`] whose `fired` flag the timer points at).
@@ -673,24 +625,28 @@ impl KickTimer {
         deadlines.iter().flatten().map(|d| d.cpu_target).min()
     }
 
+    /// Reads every slot again (the limiter published since `epoch`), and the spin's cap.
+    fn reread(&mut self, shared: &VcpuShared, epoch: u64) {
+        let mut read = [(0, None); SLOTS];
+        for (k, r) in LimitKind::ALL.into_iter().zip(read.iter_mut()) {
+            match shared.kick_timer.read(k) {
+                Some(v) => *r = v,
+                // The limiter is writing this slot: take it all again at the next entry.
+                None => return,
+            }
+        }
+        self.seen = read;
+        self.seen_epoch = epoch;
+        self.spin_cap = spin_cap(Self::least_target(&self.deadlines()), || {
+            charged_now(shared).0
+        });
+    }
+
     #[cold]
     fn slow(&mut self, shared: &VcpuShared, fired: bool, epoch: u64) -> Prepared {
         let t = &shared.kick_timer;
         if epoch != self.seen_epoch {
-            let mut read = [(0, None); SLOTS];
-            let mut whole = true;
-            for (k, r) in LimitKind::ALL.into_iter().zip(read.iter_mut()) {
-                match t.read(k) {
-                    Some(v) => *r = v,
-                    // The limiter is writing this slot: take it all again at the next entry.
-                    None => whole = false,
-                }
-            }
-            if whole {
-                self.seen = read;
-                self.seen_epoch = epoch;
-                self.spin_cap = spin_cap(Self::least_target(&self.deadlines()), thread_cpu_ns);
-            }
+            self.reread(shared, epoch);
         }
         let now = now_ns();
         let mut due = false;
@@ -711,20 +667,30 @@ impl KickTimer {
         let want = earliest(&deadlines).map(|at| at.saturating_sub(self.lead()).max(1));
         due |= want.is_some_and(|at| at <= now);
         if due {
-            let cpu = thread_cpu_ns();
+            // Targets are on the charged clock (the thread's CPU clock less its stops); the
+            // spin reads the thread's own clock, `offset` ahead of it.
+            let (cpu, raw) = charged_now(shared);
+            let offset = raw - cpu;
             if let (Some(_), Some(target)) = (firing, Self::least_target(&deadlines)) {
                 self.lead.learn(self.armed_lead, target, cpu);
             }
-            match on_fire(cpu, &deadlines, self.lead()) {
+            let firing_ns = shared.acct.exit_cost.map_or(0, |c| c.hot_ns);
+            match on_fire(cpu, &deadlines, self.lead(), firing_ns) {
                 OnFire::Stop(kind) => {
+                    // A re-arm's stop still open (the guest has not run since): it ends here,
+                    // so that the spin is charged as a stop's spin is.
+                    shared.stops.end(raw, 0);
                     self.arm(t, 0);
-                    let target = deadlines[kind.slot()].map_or(cpu, |d| d.cpu_target);
-                    let spun_from = cpu;
-                    let Some(cpu) = spin_to(shared, target, cpu, epoch) else {
+                    let target = deadlines[kind.slot()].map_or(cpu, |d| d.cpu_target) + offset;
+                    let spun_from = raw;
+                    let Some(cpu) = spin_to(shared, target, raw, epoch) else {
                         return Prepared::Again;
                     };
                     let (stop, spun) = (now_ns(), cpu.saturating_sub(spun_from));
                     t.overrun.record(cpu.saturating_sub(target));
+                    // The spin is charged (it lands the stop on its target); what follows is
+                    // the stop's own cost, the VMM's.
+                    shared.stops.begin(cpu);
                     if t.take_hold(kind, self.seen[kind.slot()].0) {
                         t.slots[kind.slot()].stops.fetch_add(1, Ordering::Relaxed);
                         if let Some((armed, handler)) = firing.filter(|f| f.1 >= f.0) {
@@ -738,6 +704,9 @@ impl KickTimer {
                     return Prepared::Again;
                 }
                 OnFire::Rearm { after_ns, limit } => {
+                    // A firing short of the target: the exit it forced and the re-arming are
+                    // a stop's cost too, not the guest's.
+                    shared.stops.begin(raw);
                     t.slots[limit.slot()].rearms.fetch_add(1, Ordering::Relaxed);
                     self.arm(t, now + after_ns);
                 }
@@ -788,5 +757,10 @@ impl KickTimer {
     }
 }
 
+mod probe;
+mod spin;
+pub use probe::signal_path;
+pub use spin::spin_cap;
+use spin::{charged_now, spin_to};
 #[cfg(test)]
 mod tests;

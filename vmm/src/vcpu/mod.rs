@@ -35,6 +35,7 @@ mod kick_timer;
 mod park;
 mod requests;
 mod run;
+pub mod stops;
 #[cfg(test)]
 mod tests;
 
@@ -159,6 +160,14 @@ pub struct VcpuShared {
     pub overloads: Counter,
     /// The deadlines of its limits' kick timer (written by the limiter) and its figures.
     pub kick_timer: KickDeadlines,
+    /// What stopping it for its limits cost (written by its thread): the CPU its limits do
+    /// not charge it.
+    pub stops: stops::StopAccount,
+    /// The host CPU of its last entry into the guest (`u32::MAX`: none yet): written by its
+    /// thread when it changes.
+    last_cpu: AtomicU32,
+    /// The CPUs it was placed on, list form (readers and the placer only).
+    cpus: std::sync::Mutex<Option<String>>,
     end: OnceLock<VcpuEnd>,
 }
 
@@ -186,7 +195,36 @@ impl VcpuShared {
             acct,
             overloads: Counter::default(),
             kick_timer: KickDeadlines::default(),
+            stops: stops::StopAccount::default(),
+            last_cpu: AtomicU32::new(u32::MAX),
+            cpus: std::sync::Mutex::new(None),
             end: OnceLock::new(),
+        }
+    }
+
+    /// The CPU clock its limits charge it by (its thread's CPU clock less its stops, frozen
+    /// while a stop is in progress) and its stops' totals; None before its thread started.
+    pub fn charged_cpu_ns(&self) -> Option<(u64, stops::StopTotals)> {
+        let started = std::cell::Cell::new(true);
+        let r = self.stops.charged(|| {
+            let c = self.acct.thread_cpu_ns();
+            started.set(c.is_some());
+            c.unwrap_or(0)
+        });
+        started.get().then_some(r)
+    }
+
+    /// Records the CPUs it was placed on.
+    pub fn set_cpus(&self, cpus: String) {
+        *self.cpus.lock().unwrap_or_else(|e| e.into_inner()) = Some(cpus);
+    }
+
+    /// Notes the host CPU of an entry into the guest (vCPU thread; a store only when it
+    /// changed).
+    #[inline]
+    pub(crate) fn entered_on(&self, cpu: u32) {
+        if self.last_cpu.load(Ordering::Relaxed) != cpu {
+            self.last_cpu.store(cpu, Ordering::Relaxed);
         }
     }
 
@@ -218,7 +256,12 @@ impl VcpuShared {
             .store(now_ns(), Ordering::Release);
         self.requests.set(requests);
         futex_wake(&self.wake);
-        if self.state() == ThreadState::Finished {
+        // A thread not yet in its loop reads its requests at the loop's first turn; a signal
+        // now would cut its warm-up run short ("warm-up run failed" under tight limits, whose
+        // limiter stops a member that has not started where it sleeps: issue 39). The fence
+        // pairs with the thread's after it says `Running`: one of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if matches!(self.state(), ThreadState::Finished | ThreadState::Created) {
             return;
         }
         if let Some(k) = self.kicker.get() {
@@ -248,6 +291,8 @@ impl VcpuShared {
         t.id = self.id;
         t.host_tid = self.host_tid();
         t.overloads = self.overloads.get();
+        t.cpus = self.cpus.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        t.last_cpu = Some(self.last_cpu.load(Ordering::Relaxed)).filter(|&c| c != u32::MAX);
         if self.state() == ThreadState::Finished {
             t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }
@@ -347,6 +392,28 @@ impl VcpuShared {
 
     fn set_state(&self, s: ThreadState) {
         self.state.store(s.index() as u8, Ordering::Release);
+    }
+
+    /// Plays the thread's start (its wall clock from `started_ns`, CPU time 0) and, with
+    /// `ended_ns`, its end, for tests of what readers do with them.
+    #[cfg(test)]
+    pub(crate) fn pretend_ran(&self, started_ns: u64, ended_ns: Option<u64>) {
+        self.acct.set_origin(0, 0);
+        self.acct.started_ns.store(started_ns, Ordering::Release);
+        self.set_state(ThreadState::Running);
+        if let Some(at_ns) = ended_ns {
+            let _ = self
+                .acct
+                .finals
+                .set(crate::accounting::snapshot::FinalReadings {
+                    at_ns,
+                    cpu_ns: 0,
+                    run_delay_ns: 0,
+                    ticks: None,
+                    kvm: Vec::new(),
+                });
+            self.set_state(ThreadState::Finished);
+        }
     }
 }
 

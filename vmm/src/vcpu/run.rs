@@ -99,6 +99,9 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
         .set_origin(origin.cpu.unwrap_or(0), origin.run_delay.unwrap_or(0));
     shared.acct.started_ns.store(start.now, Ordering::Release);
     shared.set_state(ThreadState::Running);
+    // Pairs with `VcpuShared::kick`'s: a request made while this thread was `Created` (and so
+    // not signalled) is seen by the loop's first turn.
+    std::sync::atomic::fence(Ordering::SeqCst);
     rec.begin(start);
     let end = run_loop(v, &mut rec);
     // The devices' end-of-vCPU work (a console line flushed) is VMM time of this vCPU.
@@ -138,6 +141,25 @@ fn stamp(prev: Level, cpu: bool) -> Stamp {
     }
 }
 
+/// The entry's stamp at level `next`; a stop still open ends at it (with the CPU clock it
+/// then needs), so the guest's time from here on is charged again.
+fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut StopTrack) -> Stamp {
+    let stopped = shared.stops.is_open();
+    let level = if next == Level::Off {
+        rec.level()
+    } else {
+        next
+    };
+    let entry = stamp(
+        level,
+        rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
+    );
+    if stopped {
+        stop.end(shared, entry.cpu.unwrap_or_else(thread_cpu_ns));
+    }
+    entry
+}
+
 /// The exit path.
 pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
@@ -147,7 +169,8 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     // thread measures that wait (only then, at a few system calls per run).
     let mut unstarted = v.vcpu.waits_for_start();
     let mut kick_timer = KickTimer::start(&shared);
-    loop {
+    let mut stop = StopTrack::default();
+    let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
         v.vcpu.clear_kick();
@@ -160,12 +183,19 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             continue;
         }
         if requests.intersects(Requests::LIMIT) {
+            if shared.stops.begin(thread_cpu_ns()) {
+                stop.begun(&shared, last_exit);
+            }
+            stop.parked = true;
             park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
             continue;
         }
-        match kick_timer.prepare(&shared) {
+        let prepared = kick_timer.prepare(&shared);
+        stop.observe(&shared, last_exit);
+        match prepared {
             Prepared::Enter => {}
             Prepared::Hold => {
+                stop.parked = true;
                 park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
                 continue;
             }
@@ -175,21 +205,20 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         let host_cpu = if next == Level::Off {
             0
         } else {
-            current_cpu() as usize
+            let c = current_cpu();
+            shared.entered_on(c);
+            c as usize
         };
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
-        let entry = stamp(
-            if next == Level::Off {
-                rec.level()
-            } else {
-                next
-            },
-            rec.needs_cpu_clock(rec.level(), next),
-        );
+        let entry = entry_stamp(rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
-        let exit_stamp = stamp(rec.level(), rec.needs_cpu_clock(rec.level(), rec.level()));
+        let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
+        let exit_stamp = stamp(
+            rec.level(),
+            rec.needs_cpu_clock(rec.level(), rec.level()) || rec.cpu_at_exit(kicked),
+        );
         if let Some(before) = before {
             rec.start_wait(before, consistent_stamp(&shared));
         }
@@ -219,5 +248,46 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 }
             }
         }
+    };
+    // A stop the loop ended in (a stop request while parked) ends here, with no round trip.
+    if shared.stops.is_open() {
+        shared.stops.end(thread_cpu_ns(), 0);
+    }
+    end
+}
+
+/// The run loop's side of a stop in progress ([`super::stops`]): whether the exit before it
+/// was one the stop forced (a kick's `intr` exit) and whether it parked, which decide the KVM
+/// round trip it is said to have cost.
+#[derive(Debug, Default)]
+struct StopTrack {
+    /// The stop seen begin (its number: `StopTotals::stops` once it began).
+    seen: u64,
+    forced: bool,
+    parked: bool,
+}
+
+impl StopTrack {
+    /// A stop began after `last_exit`.
+    fn begun(&mut self, shared: &VcpuShared, last_exit: Option<LastExit>) {
+        self.seen = shared.stops.count();
+        self.forced = last_exit.is_some_and(|e| e.reason == crate::exit::ExitReason::Intr);
+        self.parked = false;
+    }
+
+    /// After the kick timer's turn: a stop it began (a firing) is noted.
+    #[inline]
+    fn observe(&mut self, shared: &VcpuShared, last_exit: Option<LastExit>) {
+        if shared.stops.is_open() && shared.stops.count() != self.seen {
+            self.begun(shared, last_exit);
+        }
+    }
+
+    /// The stop ends as the guest is entered again, with the CPU clock at `cpu`.
+    fn end(&mut self, shared: &VcpuShared, cpu: u64) {
+        let kvm = super::stops::kvm_round_trip(shared.acct.exit_cost, self.forced, self.parked);
+        shared.stops.end(cpu, kvm);
+        self.forced = false;
+        self.parked = false;
     }
 }

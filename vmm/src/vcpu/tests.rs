@@ -322,3 +322,26 @@ fn reads_get_the_devices_bytes_and_an_internal_error_keeps_its_suberror() {
         ]
     );
 }
+
+/// Issue 39: a kick before the thread is in its loop (a tight limit stopping a member that has
+/// not started, where it sleeps) sent the signal that cut its warm-up run short ("warm-up run
+/// failed"); the request alone waits for the loop's first turn.
+#[test]
+fn a_kick_before_the_loop_runs_sends_no_signal() {
+    struct Count(Arc<std::sync::atomic::AtomicU64>);
+    impl crate::hypervisor::Kicker for Count {
+        fn kick(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let meter = Arc::new(VcpuMeter::new(3, 2));
+    let shared = VcpuShared::new(0, VcpuAccounting::new(meter, None, None));
+    let kicks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let _ = shared.kicker.set(Box::new(Count(Arc::clone(&kicks))));
+    shared.kick(crate::vcpu::LimitKind::Vm.into());
+    assert_eq!(kicks.load(Ordering::Relaxed), 0, "created: no signal");
+    assert!(shared.requested(Requests::LIMIT), "the request waits");
+    shared.pretend_ran(1, None);
+    shared.kick(Requests::PAUSE);
+    assert_eq!(kicks.load(Ordering::Relaxed), 1, "running: the signal");
+}

@@ -30,6 +30,7 @@ use crate::limits::cgroup::CgroupLimits;
 use crate::limits::limiter::{Backend, Limiter};
 use crate::memory::{map_region, GuestRam, MemoryError, SlotAllocator};
 use crate::payload::{Boot, Load, PayloadError};
+use crate::placement::PlacementBoard;
 use crate::ppa_page::PpaPage;
 use crate::report::{Report, VmInfo};
 use crate::sync::now_ns;
@@ -88,6 +89,9 @@ pub enum VmError {
     /// A disk could not be made.
     #[error(transparent)]
     Blk(#[from] crate::devices::blk::BlkError),
+    /// The threads could not be put on their CPUs.
+    #[error(transparent)]
+    Place(#[from] crate::handle::PlaceError),
 }
 
 /// A VM ready to run, on hypervisor `H`.
@@ -95,6 +99,7 @@ pub struct Vm<H: Hypervisor = Kvm> {
     status: Arc<VmStatus>,
     hub: Arc<EventHub>,
     limiter: Arc<Limiter>,
+    placement: Arc<PlacementBoard>,
     vcpus: Vec<<H::Vm as hv::Vm>::Vcpu>,
     shared: Vec<Arc<VcpuShared>>,
     control: Arc<AccountingControl>,
@@ -144,14 +149,14 @@ fn create_vm<H: Hypervisor>(hv: &H, vcpus: usize) -> Result<H::Vm, VmError> {
     Ok(hv.create_vm()?)
 }
 
-/// Maps RAM (`regions`, prefaulted when asked) into `vm`.
+/// Maps RAM (`regions`, backed as `config` says and prefaulted when it asks) into `vm`.
 fn map_ram<V: hv::Vm>(
     vm: &V,
     slots: &mut SlotAllocator,
     regions: &[Region],
-    prefault: bool,
+    config: &VmConfig,
 ) -> Result<GuestRam, VmError> {
-    let ram = GuestRam::create(regions, prefault)?;
+    let ram = GuestRam::create(regions, config.prefault, &config.memory_backing)?;
     // SAFETY: the returned `GuestRam` is kept by the `Vm` in a field dropped after the
     // hypervisor's VM and every vCPU (see the field order of `Vm`).
     unsafe { ram.register(vm, slots) }?;
@@ -184,6 +189,40 @@ fn create_vcpus<V: hv::Vm>(vm: &V, n: usize) -> Result<Vec<V::Vcpu>, VmError> {
     (0..n)
         .map(|i| vm.create_vcpu(i).map_err(VmError::from))
         .collect()
+}
+
+/// The VM's placement, checked (a rule naming a vCPU or device it lacks, or a CPU outside
+/// the process's allowed set, and a NUMA node that does not exist, are refused here, before
+/// anything is mapped), with the node's CPUs for the threads no rule names.
+fn placement(config: &VmConfig) -> Result<Arc<PlacementBoard>, VmError> {
+    let original = crate::placement::allowed();
+    let devices: Vec<(String, usize)> = config
+        .net
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let id = n.id.clone().unwrap_or_else(|| format!("net{i}"));
+            (id, usize::from(n.queues))
+        })
+        .chain(config.disks.iter().enumerate().map(|(i, d)| {
+            // A disk's threads take its device's rule (`blk0`); it has no queue pairs.
+            let id = d.id.clone().unwrap_or_else(|| format!("blk{i}"));
+            (id, 0)
+        }))
+        .collect();
+    let mut p = config.placement.clone();
+    p.check(config.vcpus, &devices, &original)
+        .map_err(ConfigError::from)?;
+    if let Some(node) = config.memory_backing.numa_node {
+        p.node_cpus =
+            Some(crate::placement::node_cpus(node, &original).map_err(ConfigError::from)?);
+    }
+    Ok(Arc::new(PlacementBoard::new(
+        p,
+        original,
+        config.vcpus,
+        devices,
+    )))
 }
 
 /// TSC frequency: the hypervisor's, or measured against CLOCK_MONOTONIC over 20 ms.
@@ -288,6 +327,7 @@ impl<H: Hypervisor> Vm<H> {
                 return Err(PayloadError::HostCannotBoot(why).into());
             }
         }
+        let placement = placement(&config)?;
         let regions = ram_regions(config.memory_mib << 20);
         let page = (config.ppa_page_size > 0)
             .then(|| ppa_page_region(config.ppa_page_size))
@@ -303,7 +343,7 @@ impl<H: Hypervisor> Vm<H> {
             Vec::new()
         };
         let mut slots = SlotAllocator::default();
-        let ram = map_ram(&hv_vm, &mut slots, &regions, config.prefault)?;
+        let ram = map_ram(&hv_vm, &mut slots, &regions, &config)?;
         let ppa_page = map_ppa_page(&hv_vm, &mut slots, &config)?;
         let vcpus = create_vcpus(&hv_vm, config.vcpus)?;
         let tsc_khz = tsc_khz(&vcpus[0]);
@@ -332,6 +372,7 @@ impl<H: Hypervisor> Vm<H> {
         let control = accounting_control(&config);
         let hub = Arc::new(EventHub::new().map_err(|e| VmError::Thread("event hub", e))?);
         let limiter = limiter(&config, &shared, &hub, exit_cost)?;
+        limiter.set_devices(devices.clone());
         let name = config
             .name
             .clone()
@@ -347,7 +388,13 @@ impl<H: Hypervisor> Vm<H> {
                 tsc_khz,
                 kvm_exit_cost_ns: exit_cost.map(|c| c.hot_ns),
                 kvm_exit_cost_after_park_ns: exit_cost.map(|c| c.after_park_ns),
+                memory: crate::report::MemoryInfo {
+                    page_size: config.memory_backing.page,
+                    numa_node: config.memory_backing.numa_node,
+                },
+                pins: config.placement.texts(),
             },
+            placement,
             vcpus,
             shared,
             control,
@@ -381,6 +428,7 @@ impl<H: Hypervisor> Vm<H> {
             self.ppa_page.clone(),
         )
         .with_devices(self.devices.clone())
+        .with_placement(Arc::clone(&self.placement))
     }
 
     /// Sends systemd's readiness messages through `n` (`READY=1` once every vCPU runs and

@@ -151,6 +151,15 @@ struct Ended {
     timed_out: bool,
 }
 
+/// Waits (at most 5 s, in 100 µs steps) until every vCPU thread has its tid (it sets it first
+/// thing), so that it can be placed before the start gate opens.
+fn wait_tids(vcpus: &[Arc<VcpuShared>]) {
+    let until = Instant::now() + std::time::Duration::from_secs(5);
+    while vcpus.iter().any(|v| v.host_tid() == 0) && Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 /// Waits (at most 1 s, in 100 µs steps) until every vCPU thread has left its start gate.
 fn wait_running(vcpus: &[Arc<VcpuShared>]) {
     let until = Instant::now() + std::time::Duration::from_secs(1);
@@ -190,12 +199,29 @@ where
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
         crate::seccomp::arm(self.seccomp);
+        // The helpers started from here inherit the service threads' CPUs.
+        let service = self
+            .placement
+            .cpus_for(&crate::placement::ThreadRole::Service);
+        crate::placement::set_affinity(0, &service)
+            .map_err(|e| VmError::Thread("main (its CPU set)", e))?;
         let mut run = self.start_helpers(&handle)?;
         let start = Instant::now();
         let start_realtime_ns = realtime_ns();
         let steal_at_start = host_steal_ns();
         let done_rx = self.spawn_vcpus(&mut run)?;
-        self.limiter.place_threads().map_err(VmError::Cgroup)?;
+        wait_tids(&run.shared);
+        handle.place_threads(true)?;
+        let devices: Vec<i32> = handle
+            .devices()
+            .iter()
+            .flat_map(|d| d.threads())
+            .map(|t| t.host_tid)
+            .collect();
+        let service: Vec<i32> = self.placement.service().iter().map(|t| t.0).collect();
+        self.limiter
+            .place_threads(&devices, &service)
+            .map_err(VmError::Cgroup)?;
         crate::seccomp::enter(crate::seccomp::Kind::Main);
         self.status.mark_started();
         futex_wake(&run.gate);
@@ -258,10 +284,14 @@ where
             log::info!("serving metrics at http://{a}/metrics");
         }
         let l = Arc::clone(&self.limiter);
+        let placement = Arc::clone(&self.placement);
         run.limiter_thread = Some(
             std::thread::Builder::new()
                 .name("limiter".into())
-                .spawn(move || l.run())
+                .spawn(move || {
+                    placement.register_current("limiter");
+                    l.run()
+                })
                 .map_err(|e| VmError::Thread("limiter", e))?,
         );
         run.sampler = Some(
@@ -339,6 +369,7 @@ where
                 vcpus: vcpu_cpu,
                 devices: device_cpu,
                 service: host_threads_ns.saturating_sub(device_cpu),
+                vcpu_stops: handle.vcpu_stops_ns(),
             },
             host_steal_ns: ended
                 .steal_at_start

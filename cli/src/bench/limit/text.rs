@@ -4,7 +4,7 @@
 
 use ppa_vmm_api::LimitBackend;
 
-use super::{ErrorStats, Lateness, LimitResult, LimitRun, MEASUREMENTS};
+use super::{CgroupFigures, ErrorStats, Lateness, LimitResult, LimitRun, MEASUREMENTS};
 
 fn error_row(s: &mut String, label: &str, name: LimitBackend, e: &ErrorStats) {
     s.push_str(&format!(
@@ -55,7 +55,10 @@ impl LimitResult {
             periods: self.periods,
             vmm: self.vmm.clone(),
             vmm_debt: self.vmm_debt.clone(),
-            cgroup: self.cgroup.clone(),
+            cgroup: match &self.cgroup {
+                CgroupFigures::Measured(e) => e.clone(),
+                CgroupFigures::Unavailable { .. } => ErrorStats::default(),
+            },
             rms_ratio: self.rms_ratio,
             p99_ratio: self.p99_ratio,
             kicks: self.kicks.clone(),
@@ -66,6 +69,11 @@ impl LimitResult {
             .zip(&MEASUREMENTS)
         {
             s += &self.measurement_text(r, period_ns, members);
+        }
+        if let CgroupFigures::Unavailable { unavailable } = &self.cgroup {
+            s += &format!(
+                "cgroup backend unavailable, the VMM backend ran alone (its rows are empty): {unavailable}\n"
+            );
         }
         s += &format!(
             "host: {} CPUs, steal {:.2} % ({:.1} ms) over the bench, load average {:.1} -> {:.1}\n",

@@ -190,6 +190,23 @@ impl Recorder {
         self.level
     }
 
+    /// Whether the entry that ends the `vmm` interval in progress reads the thread CPU clock
+    /// at level basic: the interval began with a reading (a kicked exit, [`Self::cpu_at_exit`],
+    /// or a park's end), so that its handling is measured by the clock rather than by wall
+    /// time (issue 39: a limit's stop, preempted in its spin or park path, made level basic
+    /// put a third of a limited VM's CPU in `vmm_ns`).
+    #[inline]
+    pub fn cpu_at_entry(&self) -> bool {
+        self.level == Level::Basic && self.cpu_since.is_some()
+    }
+
+    /// Whether the exit stamp of a KVM_RUN that returned `kicked` (an `intr` exit: a kick, a
+    /// kick timer) reads the thread CPU clock at level basic (see [`Self::cpu_at_entry`]).
+    #[inline]
+    pub fn cpu_at_exit(&self, kicked: bool) -> bool {
+        kicked && self.level == Level::Basic
+    }
+
     /// Closes a `vmm` interval ending at `s`: its wall and CPU go to the VMM totals and to the
     /// current exit. Called inside a write section. At level full its on-CPU part is the wall
     /// time less the off-CPU episodes the records show (those the exit's drain found after
@@ -225,7 +242,12 @@ impl Recorder {
                     m.irq_vmm.add((t.irq[0] + carried_irq).min(on));
                 }
             }
-            (Level::Full, None, Some(c), Some(c0)) => m.cpu_vmm_full.add(c.saturating_sub(c0)),
+            // Level full without records, and at level basic the handling that followed a
+            // kicked exit or a park (read by the thread CPU clock at both ends: a limit's stop,
+            // whose spin and park path a preemption can stretch to milliseconds of wall time).
+            (Level::Full | Level::Basic, None, Some(c), Some(c0)) => {
+                m.cpu_vmm_full.add(c.saturating_sub(c0))
+            }
             _ => m.vmm_wall_basic.add(h),
         }
         self.acc.publish();

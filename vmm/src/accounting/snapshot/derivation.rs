@@ -201,11 +201,7 @@ pub fn derive(
         }
     };
     let (m, bm) = (&cur.meter, &b.meter);
-    let hist = if base.is_some() {
-        cur.hist.since(&b.hist)
-    } else {
-        cur.hist.clone()
-    };
+    let hist = base.map_or_else(|| cur.hist.clone(), |b| cur.hist.since(&b.hist));
     let since = Since { cur, base: b, kvm };
     let kf = kernel::figures(m, bm, kernel.why);
     let time = since.time_split(&kf, kernel.irq_time_accounted);
@@ -280,6 +276,8 @@ pub fn derive(
         park_cpu_ns: m.park_cpu.saturating_sub(bm.park_cpu),
         proc_ticks: cur.ticks,
         overloads: 0,
+        cpus: None,
+        last_cpu: None,
         steal_before_start_ns: 0,
     };
     (times, hist)

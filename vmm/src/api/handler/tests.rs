@@ -41,7 +41,7 @@ fn version_and_ids() {
         ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
     );
     assert_eq!(
-        v.guest_abi, "1.3",
+        v.guest_abi, "1.4",
         "docs/control.md and docs/abi.md quote this version"
     );
 }
@@ -187,7 +187,8 @@ fn pause_resume_shutdown_and_threads() {
     assert!(vm.paused());
     ok(&mut h, r#"{"cmd":"resume"}"#);
     assert!(!vm.paused());
-    let t: Threads = serde_json::from_value(ok(&mut h, r#"{"cmd":"threads"}"#)).unwrap();
+    let t: ppa_vmm_api::Threads =
+        serde_json::from_value(ok(&mut h, r#"{"cmd":"threads"}"#)).unwrap();
     assert_eq!(t.vcpus.len(), 2);
     assert_eq!(t.vcpus[1].name, "vcpu1");
     assert_eq!(t.pid, std::process::id());

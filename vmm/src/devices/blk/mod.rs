@@ -368,6 +368,7 @@ impl super::Device for BlkDevice {
                 device: self.blk.id.clone(),
                 name: self.thread_name(q),
                 host_tid: self.blk.meters[q].tid(),
+                ..Default::default()
             })
             .collect()
     }

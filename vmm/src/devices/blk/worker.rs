@@ -204,10 +204,14 @@ impl MutEventSubscriber for Worker {
 pub fn run(name: &str, worker: Worker) {
     let blk = Arc::clone(&worker.blk);
     crate::devices::virtio::thread::run(
-        name,
-        &blk.meters[worker.queue],
-        &blk.stop,
-        crate::seccomp::Kind::Disk,
+        crate::devices::virtio::thread::ThreadParams {
+            name,
+            meter: &blk.meters[worker.queue],
+            stop: &blk.stop,
+            seccomp: crate::seccomp::Kind::Disk,
+            // A disk counts no frames that waited for a hold.
+            held_kinds: 0,
+        },
         worker,
     );
 }

@@ -410,6 +410,7 @@ impl super::Device for NetDevice {
                 device: self.net.id.clone(),
                 name: self.thread_name(pair),
                 host_tid: self.net.meters[pair].tid(),
+                ..Default::default()
             })
             .collect()
     }
@@ -421,6 +422,16 @@ impl super::Device for NetDevice {
     fn reset(&self) {
         let mut b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
         *b = Some(self.raw());
+    }
+
+    fn wake_threads(&self) {
+        // Each pair's thread runs its wake pass once (nothing to do in it): it moves to one of
+        // its CPUs, and looks at its hold before it waits again.
+        self.virtio.wake_all();
+    }
+
+    fn worker_meters(&self) -> &[WorkerMeter] {
+        &self.net.meters
     }
 
     fn stats(&self) -> DeviceStats {

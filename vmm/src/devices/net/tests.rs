@@ -69,6 +69,8 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             steal_ns: 5 * k,
             waiting_ns: 80 * k,
             blocked_ns: 5 * k,
+            limited_ns: 0,
+            held_frames: 0,
             identity_error_ns: 0,
         }],
         queues: vec![QueueStats {

@@ -300,6 +300,10 @@ impl Worker {
             let cpu = self.net.meters[self.pair].cpu_mark(part);
             self.net.frame_cpu[self.pair].record(part, cpu, frames);
         }
+        // The first pass of each kind after a limit's hold: the frames that waited for it.
+        self.net.meters[self.pair]
+            .hold
+            .after_pass(1 << part, frames);
     }
 
     /// Carries out what a pass on queue `index` says (`again`: its bit to re-run it).
@@ -450,10 +454,13 @@ pub fn run(worker: Worker) {
     let pair = worker.pair;
     let name = format!("{}-qp{pair}", net.id);
     crate::devices::virtio::thread::run(
-        &name,
-        &net.meters[pair],
-        &net.stop,
-        crate::seccomp::Kind::Device,
+        crate::devices::virtio::thread::ThreadParams {
+            name: &name,
+            meter: &net.meters[pair],
+            stop: &net.stop,
+            seccomp: crate::seccomp::Kind::Device,
+            held_kinds: 1 << PART_RX | 1 << PART_TX,
+        },
         worker,
     );
 }

@@ -65,6 +65,8 @@ pub fn thread_stats(name: String, meter: &WorkerMeter, t: &WorkerTimes) -> Devic
         steal_ns: t.steal_ns,
         waiting_ns: t.waiting_ns,
         blocked_ns: t.blocked_ns,
+        limited_ns: t.limited_ns,
+        held_frames: meter.hold.frames(),
         identity_error_ns: t.identity_error_ns(),
     }
 }
@@ -80,8 +82,10 @@ pub fn since_common(cur: &mut DeviceStats, base: &DeviceStats) {
             t.steal_ns = t.steal_ns.saturating_sub(b.steal_ns);
             t.waiting_ns = t.waiting_ns.saturating_sub(b.waiting_ns);
             t.blocked_ns = t.blocked_ns.saturating_sub(b.blocked_ns);
-            t.identity_error_ns =
-                t.wall_ns as i64 - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns) as i64;
+            t.limited_ns = t.limited_ns.saturating_sub(b.limited_ns);
+            t.held_frames = t.held_frames.saturating_sub(b.held_frames);
+            t.identity_error_ns = t.wall_ns as i64
+                - (t.used_ns + t.steal_ns + t.waiting_ns + t.blocked_ns + t.limited_ns) as i64;
         }
     }
     for q in &mut cur.queues {

@@ -11,6 +11,7 @@ fn set_limit_checks_and_queues() {
         groups: vec![g],
         backend: Backend::Vmm,
         kick: KickMode::Timer,
+        vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
     assert!(matches!(
@@ -42,6 +43,7 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
         groups: vec![GroupSpec::parse("a:0-1:50%").unwrap()],
         backend: Backend::Vmm,
         kick: KickMode::Timer,
+        vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
     let close = |n: usize, every: u64, t: &mut u64| {
@@ -76,4 +78,74 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
     let mut removed = g.clone();
     removed.used_ns = 34_000_000;
     assert_eq!(removed.used_percent(), Some(10.0));
+}
+
+/// Issue 39: the first period begins when the first member starts, not when the limiter does
+/// (at level full the vCPUs start ~0.5 s later, and a 25 % limit read 22 % over periods that
+/// began before any of them), and the last one ends with the last member, its own length
+/// counted.
+#[test]
+fn periods_cover_the_time_the_members_ran() {
+    let vm = crate::api::tests_support::handle(2);
+    let cfg = LimitConfig {
+        vm: Some((Limit::parse("25%").unwrap(), "25%".into())),
+        groups: Vec::new(),
+        backend: Backend::Vmm,
+        kick: KickMode::Timer,
+        vm_scope: Default::default(),
+    };
+    let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
+    let t0 = 10_000_000_000;
+    {
+        let mut es = l.lock();
+        l.look(&mut es[0], t0);
+        assert_eq!(es[0].period_start, 0, "no member has started: no period");
+        assert_eq!(es[0].next_look, Some(t0 + periods::START_POLL_NS));
+        l.look(&mut es[0], t0 + 500_000_000);
+        assert_eq!(es[0].period_start, 0);
+    }
+    // vCPU 1 started 0.6 s after the limiter, vCPU 0 a little later; the limiter looks 1 ms on.
+    let start = t0 + 600_000_000;
+    vm.vcpus()[1].pretend_ran(start, None);
+    vm.vcpus()[0].pretend_ran(start + 200_000, None);
+    {
+        let mut es = l.lock();
+        l.look(&mut es[0], start + 1_000_000);
+        assert_eq!(es[0].period_start, start, "from the first member's start");
+        assert_eq!(es[0].periods, 0);
+    }
+    // Both end 250 ms after the start: two whole periods and one of 50 ms.
+    let end = start + 250_000_000;
+    {
+        let mut es = l.lock();
+        l.look(&mut es[0], start + 100_000_000);
+        l.look(&mut es[0], start + 200_000_000);
+    }
+    for (k, v) in vm.vcpus().iter().enumerate() {
+        v.pretend_ran(start + 200_000 * (1 - k as u64), Some(end - k as u64));
+    }
+    {
+        let mut es = l.lock();
+        l.look(&mut es[0], end + 30_000_000);
+        assert!(es[0].ended);
+        assert_eq!(es[0].next_look, None, "nothing left to look at");
+        l.look(&mut es[0], end + 500_000_000);
+    }
+    let g = &l.groups()[0];
+    assert_eq!(g.periods, 3, "{g:?}");
+    assert_eq!(g.periods_ns, 250_000_000, "{g:?}");
+}
+
+/// A limit set at run time begins at once, whatever its members did before.
+#[test]
+fn a_limit_set_at_run_time_begins_when_it_is_set() {
+    let vm = crate::api::tests_support::handle(1);
+    let l = Limiter::new(&LimitConfig::default(), vm.vcpus().to_vec(), None, 30_000);
+    vm.vcpus()[0].pretend_ran(1_000_000_000, None);
+    l.set_limit("vm", "50%").unwrap();
+    let now = crate::sync::now_ns();
+    let mut es = l.lock();
+    l.look(&mut es[0], now + 1_000);
+    assert_eq!(es[0].period_start, es[0].set_at);
+    assert!(es[0].set_at <= now && es[0].set_at > 1_000_000_000);
 }

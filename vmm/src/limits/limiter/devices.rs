@@ -1,0 +1,147 @@
+//! The VM's limit of scope `vm` (issue 36): the device threads' CPU is charged to the VM's
+//! budget, and once the budget is spent, after the vCPUs, the device threads are held.
+//!
+//! Data flow: at each look of such a limit the thread reads every device thread's CPU clock
+//! (its `WorkerMeter`), charges what they used since the period began, and keeps for them what
+//! they used last period (with 10 % headroom, as an idle vCPU's claim): the vCPUs share the rest
+//! ([`Limiter::devices_budget`]). When the members and the devices together reach the quota
+//! less the margin, each device thread is held ([`crate::accounting::worker::hold`]): it stops
+//! serving its queues until the next period, which releases it ([`Limiter::devices_begin`]).
+//! Device threads have no kick timer, so the thread looks again before the devices and the
+//! running vCPUs together could spend what is left.
+
+use std::sync::Arc;
+
+use super::{Entity, LimitKind, Limiter};
+use crate::accounting::worker::WorkerMeter;
+use crate::devices::Device;
+use crate::limits::engine::{Member, MIN_RECHECK_NS};
+use crate::limits::Scope;
+
+/// A limit of scope `vm`'s account of the device threads.
+#[derive(Debug, Default)]
+pub(super) struct DeviceCharge {
+    /// Each device thread's CPU clock at the period's start.
+    base: Vec<u64>,
+    /// What they are expected to use this period (last period's, with 10 % headroom).
+    expected: u64,
+    /// Whether they are held now.
+    held: bool,
+    /// Their CPU in the completed periods.
+    pub ns: u64,
+    /// Their held time and holds when the limit was set.
+    limited_base: u64,
+    holds_base: u64,
+}
+
+/// Every device thread's meter.
+fn meters(devices: &[Arc<dyn Device>]) -> impl Iterator<Item = &WorkerMeter> {
+    devices.iter().flat_map(|d| d.worker_meters().iter())
+}
+
+impl Limiter {
+    /// The VM's devices with threads of their own (set once, before the run).
+    pub fn set_devices(&self, devices: Vec<Arc<dyn Device>>) {
+        let _ = self.devices.set(devices);
+    }
+
+    fn devices(&self) -> &[Arc<dyn Device>] {
+        self.devices.get().map_or(&[], |d| d.as_slice())
+    }
+
+    /// The devices' CPU since the period began.
+    fn devices_used(&self, e: &Entity) -> u64 {
+        meters(self.devices())
+            .zip(e.dev.base.iter().chain(std::iter::repeat(&0)))
+            .map(|(m, b)| m.times().used_ns.saturating_sub(*b))
+            .sum()
+    }
+
+    /// A period begins: the devices' clocks as its base, and their hold ends.
+    pub(super) fn devices_begin(&self, e: &mut Entity) {
+        e.dev.base = meters(self.devices()).map(|m| m.times().used_ns).collect();
+        if std::mem::take(&mut e.dev.held) {
+            self.hold_devices(false);
+        }
+    }
+
+    /// The limit was set: its device figures count from now.
+    pub(super) fn devices_set(&self, e: &mut Entity) {
+        e.dev.limited_base = meters(self.devices()).map(|m| m.hold.held_ns()).sum();
+        e.dev.holds_base = meters(self.devices()).map(|m| m.hold.holds()).sum();
+    }
+
+    /// A period closed: what the devices used is charged, and expected again.
+    pub(super) fn devices_close(&self, e: &mut Entity) -> u64 {
+        let used = self.devices_used(e);
+        e.dev.ns += used;
+        e.dev.expected = used + used / 10;
+        used
+    }
+
+    /// Holds (or releases) every device thread and wakes them to see it.
+    pub(super) fn hold_devices(&self, hold: bool) {
+        for m in meters(self.devices()) {
+            if hold {
+                m.hold.hold();
+            } else {
+                m.hold.release();
+            }
+        }
+        for d in self.devices() {
+            d.wake_threads();
+        }
+    }
+
+    /// For a limit of scope `vm` of `quota_ns`, its vCPUs `members` as read now: the budget
+    /// left to the vCPUs (the quota less what the devices used or are expected to use), and
+    /// when to look again for the devices' sake. Holds the devices once the budget is spent.
+    pub(super) fn devices_budget(
+        &self,
+        e: &mut Entity,
+        members: &[Member],
+        quota_ns: u64,
+        margin_ns: u64,
+    ) -> (u64, Option<u64>) {
+        let threads = meters(self.devices()).count() as u64;
+        if threads == 0 {
+            return (quota_ns, None);
+        }
+        let used = self.devices_used(e);
+        let vcpus: u64 = members.iter().map(|m| m.used_ns).sum();
+        let spent = used + vcpus + margin_ns >= quota_ns;
+        if spent && !e.dev.held {
+            e.dev.held = true;
+            self.hold_devices(true);
+        }
+        let budget = quota_ns.saturating_sub(used.max(e.dev.expected));
+        if e.dev.held {
+            return (budget, None);
+        }
+        let running = members.iter().filter(|m| m.can_run && !m.stopped).count() as u64;
+        let on_cpu = (threads + running).min(self.host_cpus.max(1) as u64);
+        let left = quota_ns.saturating_sub(used + vcpus + on_cpu * margin_ns);
+        (budget, Some((left / on_cpu).max(MIN_RECHECK_NS)))
+    }
+
+    /// The devices' figures for the limit's stats: CPU charged, held time and holds.
+    pub(super) fn devices_figures(&self, e: &Entity) -> (u64, u64, u64) {
+        let held: u64 = meters(self.devices()).map(|m| m.hold.held_ns()).sum();
+        let holds: u64 = meters(self.devices()).map(|m| m.hold.holds()).sum();
+        (
+            e.dev.ns,
+            held.saturating_sub(e.dev.limited_base),
+            holds.saturating_sub(e.dev.holds_base),
+        )
+    }
+}
+
+/// The scope of `e`'s limit, from its text (`50%,scope=vm`); a group's is always `vcpus`.
+pub(super) fn scope_of(e: &Entity) -> Scope {
+    match &e.limit {
+        Some((_, text)) if e.kind == LimitKind::Vm => {
+            crate::limits::parse_vm_limit(text).map_or(Scope::Vcpus, |(_, s)| s)
+        }
+        _ => Scope::Vcpus,
+    }
+}
