@@ -398,14 +398,19 @@ fn cells(row: &Row) -> Vec<String> {
 pub fn render(rows: &[Row], total: &Row, header: &VmStats, sort: SortKey) -> String {
     let mut s = format!(
         "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}  \
-         pressure some {:.2} % full {:.2} % (avg10)\n\n",
+         pressure some {:.2} % full {:.2} % (avg10{})\n\n",
         header.name,
         header.state,
         header.level,
         header.uptime_ns as f64 / 1e9,
         header.vcpus,
         header.pressure.some.avg10,
-        header.pressure.full.avg10
+        header.pressure.full.avg10,
+        if header.pressure.estimated {
+            ", estimated"
+        } else {
+            ""
+        }
     );
     let titles: Vec<String> = COLUMNS.iter().map(|(t, _)| t.to_string()).collect();
     s.push_str(&line(&titles));

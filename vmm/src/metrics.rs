@@ -90,9 +90,10 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_vm_vcpus", Gauge, "Number of vCPUs."),
         d("ppa_vm_host_threads_seconds_total", Counter, "CPU time of every non-vCPU thread of the VMM process."),
         d("ppa_vm_host_cpu_seconds_total", Counter, "CPU time of the VMM process by part: vcpus (the vCPU threads), devices (the device threads), service (every other thread)."),
-        d("ppa_vm_pressure_some_seconds_total", Counter, "Time at least one non-idle vCPU was stalled (waiting for a host CPU or held by a limit), since the VM started."),
-        d("ppa_vm_pressure_full_seconds_total", Counter, "Time every non-idle vCPU was stalled, at least one being non-idle, since the VM started."),
-        d("ppa_vm_pressure_avg_ratio", Gauge, "PSI's running averages of the VM's pressure (0 to 1), by kind (some, full) and window (10s, 60s, 300s)."),
+        d("ppa_vm_pressure_some_seconds_total", Counter, "Time at least one non-idle vCPU was stalled (waiting for a host CPU or held by a limit), since the VM started; an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_full_seconds_total", Counter, "Time every non-idle vCPU was stalled, at least one being non-idle, since the VM started; an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_avg_ratio", Gauge, "PSI's running averages of the VM's pressure (0 to 1), by kind (some, full) and window (10s, 60s, 300s); an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_estimated", Gauge, "1 when part of the VM's pressure figures is an ESTIMATE (the overlap rule, where the vCPUs' state intervals were not known: level basic), 0 when every tick was measured from them."),
         d("ppa_vm_threshold_seconds", Gauge, "Threshold in force, by name; 0 means off."),
         d("ppa_vm_exit_handling_duration_seconds", Histogram, "Userspace handling time of one exit, every vCPU, by reason (parks excluded)."),
         d("ppa_vm_kvm_exit_handling_duration_seconds", Histogram, "KVM's in-kernel handling time of one exit, every vCPU, by hardware reason (level full, KVM's tracepoints)."),
@@ -160,6 +161,7 @@ pub const FAMILIES: &[Decl] = {
         d("process_threads", Gauge, "Threads of the VMM process."),
         d("ppa_group_pressure_some_seconds_total", Counter, "Time at least one non-idle member vCPU was stalled, by vCPU group."),
         d("ppa_group_pressure_full_seconds_total", Counter, "Time every non-idle member vCPU was stalled, by vCPU group."),
+        d("ppa_group_pressure_estimated", Gauge, "1 when part of the group's pressure figures is an ESTIMATE (the overlap rule), 0 when measured from the members' state intervals."),
         d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, device, other), threads that ended included."),
     ]
 };

@@ -273,6 +273,7 @@ where
                     vm: handle.clone(),
                     hub: Arc::clone(&self.hub),
                 }),
+                self.boot.needs_platform(),
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );

@@ -84,6 +84,9 @@ impl Recorder {
         }
         self.meter.begin();
         self.meter.records_on.set(u64::from(want && ok));
+        if want && ok {
+            self.meter.records_switches.add(1);
+        }
         self.publish_ring();
         self.meter.end();
     }
