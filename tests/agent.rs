@@ -415,3 +415,113 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&log2);
 }
+
+/// Reads event lines from `c` until one satisfies `want` (at most `secs`).
+fn event_where(
+    c: &mut Conn,
+    secs: u64,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        let v = c.line();
+        if v.get("event").is_some() && want(&v) {
+            return v;
+        }
+    }
+    panic!("no such event within {secs} s");
+}
+
+#[test]
+fn the_agents_alarms_reach_a_subscriber_and_a_guest_reset_restarts_its_figures() {
+    let _g = common::serial();
+    let vmm = Vmm::with_page(
+        "agent-alarms",
+        &[
+            "--vcpus",
+            "1",
+            "--ppa-page-size",
+            "262144",
+            "--workload",
+            "busy:ms=60000,publish=off",
+        ],
+    );
+    let page = vmm.page();
+    let log = std::env::temp_dir().join(format!("ppa-agent-alarms-{}.log", std::process::id()));
+    let mut c = vmm.connect();
+    let mut events = vmm.connect();
+    let r = events.ok(json!({"cmd": "subscribe", "events": ["guest-alarm"]}));
+    assert_eq!(r["events"], json!(["guest-alarm"]));
+    // A thread's on-CPU slice over 20 ms: an alarm.
+    let agent = start_agent(&page, &log, &["--alarm-slice", "20ms"]);
+    let pid = agent.id();
+    let (_, a0) = after_samples(&mut c, pid, 0, 2);
+    let (tid, spun, stop, h) = thread("alarm-spin", 200_000_000);
+    let e = event_where(&mut events, 20, |e| e["tid"] == json!(tid));
+    assert_eq!(e["event"], "guest-alarm", "{e}");
+    assert_eq!(e["what"], "slice", "{e}");
+    assert_eq!(e["comm"], "alarm-spin", "{e}");
+    assert_eq!(e["threshold"], json!(20_000_000u64), "{e}");
+    assert!(e["value"].as_u64().unwrap() > 20_000_000, "{e}");
+    assert!(
+        e["number"].as_u64().unwrap() >= 1 && e["guest_ns"].as_u64().unwrap() > 0,
+        "{e}"
+    );
+    // The `guest` view has the ring, the thread's count and the alarm among the last ones.
+    let (g, _) = after_samples(&mut c, pid, a0.samples, 1);
+    let alarms = g.alarms.clone().expect("the agent's ring");
+    assert_eq!(alarms.thresholds, [0, 20_000_000, 0, 0, 0]);
+    assert!(alarms.forwarded[1] >= 1, "{alarms:?}");
+    assert!(alarms.last.iter().any(|a| a.tid == tid), "{alarms:?}");
+    let t = g
+        .threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .expect("the spinner is published");
+    assert!(t.over[1] >= 1, "its slice counted: {t:?}");
+    assert!(t.on_cpu_ns >= spun - spun / 100, "{t:?}");
+    // The metrics count it, and stay valid exposition.
+    let text = c
+        .ok(json!({"cmd": "metrics"}))
+        .as_str()
+        .unwrap()
+        .to_string();
+    let slice = text
+        .lines()
+        .find(|l| l.starts_with("ppa_guest_alarms_total{") && l.contains("what=\"slice\""))
+        .expect("ppa_guest_alarms_total of slice");
+    assert!(!slice.ends_with(" 0"), "{slice}");
+    assert!(
+        text.contains("ppa_guest_thread_cpu_seconds_total{"),
+        "{text}"
+    );
+    common::prom::promtool_accepts(&text);
+
+    // A guest reset: the host asks, the agent restarts its figures and says which reset it
+    // carried out; the spinner, idle since, starts from 0.
+    let r = c.ok(json!({"cmd": "guest-reset"}));
+    assert_eq!(r["generation"], 1, "{r}");
+    let now = guest(&mut c).agent.map_or(0, |a| a.samples);
+    let (after, _) = after_samples(&mut c, pid, now, 2);
+    let reset = after.reset.expect("the reset is shown");
+    assert_eq!((reset.requested, reset.honoured), (1, 1), "{reset:?}");
+    assert!(reset.honoured_ns > 0);
+    let t = after.threads.iter().find(|t| t.tid == tid);
+    assert!(
+        t.is_none_or(|t| t.on_cpu_ns < 5_000_000 && t.over == [0; 3]),
+        "the idle spinner counts from the reset: {t:?}"
+    );
+    let cpu = |g: &GuestView| g.cpus.iter().map(|c| c.times_ns[2]).sum::<u64>();
+    assert!(
+        cpu(&after) < cpu(&g),
+        "CPU idle time restarted: {} vs {}",
+        cpu(&after),
+        cpu(&g)
+    );
+    stop.send(()).unwrap();
+    h.join().unwrap();
+    stop_agent(agent);
+    let _ = std::fs::remove_file(&log);
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
+}

@@ -430,8 +430,18 @@ fn four_busy_vcpus_on_two_cpus_have_no_full_pressure_at_level_full_and_say_so_at
     assert!(w.full <= 0.005 + others, "{w:?}");
     if let Some((ksome, _)) = w.kernel {
         // The kernel's `some` of a cgroup is, per CPU, a task of the group waiting there,
-        // averaged over the CPUs: with two vCPUs waiting on each CPU, all of the time too.
-        assert!((w.some - ksome).abs() <= 0.02, "{w:?}");
+        // averaged over the CPUs (weighted by their non-idle time): with two vCPUs waiting on
+        // each CPU, all of the time too. Where other work holds a CPU the vCPUs are spread
+        // unevenly and the two definitions part (a CPU with one vCPU running and none waiting
+        // counts no `some` there), so the comparison holds on a quiet host only.
+        if w.used >= 1.9 {
+            assert!((w.some - ksome).abs() <= 0.02, "{w:?}");
+        } else {
+            eprintln!(
+                "host busy (vCPUs used {:.2} CPUs): kernel some {ksome:.3} not compared",
+                w.used
+            );
+        }
     }
     // The same at level basic: the overlap rule, and every output says it is an estimate.
     let (w, b, metrics) = pinned_run(4, "basic", &[0, 1], None);

@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use crate::cli::{BenchArgs, BenchKind, Cli, Command};
-use clap::Parser;
+use clap::FromArgMatches;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::{SignalError, StopSignals, Watcher};
@@ -228,7 +228,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Overhead => print_result(
             &crate::bench::overhead(crate::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(crate::bench::OVERHEAD_EXITS),
-                rounds: args.rounds.unwrap_or(crate::bench::OVERHEAD_ROUNDS),
+                rounds: args.rounds.unwrap_or(BenchKind::Overhead.default_rounds()),
             })?,
             args.json,
             crate::bench::OverheadResult::to_text,
@@ -237,7 +237,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &limit::limit(limit::LimitOptions {
                 periods: args.periods,
                 percent: 25,
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Limit.default_rounds()),
                 hogs: args.hogs,
             })?,
             args.json,
@@ -246,9 +246,12 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Net => print_result(
             &crate::bench::net::net(crate::bench::net::NetOptions {
                 packets: args.packets,
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Net.default_rounds()),
                 echoes: args.echoes,
-                exits: args.exits.unwrap_or(20_000),
+                exits: args
+                    .exits
+                    .or(BenchKind::Net.default_exits())
+                    .unwrap_or_default(),
             })?,
             args.json,
             crate::bench::net::NetResult::to_text,
@@ -262,7 +265,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         }
         BenchKind::Start => print_result(
             &crate::bench::start::start(crate::bench::start::StartOptions {
-                rounds: args.rounds.unwrap_or(10),
+                rounds: args.rounds.unwrap_or(BenchKind::Start.default_rounds()),
             })?,
             args.json,
             crate::bench::start::StartResult::to_text,
@@ -271,7 +274,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 window: std::time::Duration::from_millis(args.window_ms),
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Socket.default_rounds()),
                 rate: args.rate,
                 client_nice: args.client_nice,
             })?,
@@ -327,7 +330,10 @@ fn init_log() {
 
 fn main() -> ExitCode {
     init_log();
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&crate::cli::cli_command().get_matches()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let args = match cli.command {
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
         Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),

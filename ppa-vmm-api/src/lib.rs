@@ -24,6 +24,8 @@ mod clip;
 mod devices;
 pub mod devices_text;
 mod event;
+mod guest;
+mod guest_alarms;
 pub mod guest_view;
 pub mod http;
 mod names;
@@ -38,6 +40,11 @@ pub use devices::{
     HostCpuSplit, PerPacket, QueueStats,
 };
 pub use event::{Event, EventKind};
+pub use guest::{GuestAgentView, GuestCpuView, GuestThreadView, GuestView};
+pub use guest_alarms::{
+    alarms_text as guest_alarms_text, GuestAlarmView, GuestAlarmsView, GuestResetResult,
+    GuestResetView, ALARM_WHAT,
+};
 pub use names::{
     DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick, OverloadKind, QueueKind,
     SplitKind, SplitSource, ThreadState, Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind,
@@ -50,9 +57,9 @@ pub use pressure::{
 pub use request::{parse_request, Request, RequestId};
 pub use time_split::TimeSplit;
 pub use types::{
-    identity_within, GroupStats, GuestAgentView, GuestCpuView, GuestThreadView, GuestView,
-    HistogramJson, HostCpu, KickStages, Level, LimitKicks, SlotJson, Stats, ThreadInfo, Threads,
-    Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
+    identity_within, GroupStats, HistogramJson, HostCpu, KickStages, Level, LimitKicks, SlotJson,
+    Stats, ThreadInfo, Threads, Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary, VcpuTimes,
+    VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.
@@ -138,6 +145,9 @@ pub enum Command {
     Groups {},
     /// The PPA page: what the guest published, decoded and checked.
     Guest {},
+    /// Asks the guest agent to restart its figures from 0 (through the PPA page's VM record);
+    /// the agent acknowledges at its next sample.
+    GuestReset {},
     /// Parks every vCPU until `resume`.
     Pause {},
     /// Releases a pause.
@@ -166,7 +176,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 18] = [
+pub const COMMANDS: [&str; 19] = [
     "version",
     "stats",
     "vcpu",
@@ -178,6 +188,7 @@ pub const COMMANDS: [&str; 18] = [
     "set-limit",
     "groups",
     "guest",
+    "guest-reset",
     "pause",
     "resume",
     "shutdown",

@@ -27,6 +27,7 @@ mod buckets;
 mod devices;
 mod exporter;
 mod families;
+pub mod guest;
 mod process;
 mod text;
 
@@ -71,6 +72,8 @@ pub struct Detailed {
     pub process: Option<ProcessReading>,
     /// Each vCPU group's CPU pressure (the VM's is in `vm`).
     pub pressure_groups: Vec<ppa_vmm_api::GroupPressure>,
+    /// What the guest published in the PPA page (`None`: the VM has no page).
+    pub guest: Option<guest::Guest>,
 }
 
 /// Shorthand for the table.
@@ -163,6 +166,19 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_group_pressure_full_seconds_total", Counter, "Time every non-idle member vCPU was stalled, by vCPU group."),
         d("ppa_group_pressure_estimated", Gauge, "1 when part of the group's pressure figures is an ESTIMATE (the overlap rule), 0 when measured from the members' state intervals."),
         d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, device, other), threads that ended included."),
+        d("ppa_guest_cpu_seconds_total", Counter, "What the guest published in the PPA page: each guest CPU's time by mode (user, system, idle, iowait, irq, softirq, steal), as the guest's /proc/stat counts it; CPUs up to the VM's vCPUs."),
+        d("ppa_guest_thread_cpu_seconds_total", Counter, "What the guest published: on-CPU time of the guest's busiest threads (--guest-metrics-threads of them, by tid and name), the others summed under tid=rest (that series can go down when a thread moves into the named ones)."),
+        d("ppa_guest_thread_delay_seconds_total", Counter, "What the guest published: the same threads' delays by kind (run: run-queue wait; blkio, swapin, freepages, irq, thrashing, compact, wpcopy: the guest kernel's delay accounting, 0 where it is off)."),
+        d("ppa_guest_thread_delays_total", Counter, "What the guest published: how many delays of each kind (run: timeslices)."),
+        d("ppa_guest_threads", Gauge, "Threads of the guest: live (alive at the agent's last sample) and exited (still listed with their final figures)."),
+        d("ppa_guest_transient_tasks_total", Counter, "What the guest published: tasks that exited and are no longer listed (PPA requirement 22)."),
+        d("ppa_guest_transient_cpu_seconds_total", Counter, "What the guest published: their CPU time."),
+        d("ppa_guest_agent_cpu_seconds_total", Counter, "CPU time of the guest agent itself, in the guest."),
+        d("ppa_guest_alarms_total", Counter, "Alarms of the guest agent (thresholds inside the guest) the VMM forwarded, by what: run_delay, slice, nivcsw, irq, softirq."),
+        d("ppa_guest_alarms_lost_total", Counter, "Guest alarms overwritten in the agent's ring before the VMM read them."),
+        d("ppa_guest_alarms_refused_total", Counter, "Guest alarm records the VMM refused (an unknown kind) or read torn."),
+        d("ppa_guest_alarms_suppressed_total", Counter, "Threshold occurrences the guest agent counted but wrote no alarm for (its cap per sample)."),
+        d("ppa_guest_reset_generation", Gauge, "Guest resets: the latest the host asked for (side=requested) and the latest the guest agent carried out (side=honoured)."),
     ]
 };
 
@@ -189,6 +205,9 @@ pub fn render(stats: &Detailed) -> String {
     if let Some(p) = &stats.process {
         families::add_process(&mut f, vm, p);
     }
+    if let Some(g) = &stats.guest {
+        guest::add_guest(&mut f, vm, g);
+    }
     f.render()
 }
 
@@ -198,5 +217,7 @@ mod buckets_tests;
 mod devices_tests;
 #[cfg(test)]
 mod exporter_tests;
+#[cfg(test)]
+mod guest_tests;
 #[cfg(test)]
 mod tests;

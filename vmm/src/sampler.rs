@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE};
+use ppa_guest_abi::ppa_page::{
+    HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE, VM_PRESSURE_ESTIMATED,
+};
 use ppa_vmm_api::{Event, OverloadKind, VcpuSummary};
 
 use crate::accounting::meter::MicroState;
@@ -27,6 +29,7 @@ use crate::accounting::{AccountingControl, Threshold};
 use crate::event_hub::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
+use crate::ppa_page::alarms::AlarmReader;
 use crate::ppa_page::{HostWriter, PpaPage};
 use crate::pressure::reader::VcpuReader;
 use crate::pressure::timeline::Seg;
@@ -50,18 +53,20 @@ impl Sampler {
     /// Starts the sampler thread over `vm`'s vCPUs, with runaway and overload detection when
     /// `overload` is given.
     /// `halts`: the guest halts inside KVM_RUN (an in-kernel irqchip), so that a vCPU thread
-    /// asleep in KVM_RUN is halted, not blocked, for pressure.
+    /// asleep in KVM_RUN is halted, not blocked, for pressure. `hub` takes the guest agent's
+    /// alarms as `guest-alarm` events.
     pub fn start(
         vm: VmHandle,
         control: Arc<AccountingControl>,
         overload: Option<Overload>,
         halts: bool,
+        hub: Arc<EventHub>,
     ) -> std::io::Result<Sampler> {
         let stop = Arc::new((AtomicBool::new(false), AtomicU32::new(0)));
         let s = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || run(&vm, &control, &s, overload, halts))?;
+            .spawn(move || run(&vm, &control, &s, overload, (halts, hub)))?;
         Ok(Sampler {
             stop,
             handle: Some(handle),
@@ -265,8 +270,13 @@ fn vm_record(
 ) -> HostVm {
     let p = vm.pressure().vm();
     let [tx, rx, tx_bytes, rx_bytes, drops] = slow.net.unwrap_or_default();
+    let estimated = if p.estimated {
+        VM_PRESSURE_ESTIMATED
+    } else {
+        0
+    };
     HostVm {
-        flags: VM_PRESSURE | VM_HOST_CPU | if slow.net.is_some() { VM_NET } else { 0 },
+        flags: VM_PRESSURE | VM_HOST_CPU | estimated | if slow.net.is_some() { VM_NET } else { 0 },
         updated_ns,
         host_cpu_vcpus_ns: summaries.iter().flatten().map(|t| t.used_ns).sum(),
         host_cpu_devices_ns: slow.devices_ns,
@@ -280,8 +290,36 @@ fn vm_record(
         pressure_full_total_us: p.full_total_us,
         pressure_some_avg: p.some_avg,
         pressure_full_avg: p.full_avg,
+        guest_reset: vm.ppa_page().map_or(0, |page| page.board().reset_asked()),
         ..HostVm::default()
     }
+}
+
+/// Most guest alarms taken from the ring per refresh (8 ms): a guest that floods its ring
+/// costs the VMM at most this many record reads and events per refresh, ~4,000 a second;
+/// the rest are counted as lost.
+pub const ALARMS_PER_REFRESH: usize = 32;
+
+/// Takes the guest agent's new alarms from its ring into the board and the event hub.
+fn guest_alarms(vm: &VmHandle, reader: &mut AlarmReader, hub: &EventHub) {
+    let Some(page) = vm.ppa_page() else {
+        return;
+    };
+    let p = reader.poll(&page.guest_section(), ALARMS_PER_REFRESH);
+    if let Some(why) = &p.problem {
+        log::warn!("guest alarms: {why}; they are not forwarded until the ring is readable");
+    }
+    if p.alarms.is_empty() && p.lost == 0 && p.invalid == 0 {
+        return;
+    }
+    let uptime_ns = vm.uptime_ns();
+    for a in &p.alarms {
+        hub.push(Event::GuestAlarm {
+            uptime_ns,
+            alarm: a.clone(),
+        });
+    }
+    page.board().record(&p);
 }
 
 /// Longest interval between refreshes of a quiet VM without a PPA page (see
@@ -332,6 +370,9 @@ struct Refresh {
     /// The latest refresh's summaries and when they were read (what runaway detection
     /// judges).
     latest: (u64, Vec<Option<VcpuSummary>>),
+    /// The place in the guest agent's alarm ring, and where alarms go.
+    alarms: AlarmReader,
+    hub: Arc<EventHub>,
 }
 
 /// One refresh: the summaries, the pressure tick, the page (through its writer, when the
@@ -360,7 +401,12 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, no
         .zip(r.readers.iter_mut())
         .zip(&live)
         .map(|((v, reader), l)| match l {
-            Some(_) => reader.look(&v.acct.meter, from, now, r.halts).ok(),
+            Some(_) => {
+                let started = v.acct.started_ns.load(Ordering::Acquire);
+                reader
+                    .look(&v.acct.meter, started, (from, now), r.halts)
+                    .ok()
+            }
             None => {
                 *reader = VcpuReader::default();
                 None
@@ -377,6 +423,7 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, no
         r.count += 1;
         publish(page, uptime, &s);
         page.publish_vm(&vm_record(vm, uptime, &s, &r.slow));
+        guest_alarms(vm, &mut r.alarms, &r.hub);
     }
     r.latest = (now, s);
 }
@@ -386,7 +433,7 @@ fn run(
     control: &AccountingControl,
     stop: &(AtomicBool, AtomicU32),
     overload: Option<Overload>,
-    halts: bool,
+    (halts, hub): (bool, Arc<EventHub>),
 ) {
     crate::seccomp::enter(crate::seccomp::Kind::Sampler);
     let vcpus = vm.vcpus();
@@ -402,6 +449,8 @@ fn run(
         readers: (0..vcpus.len()).map(|_| VcpuReader::default()).collect(),
         halts,
         latest: (0, Vec::new()),
+        alarms: AlarmReader::default(),
+        hub,
         count: 0,
         slow: Slow::default(),
         busy: (0, now_ns()),

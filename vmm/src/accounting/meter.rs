@@ -266,6 +266,9 @@ pub struct VcpuMeter {
     /// Times the records were turned on (what the ring held before each is dropped): a
     /// reader that finds it changed knows its episodes have a gap.
     pub records_switches: Counter,
+    /// When the records were last turned on (CLOCK_MONOTONIC): the episodes are complete
+    /// from then.
+    pub records_on_since: Counter,
     /// The vCPU's episodes and parks, placed in time (the reader is the pressure tracker).
     pub episodes: EpisodeLog,
     /// The thread's context-switch ring, once level full first opened it (for readers' looks
@@ -413,6 +416,8 @@ pub struct MeterPosition {
     pub records_lost: u64,
     /// See [`VcpuMeter::records_switches`].
     pub records_switches: u64,
+    /// See [`VcpuMeter::records_on_since`].
+    pub records_on_since: u64,
 }
 
 impl MeterReading {
@@ -460,6 +465,7 @@ impl VcpuMeter {
             vmm_off_drained: Counter::default(),
             records_on: Counter::default(),
             records_switches: Counter::default(),
+            records_on_since: Counter::default(),
             episodes: EpisodeLog::default(),
             ring: OnceLock::new(),
             kvm_full: Counter::default(),
@@ -556,6 +562,7 @@ impl VcpuMeter {
                     records_on: self.records_on.get() != 0,
                     records_lost: self.records_lost.get(),
                     records_switches: self.records_switches.get(),
+                    records_on_since: self.records_on_since.get(),
                 };
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == s1 {

@@ -25,12 +25,10 @@ const TRIES: usize = 4;
 /// Why a look is not exact (kept for the tracker's counts and the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotKnown {
-    /// The records are off (level below full, or no perf ring on this thread), or were turned
-    /// off and on since the last look.
+    /// The records are off (level below full, or no perf ring on this thread), were turned
+    /// on after the window began, or were turned off and on since the last look.
     NoRecords,
-    /// The first look: nothing says what happened before it.
-    First,
-    /// Records or log entries were lost in the window.
+    /// Records or log entries were lost in the window (or, at a first look, ever).
     Lost,
     /// The vCPU thread kept draining, or kept its meter busy, through every try.
     Busy,
@@ -91,18 +89,20 @@ fn in_run(state: MicroState, since: u64, out: u64) -> bool {
 }
 
 impl VcpuReader {
-    /// The vCPU's phases in `[from, to)`, or why they are not known exactly. `halts`: a sleep
-    /// inside KVM_RUN is the guest's HLT (see [`segments`]).
+    /// The vCPU's phases in `[from, to)`, or why they are not known exactly. `started`: when
+    /// its clocks started (before, it did not exist: idle); `halts`: a sleep inside KVM_RUN is
+    /// the guest's HLT (see [`segments`]).
     pub fn look(
         &mut self,
         meter: &VcpuMeter,
-        from: u64,
-        to: u64,
+        started: u64,
+        (from, to): (u64, u64),
         halts: bool,
     ) -> Result<Vec<Seg>, NotKnown> {
         let mut eps = std::mem::take(&mut self.carry);
         let mut lost = false;
-        let cursor = *self.cursor.get_or_insert_with(|| meter.episodes.head());
+        // The log starts empty with the VM: a first look reads it from its start.
+        let cursor = *self.cursor.get_or_insert(0);
         let r = meter.episodes.read_from(cursor, |e| eps.push(e));
         self.cursor = Some(r.next);
         lost |= r.lost;
@@ -139,11 +139,22 @@ impl VcpuReader {
             return Err(NotKnown::NoRecords);
         };
         eps.extend(peeked);
+        // Before its clocks started the vCPU did not exist: idle for pressure.
+        if started > from {
+            eps.push(Episode {
+                start: from,
+                end: started,
+                kind: EpisodeKind::Paused,
+                wait: 0,
+            });
+        }
+        let covered = pos.records_on_since <= from.max(started);
         match prev {
-            None => Err(NotKnown::First),
+            _ if !covered => Err(NotKnown::NoRecords),
             Some((_, switches)) if switches != marks.1 => Err(NotKnown::NoRecords),
             Some((lost_before, _)) if lost_before != marks.0 || lost => Err(NotKnown::Lost),
-            Some(_) => Ok(segments(
+            None if marks.0 != 0 || lost => Err(NotKnown::Lost),
+            _ => Ok(segments(
                 &eps,
                 Some(Now {
                     state: pos.state,
@@ -199,7 +210,7 @@ mod tests {
             kind: EpisodeKind::Idle,
             wait: 0,
         });
-        assert_eq!(r.look(&m, 0, 10, true), Err(NotKnown::NoRecords));
+        assert_eq!(r.look(&m, 0, (0, 10), true), Err(NotKnown::NoRecords));
         // A park that reaches past the window is carried to the next.
         m.episodes.push(Episode {
             start: 8,
@@ -207,7 +218,7 @@ mod tests {
             kind: EpisodeKind::Limited,
             wait: 0,
         });
-        assert_eq!(r.look(&m, 10, 20, true), Err(NotKnown::NoRecords));
+        assert_eq!(r.look(&m, 0, (10, 20), true), Err(NotKnown::NoRecords));
         assert_eq!(r.carry.len(), 1);
         assert_eq!(r.cursor, Some(2));
     }

@@ -274,6 +274,7 @@ where
                     hub: Arc::clone(&self.hub),
                 }),
                 self.boot.needs_platform(),
+                Arc::clone(&self.hub),
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );
