@@ -44,6 +44,25 @@ if [ ${#need_debs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_debs[@]}" >/dev/null
 fi
 
+# The Firecracker client of tests/firecracker.rs (docs/firecracker.md): the pinned PyPI
+# packages of scripts/firecracker-client.txt in a virtual environment under target/, made
+# again when the pins change.
+fc_dir="$(dirname "$0")/../target/firecracker-client"
+fc_pins="$(dirname "$0")/firecracker-client.txt"
+if ! cmp -s "$fc_pins" "$fc_dir/pins.txt" || [ ! -x "$fc_dir/venv/bin/python" ]; then
+  rm -rf "$fc_dir"
+  mkdir -p "$fc_dir"
+  if ! python3 -m venv "$fc_dir/venv" 2>/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$fc_dir/venv"
+  fi
+  "$fc_dir/venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$fc_pins"
+  cp "$fc_pins" "$fc_dir/pins.txt"
+fi
+
 if [ ! -e /dev/kvm ]; then
   echo "setup: warning: /dev/kvm is missing; the KVM tests will fail and say so" >&2
 fi

@@ -23,7 +23,9 @@ fn tagged(lines: &[String], tag: &str) -> Vec<String> {
 
 fn json_of(lines: &[String], tag: &str) -> Value {
     let l = tagged(lines, tag);
-    let first = l.first().unwrap_or_else(|| panic!("no {tag} line: {lines:#?}"));
+    let first = l
+        .first()
+        .unwrap_or_else(|| panic!("no {tag} line: {lines:#?}"));
     serde_json::from_str(first).unwrap_or_else(|e| panic!("{tag}: {e}: {first}"))
 }
 
@@ -69,7 +71,8 @@ const LINUX: [&str; 6] = [
 ];
 
 #[test]
-fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idle_guest_is_no_runaway() {
+fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idle_guest_is_no_runaway(
+) {
     if !slow_nested("the guest alarm, reset and idle-runaway check") {
         return;
     }
@@ -77,7 +80,14 @@ fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idl
                    ppa.workload=sleep:ms=5000;spin:threads=1,ms=150;sleep:ms=6000";
     let mut args = vec!["run", "--vcpus", "2", "--runaway", "200"];
     args.extend(LINUX);
-    args.extend(["--api-sock", "/tmp/api.sock", "--report", "json", "--cmdline", cmdline]);
+    args.extend([
+        "--api-sock",
+        "/tmp/api.sock",
+        "--report",
+        "json",
+        "--cmdline",
+        cmdline,
+    ]);
     // npt=0: the emulator's nested paging faults now and then (docs/linux.md).
     let out = nested_side(&args, Some("npt=0"), SIDE, "240");
     let err = stderr(&out);
@@ -111,7 +121,9 @@ fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idl
     assert_eq!(alarm["threshold"].as_u64(), Some(20_000_000), "{alarm}");
 
     // The idle guest: no runaway in the 5 s after the agent published (the guest slept).
-    let from = json_of(&side, "IDLE-FROM")["vm"]["uptime_ns"].as_u64().unwrap();
+    let from = json_of(&side, "IDLE-FROM")["vm"]["uptime_ns"]
+        .as_u64()
+        .unwrap();
     let runaways: Vec<&Value> = ev
         .iter()
         .filter(|e| e["event"] == "overload" && e["kind"] == "runaway")
@@ -120,7 +132,10 @@ fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idl
             t >= from && t < from + 5_000_000_000
         })
         .collect();
-    assert!(runaways.is_empty(), "an idle Linux guest flagged: {runaways:#?}");
+    assert!(
+        runaways.is_empty(),
+        "an idle Linux guest flagged: {runaways:#?}"
+    );
 
     // The reset: asked, carried out, and the figures count from it.
     let before = json_of(&side, "BEFORE");
@@ -153,7 +168,12 @@ fn a_linux_guests_alarm_reaches_a_subscriber_a_reset_zeroes_the_agent_and_an_idl
     );
     // The guest idled ~1.5 s on 2 CPUs since the reset: far below its idle time since boot.
     assert!(idle(&after) < 4_000_000_000, "{}", idle(&after));
-    assert!(idle(&before) > idle(&after), "{} {}", idle(&before), idle(&after));
+    assert!(
+        idle(&before) > idle(&after),
+        "{} {}",
+        idle(&before),
+        idle(&after)
+    );
     assert!(after["agent"]["delayacct"] == true, "{after}");
 
     // The guest families, promtool-clean.
@@ -214,7 +234,10 @@ fn a_linux_vcpu_spinning_at_sched_fifo_is_a_runaway() {
         .iter()
         .filter(|e| e["event"] == "overload" && e["kind"] == "runaway" && e["vcpu"] == 1)
         .collect();
-    assert!(!on_1.is_empty(), "vCPU 1 spun 1.5 s at SCHED_FIFO: {ev:#?}\n{err}");
+    assert!(
+        !on_1.is_empty(),
+        "vCPU 1 spun 1.5 s at SCHED_FIFO: {ev:#?}\n{err}"
+    );
     assert!(
         on_1[0]["detail"]
             .as_str()
@@ -223,5 +246,9 @@ fn a_linux_vcpu_spinning_at_sched_fifo_is_a_runaway() {
         "{on_1:?}"
     );
     let r = report(&out);
-    assert!(r["vcpus"][1]["overloads"].as_u64().unwrap() >= 1, "{}", r["vcpus"][1]);
+    assert!(
+        r["vcpus"][1]["overloads"].as_u64().unwrap() >= 1,
+        "{}",
+        r["vcpus"][1]
+    );
 }

@@ -269,28 +269,7 @@ fn a_linux_guest_pings_the_nested_host_through_virtio_net_and_every_frame_is_cou
     // Two queue pairs on a multi-queue tap: Linux negotiates MQ and asks for both through the
     // control queue (one pair per vCPU).
     let count = 100u64;
-    let out = nested_tap(
-        &[
-            "run",
-            "--kernel",
-            "/images/linux/vmlinuz",
-            "--initrd",
-            "/images/linux/initrd.img",
-            "--vcpus",
-            "2",
-            "--memory-mib",
-            "512",
-            "--net",
-            "tap=tap0,queues=2",
-            "--cmdline",
-            &format!("ppa.net=10.0.0.2/24 ppa.workload=udp-ping:to=10.0.0.1,count={count},size=64"),
-            "--report",
-            "json",
-        ],
-        Some("npt=0"),
-        Some(("tap0=10.0.0.1/24", 2)),
-        TRY_TIMEOUT_S,
-    );
+    let out = linux_net(2, &format!("udp-ping:to=10.0.0.1,count={count},size=64"));
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "stderr: {err}");
     let console: String = err

@@ -37,6 +37,10 @@ pub enum Command {
     Run(Box<RunOptions>),
     /// Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload.
     Demo,
+    /// Serve Firecracker's API (and take its flags): a VM started by Firecracker's tools,
+    /// with our accounting (docs/firecracker.md). Also what this binary does when called
+    /// `firecracker`.
+    Firecracker(Box<crate::firecracker::FirecrackerArgs>),
     /// Measure the VMM itself.
     Bench(BenchArgs),
     /// Send one request to a running VMM's control socket and print the result.

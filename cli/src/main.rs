@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod firecracker;
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -117,7 +118,7 @@ fn run_dir_plan(opts: &mut RunOptions) -> Result<Option<RunDir>, Box<dyn std::er
 /// Where the run stands, for the first stop signal: while the VM is set up the process ends at
 /// once; while it runs the signal is the `shutdown` command; after its end nothing (a second
 /// signal still forces the exit).
-enum Phase {
+pub(crate) enum Phase {
     /// The config, the run directory, the VM being built.
     Starting,
     /// The VM built: its handle.
@@ -128,7 +129,7 @@ enum Phase {
 
 /// Blocks the stop signals and starts the `signals` thread at once, before anything of the
 /// run is read or made, so that a stop signal ends even a start-up that is stuck.
-fn watch_signals() -> Result<(Watcher, Arc<Mutex<Phase>>), SignalError> {
+pub(crate) fn watch_signals() -> Result<(Watcher, Arc<Mutex<Phase>>), SignalError> {
     let phase = Arc::new(Mutex::new(Phase::Starting));
     let target = Arc::clone(&phase);
     let watcher = StopSignals::block()?.watch(move |c| {
@@ -148,15 +149,36 @@ fn watch_signals() -> Result<(Watcher, Arc<Mutex<Phase>>), SignalError> {
     Ok((watcher, phase))
 }
 
+/// What another door (`ppa-vmm firecracker`) changes in a run: the vCPU threads' names, and
+/// what to do with the VM's handle once it is built, just before its vCPUs start.
+#[derive(Default)]
+pub(crate) struct RunHooks<'a> {
+    /// How the vCPU threads are named.
+    pub vcpu_names: ppa_vmm::config::VcpuNames,
+    /// Called with the built VM's handle before it runs.
+    pub on_built: Option<&'a mut dyn FnMut(&ppa_vmm::handle::VmHandle)>,
+}
+
 /// Builds and runs the VM with the stop signals watched; prints or writes the report.
 fn run(
+    opts: RunOptions,
+    watcher: &Watcher,
+    phase: &Mutex<Phase>,
+) -> Result<i32, Box<dyn std::error::Error>> {
+    run_with(opts, watcher, phase, RunHooks::default())
+}
+
+/// [`run`] with the hooks of another door.
+pub(crate) fn run_with(
     mut opts: RunOptions,
     watcher: &Watcher,
     phase: &Mutex<Phase>,
+    hooks: RunHooks<'_>,
 ) -> Result<i32, Box<dyn std::error::Error>> {
     opts.seccomp.get_or_insert(ppa_vmm::seccomp::Mode::Kill);
     let run_dir = run_dir_plan(&mut opts)?;
     let (mut config, report_opts) = opts.into_config()?;
+    config.vcpu_names = hooks.vcpu_names;
     // KVM's exit cost is kept per host in the run directory: that of this VM, else the
     // default one when it is there and usable (never made only for this).
     config.calibration_cache = run_dir
@@ -191,6 +213,9 @@ fn run(
     // The `signals` thread holds the VM's handle only until the run ends, since the handle
     // keeps the PPA page alive and its file goes with the last holder.
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = Phase::Running(vm.handle());
+    if let Some(f) = hooks.on_built {
+        f(&vm.handle());
+    }
     let outcome = vm.run();
     drop(std::mem::replace(
         &mut *phase.lock().unwrap_or_else(|e| e.into_inner()),
@@ -328,13 +353,32 @@ fn init_log() {
     }
 }
 
-fn main() -> ExitCode {
-    init_log();
-    let cli = match Cli::from_arg_matches(&crate::cli::cli_command().get_matches()) {
+/// The command line; under the name `firecracker` (a link to this binary, which is how
+/// Kata Containers and firecracker-containerd run it) it is `ppa-vmm firecracker ARGS`.
+fn parse_cli() -> Cli {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let called = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "firecracker");
+    if called {
+        args.insert(1, "firecracker".into());
+    }
+    // `cli_command` rather than `Cli::command`: it adds the bench defaults to the help.
+    match Cli::from_arg_matches(&crate::cli::cli_command().get_matches_from(args)) {
         Ok(c) => c,
         Err(e) => e.exit(),
-    };
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = parse_cli();
+    // The firecracker subcommand installs a log of its own (Firecracker's line shape).
+    if !matches!(cli.command, Command::Firecracker(_)) {
+        init_log();
+    }
     let args = match cli.command {
+        Command::Firecracker(args) => return crate::firecracker::main(*args),
         Command::Ctl(opts) => return ExitCode::from(ppa_vmm_client::ctl::run(opts) as u8),
         Command::Top(opts) => return ExitCode::from(ppa_vmm_client::top::run(opts) as u8),
         Command::Host(opts) => return ExitCode::from(ppa_vmm_client::host::run(opts) as u8),

@@ -28,6 +28,9 @@ _ppa__vmm() {
             ppa__vmm,demo)
                 cmd="ppa__vmm__subcmd__demo"
                 ;;
+            ppa__vmm,firecracker)
+                cmd="ppa__vmm__subcmd__firecracker"
+                ;;
             ppa__vmm,help)
                 cmd="ppa__vmm__subcmd__help"
                 ;;
@@ -57,6 +60,9 @@ _ppa__vmm() {
                 ;;
             ppa__vmm__subcmd__help,demo)
                 cmd="ppa__vmm__subcmd__help__subcmd__demo"
+                ;;
+            ppa__vmm__subcmd__help,firecracker)
+                cmd="ppa__vmm__subcmd__help__subcmd__firecracker"
                 ;;
             ppa__vmm__subcmd__help,help)
                 cmd="ppa__vmm__subcmd__help__subcmd__help"
@@ -116,7 +122,7 @@ _ppa__vmm() {
 
     case "${cmd}" in
         ppa__vmm)
-            opts="-h -V --help --version run demo ctl top host completions man schema bench help"
+            opts="-h -V --help --version run demo firecracker ctl top host completions man schema bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -225,8 +231,78 @@ _ppa__vmm() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        ppa__subcmd__vmm__subcmd__firecracker)
+            opts="-h --api-sock --config-file --no-api --id --level --log-path --show-level --show-log-origin --module --metrics-path --http-api-max-payload-size --no-seccomp --seccomp-filter --boot-timer --start-time-us --start-time-cpu-us --parent-cpu-time-us --ppa-config --run-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --api-sock)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --level)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --module)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --http-api-max-payload-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seccomp-filter)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --start-time-us)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --start-time-cpu-us)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --parent-cpu-time-us)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ppa-config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --run-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         ppa__subcmd__vmm__subcmd__help)
-            opts="run demo ctl top host completions man schema bench help"
+            opts="run demo firecracker ctl top host completions man schema bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -282,6 +358,20 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__help__subcmd__demo)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        ppa__subcmd__vmm__subcmd__help__subcmd__firecracker)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

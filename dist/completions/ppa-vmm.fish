@@ -28,6 +28,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -s h -l help -d 'Print hel
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -s V -l version -d 'Print version'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
+complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "firecracker" -d 'Serve Firecracker\'s API (and take its flags): a VM started by Firecracker\'s tools, with our accounting (docs/firecracker.md). Also what this binary does when called `firecracker`'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
@@ -82,6 +83,26 @@ kill\t'Stop the VMM: a message on stderr naming the thread and the call, exit st
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l net -d 'A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID] (repeatable: net0, net1, …)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand demo" -s h -l help -d 'Print help'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l api-sock -d 'The API socket (Firecracker\'s default: /run/firecracker.socket)' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l config-file -d 'A config file in Firecracker\'s JSON layout: the VM starts at once, without any API call' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l id -d 'The instance id: `GET /`\'s id and the VM\'s name in the run directory' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l level -d 'Log level: Error, Warning, Info, Debug, Trace or Off (default: Warning)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l log-path -d 'Log to this file or named pipe instead of stderr' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l module -d 'Only log lines of modules under this path' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l metrics-path -d 'Write the metrics lines to this file or named pipe (as `PUT /metrics`)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l http-api-max-payload-size -d 'The largest request body, bytes' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l seccomp-filter -d 'Refused: PPA-VMM\'s filters are built in, one per thread kind (docs/security.md)' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l start-time-us -d 'The jailer\'s start time (accepted, not used)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l start-time-cpu-us -d 'The jailer\'s start CPU time (accepted, not used)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l parent-cpu-time-us -d 'The jailer\'s parent\'s CPU time (accepted, not used)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l ppa-config -d 'Ours: run options in `ppa-vmm run`\'s config-file layout, under Firecracker\'s (CPU limits, accounting level, thresholds, --metrics-addr, a final report file)' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l run-dir -d 'Ours: the run directory where the VM registers (default as `ppa-vmm run`\'s)' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l no-api -d 'Serve no API (needs --config-file)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l show-level -d 'Put the level in each log line'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l show-log-origin -d 'Put the source file and line in each log line'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l no-seccomp -d 'No seccomp filters (ours: `--seccomp none`)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l boot-timer -d 'Refused: PPA-VMM has no boot-timer device'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -l api-sock -d 'The VMM\'s control socket (`run --api-sock`)' -r -F
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -l text -d 'Print a readable form instead of JSON'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -s h -l help -d 'Print help'
@@ -142,16 +163,17 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exit
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l json -d 'Print one JSON object whose last key is "verdict"'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l hogs -d 'Run beside one spinning process per CPU (limit)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "completions" -d 'Print a shell completion script (install it where the shell looks; dist/ has them)'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "man" -d 'Print the man page (roff; dist/man/ppa-vmm.1)'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "schema" -d 'Print the JSON Schema of a socket message, the final report or the config file'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "bench" -d 'Measure the VMM itself'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo ctl top host completions man schema bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "firecracker" -d 'Serve Firecracker\'s API (and take its flags): a VM started by Firecracker\'s tools, with our accounting (docs/firecracker.md). Also what this binary does when called `firecracker`'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "completions" -d 'Print a shell completion script (install it where the shell looks; dist/ has them)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "man" -d 'Print the man page (roff; dist/man/ppa-vmm.1)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "schema" -d 'Print the JSON Schema of a socket message, the final report or the config file'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "bench" -d 'Measure the VMM itself'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "list" -d 'Every VM of the run directory: name, pid, state, vCPUs, uptime, host CPU now'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "top" -d 'esxtop\'s CPU screen for the host: one row per VM'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "serve" -d 'One Prometheus endpoint for every VM of the run directory'

@@ -33,6 +33,47 @@ pub fn host_cpu_line(h: &HostCpuSplit) -> String {
     )
 }
 
+/// A device's lines under its row: why it is not ok, its backend's failure, the spread of its
+/// CPU a frame, and its drops by queue.
+fn device_notes(out: &mut String, d: &DeviceStats) {
+    if let Some(why) = &d.status_reason {
+        let _ = writeln!(out, "  status: {why}");
+    }
+    if let Some(why) = &d.backend_error {
+        let _ = writeln!(out, "  backend: {why}");
+    }
+    if let Some(f) = &d.frame_cpu {
+        let way = |name: &str, n: u64, h: &crate::HistogramJson| {
+            (n > 0).then(|| {
+                format!(
+                    "{name} {n} frames, per batch p50 {} p99 {} max {} ns ({} batches)",
+                    h.p50, h.p99, h.max, h.count
+                )
+            })
+        };
+        let parts: Vec<String> = [
+            way("tx", f.tx_frames, &f.tx_per_batch),
+            way("rx", f.rx_frames, &f.rx_per_batch),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !parts.is_empty() {
+            let _ = writeln!(out, "  CPU a frame: {}", parts.join("; "));
+        }
+    }
+    for q in d.queues.iter().filter(|q| !q.drops.is_empty()) {
+        let list: Vec<String> = q.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let _ = writeln!(
+            out,
+            "  drops on {} queue {}: {}",
+            q.kind,
+            q.index,
+            list.join(", ")
+        );
+    }
+}
+
 /// The devices table; empty when there are none.
 pub fn devices_text(devices: &[DeviceStats]) -> String {
     if devices.is_empty() {
@@ -78,42 +119,7 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
             kicks,
             format!("{irqs} ({supp})"),
         );
-        if let Some(why) = &d.status_reason {
-            let _ = writeln!(out, "  status: {why}");
-        }
-        if let Some(why) = &d.backend_error {
-            let _ = writeln!(out, "  backend: {why}");
-        }
-        if let Some(f) = &d.frame_cpu {
-            let way = |name: &str, n: u64, h: &crate::HistogramJson| {
-                (n > 0).then(|| {
-                    format!(
-                        "{name} {n} frames, per batch p50 {} p99 {} max {} ns ({} batches)",
-                        h.p50, h.p99, h.max, h.count
-                    )
-                })
-            };
-            let parts: Vec<String> = [
-                way("tx", f.tx_frames, &f.tx_per_batch),
-                way("rx", f.rx_frames, &f.rx_per_batch),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
-            if !parts.is_empty() {
-                let _ = writeln!(out, "  CPU a frame: {}", parts.join("; "));
-            }
-        }
-        for q in d.queues.iter().filter(|q| !q.drops.is_empty()) {
-            let list: Vec<String> = q.drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
-            let _ = writeln!(
-                out,
-                "  drops on {} queue {}: {}",
-                q.kind,
-                q.index,
-                list.join(", ")
-            );
-        }
+        device_notes(&mut out, d);
         let _ = writeln!(
             out,
             "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",

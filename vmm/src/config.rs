@@ -157,6 +157,8 @@ fn seconds_rule(s: f64) -> String {
     }
 }
 
+pub use crate::vcpu::VcpuNames;
+
 /// Everything the core needs to build a VM.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -206,6 +208,8 @@ pub struct VmConfig {
     /// Where KVM's measured exit cost is kept for the next VM on this host (the run
     /// directory's `calibration.json`; `None`: measured every time).
     pub calibration_cache: Option<PathBuf>,
+    /// How the vCPU threads are named (`ppa-vmm firecracker`: Firecracker's names).
+    pub vcpu_names: VcpuNames,
 }
 
 impl Default for VmConfig {
@@ -233,6 +237,7 @@ impl Default for VmConfig {
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         }
     }
 }
@@ -695,6 +700,7 @@ impl RunOptions {
             seccomp: self.seccomp.unwrap_or_default(),
             net,
             calibration_cache: None,
+            vcpu_names: VcpuNames::Ppa,
         };
         config.validate()?;
         let report = ReportOptions {

@@ -47,6 +47,8 @@ pub struct VmStatus {
     finished: AtomicBool,
     /// CPU pressure of the VM and its groups, posted by the sampler.
     pressure: PressureBoard,
+    /// How its vCPU threads are named.
+    vcpu_names: crate::vcpu::VcpuNames,
 }
 
 impl VmStatus {
@@ -59,7 +61,19 @@ impl VmStatus {
             stop_signal: OnceLock::new(),
             finished: AtomicBool::new(false),
             pressure: PressureBoard::default(),
+            vcpu_names: crate::vcpu::VcpuNames::Ppa,
         }
+    }
+
+    /// How the vCPU threads are named.
+    pub fn vcpu_names(&self) -> crate::vcpu::VcpuNames {
+        self.vcpu_names
+    }
+
+    /// The same status with the vCPU threads named as `names` says.
+    pub fn with_vcpu_names(mut self, names: crate::vcpu::VcpuNames) -> Self {
+        self.vcpu_names = names;
+        self
     }
 
     /// Marks the start (the moment the vCPUs are released).
@@ -139,6 +153,11 @@ impl VmHandle {
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.status.name
+    }
+
+    /// The name of vCPU `id`'s thread (`vcpu0`, or Firecracker's `fc_vcpu 0`).
+    pub fn vcpu_thread_name(&self, id: usize) -> String {
+        self.status.vcpu_names().name(id)
     }
 
     /// Time since the vCPUs were released (0 before).

@@ -114,7 +114,7 @@ fn threads(vm: &VmHandle) -> Threads {
             .map(|v| ThreadInfo {
                 vcpu: v.id,
                 host_tid: v.host_tid(),
-                name: format!("vcpu{}", v.id),
+                name: vm.vcpu_thread_name(v.id),
                 state: v.state(),
             })
             .collect(),

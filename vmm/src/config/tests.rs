@@ -258,3 +258,16 @@ fn missing_config_file_is_named() {
     let e = RunOptions::from_file(Path::new("/nonexistent/ppa.json")).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/ppa.json"));
 }
+
+/// Both naming schemes fit a thread name (15 bytes) for every vCPU a VM may have, and
+/// Firecracker's is the one Kata Containers parses (`fc_vcpu` then the index).
+#[test]
+fn vcpu_thread_names_fit_and_match_firecracker() {
+    use super::VcpuNames;
+    assert_eq!(VcpuNames::Ppa.name(3), "vcpu3");
+    assert_eq!(VcpuNames::Firecracker.name(3), "fc_vcpu 3");
+    for names in [VcpuNames::Ppa, VcpuNames::Firecracker] {
+        assert!(names.name(super::MAX_VCPUS - 1).len() <= 15);
+    }
+    assert_eq!(VcpuNames::default(), VcpuNames::Ppa);
+}

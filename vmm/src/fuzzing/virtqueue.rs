@@ -97,97 +97,136 @@ fn hostile(data: &[u8]) {
     if mem.write_slice(&rest[..n], GuestAddress(0)).is_err() {
         return;
     }
-    let available = |q: &Queue| {
-        q.avail_idx(&*mem, Ordering::Acquire)
-            .map_or(0, |i| (i - Wrapping(q.next_avail())).0)
+    let h = Hostile {
+        head,
+        rest: &rest[..n],
+        size,
+        event_idx,
+        mergeable,
+        mem,
     };
+    h.transmit();
+    h.receive();
+    h.control();
+}
 
-    // Transmit.
-    if let Some(q) = queue(size, event_idx, &mem) {
-        let offered = available(&q);
-        let before = q.next_used();
-        let Ok(dq) = DeviceQueue::new(q, &mem) else {
-            return;
-        };
-        let mut tx = TxQueue::new(dq);
-        let sink = Sink {
-            frames: Cell::new(0),
-        };
-        let c = QueueCounters::default();
-        let pass = tx.run(&mem, &sink, &c, u64::from(size), || true);
-        assert!(
-            pass.chains <= u64::from(size),
-            "{} chains from a queue of {size}",
-            pass.chains
-        );
-        if pass.fault.is_none() {
-            assert!(
-                pass.chains <= u64::from(offered),
-                "more chains than made available"
-            );
-        }
-        assert!(sink.frames.get() <= pass.chains + 1);
-        used_moved(tx.dq.queue(), before, pass.chains as u16);
-        if pass.chains > 0 {
-            // Transmit writes nothing into guest buffers: the ring shows the device's index.
-            assert_eq!(
-                used_idx(tx.dq.queue(), &mem),
-                tx.dq.queue().next_used(),
-                "the used ring shows the index"
-            );
-        }
+/// One hostile input: its first byte, guest memory made of the rest, the queue it sets up.
+struct Hostile<'a> {
+    head: u8,
+    rest: &'a [u8],
+    size: u16,
+    event_idx: bool,
+    mergeable: bool,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+impl Hostile<'_> {
+    fn available(&self, q: &Queue) -> u16 {
+        q.avail_idx(&*self.mem, Ordering::Acquire)
+            .map_or(0, |i| (i - Wrapping(q.next_avail())).0)
     }
 
-    // Receive: frames of the data's own bytes (a header and up to 2 KiB), until the queue
-    // has no room, is broken, or the frames run out.
-    let _ = mem.write_slice(&rest[..n], GuestAddress(0));
-    if let Some(q) = queue(size, event_idx, &mem) {
-        let before = q.next_used();
-        let params = RxParams {
-            mergeable,
-            gso: head & 0x40 != 0,
-            mtu: 1500,
-        };
-        let Ok(dq) = DeviceQueue::new(q, &mem) else {
-            return;
-        };
-        let mut rx = RxQueue::new(dq, params);
-        let frame_len = VNET_HDR_LEN + (usize::from(head) * 8).min(2048);
-        let frame: Vec<u8> = rest.iter().copied().cycle().take(frame_len).collect();
-        let tap = ModelTap::default();
-        for _ in 0..4 {
-            tap.push(frame.clone());
-        }
-        let mut given = 0u32;
-        for _ in 0..usize::from(size) + 8 {
-            match rx.receive(&mem, &tap) {
-                Step::Delivered { chains, .. } => {
-                    assert!(chains >= 1 && chains <= size);
-                    given += u32::from(chains);
-                }
-                Step::Dropped(_) => {}
-                Step::Idle | Step::NoRoom | Step::Fault(_) | Step::TapFailed(_) => break,
+    /// The same memory again, as the driver left it (a path before may have written it).
+    fn reload(&self) {
+        let _ = self.mem.write_slice(self.rest, GuestAddress(0));
+    }
+
+    /// The transmit path over the memory.
+    fn transmit(&self) {
+        // Transmit.
+        if let Some(q) = queue(self.size, self.event_idx, &self.mem) {
+            let offered = self.available(&q);
+            let before = q.next_used();
+            let Ok(dq) = DeviceQueue::new(q, &self.mem) else {
+                return;
+            };
+            let mut tx = TxQueue::new(dq);
+            let sink = Sink {
+                frames: Cell::new(0),
+            };
+            let c = QueueCounters::default();
+            let pass = tx.run(&self.mem, &sink, &c, u64::from(self.size), || true);
+            assert!(
+                pass.chains <= u64::from(self.size),
+                "{} chains from a queue of {}",
+                pass.chains,
+                self.size
+            );
+            if pass.fault.is_none() {
+                assert!(
+                    pass.chains <= u64::from(offered),
+                    "more chains than made available"
+                );
+            }
+            assert!(sink.frames.get() <= pass.chains + 1);
+            used_moved(tx.dq.queue(), before, pass.chains as u16);
+            if pass.chains > 0 {
+                // Transmit writes nothing into guest buffers: the ring shows the device's index.
+                assert_eq!(
+                    used_idx(tx.dq.queue(), &self.mem),
+                    tx.dq.queue().next_used(),
+                    "the used ring shows the index"
+                );
             }
         }
-        assert!(
-            given <= u32::from(size) * 4,
-            "more chains than a queue holds"
-        );
-        used_moved(rx.dq.queue(), before, given as u16);
     }
 
-    // Control.
-    let _ = mem.write_slice(&rest[..n], GuestAddress(0));
-    if let Some(q) = queue(size, event_idx, &mem) {
-        let Ok(dq) = DeviceQueue::new(q, &mem) else {
-            return;
-        };
-        let mut ctrl = CtrlQueue::new(dq, 4, true);
-        let c = QueueCounters::default();
-        let pass = ctrl.run(&mem, &c, u64::from(size), || true);
-        assert!(c.chains.get() <= u64::from(size));
-        if let Some(p) = pass.pairs {
-            assert!((1..=4).contains(&p));
+    /// Receive from a model tap into the memory's queue.
+    fn receive(&self) {
+        // Receive: frames of the data's own bytes (a header and up to 2 KiB), until the queue
+        // has no room, is broken, or the frames run out.
+        self.reload();
+        if let Some(q) = queue(self.size, self.event_idx, &self.mem) {
+            let before = q.next_used();
+            let params = RxParams {
+                mergeable: self.mergeable,
+                gso: self.head & 0x40 != 0,
+                mtu: 1500,
+            };
+            let Ok(dq) = DeviceQueue::new(q, &self.mem) else {
+                return;
+            };
+            let mut rx = RxQueue::new(dq, params);
+            let frame_len = VNET_HDR_LEN + (usize::from(self.head) * 8).min(2048);
+            let frame: Vec<u8> = self.rest.iter().copied().cycle().take(frame_len).collect();
+            let tap = ModelTap::default();
+            for _ in 0..4 {
+                tap.push(frame.clone());
+            }
+            let mut given = 0u32;
+            for _ in 0..usize::from(self.size) + 8 {
+                match rx.receive(&self.mem, &tap) {
+                    Step::Delivered { chains, .. } => {
+                        assert!(chains >= 1 && chains <= self.size);
+                        given += u32::from(chains);
+                    }
+                    Step::Dropped(_) => {}
+                    Step::Idle | Step::NoRoom | Step::Fault(_) | Step::TapFailed(_) => break,
+                }
+            }
+            assert!(
+                given <= u32::from(self.size) * 4,
+                "more chains than a queue holds"
+            );
+            used_moved(rx.dq.queue(), before, given as u16);
+        }
+    }
+
+    /// The control queue over the memory.
+    fn control(&self) {
+        // Control.
+        self.reload();
+        if let Some(q) = queue(self.size, self.event_idx, &self.mem) {
+            let Ok(dq) = DeviceQueue::new(q, &self.mem) else {
+                return;
+            };
+            let mut ctrl = CtrlQueue::new(dq, 4, true);
+            let c = QueueCounters::default();
+            let pass = ctrl.run(&self.mem, &c, u64::from(self.size), || true);
+            assert!(c.chains.get() <= u64::from(self.size));
+            if let Some(p) = pass.pairs {
+                assert!((1..=4).contains(&p));
+            }
         }
     }
 }

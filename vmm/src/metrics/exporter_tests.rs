@@ -185,6 +185,11 @@ fn thread_kinds_from_names() {
     assert_eq!(kind(110, "uplink-qp15"), ThreadKind::Device);
     assert_eq!(kind(111, "-qp1"), ThreadKind::Other);
     assert_eq!(kind(112, "net0-qp"), ThreadKind::Other);
+    // Firecracker's names (`ppa-vmm firecracker`).
+    assert_eq!(kind(113, "fc_vcpu 0\n"), ThreadKind::Vcpu);
+    assert_eq!(kind(114, "fc_vcpu 255"), ThreadKind::Vcpu);
+    assert_eq!(kind(115, "fc_vcpu "), ThreadKind::Other);
+    assert_eq!(kind(116, "fc_vcpu0"), ThreadKind::Other);
 }
 
 /// Per-kind CPU time never decreases: a thread that ends, a tid reused by a new thread, a

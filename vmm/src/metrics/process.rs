@@ -16,7 +16,8 @@
 //!
 //! A thread's kind comes from its name (`/proc/self/task/TID/comm`), read when the thread is
 //! first seen (and again while it has no known name, as a new thread may not be named yet): the
-//! process's first thread is `main`; `vcpuN` is `vcpu`; `api` and `api-stats` are `api`;
+//! process's first thread is `main`; `vcpuN` (and Firecracker's `fc_vcpu N`, the names of
+//! `ppa-vmm firecracker`) is `vcpu`; `api` and `api-stats` are `api`;
 //! `sampler` and `limiter` are themselves; any other name is `other`. The per-kind sums stay
 //! monotonic: the last reading of a thread that has ended (or changed kind) stays in its kind.
 
@@ -80,6 +81,7 @@ impl ThreadKind {
             "limiter" => ThreadKind::Limiter,
             c if c
                 .strip_prefix("vcpu")
+                .or_else(|| c.strip_prefix("fc_vcpu "))
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
             {
                 ThreadKind::Vcpu

@@ -350,6 +350,29 @@ impl VcpuShared {
     }
 }
 
+/// How the vCPU threads are named: ours (`vcpu0`, `vcpu1`, …) or Firecracker's (`fc_vcpu 0`,
+/// …), which Kata Containers looks for to find a Firecracker VM's vCPU threads
+/// (docs/firecracker.md). The name is what `ps -L`, `top -H` and `ctl threads` show; the
+/// accounting keys vCPUs by index either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VcpuNames {
+    /// `vcpuN`.
+    #[default]
+    Ppa,
+    /// `fc_vcpu N`, as Firecracker names them.
+    Firecracker,
+}
+
+impl VcpuNames {
+    /// The name of vCPU `id`'s thread (at most 15 bytes for any id up to [`crate::config::MAX_VCPUS`]).
+    pub fn name(self, id: usize) -> String {
+        match self {
+            VcpuNames::Ppa => format!("vcpu{id}"),
+            VcpuNames::Firecracker => format!("fc_vcpu {id}"),
+        }
+    }
+}
+
 /// What a vCPU thread owns.
 pub struct VcpuThread<V: hv::Vcpu> {
     /// The hypervisor's vCPU.
@@ -369,11 +392,23 @@ pub struct VcpuThread<V: hv::Vcpu> {
     pub warm_up: Option<WarmUpStub>,
 }
 
-/// Starts the thread of a vCPU; the handle must be joined before the VM is dropped.
+/// Starts the thread of a vCPU, named `vcpuN` (the tests' shorthand for [`spawn_named`]); the
+/// handle must be joined before the VM is dropped.
+#[cfg(test)]
 pub fn spawn<V: hv::Vcpu + 'static>(v: VcpuThread<V>) -> Result<JoinHandle<()>, VcpuError> {
+    let name = VcpuNames::Ppa.name(v.shared.id);
+    spawn_named(v, name)
+}
+
+/// Starts the thread of a vCPU named `name` (the VM's [`VcpuNames`]); the handle
+/// must be joined before the VM is dropped.
+pub fn spawn_named<V: hv::Vcpu + 'static>(
+    v: VcpuThread<V>,
+    name: String,
+) -> Result<JoinHandle<()>, VcpuError> {
     let id = v.shared.id;
     std::thread::Builder::new()
-        .name(format!("vcpu{id}"))
+        .name(name)
         .spawn(move || run::thread_main(v))
         .map_err(|e| VcpuError::Spawn(id, e))
 }

@@ -336,7 +336,7 @@ impl<H: Hypervisor> Vm<H> {
             .clone()
             .unwrap_or_else(|| format!("ppa-vmm-{}", std::process::id()));
         Ok(Vm {
-            status: Arc::new(VmStatus::new(name)),
+            status: Arc::new(VmStatus::new(name).with_vcpu_names(config.vcpu_names)),
             hub,
             limiter,
             info: VmInfo {

@@ -291,15 +291,19 @@ where
         let (done_tx, done_rx) = channel();
         let warm_up = self.boot.warm_up();
         for (s, vcpu) in run.shared.clone().iter().zip(self.vcpus.drain(..)) {
-            run.vcpus.push(vcpu::spawn(VcpuThread {
-                vcpu,
-                shared: Arc::clone(s),
-                buses: Arc::clone(&self.buses),
-                done: done_tx.clone(),
-                control: Arc::clone(&self.control),
-                start_gate: Arc::clone(&run.gate),
-                warm_up,
-            })?);
+            let name = self.status.vcpu_names().name(s.id);
+            run.vcpus.push(vcpu::spawn_named(
+                VcpuThread {
+                    vcpu,
+                    shared: Arc::clone(s),
+                    buses: Arc::clone(&self.buses),
+                    done: done_tx.clone(),
+                    control: Arc::clone(&self.control),
+                    start_gate: Arc::clone(&run.gate),
+                    warm_up,
+                },
+                name,
+            )?);
         }
         Ok(done_rx)
     }
