@@ -82,11 +82,31 @@ fn after_samples(c: &mut Conn, pid: u32, since: u64, more: u64) -> (GuestView, G
 /// A thread named `name` that spins `spin_ns` of its own CPU time, sends its tid and CPU
 /// time (read as the spin ends), then waits until told to end.
 fn thread(name: &str, spin_ns: u64) -> (u32, u64, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    spinner(name, spin_ns, false)
+}
+
+/// [`thread`], the spinner at SCHED_FIFO when `fifo` (and the process may: as root), so that
+/// no other thread of a busy host cuts its run into short slices.
+fn spinner(
+    name: &str,
+    spin_ns: u64,
+    fifo: bool,
+) -> (u32, u64, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let h = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
+            if fifo {
+                let p = libc::sched_param { sched_priority: 1 };
+                // SAFETY: sets this thread's own policy from a parameter that lives for the call.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+                    eprintln!(
+                        "SCHED_FIFO refused ({}): the spinner's slices follow the host's load",
+                        std::io::Error::last_os_error()
+                    );
+                }
+            }
             let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
             let mut t = t0;
             while t - t0 < spin_ns {
@@ -456,7 +476,8 @@ fn the_agents_alarms_reach_a_subscriber_and_a_guest_reset_restarts_its_figures()
     let agent = start_agent(&page, &log, &["--alarm-slice", "20ms"]);
     let pid = agent.id();
     let (_, a0) = after_samples(&mut c, pid, 0, 2);
-    let (tid, spun, stop, h) = thread("alarm-spin", 200_000_000);
+    // At SCHED_FIFO: on a busy host a plain spinner's slices are a few ms, not one 200 ms run.
+    let (tid, spun, stop, h) = spinner("alarm-spin", 200_000_000, true);
     let e = event_where(&mut events, 20, |e| e["tid"] == json!(tid));
     assert_eq!(e["event"], "guest-alarm", "{e}");
     assert_eq!(e["what"], "slice", "{e}");
@@ -468,7 +489,9 @@ fn the_agents_alarms_reach_a_subscriber_and_a_guest_reset_restarts_its_figures()
         "{e}"
     );
     // The `guest` view has the ring, the thread's count and the alarm among the last ones.
-    let (g, _) = after_samples(&mut c, pid, a0.samples, 1);
+    // Two samples after the spin ended (the alarm came from one taken while it ran).
+    let now = guest(&mut c).agent.map_or(a0.samples, |a| a.samples);
+    let (g, _) = after_samples(&mut c, pid, now, 2);
     let alarms = g.alarms.clone().expect("the agent's ring");
     assert_eq!(alarms.thresholds, [0, 20_000_000, 0, 0, 0]);
     assert!(alarms.forwarded[1] >= 1, "{alarms:?}");
