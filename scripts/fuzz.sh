@@ -4,7 +4,8 @@
 #
 #   scripts/fuzz.sh [--seconds N] [target...]
 #
-# Every target when none is named; 45 s each by default (the CI budget). For a long run:
+# Every target when none is named; 45 s each by default (the CI budget), as many at once as
+# there are CPUs (FUZZ_JOBS). For a long run:
 # `scripts/fuzz.sh --seconds 600`. Installs cargo-fuzz (pinned) into target/tools when it
 # is not on PATH; builds into target/fuzz; keeps the growing corpus in target/fuzz/corpus/NAME
 # (seeded from fuzz/seeds/NAME, which is never written). A crash, timeout or out-of-memory
@@ -63,21 +64,46 @@ seed_opt=()
 [ -n "$seed" ] && seed_opt=(-seed="$seed")
 echo "fuzz.sh: libFuzzer seed ${seed:-random}"
 
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-  [ -x "$bin_dir/$t" ] || { echo "fuzz.sh: no target $t (see fuzz/fuzz_targets/)" >&2; exit 2; }
-  corpus="target/fuzz/corpus/$t"
-  artifacts="target/fuzz/artifacts/$t"
-  log="target/fuzz/logs/$t.log"
-  rm -rf "$artifacts"
-  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
-  echo "fuzz.sh: $t for ${seconds}s"
+# One target on each CPU at a time (FUZZ_JOBS overrides): the fuzzers are CPU-bound and
+# independent, so N CPUs run N targets for the time one takes.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+
+# Runs target $1 for $seconds; its exit status goes to its log directory's .status file.
+fuzz_one() {
+  local t=$1 status=0
+  local corpus="target/fuzz/corpus/$t" artifacts="target/fuzz/artifacts/$t" log="target/fuzz/logs/$t.log"
   # -rss_limit_mb: a parser that allocates past 2 GiB on a small input is a bug too.
-  status=0
   "$bin_dir/$t" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${seed_opt[@]}" \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "fuzz/seeds/$t" \
     >"$log" 2>&1 || status=$?
+  echo "$status" >"target/fuzz/logs/$t.status"
+}
+
+for t in "${targets[@]}"; do
+  [ -x "$bin_dir/$t" ] || { echo "fuzz.sh: no target $t (see fuzz/fuzz_targets/)" >&2; exit 2; }
+done
+running=0
+for t in "${targets[@]}"; do
+  rm -rf "target/fuzz/artifacts/$t"
+  mkdir -p "target/fuzz/corpus/$t" "target/fuzz/artifacts/$t" target/fuzz/logs
+  rm -f "target/fuzz/logs/$t.status"
+  echo "fuzz.sh: $t for ${seconds}s"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait || true
+
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  artifacts="target/fuzz/artifacts/$t"
+  log="target/fuzz/logs/$t.log"
+  status=$(cat "target/fuzz/logs/$t.status" 2>/dev/null || echo 1)
   # Runs, speed, and the last status line's coverage (edges), features and corpus.
   execs=$(awk '/^stat::number_of_executed_units/ {print $2}' "$log")
   speed=$(awk '/^stat::average_exec_per_sec/ {print $2}' "$log")

@@ -11,18 +11,19 @@ scripts/setup.sh
 cargo fmt --all -- --check
 # The fuzz crate is a workspace of its own (docs/fuzzing.md), outside `--all`.
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-# The accuracy target is `test = false` (left out of --all-targets and of a plain cargo test).
-cargo clippy -p ppa-vmm-cli --test accuracy -- -D warnings
-# What the fuzz targets link: the `fuzzing` feature's module outside the unit tests.
-cargo clippy -p ppa-vmm --features fuzzing -- -D warnings
-# The fake hypervisor made public (the library's feature, which cli/'s feature of the same name
-# turns on), and the test target only that feature builds.
-cargo clippy -p ppa-vmm -p ppa-vmm-cli --all-targets --features fake-hypervisor -- -D warnings
-cargo test --workspace --release
-# The tests where KVM is not the point, on the fake hypervisor (they need no /dev/kvm).
-cargo test --release -p ppa-vmm-cli --features fake-hypervisor --test fake_backend
-cargo test --release -p ppa-vmm-cli --test accuracy -- --test-threads=1
+# Clippy over every target and feature in two builds, not four (no code is compiled only
+# without a feature): the workspace's targets with the `fuzzing` feature's module that the
+# fuzz targets link and the fake hypervisor made public (ppa-vmm's feature, which cli/'s of
+# the same name turns on) with the test target only that feature builds; then the accuracy
+# target, which is `test = false` and so outside --all-targets (and not added by --test
+# beside it).
+cargo clippy --workspace --all-targets --features ppa-vmm/fuzzing,ppa-vmm-cli/fake-hypervisor \
+  -- -D warnings
+cargo clippy -p ppa-vmm-cli --test accuracy --features ppa-vmm/fuzzing,fake-hypervisor -- -D warnings
+# Every test, the fake hypervisor's included (tests/fake_backend.rs: the tests where KVM is
+# not the point); the accuracy tests then reuse this build (same features, no rebuild).
+cargo test --workspace --release --features ppa-vmm-cli/fake-hypervisor
+cargo test --release -p ppa-vmm-cli --features fake-hypervisor --test accuracy -- --test-threads=1
 # Last: the fuzzers load both cores, and nothing timed runs after them.
 fuzz_seconds="${FUZZ_SECONDS:-30}"
 if [ "$fuzz_seconds" != 0 ]; then
