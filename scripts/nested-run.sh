@@ -4,7 +4,7 @@
 # initramfs, loads kvm-amd for a /dev/kvm, and runs `ppa-vmm ARGS...` there. Its stdout, stderr
 # and exit code become this script's own. For hosts whose KVM cannot boot Linux (docs/linux.md).
 #
-# Usage: scripts/nested-run.sh [--timeout SECONDS] [--tries N] [--tap NAME=IP/PREFIX] [--prepare] -- ARGS...
+# Usage: scripts/nested-run.sh [--timeout SECONDS] [--tries N] [--tap NAME=IP/PREFIX] [--side FILE] [--prepare] -- ARGS...
 #   --timeout S   hard limit of one try, boot included (default 90; NESTED_TIMEOUT)
 #   --tries N     tries when the nested host hangs or dies (default 3; NESTED_TRIES); a run that
 #                 reaches its end is never retried, whatever ppa-vmm's exit code
@@ -13,6 +13,9 @@
 #                 ppa-workload's UDP echo (port 7), blaster (9999) and sink (9001) on it for a
 #                 Linux guest with --net tap=T (docs/linux.md). The nested host has no NIC
 #                 (-nodefaults): nothing the guest sends leaves the emulated machine.
+#   --side FILE   a shell script the nested host runs beside ppa-vmm (started just before it,
+#                 stopped 5 s after it ends): e.g. `ppa-vmm ctl` against its --api-sock; its
+#                 output is appended to ppa-vmm's stderr, each line starting "nested-side: "
 #   --prepare     only build the outer machine's image (cached in target/nested/)
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (the guest image's agent;
 # default target/release/ppa-agent when it was built: the image is rebuilt when the agent is
@@ -40,6 +43,7 @@ timeout_s=${NESTED_TIMEOUT:-90}
 tries=${NESTED_TRIES:-3}
 prepare_only=
 tap=
+side=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--tap) tap=${2:?--tap needs NAME=IP/PREFIX}; shift 2 ;;
@@ -48,9 +52,11 @@ while [ $# -gt 0 ]; do
 	--timeout=*) timeout_s=${1#--timeout=}; shift ;;
 	--tries) tries=${2:?--tries needs a number}; shift 2 ;;
 	--tries=*) tries=${1#--tries=}; shift ;;
+	--side) side=${2:?--side needs a file}; shift 2 ;;
+	--side=*) side=${1#--side=}; shift ;;
 	--prepare) prepare_only=1; shift ;;
 	--) shift; break ;;
-	-h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,35p' "$0"; exit 0 ;;
 	*) echo "nested-run: unknown argument '$1' (ppa-vmm's arguments go after --; see --help)" >&2; exit 125 ;;
 	esac
 done
@@ -60,6 +66,7 @@ case "$tap" in
 *) echo "nested-run: --tap takes NAME=IPv4/PREFIX (e.g. tap0=10.0.0.1/24), not '$tap'" >&2; exit 125 ;;
 esac
 [ "$tries" -ge 1 ] || tries=1
+[ -z "$side" ] || [ -f "$side" ] || { echo "nested-run: --side: no file '$side'" >&2; exit 125; }
 
 export PPA_CACHE="$root/target/linux-image"
 # This script's own failures are setup failures: exit 125, never a code ppa-vmm could give.
@@ -167,6 +174,7 @@ for a in "$@"; do
 	printf '%s' "$a" | base64 -w0
 	echo
 done >"$run_dir/args/nested/args"
+[ -z "$side" ] || install -m 755 "$side" "$run_dir/args/nested/side"
 ppa_cpio "$run_dir/args" "$run_dir/args.cpio"
 # The kernel unpacks concatenated newc archives in turn: the cached image, then this run's args.
 cat "$nested/initrd.img" "$run_dir/args.cpio" >"$run_dir/initrd.img"

@@ -82,11 +82,31 @@ fn after_samples(c: &mut Conn, pid: u32, since: u64, more: u64) -> (GuestView, G
 /// A thread named `name` that spins `spin_ns` of its own CPU time, sends its tid and CPU
 /// time (read as the spin ends), then waits until told to end.
 fn thread(name: &str, spin_ns: u64) -> (u32, u64, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    spinner(name, spin_ns, false)
+}
+
+/// [`thread`], the spinner at SCHED_FIFO when `fifo` (and the process may: as root), so that
+/// no other thread of a busy host cuts its run into short slices.
+fn spinner(
+    name: &str,
+    spin_ns: u64,
+    fifo: bool,
+) -> (u32, u64, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let h = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
+            if fifo {
+                let p = libc::sched_param { sched_priority: 1 };
+                // SAFETY: sets this thread's own policy from a parameter that lives for the call.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+                    eprintln!(
+                        "SCHED_FIFO refused ({}): the spinner's slices follow the host's load",
+                        std::io::Error::last_os_error()
+                    );
+                }
+            }
             let t0 = clock(libc::CLOCK_THREAD_CPUTIME_ID);
             let mut t = t0;
             while t - t0 < spin_ns {
@@ -414,4 +434,117 @@ fn the_agent_publishes_this_hosts_threads_and_the_vmm_shows_them() {
     assert_eq!(a.rest_count, u64::from(a.threads_seen) - 8, "{a:?}");
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&log2);
+}
+
+/// Reads event lines from `c` until one satisfies `want` (at most `secs`).
+fn event_where(
+    c: &mut Conn,
+    secs: u64,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        let v = c.line();
+        if v.get("event").is_some() && want(&v) {
+            return v;
+        }
+    }
+    panic!("no such event within {secs} s");
+}
+
+#[test]
+fn the_agents_alarms_reach_a_subscriber_and_a_guest_reset_restarts_its_figures() {
+    let _g = common::serial();
+    let vmm = Vmm::with_page(
+        "agent-alarms",
+        &[
+            "--vcpus",
+            "1",
+            "--ppa-page-size",
+            "262144",
+            "--workload",
+            "busy:ms=60000,publish=off",
+        ],
+    );
+    let page = vmm.page();
+    let log = std::env::temp_dir().join(format!("ppa-agent-alarms-{}.log", std::process::id()));
+    let mut c = vmm.connect();
+    let mut events = vmm.connect();
+    let r = events.ok(json!({"cmd": "subscribe", "events": ["guest-alarm"]}));
+    assert_eq!(r["events"], json!(["guest-alarm"]));
+    // A thread's on-CPU slice over 20 ms: an alarm.
+    let agent = start_agent(&page, &log, &["--alarm-slice", "20ms"]);
+    let pid = agent.id();
+    let (_, a0) = after_samples(&mut c, pid, 0, 2);
+    // At SCHED_FIFO: on a busy host a plain spinner's slices are a few ms, not one 200 ms run.
+    let (tid, spun, stop, h) = spinner("alarm-spin", 200_000_000, true);
+    let e = event_where(&mut events, 20, |e| e["tid"] == json!(tid));
+    assert_eq!(e["event"], "guest-alarm", "{e}");
+    assert_eq!(e["what"], "slice", "{e}");
+    assert_eq!(e["comm"], "alarm-spin", "{e}");
+    assert_eq!(e["threshold"], json!(20_000_000u64), "{e}");
+    assert!(e["value"].as_u64().unwrap() > 20_000_000, "{e}");
+    assert!(
+        e["number"].as_u64().unwrap() >= 1 && e["guest_ns"].as_u64().unwrap() > 0,
+        "{e}"
+    );
+    // The `guest` view has the ring, the thread's count and the alarm among the last ones.
+    // Two samples after the spin ended (the alarm came from one taken while it ran).
+    let now = guest(&mut c).agent.map_or(a0.samples, |a| a.samples);
+    let (g, _) = after_samples(&mut c, pid, now, 2);
+    let alarms = g.alarms.clone().expect("the agent's ring");
+    assert_eq!(alarms.thresholds, [0, 20_000_000, 0, 0, 0]);
+    assert!(alarms.forwarded[1] >= 1, "{alarms:?}");
+    assert!(alarms.last.iter().any(|a| a.tid == tid), "{alarms:?}");
+    let t = g
+        .threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .expect("the spinner is published");
+    assert!(t.over[1] >= 1, "its slice counted: {t:?}");
+    assert!(t.on_cpu_ns >= spun - spun / 100, "{t:?}");
+    // The metrics count it, and stay valid exposition.
+    let text = c
+        .ok(json!({"cmd": "metrics"}))
+        .as_str()
+        .unwrap()
+        .to_string();
+    let slice = text
+        .lines()
+        .find(|l| l.starts_with("ppa_guest_alarms_total{") && l.contains("what=\"slice\""))
+        .expect("ppa_guest_alarms_total of slice");
+    assert!(!slice.ends_with(" 0"), "{slice}");
+    assert!(
+        text.contains("ppa_guest_thread_cpu_seconds_total{"),
+        "{text}"
+    );
+    common::prom::promtool_accepts(&text);
+
+    // A guest reset: the host asks, the agent restarts its figures and says which reset it
+    // carried out; the spinner, idle since, starts from 0.
+    let r = c.ok(json!({"cmd": "guest-reset"}));
+    assert_eq!(r["generation"], 1, "{r}");
+    let now = guest(&mut c).agent.map_or(0, |a| a.samples);
+    let (after, _) = after_samples(&mut c, pid, now, 2);
+    let reset = after.reset.expect("the reset is shown");
+    assert_eq!((reset.requested, reset.honoured), (1, 1), "{reset:?}");
+    assert!(reset.honoured_ns > 0);
+    let t = after.threads.iter().find(|t| t.tid == tid);
+    assert!(
+        t.is_none_or(|t| t.on_cpu_ns < 5_000_000 && t.over == [0; 3]),
+        "the idle spinner counts from the reset: {t:?}"
+    );
+    let cpu = |g: &GuestView| g.cpus.iter().map(|c| c.times_ns[2]).sum::<u64>();
+    assert!(
+        cpu(&after) < cpu(&g),
+        "CPU idle time restarted: {} vs {}",
+        cpu(&after),
+        cpu(&g)
+    );
+    stop.send(()).unwrap();
+    h.join().unwrap();
+    stop_agent(agent);
+    let _ = std::fs::remove_file(&log);
+    let (code, _) = vmm.shutdown();
+    assert_eq!(code, 0);
 }

@@ -37,6 +37,9 @@ impl Run {
             .arg("--ppa-page-file")
             .arg(dir.as_path().join("page"))
             .args(["--report", "json", "--max-runtime", "120", "--name", tag])
+            // Its descriptor in the test's own run directory, never the host's.
+            .arg("--run-dir")
+            .arg(dir.as_path().join("run"))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -90,12 +93,26 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Files of `dir` other than `keep` (temporary files left behind would show here).
+/// Files of `dir` other than `keep` (temporary files left behind would show here), and those
+/// of its run directory `run/` other than the calibration cache (a descriptor left behind
+/// would show as `run/NAME.json`).
 fn others(dir: &Path, keep: &[&str]) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !keep.contains(&n.as_str()))
+    let names = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let run = names(&dir.join("run"))
+        .into_iter()
+        .filter(|n| n != "calibration.json")
+        .map(|n| format!("run/{n}"));
+    names(dir)
+        .into_iter()
+        .filter(|n| n != "run" && !keep.contains(&n.as_str()))
+        .chain(run)
         .collect()
 }
 

@@ -74,13 +74,13 @@ pub struct BenchArgs {
     /// Print one JSON object whose last key is "verdict".
     #[arg(long)]
     pub json: bool,
-    /// Exits per run (overhead; default 8000).
+    /// Exits per run (its help, with each bench's default, is [`exits_help`]).
     #[arg(long)]
     pub exits: Option<u64>,
     /// Length of each run's measured window, ms (socket).
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub window_ms: u64,
-    /// Rounds of alternated runs (default 3; limit, socket and disk: 5; overhead: 15).
+    /// Rounds of alternated runs (its help, with each bench's default, is [`rounds_help`]).
     #[arg(long)]
     pub rounds: Option<usize>,
     /// vCPUs of the VM (socket).
@@ -131,6 +131,114 @@ pub enum BenchKind {
     /// CPU limits' stops: what stopping a busy vCPU costs, and the guest's own share of
     /// quotas of 100 µs to 1 ms per vCPU and 10 ms period, by its rdtsc and guest_ns.
     Stops,
+}
+
+impl BenchKind {
+    /// Every bench, in the order the command line lists them.
+    pub const ALL: [BenchKind; 7] = [
+        BenchKind::Overhead,
+        BenchKind::Socket,
+        BenchKind::Limit,
+        BenchKind::Net,
+        BenchKind::Disk,
+        BenchKind::Start,
+        BenchKind::Stops,
+    ];
+
+    /// Its name on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BenchKind::Overhead => "overhead",
+            BenchKind::Socket => "socket",
+            BenchKind::Limit => "limit",
+            BenchKind::Net => "net",
+            BenchKind::Disk => "disk",
+            BenchKind::Start => "start",
+            BenchKind::Stops => "stops",
+        }
+    }
+
+    /// Rounds when `--rounds` is not given.
+    pub const fn default_rounds(self) -> usize {
+        match self {
+            BenchKind::Overhead => crate::bench::OVERHEAD_ROUNDS,
+            BenchKind::Socket | BenchKind::Limit | BenchKind::Net | BenchKind::Disk => 5,
+            BenchKind::Start => 10,
+            BenchKind::Stops => 3,
+        }
+    }
+
+    /// Exits per run when `--exits` is not given; `None` where the bench takes no `--exits`
+    /// (`socket` refuses it, `limit` and `start` have no use for it).
+    pub const fn default_exits(self) -> Option<u64> {
+        match self {
+            BenchKind::Overhead => Some(crate::bench::OVERHEAD_EXITS),
+            BenchKind::Net => Some(20_000),
+            _ => None,
+        }
+    }
+}
+
+/// A number with thousands separated by commas (`20,000`).
+fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `--rounds`'s help: each bench's default, from [`BenchKind::default_rounds`].
+pub fn rounds_help() -> String {
+    let d: Vec<String> = BenchKind::ALL
+        .iter()
+        .map(|k| format!("{} {}", k.name(), k.default_rounds()))
+        .collect();
+    format!("Rounds of alternated runs (default: {})", d.join(", "))
+}
+
+/// `--exits`'s help: each bench's default, from [`BenchKind::default_exits`].
+pub fn exits_help() -> String {
+    let d: Vec<String> = BenchKind::ALL
+        .iter()
+        .filter_map(|k| Some(format!("{} {}", k.name(), grouped(k.default_exits()?))))
+        .collect();
+    format!(
+        "Exits per run (default: {}; socket refuses it, the others ignore it)",
+        d.join(", ")
+    )
+}
+
+/// The sentence README.md and docs/operations.md give of `--rounds` and `--exits`, made from
+/// the same defaults (their `bench-defaults` blocks; `PPA_REGENERATE=1` rewrites them).
+pub fn bench_defaults_text() -> String {
+    let rounds: Vec<String> = BenchKind::ALL
+        .iter()
+        .map(|k| format!("`{}` {}", k.name(), k.default_rounds()))
+        .collect();
+    let exits: Vec<String> = BenchKind::ALL
+        .iter()
+        .filter_map(|k| Some(format!("`{}` {}", k.name(), grouped(k.default_exits()?))))
+        .collect();
+    format!(
+        "`--rounds R` alternated runs (default {}); `--exits N` exits per run (default {}; \
+         `socket` refuses it).\n",
+        rounds.join(", "),
+        exits.join(", ")
+    )
+}
+
+/// The command line as clap has it, with the help texts made from code (the benches'
+/// defaults): what the binary parses with and what every generated file is made from.
+pub fn cli_command() -> clap::Command {
+    Cli::command().mut_subcommand("bench", |b| {
+        b.mut_arg("rounds", |a| a.help(rounds_help()))
+            .mut_arg("exits", |a| a.help(exits_help()))
+    })
 }
 
 /// The JSON Schemas `ppa-vmm schema` prints and `dist/schemas/` ships.
@@ -220,13 +328,13 @@ pub fn schemas() -> Vec<(String, String)> {
 /// The completion script of `shell`.
 pub fn completions(shell: clap_complete::Shell) -> String {
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "ppa-vmm", &mut out);
+    clap_complete::generate(shell, &mut cli_command(), "ppa-vmm", &mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The man pages: `ppa-vmm.1`, then one per subcommand (`ppa-vmm-run.1`, ...).
 pub fn man_pages() -> io::Result<Vec<(String, String)>> {
-    let cmd = Cli::command();
+    let cmd = cli_command();
     let mut pages = Vec::new();
     let mut render = |name: String, c: clap::Command| -> io::Result<()> {
         let mut out = Vec::new();
@@ -320,7 +428,7 @@ fn usage_item(a: &clap::Arg) -> Option<String> {
 
 /// The README's usage block: one synopsis per subcommand, wrapped under its name.
 pub fn usage_synopsis() -> String {
-    let cmd = Cli::command();
+    let cmd = cli_command();
     let mut out = String::new();
     for sub in cmd.get_subcommands() {
         let head = format!("ppa-vmm {}", sub.get_name());

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use crate::cli::{BenchArgs, BenchKind, Cli, Command};
-use clap::Parser;
+use clap::FromArgMatches;
 use ppa_vmm::config::{ReportFormat, ReportOptions, RunOptions};
 use ppa_vmm::report::{check_writable, write_atomic};
 use ppa_vmm::signals::{SignalError, StopSignals, Watcher};
@@ -253,7 +253,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Overhead => print_result(
             &crate::bench::overhead(crate::bench::OverheadOptions {
                 exits: args.exits.unwrap_or(crate::bench::OVERHEAD_EXITS),
-                rounds: args.rounds.unwrap_or(crate::bench::OVERHEAD_ROUNDS),
+                rounds: args.rounds.unwrap_or(BenchKind::Overhead.default_rounds()),
             })?,
             args.json,
             crate::bench::OverheadResult::to_text,
@@ -262,7 +262,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &limit::limit(limit::LimitOptions {
                 periods: args.periods,
                 percent: 25,
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Limit.default_rounds()),
                 hogs: args.hogs,
                 cgroup_unavailable: None,
             })?,
@@ -272,9 +272,12 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Net => print_result(
             &crate::bench::net::net(crate::bench::net::NetOptions {
                 packets: args.packets,
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Net.default_rounds()),
                 echoes: args.echoes,
-                exits: args.exits.unwrap_or(20_000),
+                exits: args
+                    .exits
+                    .or(BenchKind::Net.default_exits())
+                    .unwrap_or_default(),
             })?,
             args.json,
             crate::bench::net::NetResult::to_text,
@@ -282,7 +285,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         BenchKind::Disk => print_result(
             &crate::bench::disk::disk(crate::bench::disk::DiskOptions {
                 blocks: args.blocks,
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Disk.default_rounds()),
             })?,
             args.json,
             crate::bench::disk::DiskResult::to_text,
@@ -296,7 +299,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         }
         BenchKind::Stops => print_result(
             &crate::bench::stops::stops(crate::bench::stops::StopsOptions {
-                rounds: args.rounds.unwrap_or(3),
+                rounds: args.rounds.unwrap_or(BenchKind::Stops.default_rounds()),
                 run_ms: 2_000,
             })?,
             args.json,
@@ -304,7 +307,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
         )?,
         BenchKind::Start => print_result(
             &crate::bench::start::start(crate::bench::start::StartOptions {
-                rounds: args.rounds.unwrap_or(10),
+                rounds: args.rounds.unwrap_or(BenchKind::Start.default_rounds()),
             })?,
             args.json,
             crate::bench::start::StartResult::to_text,
@@ -313,7 +316,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &socket::socket(socket::SocketOptions {
                 vcpus: args.vcpus,
                 window: std::time::Duration::from_millis(args.window_ms),
-                rounds: args.rounds.unwrap_or(5),
+                rounds: args.rounds.unwrap_or(BenchKind::Socket.default_rounds()),
                 rate: args.rate,
                 client_nice: args.client_nice,
             })?,
@@ -378,7 +381,11 @@ fn parse_cli() -> Cli {
     if called {
         args.insert(1, "firecracker".into());
     }
-    Cli::parse_from(args)
+    // `cli_command` rather than `Cli::command`: it adds the bench defaults to the help.
+    match Cli::from_arg_matches(&crate::cli::cli_command().get_matches_from(args)) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    }
 }
 
 fn main() -> ExitCode {

@@ -122,7 +122,7 @@ _ppa__vmm() {
 
     case "${cmd}" in
         ppa__vmm)
-            opts="-h -V --help --version run demo firecracker bench ctl top host completions man schema help"
+            opts="-h -V --help --version run demo firecracker ctl top host completions man schema bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -136,21 +136,13 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__bench)
-            opts="-h --json --exits --window-ms --rounds --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --help overhead socket limit net disk start stops"
+            opts="-h --json --window-ms --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --rounds --exits --help overhead socket limit net disk start stops"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --exits)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --window-ms)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --rounds)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -179,6 +171,14 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --blocks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rounds)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --exits)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -306,7 +306,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__help)
-            opts="run demo firecracker bench ctl top host completions man schema help"
+            opts="run demo firecracker ctl top host completions man schema bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -708,7 +708,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__run)
-            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --seccomp --net --disk --pin --memory-backing --numa-node --help"
+            opts="-h --config --vcpus --memory-mib --prefault --guest --tiny-image --kernel --initrd --cmdline --workload --report --report-file --histograms-file --max-runtime --kvm-device --accounting --histogram-bits --kernel-trace --threshold --name --run-dir --api-sock --metrics-addr --client-timeout --idle-timeout --cpu-limit --vcpu-group --limit-backend --limit-kick --runaway --overload --overload-action --ppa-page-size --ppa-page-file --guest-metrics-threads --seccomp --net --disk --pin --memory-backing --numa-node --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -847,6 +847,10 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --ppa-page-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --guest-metrics-threads)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -29,13 +29,13 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -s V -l version -d 'Print 
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "firecracker" -d 'Serve Firecracker\'s API (and take its flags): a VM started by Firecracker\'s tools, with our accounting (docs/firecracker.md). Also what this binary does when called `firecracker`'
-complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "bench" -d 'Measure the VMM itself'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "completions" -d 'Print a shell completion script (install it where the shell looks; dist/ has them)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "man" -d 'Print the man page (roff; dist/man/ppa-vmm.1)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "schema" -d 'Print the JSON Schema of a socket message, the final report or the config file'
+complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "bench" -d 'Measure the VMM itself'
 complete -c ppa-vmm -n "__fish_ppa_vmm_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l config -d 'JSON config file with the same fields as the flags (flags win)' -r -F
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l vcpus -d 'Number of vCPUs (1..=256)' -r
@@ -76,6 +76,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l overload -d 'Rai
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l overload-action -d 'What a runaway or overload does besides the event: notify, pause or throttle:LIMIT' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l ppa-page-size -d 'Size of the PPA page shared with the guest, bytes (default 65536; 0: none)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l ppa-page-file -d 'Back the PPA page with this file, so host tools can map it (removed at the end)' -r -F
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l guest-metrics-threads -d 'Guest threads the metrics name, the busiest by CPU (0 to 100, default 10); the others are summed under tid="rest"' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l seccomp -d 'After set-up, each thread drops its capabilities and confines itself to its system calls: kill (the binary\'s default: a forbidden call stops the VMM, exit status 159), log (the kernel logs it) or none (docs/security.md). Unset in code: none, since a filter stays on the thread that built the VM' -r -f -a "none\t'No filter, no capability drop (the library\'s default)'
 log\t'Allow it and have the kernel log it (audit type 1326)'
 kill\t'Stop the VMM: a message on stderr naming the thread and the call, exit status 159'"
@@ -106,19 +107,6 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l show-log
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l no-seccomp -d 'No seccomp filters (ours: `--seccomp none`)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -l boot-timer -d 'Refused: PPA-VMM has no boot-timer device'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand firecracker" -s h -l help -d 'Print help'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (overhead; default 8000)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l window-ms -d 'Length of each run\'s measured window, ms (socket)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default 3; limit, socket and disk: 5; overhead: 15)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l vcpus -d 'vCPUs of the VM (socket)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rate -d '`stats` requests per second in the loaded runs (socket)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l client-nice -d 'Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l periods -d 'Periods per run (limit)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l packets -d 'Frames per transmit run (net)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l echoes -d 'Echo round trips (net)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l blocks -d '4 KiB blocks written and read per run (disk)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l json -d 'Print one JSON object whose last key is "verdict"'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l hogs -d 'Run beside one spinning process per CPU (limit)'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -l api-sock -d 'The VMM\'s control socket (`run --api-sock`)' -r -F
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -l text -d 'Print a readable form instead of JSON'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand ctl" -s h -l help -d 'Print help'
@@ -167,17 +155,30 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand host; and __fish_seen_su
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand man" -s h -l help -d 'Print help'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand schema" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "firecracker" -d 'Serve Firecracker\'s API (and take its flags): a VM started by Firecracker\'s tools, with our accounting (docs/firecracker.md). Also what this binary does when called `firecracker`'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "bench" -d 'Measure the VMM itself'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "completions" -d 'Print a shell completion script (install it where the shell looks; dist/ has them)'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "man" -d 'Print the man page (roff; dist/man/ppa-vmm.1)'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "schema" -d 'Print the JSON Schema of a socket message, the final report or the config file'
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker bench ctl top host completions man schema help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l window-ms -d 'Length of each run\'s measured window, ms (socket)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l vcpus -d 'vCPUs of the VM (socket)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rate -d '`stats` requests per second in the loaded runs (socket)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l client-nice -d 'Nice value of the client thread (socket; below 0 needs CAP_SYS_NICE)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l periods -d 'Periods per run (limit)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l packets -d 'Frames per transmit run (net)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l echoes -d 'Echo round trips (net)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l blocks -d '4 KiB blocks written and read per run (disk)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default: overhead 15, socket 5, limit 5, net 5, disk 5, start 10, stops 3)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (default: overhead 8,000, net 20,000; socket refuses it, the others ignore it)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l json -d 'Print one JSON object whose last key is "verdict"'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l hogs -d 'Run beside one spinning process per CPU (limit)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "run" -d 'Boot a VM and run it until every vCPU has exited'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "demo" -d 'Run the embedded demo: 4 vCPUs of the tiny guest with the mixed workload'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "firecracker" -d 'Serve Firecracker\'s API (and take its flags): a VM started by Firecracker\'s tools, with our accounting (docs/firecracker.md). Also what this binary does when called `firecracker`'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "ctl" -d 'Send one request to a running VMM\'s control socket and print the result'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "top" -d 'A live per-vCPU table of a running VMM, like esxtop'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "host" -d 'Every VM of the run directory: list, top, one metrics endpoint'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "completions" -d 'Print a shell completion script (install it where the shell looks; dist/ has them)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "man" -d 'Print the man page (roff; dist/man/ppa-vmm.1)'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "schema" -d 'Print the JSON Schema of a socket message, the final report or the config file'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "bench" -d 'Measure the VMM itself'
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and not __fish_seen_subcommand_from run demo firecracker ctl top host completions man schema bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "list" -d 'Every VM of the run directory: name, pid, state, vCPUs, uptime, host CPU now'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "top" -d 'esxtop\'s CPU screen for the host: one row per VM'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand help; and __fish_seen_subcommand_from host" -f -a "serve" -d 'One Prometheus endpoint for every VM of the run directory'

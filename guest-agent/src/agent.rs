@@ -247,22 +247,25 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
         Options {
             log_exits: cfg.log_exits,
             linger: cfg.linger,
+            thresholds: cfg.thresholds,
             ..Options::default()
         },
     )
     .map_err(AgentError::Collect)?;
-    let mut p = Publisher::new(&page, c.nr_cpus(), cfg.max_threads).map_err(AgentError::Publish)?;
+    let mut p = Publisher::new(&page, c.nr_cpus(), cfg.max_threads, cfg.thresholds)
+        .map_err(AgentError::Publish)?;
     c.set_capacity(p.layout().capacity as usize);
     let sig = signals().map_err(AgentError::Wait)?;
     log(&format!(
-        "publishing into {} every {:?}: {} CPU records, room for {} thread records, exited threads kept {} samples; taskstats {}, delay accounting {}",
+        "publishing into {} every {:?}: {} CPU records, room for {} thread records, exited threads kept {} samples; taskstats {}, delay accounting {}; {}",
         page.at(),
         cfg.interval,
         c.nr_cpus(),
         p.layout().capacity,
         cfg.linger,
         if c.taskstats() { "on" } else { "off" },
-        if c.delayacct() { "on" } else { "off" }
+        if c.delayacct() { "on" } else { "off" },
+        alarms_line(cfg, p.layout().alarms)
     ));
     let interval = u64::try_from(cfg.interval.as_nanos()).unwrap_or(u64::MAX);
     let mut me = AgentFigures {
@@ -273,6 +276,13 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
     loop {
         let t0 = crate::thread_cpu_ns();
         c.sample().map_err(AgentError::Collect)?;
+        if let Some(generation) = reset_asked(&page, me.reset.0) {
+            c.reset();
+            me.reset = (generation, c.now_ns());
+            log(&format!(
+                "the host asked for reset {generation}: figures count from now"
+            ));
+        }
         me.samples += 1;
         me.agent_cpu_ns = crate::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
         // The publication's own cost lands in the next sample's figure.
@@ -308,6 +318,48 @@ pub fn run(cfg: &Config, limit: Limit) -> Result<(), AgentError> {
         me.agent_cpu_ns as f64 / 1e6
     ));
     Ok(())
+}
+
+/// The reset generation the VMM asks for in its VM record (layout 1.5), when it is above
+/// `honoured`, the last one the agent carried out.
+fn reset_asked(page: &Page, honoured: u64) -> Option<u64> {
+    if page.header().minor < 5 {
+        return None;
+    }
+    let vm = page.host_vm(8)?.ok()?;
+    (vm.guest_reset > honoured).then_some(vm.guest_reset)
+}
+
+/// What the log says of the thresholds and the alarm ring.
+fn alarms_line(cfg: &Config, ring: Option<(u32, u32)>) -> String {
+    if !cfg.thresholds.any() {
+        return "no thresholds (alarms off)".into();
+    }
+    let names = [
+        "run delay",
+        "slice",
+        "involuntary switches",
+        "irq",
+        "softirq",
+    ];
+    let on: Vec<String> = cfg
+        .thresholds
+        .0
+        .iter()
+        .zip(names)
+        .filter(|(t, _)| **t != 0)
+        .map(|(t, n)| match n {
+            "involuntary switches" => format!("{n} > {t} an interval"),
+            _ => format!("{n} > {:.3} ms", *t as f64 / 1e6),
+        })
+        .collect();
+    match ring {
+        Some((_, slots)) => format!("thresholds {}; alarms in a ring of {slots}", on.join(", ")),
+        None => format!(
+            "thresholds {}; counted, but the page has no room for the alarm ring",
+            on.join(", ")
+        ),
+    }
 }
 
 /// Parses an interval for clap.

@@ -210,7 +210,8 @@ fn measure(
         None
     };
     let mut c = Collector::new(ts, Options::default()).map_err(|e| e.to_string())?;
-    let mut p = Publisher::new(&page, c.nr_cpus(), 1024).map_err(|e| e.to_string())?;
+    let mut p =
+        Publisher::new(&page, c.nr_cpus(), 1024, Default::default()).map_err(|e| e.to_string())?;
     c.set_capacity(p.layout().capacity as usize);
     let new = || Case {
         cpu: Vec::new(),

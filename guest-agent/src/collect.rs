@@ -28,21 +28,26 @@
 //! Nothing here writes anywhere; [`crate::publish`] reads the table and the selection
 //! afterwards.
 
+pub mod alarms;
 pub mod cpus;
 pub mod linger;
 pub mod rank;
+pub mod reset;
+mod types;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 
-use ppa_guest_abi::ppa_page::{GuestCpu, COMM_LEN};
+use ppa_guest_abi::ppa_page::{GuestCpu, COMM_LEN, DELAY_KINDS};
 
 use crate::procfs::{self, SchedStat, PF_KTHREAD};
 use crate::taskstats::{TaskExit, Taskstats};
+use alarms::{Occurrence, ThreadWatch};
 use cpus::{pread_all, CpuFiles};
 use linger::Lingering;
+pub use types::{Options, Phases, Totals};
 
 /// One thread as the agent publishes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,8 +75,14 @@ pub struct ThreadInfo {
     pub nvcsw: u64,
     /// See `nvcsw`.
     pub nivcsw: u64,
-    /// Delay totals, ns: block I/O, swap-in, reclaim, IRQ.
-    pub delays: [u64; 4],
+    /// Delay totals, ns, and their counts, by kind: block I/O, swap-in, reclaim, IRQ,
+    /// thrashing, compaction, write-protect copy.
+    pub delays: [u64; DELAY_KINDS],
+    /// See `delays`.
+    pub delay_counts: [u64; DELAY_KINDS],
+    /// Threshold occurrences: run delay, slice, involuntary switches
+    /// ([`alarms::ThreadWatch::over`]).
+    pub over: [u64; 3],
     /// On-CPU time in the last interval, ns.
     pub interval_on_cpu_ns: u64,
     /// When the agent learned of its exit (CLOCK_MONOTONIC ns); 0 for a live thread. An
@@ -91,6 +102,10 @@ struct Thread {
     stale: bool,
     /// Its last stat said it is a zombie or in `do_exit` ([`procfs::TaskStat::ending`]).
     ending: bool,
+    /// Its thresholds' state.
+    watch: ThreadWatch,
+    /// The sample whose status read gave `info.nivcsw` (0: never read).
+    nivcsw_at: u64,
 }
 
 impl Thread {
@@ -120,67 +135,6 @@ enum Found {
     Zombie,
 }
 
-/// Exits counted since the agent started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Totals {
-    /// Tasks that exited (the guest header's `transient_count`).
-    pub exited_count: u64,
-    /// Their CPU time, ns.
-    pub exited_cpu_ns: u64,
-    /// Of those, the ones never in a sample.
-    pub unseen_count: u64,
-    /// Their CPU time, ns.
-    pub unseen_cpu_ns: u64,
-    /// Processes that ended.
-    pub exited_processes: u64,
-    /// Exits found in /proc although taskstats was on (notifications lost).
-    pub exits_missed: u64,
-    /// The kernel dropped notifications at least once.
-    pub exits_lost: bool,
-}
-
-/// Where one sample's time went, ns of wall time, and how many threads it read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Phases {
-    /// System-wide files.
-    pub system_ns: u64,
-    /// Process CPU clocks.
-    pub processes_ns: u64,
-    /// Thread files of processes that ran.
-    pub threads_ns: u64,
-    /// Listing /proc for new tasks.
-    pub discover_ns: u64,
-    /// Exit notifications and what vanished.
-    pub exits_ns: u64,
-    /// Choosing the threads to publish and rereading their details.
-    pub details_ns: u64,
-    /// Threads whose schedstat was read.
-    pub threads_read: u64,
-    /// Threads whose stat and status were read (chosen for publication, figures moved).
-    pub threads_detailed: u64,
-}
-
-/// How the collector works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
-    /// Print one line per exit on stderr.
-    pub log_exits: bool,
-    /// Threads to choose for publication each sample (the page's thread capacity).
-    pub capacity: usize,
-    /// Samples an exited thread stays published after its exit (0: none).
-    pub linger: u32,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            log_exits: false,
-            capacity: ppa_guest_abi::ppa_page::READER_MAX_RECORDS as usize,
-            linger: linger::DEFAULT_LINGER,
-        }
-    }
-}
-
 /// The thread and process tables and the system-wide files.
 #[derive(Debug)]
 pub struct Collector {
@@ -206,6 +160,13 @@ pub struct Collector {
     reaped_ns: u64,
     selected: Vec<u32>,
     lingering: Lingering,
+    /// This sample's threshold occurrences, and each CPU's counts and previous record.
+    found: Vec<Occurrence>,
+    cpu_over: Vec<[u64; 2]>,
+    cpu_prev: Vec<Option<GuestCpu>>,
+    /// Baselines of the last reset ([`reset`]): each thread's then, each CPU's then.
+    bases: HashMap<u32, ThreadInfo>,
+    cpu_base: Vec<Option<GuestCpu>>,
 }
 
 /// Raises the open-file limit to its hard limit; returns the soft limit now in force.
@@ -289,6 +250,11 @@ impl Collector {
             reaped_ns: 0,
             selected: Vec::new(),
             lingering: Lingering::new(opts.linger),
+            found: Vec::new(),
+            cpu_over: Vec::new(),
+            cpu_prev: Vec::new(),
+            bases: HashMap::new(),
+            cpu_base: Vec::new(),
         })
     }
 
@@ -391,9 +357,10 @@ impl Collector {
         let (last, prev) = gone.map_or((None, 0), |t| (Some(t.info), t.prev_on_cpu));
         self.lingering
             .exited(last.as_ref(), prev, Some(&e), crate::monotonic_ns());
+        let since_reset = e.cpu_ns.saturating_sub(self.base_on_cpu(e.tid));
         let t = &mut self.totals;
         t.exited_count += 1;
-        t.exited_cpu_ns += e.cpu_ns;
+        t.exited_cpu_ns += since_reset;
         if !seen {
             t.unseen_count += 1;
             t.unseen_cpu_ns += e.cpu_ns;
@@ -495,6 +462,8 @@ impl Collector {
         }
         lap(&mut ph.exits_ns);
         self.choose(&mut ph);
+        self.check_thresholds();
+        self.forget_bases();
         lap(&mut ph.details_ns);
         self.phases = ph;
         Ok(())
@@ -550,7 +519,8 @@ impl Collector {
             self.lingering
                 .exited(Some(&t.info), t.prev_on_cpu, None, self.now_ns);
             self.totals.exited_count += 1;
-            self.totals.exited_cpu_ns += t.info.sched.on_cpu_ns;
+            self.totals.exited_cpu_ns +=
+                t.info.sched.on_cpu_ns.saturating_sub(self.base_on_cpu(tid));
             if missed {
                 self.totals.exits_missed += 1;
             }
@@ -682,6 +652,8 @@ impl Collector {
             prev_on_cpu: 0,
             stale: true,
             ending: false,
+            watch: ThreadWatch::default(),
+            nivcsw_at: 0,
         };
         self.threads.insert(tid, th);
         let alive = self.refresh(tid, true, ph);
@@ -784,12 +756,14 @@ impl Collector {
             if let Some((v, i)) = procfs::switches(&self.buf[..n]) {
                 info.nvcsw = v;
                 info.nivcsw = i;
+                th.nivcsw_at = self.samples;
             }
         }
         th.stale = false;
         if self.delayacct {
             if let Some(Ok(Some(q))) = self.taskstats.as_mut().map(|ts| ts.query(tid)) {
                 th.info.delays = q.delays;
+                th.info.delay_counts = q.delay_counts;
             }
         }
         true

@@ -8,7 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ppa_guest_abi::ppa_page::alarms::AlarmKind;
 use ppa_guest_abi::ppa_page::READER_MAX_RECORDS;
+
+use crate::collect::alarms::Thresholds;
 use thiserror::Error;
 
 /// Where the agent looks for its config file when `--config` is not given.
@@ -29,10 +32,46 @@ pub enum DurationError {
     /// Outside [`MIN_INTERVAL`]..=[`MAX_INTERVAL`].
     #[error("{0:?} is outside the 10ms to 1h an interval may be")]
     Range(Duration),
+    /// A threshold outside 1 µs to [`MAX_THRESHOLD`].
+    #[error("{0:?} is outside the 1us to 1h a threshold may be (0 or off turns it off)")]
+    ThresholdRange(Duration),
 }
 
 /// Parses `100ms`, `1s`, `2.5s`, `500us`, `1m`.
 pub fn parse_interval(s: &str) -> Result<Duration, DurationError> {
+    let d = parse_duration(s)?;
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
+        return Err(DurationError::Range(d));
+    }
+    Ok(d)
+}
+
+/// Longest time threshold accepted.
+pub const MAX_THRESHOLD: Duration = Duration::from_secs(3600);
+
+/// Parses a time threshold: `off` or `0` (0: off), or a duration of 1 µs to 1 h
+/// (`500us`, `10ms`); ns.
+pub fn parse_threshold(s: &str) -> Result<u64, DurationError> {
+    if matches!(s.trim(), "off" | "0") {
+        return Ok(0);
+    }
+    let d = parse_duration(s)?;
+    if !(Duration::from_micros(1)..=MAX_THRESHOLD).contains(&d) {
+        return Err(DurationError::ThresholdRange(d));
+    }
+    Ok(d.as_nanos() as u64)
+}
+
+/// Parses a count threshold (`off` or `0`: off; at most 10^9).
+pub fn parse_count(s: &str) -> Option<u64> {
+    match s.trim() {
+        "off" => Some(0),
+        t => t.parse().ok().filter(|n| *n <= 1_000_000_000),
+    }
+}
+
+/// A number with a unit, as a duration.
+fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -49,11 +88,7 @@ pub fn parse_interval(s: &str) -> Result<Duration, DurationError> {
         "m" | "min" => 60.0,
         _ => return Err(DurationError::Form(s.to_string())),
     };
-    let d = Duration::try_from_secs_f64(n * scale).map_err(|_| DurationError::Form(s.into()))?;
-    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
-        return Err(DurationError::Range(d));
-    }
-    Ok(d)
+    Duration::try_from_secs_f64(n * scale).map_err(|_| DurationError::Form(s.into()))
 }
 
 /// Why the config file could not be used.
@@ -77,7 +112,7 @@ pub enum ConfigError {
         line: usize,
     },
     /// A key the agent does not know.
-    #[error("{path}:{line}: unknown key `{key}` (known: interval, page_file, max_threads, taskstats, log_exits, linger)")]
+    #[error("{path}:{line}: unknown key `{key}` (known: interval, page_file, max_threads, taskstats, log_exits, linger, alarm_run_delay, alarm_slice, alarm_nivcsw, alarm_irq, alarm_softirq)")]
     UnknownKey {
         /// The file.
         path: PathBuf,
@@ -99,6 +134,19 @@ pub enum ConfigError {
         value: String,
         /// What it should be.
         wants: &'static str,
+    },
+    /// A threshold that cannot be read.
+    #[error("{path}:{line}: bad threshold for `{key}`")]
+    Threshold {
+        /// The file.
+        path: PathBuf,
+        /// Line number.
+        line: usize,
+        /// The key.
+        key: String,
+        /// Cause.
+        #[source]
+        source: DurationError,
     },
     /// An interval that cannot be read.
     #[error("{path}:{line}: bad interval")]
@@ -129,6 +177,8 @@ pub struct Config {
     /// Samples an exited thread stays published, with its final figures and state `X`
     /// (0: an exited thread only adds to the transient figures).
     pub linger: u32,
+    /// Thresholds whose occurrences are counted and raised as alarms (all off by default).
+    pub thresholds: Thresholds,
 }
 
 /// Most samples an exited thread may stay published.
@@ -143,6 +193,7 @@ impl Default for Config {
             taskstats: true,
             log_exits: false,
             linger: crate::collect::linger::DEFAULT_LINGER,
+            thresholds: Thresholds::default(),
         }
     }
 }
@@ -211,16 +262,42 @@ impl Config {
                         .filter(|n| *n <= MAX_LINGER)
                         .ok_or_else(|| bad("a number of samples from 0 to 1000"))?
                 }
-                _ => {
-                    return Err(ConfigError::UnknownKey {
-                        path: path.to_path_buf(),
-                        line,
-                        key: key.to_string(),
-                    })
-                }
+                "alarm_nivcsw" => c.thresholds.set(
+                    AlarmKind::Nivcsw,
+                    parse_count(value).ok_or_else(|| bad("a count from 0 (off) to 1000000000"))?,
+                ),
+                k => match threshold_key(k) {
+                    Some(kind) => c.thresholds.set(
+                        kind,
+                        parse_threshold(value).map_err(|source| ConfigError::Threshold {
+                            path: path.to_path_buf(),
+                            line,
+                            key: k.to_string(),
+                            source,
+                        })?,
+                    ),
+                    None => {
+                        return Err(ConfigError::UnknownKey {
+                            path: path.to_path_buf(),
+                            line,
+                            key: key.to_string(),
+                        })
+                    }
+                },
             }
         }
         Ok(c)
+    }
+}
+
+/// The time threshold a config key sets.
+fn threshold_key(key: &str) -> Option<AlarmKind> {
+    match key {
+        "alarm_run_delay" => Some(AlarmKind::RunDelay),
+        "alarm_slice" => Some(AlarmKind::Slice),
+        "alarm_irq" => Some(AlarmKind::Irq),
+        "alarm_softirq" => Some(AlarmKind::Softirq),
+        _ => None,
     }
 }
 
@@ -315,5 +392,32 @@ mod tests {
             Config::parse(p, "interval = fast\n"),
             Err(ConfigError::Interval { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn thresholds_from_the_file() {
+        let p = Path::new("/etc/ppa-agent.conf");
+        let c = Config::parse(
+            p,
+            "alarm_run_delay = 10ms\nalarm_slice = 2.5ms\nalarm_nivcsw = 200\nalarm_irq = 500us\nalarm_softirq = off\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.thresholds,
+            Thresholds([10_000_000, 2_500_000, 200, 500_000, 0])
+        );
+        let e = Config::parse(p, "alarm_slice = 90m\n").unwrap_err();
+        assert_eq!(
+            crate::describe(&e),
+            "/etc/ppa-agent.conf:1: bad threshold for `alarm_slice`: 5400s is outside the 1us to 1h a threshold may be (0 or off turns it off)"
+        );
+        let e = Config::parse(p, "alarm_nivcsw = many\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/ppa-agent.conf:1: `alarm_nivcsw` wants a count from 0 (off) to 1000000000, not `many`"
+        );
+        assert_eq!(parse_threshold("0"), Ok(0));
+        assert_eq!(parse_threshold("1us"), Ok(1000));
+        assert!(parse_threshold("1ns").is_err());
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use ppa_agent::agent::{self, interval_arg, AgentError, Limit};
 use ppa_agent::config::{Config, DEFAULT_PATH};
+use ppa_guest_abi::ppa_page::alarms::AlarmKind;
 
 /// The PPA guest agent: publishes precise per-thread and per-CPU accounting of this Linux
 /// guest into the PPA page PPA-VMM shares with it.
@@ -42,6 +43,22 @@ struct Cli {
     /// (default 3; 0: exited threads only add to the transient figures).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(ppa_agent::config::MAX_LINGER)))]
     linger: Option<u32>,
+    /// Threshold of a thread's mean run-queue wait per wait in a sample interval, e.g. 10ms
+    /// (off or 0: off, the default); each interval over it counts and raises an alarm.
+    #[arg(long, value_name = "DURATION", value_parser = threshold_arg)]
+    alarm_run_delay: Option<u64>,
+    /// Threshold of a thread's on-CPU time per timeslice, e.g. 100ms.
+    #[arg(long, value_name = "DURATION", value_parser = threshold_arg)]
+    alarm_slice: Option<u64>,
+    /// Threshold of a thread's involuntary context switches per sample interval.
+    #[arg(long, value_name = "N", value_parser = count_arg)]
+    alarm_nivcsw: Option<u64>,
+    /// Threshold of a CPU's hard-interrupt time per sample interval, e.g. 5ms.
+    #[arg(long, value_name = "DURATION", value_parser = threshold_arg)]
+    alarm_irq: Option<u64>,
+    /// Threshold of a CPU's softirq time per sample interval, e.g. 5ms.
+    #[arg(long, value_name = "DURATION", value_parser = threshold_arg)]
+    alarm_softirq: Option<u64>,
     /// Take one sample, publish it and exit.
     #[arg(long)]
     once: bool,
@@ -64,6 +81,15 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         samples: usize,
     },
+}
+
+fn threshold_arg(s: &str) -> Result<u64, String> {
+    ppa_agent::config::parse_threshold(s).map_err(|e| e.to_string())
+}
+
+fn count_arg(s: &str) -> Result<u64, String> {
+    ppa_agent::config::parse_count(s)
+        .ok_or_else(|| format!("\"{s}\" is not a count from 0 (off) to 1000000000"))
 }
 
 fn config(cli: &Cli) -> Result<Config, String> {
@@ -91,6 +117,17 @@ fn config(cli: &Cli) -> Result<Config, String> {
     }
     if let Some(n) = cli.linger {
         c.linger = n;
+    }
+    for (kind, v) in [
+        (AlarmKind::RunDelay, cli.alarm_run_delay),
+        (AlarmKind::Slice, cli.alarm_slice),
+        (AlarmKind::Nivcsw, cli.alarm_nivcsw),
+        (AlarmKind::Irq, cli.alarm_irq),
+        (AlarmKind::Softirq, cli.alarm_softirq),
+    ] {
+        if let Some(v) = v {
+            c.thresholds.set(kind, v);
+        }
     }
     Ok(c)
 }

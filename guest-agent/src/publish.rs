@@ -1,13 +1,15 @@
 //! Writing a sample into the guest section with the sequence protocol of
-//! `ppa_guest_abi::ppa_page` (the guest section: layout 1.1 and later).
+//! `ppa_guest_abi::ppa_page` (the guest section: layout 1.5).
 //!
 //! The agent's layout of the guest section (offsets from its start):
 //!
 //! ```text
 //! 0      GuestHeader (64)
-//! 64     GuestAgent (192): cost, interval, the aggregate of unpublished threads, transient tasks
-//! 256    nr_cpus × GuestCpu (192)
-//! 256 + 192·nr_cpus   capacity × GuestThread (192)
+//! 64     GuestAgent (192): cost, interval, the aggregate of unpublished threads, transient
+//!        tasks, where the alarm ring is, the reset it honoured
+//! 256    with a threshold set: GuestAlarms (128) + slots × GuestAlarm (64) (`ring`)
+//! A      nr_cpus × GuestCpu (192)
+//! A + 192·nr_cpus   capacity × GuestThreadFull (256: the record and its 1.5 tail)
 //! ```
 //!
 //! Data flow: [`Publisher::new`] takes the page's one writer ([`GuestWriter`]) and computes
@@ -19,24 +21,34 @@
 //! first, up to the capacity; then the exited threads still lingering, state `X`, in the room
 //! left), keeps each in the slot it had ([`assign`]), sums the live threads left out into the
 //! aggregate, takes the transient figures less the exited threads it lists ([`transient`]),
-//! and writes the CPU records, the thread records, its own record and the header, each under
-//! the protocol. When the header's thread count shrinks it is written first, so a reader
-//! never counts a slot that is being rewritten for another thread.
+//! and writes the CPU records, the thread records, the sample's alarms ([`ring`]), its own
+//! record and the header, each under the protocol. Every figure is written less its
+//! baseline of the last reset ([`crate::collect::reset`]). When the header's thread count
+//! shrinks it is written first, so a reader never counts a slot that is being rewritten for
+//! another thread.
 
 use std::collections::{HashMap, HashSet};
 
 use ppa_guest_abi::ppa_page::{
-    self as abi, GuestAgent, GuestHeader, GuestThread, GUEST_MAGIC, MAJOR, MINOR,
+    self as abi, GuestAgent, GuestHeader, GuestThread, GuestThreadFull, GuestThreadTail,
+    GUEST_MAGIC, MAJOR, MINOR, THREAD_RECORD_SIZE_1_5,
 };
 use thiserror::Error;
 
+use crate::collect::alarms::Thresholds;
 use crate::collect::linger::transient;
+use crate::collect::reset::{cpu_since, since};
 use crate::collect::{Collector, ThreadInfo};
 use crate::page::{GuestWriter, Page, WriterError};
 
+mod ring;
+
 const HEADER: u32 = 64;
 const AGENT: u32 = 192;
+/// A CPU record.
 const RECORD: u32 = 192;
+/// A thread record with its 1.5 tail.
+const THREAD: u32 = THREAD_RECORD_SIZE_1_5;
 
 /// Why the agent cannot (or no longer may) publish.
 #[derive(Debug, Error)]
@@ -79,6 +91,8 @@ pub enum PublishError {
 /// Where the tables go, and how many thread records fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
+    /// The alarm ring's offset and slots (None: no ring).
+    pub alarms: Option<(u32, u32)>,
     /// Offset of the CPU table.
     pub cpus_offset: u32,
     /// Offset of the thread table.
@@ -87,20 +101,42 @@ pub struct Layout {
     pub capacity: u32,
 }
 
-/// The layout for a guest section of `size` bytes and `nr_cpus` CPUs.
-pub fn layout(size: usize, nr_cpus: u32, max_threads: u32) -> Result<Layout, PublishError> {
-    let cpus_offset = HEADER + AGENT;
-    let threads_offset = u64::from(cpus_offset) + u64::from(nr_cpus) * u64::from(RECORD);
-    let need = threads_offset + u64::from(RECORD);
-    if (size as u64) < need {
+/// Slots of the alarm ring when a threshold is set (and the section has room; else 16, else
+/// none): 64 alarms is two samples' worth at the most one sample writes.
+pub const ALARM_SLOTS: u32 = 64;
+
+/// The layout for a guest section of `size` bytes and `nr_cpus` CPUs, with an alarm ring
+/// when `alarms` (a threshold is set) and the section holds one beside one thread record.
+pub fn layout(
+    size: usize,
+    nr_cpus: u32,
+    max_threads: u32,
+    alarms: bool,
+) -> Result<Layout, PublishError> {
+    let fits = |slots: u32| {
+        let ring = if slots == 0 {
+            0
+        } else {
+            abi::alarms::GuestAlarms::bytes(slots)
+        };
+        let cpus_offset = HEADER + AGENT + ring;
+        let threads_offset = u64::from(cpus_offset) + u64::from(nr_cpus) * u64::from(RECORD);
+        let need = threads_offset + u64::from(THREAD);
+        ((size as u64) >= need).then_some((slots, cpus_offset, threads_offset, need))
+    };
+    let tries: &[u32] = if alarms { &[ALARM_SLOTS, 16, 0] } else { &[0] };
+    let Some((slots, cpus_offset, threads_offset, _)) = tries.iter().find_map(|&n| fits(n)) else {
+        let need =
+            u64::from(HEADER + AGENT) + u64::from(nr_cpus) * u64::from(RECORD) + u64::from(THREAD);
         return Err(PublishError::TooSmall {
             size,
             need,
             cpus: nr_cpus,
         });
-    }
-    let fit = (size as u64 - threads_offset) / u64::from(RECORD);
+    };
+    let fit = (size as u64 - threads_offset) / u64::from(THREAD);
     Ok(Layout {
+        alarms: (slots > 0).then_some((HEADER + AGENT, slots)),
         cpus_offset,
         threads_offset: threads_offset as u32,
         capacity: fit.min(u64::from(max_threads.min(abi::READER_MAX_RECORDS))) as u32,
@@ -161,6 +197,8 @@ pub struct AgentFigures {
     pub agent_cpu_ns: u64,
     /// It is stopping.
     pub stopped: bool,
+    /// The reset it honoured last (the host's generation) and when, on the header's clock.
+    pub reset: (u64, u64),
 }
 
 /// The agent's writer into the guest section. It borrows the page's one
@@ -203,12 +241,15 @@ pub struct Publisher<'p> {
     published: u32,
     header: GuestHeader,
     wrote: Option<u32>,
+    ring: ring::Ring,
 }
 
-/// The record of `t` at `now_ns`. An exited thread's record keeps the time of its exit as its
-/// update time (its figures are final); a live thread is never published with the exited
-/// state: the rare `X` a /proc read catches for a thread being reaped is shown as `Z`.
-fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
+/// The record of `t` (its figures less `base`, its baseline of the last reset) at `now_ns`.
+/// An exited thread's record keeps the time of its exit as its update time (its figures are
+/// final); a live thread is never published with the exited state: the rare `X` a /proc read
+/// catches for a thread being reaped is shown as `Z`.
+fn thread_record(t: &ThreadInfo, base: Option<&ThreadInfo>, now_ns: u64) -> GuestThreadFull {
+    let t = &since(t, base);
     let mut r = GuestThread {
         seq: 0,
         tid: t.tid,
@@ -240,19 +281,27 @@ fn thread_record(t: &ThreadInfo, now_ns: u64) -> GuestThread {
         s => s,
     };
     r.set_ext(flags, state, t.interval_on_cpu_ns);
-    r
+    r.set_v15(t.over, [t.delays[4], t.delays[5]]);
+    GuestThreadFull {
+        thread: r,
+        tail: GuestThreadTail {
+            wpcopy_delay_ns: t.delays[6],
+            delay_counts: t.delay_counts,
+        },
+    }
 }
 
 impl<'p> Publisher<'p> {
-    /// Lays out the guest section of `page` for `nr_cpus` CPUs, taking the page's one
-    /// writer. Nothing is written yet.
+    /// Lays out the guest section of `page` for `nr_cpus` CPUs, with an alarm ring when a
+    /// threshold is set, taking the page's one writer. Nothing is written yet.
     pub fn new(
         page: &'p Page,
         nr_cpus: u32,
         max_threads: u32,
+        thresholds: Thresholds,
     ) -> Result<Publisher<'p>, PublishError> {
         let section = page.guest_writer()?;
-        let layout = layout(section.len(), nr_cpus, max_threads)?;
+        let layout = layout(section.len(), nr_cpus, max_threads, thresholds.any())?;
         Ok(Publisher {
             section,
             layout,
@@ -268,7 +317,7 @@ impl<'p> Publisher<'p> {
                 updated_ns: 0,
                 threads_offset: layout.threads_offset,
                 threads_count: 0,
-                thread_record_size: RECORD,
+                thread_record_size: THREAD,
                 cpus_offset: layout.cpus_offset,
                 cpus_count: nr_cpus,
                 cpu_record_size: RECORD,
@@ -276,6 +325,7 @@ impl<'p> Publisher<'p> {
                 transient_cpu_ns: 0,
             },
             wrote: None,
+            ring: ring::Ring::new(layout.alarms, thresholds),
         })
     }
 
@@ -323,26 +373,39 @@ impl<'p> Publisher<'p> {
         self.header.updated_ns = now;
         self.header.threads_count = self.slots.len() as u32;
         // Exited threads published now are left out of the transient figures.
-        (self.header.transient_count, self.header.transient_cpu_ns) = transient(
-            (totals.exited_count, totals.exited_cpu_ns),
-            picked.iter().copied().filter(|t| t.exited_ns != 0),
-        );
+        let exited: Vec<ThreadInfo> = picked
+            .iter()
+            .filter(|t| t.exited_ns != 0)
+            .map(|t| since(t, c.base(t.tid)))
+            .collect();
+        (self.header.transient_count, self.header.transient_cpu_ns) =
+            transient((totals.exited_count, totals.exited_cpu_ns), exited.iter());
         if self.header.threads_count < self.published {
             self.write_header();
         }
         for r in c.cpus() {
             if r.cpu < self.nr_cpus {
+                let i = r.cpu as usize;
                 let off = u64::from(self.layout.cpus_offset) + u64::from(r.cpu) * 192;
-                self.section.write(off, r);
+                let mut rec = cpu_since(r, c.cpu_base(i));
+                rec.set_over(c.cpu_over(i));
+                self.section.write(off, &rec);
             }
         }
         for (i, tid) in self.slots.iter().enumerate() {
             if let Some(t) = by_tid.get(tid) {
-                let off = u64::from(self.layout.threads_offset) + i as u64 * 192;
-                self.section.write(off, &thread_record(t, now));
+                let off = u64::from(self.layout.threads_offset) + i as u64 * u64::from(THREAD);
+                self.section
+                    .write(off, &thread_record(t, c.base(*tid), now));
             }
         }
-        let a = agent_record(c, me, |tid| by_tid.contains_key(&tid), self.slots.len());
+        self.ring.publish(&mut self.section, c.occurrences(), now);
+        let mut a = agent_record(c, me, |tid| by_tid.contains_key(&tid), self.slots.len());
+        let alarms = self
+            .layout
+            .alarms
+            .map(|(off, slots)| (off, abi::alarms::GuestAlarms::bytes(slots)));
+        a.set_v15(alarms, me.reset.0, me.reset.1);
         self.section.write(u64::from(HEADER), &a);
         self.write_header();
         self.published = self.header.threads_count;
@@ -365,7 +428,7 @@ fn agent_record(
         seen += 1;
         if !published(t.tid) {
             rest.0 += 1;
-            rest.1 += t.sched.on_cpu_ns;
+            rest.1 += since(t, c.base(t.tid)).sched.on_cpu_ns;
             rest.2 += t.interval_on_cpu_ns;
         }
     }

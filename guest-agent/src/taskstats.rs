@@ -16,7 +16,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use ppa_guest_abi::ppa_page::COMM_LEN;
+use ppa_guest_abi::ppa_page::{COMM_LEN, DELAY_KINDS};
 use thiserror::Error;
 
 /// Generic netlink's controller family.
@@ -95,8 +95,12 @@ pub struct TaskExit {
     pub nvcsw: u64,
     /// See `nvcsw`.
     pub nivcsw: u64,
-    /// Delay totals, ns: block I/O, swap-in, memory reclaim, IRQ.
-    pub delays: [u64; 4],
+    /// Delay totals, ns, by kind: block I/O, swap-in, memory reclaim, IRQ, thrashing,
+    /// compaction, write-protect copy (`ppa_page::DELAY_KINDS`; 0 where the kernel's
+    /// version of the struct has no such field).
+    pub delays: [u64; DELAY_KINDS],
+    /// How many delays of each kind, same order.
+    pub delay_counts: [u64; DELAY_KINDS],
     /// It was the last thread of its process.
     pub group_end: bool,
 }
@@ -110,6 +114,20 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
     b.get(off..off + 4)
         .map_or(0, |s| u32::from_le_bytes(s.try_into().unwrap_or([0; 4])))
 }
+
+/// Each delay kind's (count, total) byte offsets in `struct taskstats`, and the struct version
+/// that added them: block I/O and swap-in (1), memory reclaim (3), thrashing (9),
+/// compaction (11), write-protect copy (13, Linux 6.0), IRQ (14, Linux 6.8). A field past
+/// the payload the kernel sent reads 0.
+const DELAY_FIELDS: [(usize, usize, u16); DELAY_KINDS] = [
+    (32, 40, 1),
+    (48, 56, 1),
+    (312, 320, 3),
+    (416, 424, 14),
+    (328, 336, 9),
+    (352, 360, 11),
+    (400, 408, 13),
+];
 
 /// Decodes a `struct taskstats` payload by field offset (include/uapi/linux/taskstats.h).
 /// `None` when it is shorter than version 1's 328 bytes.
@@ -126,6 +144,7 @@ pub fn stats(b: &[u8]) -> Option<TaskExit> {
     let run_delay_ns = u64_at(b, 24);
     let timeslices = u64_at(b, 16);
     let elapsed_ns = u64_at(b, 144).saturating_mul(1000);
+    let version = u16::from_le_bytes([b[0], b[1]]);
     let cpu_ns = if timeslices == 1 {
         sched_cpu_ns.max(elapsed_ns.saturating_sub(run_delay_ns))
     } else {
@@ -144,17 +163,20 @@ pub fn stats(b: &[u8]) -> Option<TaskExit> {
         stime_ns: u64_at(b, 160).saturating_mul(1000),
         nvcsw: u64_at(b, 272),
         nivcsw: u64_at(b, 280),
-        delays: [
-            u64_at(b, 40),
-            u64_at(b, 56),
-            u64_at(b, 320),
-            // irq_delay_total: version 14 (Linux 6.8) and later.
-            if u16::from_le_bytes([b[0], b[1]]) >= 14 {
-                u64_at(b, 424)
+        delays: DELAY_FIELDS.map(|(_, total, since)| {
+            if version >= since {
+                u64_at(b, total)
             } else {
                 0
-            },
-        ],
+            }
+        }),
+        delay_counts: DELAY_FIELDS.map(|(count, _, since)| {
+            if version >= since {
+                u64_at(b, count)
+            } else {
+                0
+            }
+        }),
         group_end: b[8] & AGROUP != 0,
     })
 }

@@ -1,5 +1,5 @@
 //! The PPA page (spec section 8, docs/abi.md): a guest-physical region the VMM and the guest
-//! share, layout version 1.4. The VMM writes the host section (each vCPU's section 4 figures,
+//! share, layout version 1.5. The VMM writes the host section (each vCPU's section 4 figures,
 //! so a guest sees its own steal and limited time); the guest writes the guest section
 //! (per-thread records in the manner of PPA's rawppa, per-CPU records in the manner of
 //! rawsysppa, transient tasks), which the VMM decodes as untrusted input.
@@ -17,7 +17,8 @@
 //! vm_offset              HostVm (128), 1.3            VMM writes, guest reads
 //! guest_offset           GuestHeader (64)             guest writes, VMM reads
 //!   + 64                 GuestAgent (192), optional   1.1: a guest agent's own record
-//!   + threads_offset     threads_count × GuestThread (192)
+//!   + alarms_offset      GuestAlarms (128) + slots × GuestAlarm (64), 1.5, optional
+//!   + threads_offset     threads_count × GuestThread (192, or 256 with the 1.5 tail)
 //!   + cpus_offset        cpus_count × GuestCpu (192)
 //! ```
 //!
@@ -37,6 +38,17 @@
 //! `interrupted_ns`, [`NOT_MEASURED`] where the host does not measure them. A 1.3 writer left
 //! them zero, so a reader takes them from a region of minor 4 or more only ([`HostVcpu::kvm`]).
 //!
+//! Minor 5 (1.5) added the guest's thresholds and alarms, reset, and delay counts: the VM
+//! record's last word became [`HostVm::guest_reset`] (a reset the host asks of the agent) and
+//! its flags [`VM_PRESSURE_ESTIMATED`]; [`GuestAgent`]'s first reserved words say where its
+//! alarm ring is ([`alarms`]) and which reset it honoured; [`GuestThread`]'s reserved words 2
+//! to 6 hold the threshold counts and two more delay totals ([`GuestThread::over`]), and a
+//! thread record of 256 bytes or more ([`THREAD_RECORD_SIZE_1_5`]) has a tail with the rest:
+//! one more delay total and the count of every delay kind ([`GuestThreadTail`]);
+//! [`GuestCpu`]'s first reserved words hold its threshold counts. Each is read only from a
+//! header (region or guest) of minor 5 or more, and the tail only from a table whose record
+//! size holds it.
+//!
 //! Extending the ABI: records only grow at their end, into their reserved words or by a larger
 //! `*_record_size` (readers use the size given in the header, never their own); a new field
 //! bumps the minor version; a reader accepts any minor of its major. A new major is a new,
@@ -51,8 +63,9 @@ pub const GUEST_MAGIC: u32 = u32::from_le_bytes(*b"PPAG");
 /// Major version of this layout.
 pub const MAJOR: u16 = 1;
 /// Minor version of this layout (2: [`HostVcpu::blocked_ns`]; 3: [`HostVm`]; 4:
-/// [`HostVcpu::kvm_ns`] and [`HostVcpu::interrupted_ns`]).
-pub const MINOR: u16 = 4;
+/// [`HostVcpu::kvm_ns`] and [`HostVcpu::interrupted_ns`]; 5: thresholds, alarms, reset,
+/// delay counts).
+pub const MINOR: u16 = 5;
 
 /// A [`HostVcpu`] figure the host does not measure (`kvm_ns`, `interrupted_ns`).
 pub const NOT_MEASURED: u64 = u64::MAX;
@@ -129,6 +142,9 @@ pub const VM_PRESSURE: u32 = 1;
 pub const VM_HOST_CPU: u32 = 2;
 /// [`HostVm::flags`] bit: the network fields are filled.
 pub const VM_NET: u32 = 4;
+/// [`HostVm::flags`] bit (1.5): the pressure figures are partly an estimate (the overlap
+/// rule: the vCPUs' state intervals were not known, docs/accounting.md "Pressure").
+pub const VM_PRESSURE_ESTIMATED: u32 = 8;
 
 /// The VM-wide host record (1.3), at the header's `vm_offset`, refreshed with the host vCPU
 /// records. Times are ns (pressure totals µs) since the VM started; averages are in
@@ -167,8 +183,11 @@ pub struct HostVm {
     pub pressure_some_avg: [u32; 3],
     /// `full` averages, likewise.
     pub pressure_full_avg: [u32; 3],
-    /// Reserved, zero.
-    pub reserved: u64,
+    /// The latest guest reset the host asks for (1.5; `guest-reset` on the control socket):
+    /// a generation that only grows, 0 while none was asked. A guest agent that finds it
+    /// above the one it honoured restarts its figures from 0 and says so in
+    /// [`GuestAgent::reset_generation`]. Zero from a 1.4 writer (the word was reserved).
+    pub guest_reset: u64,
 }
 
 /// One vCPU's host-side figures (spec section 4), refreshed by the VMM at least every 10 ms.
@@ -343,6 +362,20 @@ pub struct GuestCpu {
     pub reserved: [u64; 3],
 }
 
+impl GuestCpu {
+    /// The 1.5 threshold counts (`reserved[0..2]`, offsets 168 and 176): sample intervals in
+    /// which this CPU's hard-interrupt time and its softirq time exceeded the writer's
+    /// thresholds.
+    pub const fn over(&self) -> [u64; 2] {
+        [self.reserved[0], self.reserved[1]]
+    }
+
+    /// Sets the 1.5 words.
+    pub fn set_over(&mut self, over: [u64; 2]) {
+        self.reserved[0..2].copy_from_slice(&over);
+    }
+}
+
 /// [`GuestThread::flags`] bit: a kernel thread (PF_KTHREAD).
 pub const THREAD_KERNEL: u32 = 1;
 
@@ -378,6 +411,74 @@ impl GuestThread {
     pub fn set_ext(&mut self, flags: u32, state: u8, interval_on_cpu_ns: u64) {
         self.reserved[0] = u64::from(flags) | (u64::from(state) << 32);
         self.reserved[1] = interval_on_cpu_ns;
+    }
+
+    /// The 1.5 threshold counts (`reserved[2..5]`, offsets 152, 160, 168), by
+    /// [`alarms::AlarmKind`] of a thread: sample intervals in which its mean run-queue wait
+    /// per wait, its on-CPU time per timeslice, and its involuntary switches exceeded the
+    /// writer's thresholds (docs/agent.md, "Thresholds and alarms").
+    pub const fn over(&self) -> [u64; 3] {
+        [self.reserved[2], self.reserved[3], self.reserved[4]]
+    }
+
+    /// The 1.5 delay totals that had no field (`reserved[5..7]`, offsets 176 and 184):
+    /// thrashing and compaction, ns.
+    pub const fn more_delays_ns(&self) -> [u64; 2] {
+        [self.reserved[5], self.reserved[6]]
+    }
+
+    /// Sets the 1.5 words.
+    pub fn set_v15(&mut self, over: [u64; 3], more_delays_ns: [u64; 2]) {
+        self.reserved[2..5].copy_from_slice(&over);
+        self.reserved[5..7].copy_from_slice(&more_delays_ns);
+    }
+}
+
+/// Size of a thread record with the 1.5 tail.
+pub const THREAD_RECORD_SIZE_1_5: u32 = 256;
+
+/// The tail a 1.5 writer may append to each thread record (a table whose
+/// `thread_record_size` is at least [`THREAD_RECORD_SIZE_1_5`]): the last delay total
+/// without a field and the count of delays of each kind, from the kernel's taskstats.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestThreadTail {
+    /// Delay accounting: write-protect copy (copy-on-write faults), ns (taskstats 13).
+    pub wpcopy_delay_ns: u64,
+    /// Delays counted, by kind: block I/O, swap-in, memory reclaim, IRQ, thrashing,
+    /// compaction, write-protect copy (the totals' order: the record's four, then
+    /// [`GuestThread::more_delays_ns`], then [`GuestThreadTail::wpcopy_delay_ns`]).
+    pub delay_counts: [u64; DELAY_KINDS],
+}
+
+/// Delay kinds a 1.5 thread record carries: blkio, swapin, freepages, irq, thrashing,
+/// compact, wpcopy.
+pub const DELAY_KINDS: usize = 7;
+
+/// A 1.5 thread record with its tail, written and read as one record (one sequence counter).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestThreadFull {
+    /// The record as 1.0 to 1.5 lay it out.
+    pub thread: GuestThread,
+    /// The 1.5 tail.
+    pub tail: GuestThreadTail,
+}
+
+impl GuestThreadFull {
+    /// Every delay total, ns, in [`GuestThreadTail::delay_counts`]'s order.
+    pub fn delays_ns(&self) -> [u64; DELAY_KINDS] {
+        let t = &self.thread;
+        let [thrash, compact] = t.more_delays_ns();
+        [
+            t.blkio_delay_ns,
+            t.swapin_delay_ns,
+            t.freepages_delay_ns,
+            t.irq_delay_ns,
+            thrash,
+            compact,
+            self.tail.wpcopy_delay_ns,
+        ]
     }
 }
 
@@ -451,6 +552,42 @@ pub struct GuestAgent {
     pub reserved: [u64; 7],
 }
 
+/// The 1.5 meanings of [`GuestAgent`]'s first three reserved words (zero from a 1.1 to 1.4
+/// writer): `reserved[0]` holds `alarms_offset` (bits 0–31) and `alarms_size` (bits 32–63),
+/// where its alarm ring is in the guest section ([`alarms`]; 0: none); `reserved[1]` the
+/// reset generation it honoured last ([`HostVm::guest_reset`]); `reserved[2]` when, on the
+/// header's clock. In C: `uint32_t alarms_offset, alarms_size; uint64_t reset_generation,
+/// reset_ns;` at offsets 136, 140, 144 and 152.
+impl GuestAgent {
+    /// The alarm ring's (offset, size) in the guest section, if the agent has one.
+    pub const fn alarms(&self) -> Option<(u32, u32)> {
+        let (off, size) = (self.reserved[0] as u32, (self.reserved[0] >> 32) as u32);
+        if off == 0 || size == 0 {
+            None
+        } else {
+            Some((off, size))
+        }
+    }
+
+    /// The reset generation the agent honoured last (0: none).
+    pub const fn reset_generation(&self) -> u64 {
+        self.reserved[1]
+    }
+
+    /// When it did, ns on the guest header's clock (0: never).
+    pub const fn reset_ns(&self) -> u64 {
+        self.reserved[2]
+    }
+
+    /// Sets the 1.5 words.
+    pub fn set_v15(&mut self, alarms: Option<(u32, u32)>, reset_generation: u64, reset_ns: u64) {
+        let (off, size) = alarms.unwrap_or((0, 0));
+        self.reserved[0] = u64::from(off) | (u64::from(size) << 32);
+        self.reserved[1] = reset_generation;
+        self.reserved[2] = reset_ns;
+    }
+}
+
 /// Whether a guest header leaves room for a [`GuestAgent`] record at [`AGENT_OFFSET`]: a 1.1
 /// or later header whose tables (those with records) both start at or past its end. Only
 /// then may a reader look for one (and then it checks the magic).
@@ -479,7 +616,7 @@ const _: () = {
     assert!(offset_of!(HostVm, pressure_full_total_us) == 88);
     assert!(offset_of!(HostVm, pressure_some_avg) == 96);
     assert!(offset_of!(HostVm, pressure_full_avg) == 108);
-    assert!(offset_of!(HostVm, reserved) == 120);
+    assert!(offset_of!(HostVm, guest_reset) == 120);
     assert!(size_of::<HostVcpu>() == 128);
     assert!(offset_of!(HostVcpu, updated_ns) == 8);
     assert!(offset_of!(HostVcpu, steal_ns) == 48);
@@ -508,6 +645,9 @@ const _: () = {
     assert!(offset_of!(GuestAgent, unseen_count) == 96);
     assert!(offset_of!(GuestAgent, updated_ns) == 128);
     assert!(offset_of!(GuestAgent, reserved) == 136);
+    assert!(size_of::<GuestThreadTail>() == 64);
+    assert!(size_of::<GuestThreadFull>() == THREAD_RECORD_SIZE_1_5 as usize);
+    assert!(offset_of!(GuestThreadFull, tail) == 192);
     assert!(AGENT_OFFSET as usize == size_of::<GuestHeader>());
 };
 
@@ -536,6 +676,9 @@ unsafe impl Record for GuestThread {}
 unsafe impl Record for GuestCpu {}
 // SAFETY: as above.
 unsafe impl Record for GuestAgent {}
+// SAFETY: as above: two records of that kind one after the other (192 + 64 bytes, both
+// multiples of 8, so no padding between or after), the thread record's `seq` first.
+unsafe impl Record for GuestThreadFull {}
 
 /// Writes `value` (its `seq` field ignored) into the shared record at `dst` under the
 /// sequence protocol: `seq` becomes odd (Relaxed store, then a Release fence so that no
@@ -615,6 +758,8 @@ pub unsafe fn read_record<T: Record>(src: *const T, tries: u32) -> Result<T, Rea
     }
     Err(ReadError::Torn { tries })
 }
+
+pub mod alarms;
 
 #[cfg(test)]
 mod tests;

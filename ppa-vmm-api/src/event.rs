@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{OverloadKind, PressureKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd};
+use crate::{
+    GuestAlarmView, OverloadKind, PressureKind, Threshold, ThrottleEndWhy, VcpuEndKind, VmEnd,
+};
 
 /// The kinds a client can subscribe to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
@@ -23,18 +25,21 @@ pub enum EventKind {
     Overload,
     /// The connection's pressure trigger fired.
     Pressure,
+    /// The guest agent raised an alarm (a threshold inside the guest).
+    GuestAlarm,
 }
 
 impl EventKind {
     /// Every kind that needs no argument (what an empty `events` list subscribes to;
     /// `pressure` needs a trigger).
-    pub const ALL: [EventKind; 6] = [
+    pub const ALL: [EventKind; 7] = [
         EventKind::VcpuExit,
         EventKind::VmExit,
         EventKind::Threshold,
         EventKind::ThrottleStart,
         EventKind::ThrottleEnd,
         EventKind::Overload,
+        EventKind::GuestAlarm,
     ];
 }
 
@@ -125,6 +130,15 @@ pub enum Event {
         /// Stall within the window, µs.
         stall_us: u64,
     },
+    /// The guest agent raised an alarm: a thread or a CPU of the guest exceeded one of the
+    /// agent's thresholds in a sample (docs/agent.md, "Thresholds and alarms").
+    GuestAlarm {
+        /// Time since the VM started when the VMM read it, ns.
+        uptime_ns: u64,
+        /// The alarm.
+        #[serde(flatten)]
+        alarm: GuestAlarmView,
+    },
     /// This client did not read fast enough: `count` events were dropped before the next one.
     Dropped {
         /// Events lost.
@@ -143,6 +157,7 @@ impl Event {
             Event::ThrottleEnd { .. } => Some(EventKind::ThrottleEnd),
             Event::Overload { .. } => Some(EventKind::Overload),
             Event::Pressure { .. } => Some(EventKind::Pressure),
+            Event::GuestAlarm { .. } => Some(EventKind::GuestAlarm),
             Event::Dropped { .. } => None,
         }
     }

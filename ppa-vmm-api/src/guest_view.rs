@@ -51,6 +51,10 @@ pub fn guest_view_text(g: &GuestView, host: &HostColumns) -> String {
     if let Some(a) = &g.agent {
         agent_text(&mut out, g, a);
     }
+    out.push_str(&crate::guest_alarms::alarms_text(
+        g.alarms.as_ref(),
+        g.reset.as_ref(),
+    ));
     for e in &g.errors {
         let _ = writeln!(out, "  guest page problem: {e}");
     }
@@ -278,6 +282,9 @@ mod tests {
                 nvcsw: 0,
                 nivcsw: 0,
                 delays_ns: [0; 4],
+                delays_more_ns: [0; 3],
+                delay_counts: [0; 7],
+                over: [0; 3],
                 work: 42,
                 updated_ns: 9,
                 lag_ns: 0,
@@ -293,6 +300,7 @@ mod tests {
                 context_switches: 0,
                 softirqs: [0; 10],
                 updated_ns: 9,
+                over: [0; 2],
             }],
             transient_count: 2,
             transient_cpu_ns: 1_500_000,
@@ -300,6 +308,8 @@ mod tests {
             host: vec![[4_500_000, 6_000_000, 7_000_000, 1]],
             agent: None,
             host_reset: Vec::new(),
+            alarms: None,
+            reset: None,
         }
     }
 

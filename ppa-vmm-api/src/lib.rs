@@ -24,6 +24,8 @@ mod clip;
 mod devices;
 pub mod devices_text;
 mod event;
+mod guest;
+mod guest_alarms;
 pub mod guest_view;
 pub mod http;
 mod limits;
@@ -40,6 +42,11 @@ pub use devices::{
     HostCpuSplit, PerPacket, QueueStats,
 };
 pub use event::{Event, EventKind};
+pub use guest::{GuestAgentView, GuestCpuView, GuestThreadView, GuestView};
+pub use guest_alarms::{
+    alarms_text as guest_alarms_text, GuestAlarmView, GuestAlarmsView, GuestResetResult,
+    GuestResetView, ALARM_WHAT,
+};
 pub use limits::{GroupStats, KickStages, LimitKicks, LimitStops};
 pub use names::{
     BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick,
@@ -54,9 +61,8 @@ pub use request::{parse_request, Request, RequestId};
 pub use threads::{ServiceThreadInfo, ThreadInfo, Threads};
 pub use time_split::TimeSplit;
 pub use types::{
-    identity_within, GuestAgentView, GuestCpuView, GuestThreadView, GuestView, HistogramJson,
-    HostCpu, Level, SlotJson, Stats, Thresholds, ThresholdsUpdate, TickTimes, VcpuSummary,
-    VcpuTimes, VersionInfo, VmStats,
+    identity_within, HistogramJson, HostCpu, Level, SlotJson, Stats, Thresholds, ThresholdsUpdate,
+    TickTimes, VcpuSummary, VcpuTimes, VersionInfo, VmStats,
 };
 
 /// Version of this protocol; bumped when a command or field changes meaning.
@@ -150,6 +156,9 @@ pub enum Command {
     Groups {},
     /// The PPA page: what the guest published, decoded and checked.
     Guest {},
+    /// Asks the guest agent to restart its figures from 0 (through the PPA page's VM record);
+    /// the agent acknowledges at its next sample.
+    GuestReset {},
     /// Parks every vCPU until `resume`.
     Pause {},
     /// Releases a pause.
@@ -178,7 +187,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 19] = [
+pub const COMMANDS: [&str; 20] = [
     "version",
     "stats",
     "vcpu",
@@ -191,6 +200,7 @@ pub const COMMANDS: [&str; 19] = [
     "set-pin",
     "groups",
     "guest",
+    "guest-reset",
     "pause",
     "resume",
     "shutdown",

@@ -59,6 +59,12 @@ pub struct Pressure {
     pub some: PressureLine,
     /// Every non-idle vCPU stalled.
     pub full: PressureLine,
+    /// True when part of the figures is an estimate: some tick combined the vCPUs' stall by
+    /// the overlap rule because their state intervals were not known (level basic, a vCPU
+    /// without context-switch records, records lost), in a case their totals did not decide
+    /// (docs/accounting.md, "Pressure"). False: measured from every vCPU's own intervals.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 impl Pressure {

@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 19] = [
+pub const COMMANDS: [CommandHelp; 20] = [
     row(
         "version",
         "",
@@ -74,6 +74,11 @@ pub const COMMANDS: [CommandHelp; 19] = [
         "guest",
         "",
         "what the guest published on the PPA page, decoded and checked",
+    ),
+    row(
+        "guest-reset",
+        "",
+        "asks the guest agent to restart its figures from 0 (it answers at its next sample)",
     ),
     row("pause", "", "parks every vCPU until `resume`"),
     row("resume", "", "releases a pause"),
@@ -160,6 +165,7 @@ mod tests {
             Command::SetPin { .. } => "set-pin",
             Command::Groups {} => "groups",
             Command::Guest {} => "guest",
+            Command::GuestReset {} => "guest-reset",
             Command::Pause {} => "pause",
             Command::Resume {} => "resume",
             Command::Shutdown {} => "shutdown",

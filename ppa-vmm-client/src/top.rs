@@ -9,7 +9,9 @@
 //! marked `(finished)`, and adds nothing to the total, whose rates are over the interval.
 //!
 //! `top` also subscribes to `vm-exit`: when the VMM closes the connection it tells the VM's end
-//! (exit 0) from a VMM that was killed or crashed ([`crate::EXIT_VMM_LOST`]).
+//! (exit 0) from a VMM that was killed or crashed ([`crate::EXIT_VMM_LOST`]). With a PPA page,
+//! each refresh also asks `guest` and adds the guest pane ([`guest`]: the guest's CPUs and
+//! busiest threads over the interval, its last alarms, its reset).
 //!
 //! Percentages are of one host CPU: a busy 4-vCPU VM shows up to 400 % on its total line.
 
@@ -21,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ppa_vmm_api::{
-    Command, EventKind, Stats, TimeSplit, VcpuMicroState, VcpuSummary, VmState, VmStats,
+    Command, EventKind, GuestView, Stats, TimeSplit, VcpuMicroState, VcpuSummary, VmState, VmStats,
 };
 use thiserror::Error;
 
@@ -398,14 +400,19 @@ fn cells(row: &Row) -> Vec<String> {
 pub fn render(rows: &[Row], total: &Row, header: &VmStats, sort: SortKey) -> String {
     let mut s = format!(
         "ppa-vmm top - vm {}  state {}  level {}  uptime {:.3} s  vcpus {}  \
-         pressure some {:.2} % full {:.2} % (avg10)\n\n",
+         pressure some {:.2} % full {:.2} % (avg10{})\n\n",
         header.name,
         header.state,
         header.level,
         header.uptime_ns as f64 / 1e9,
         header.vcpus,
         header.pressure.some.avg10,
-        header.pressure.full.avg10
+        header.pressure.full.avg10,
+        if header.pressure.estimated {
+            ", estimated"
+        } else {
+            ""
+        }
     );
     let titles: Vec<String> = COLUMNS.iter().map(|(t, _)| t.to_string()).collect();
     s.push_str(&line(&titles));
@@ -518,6 +525,9 @@ pub(crate) fn run_on(
     };
     let interval = Duration::from_millis(opts.interval_ms);
     let mut first = true;
+    // The guest pane: asked while the VM has a page (the first refusal ends it).
+    let mut guest_on = true;
+    let mut guest_prev: Option<GuestView> = None;
     loop {
         std::thread::sleep(interval);
         let cur = match sample(&mut client, err) {
@@ -528,6 +538,15 @@ pub(crate) fn run_on(
         let r = rows(&prev, &cur);
         let mut table = render(&r, &total(&r), &cur.vm, opts.sort);
         table.push_str(&devices::device_rows(&prev, &cur));
+        if guest_on {
+            match guest_sample(&mut client) {
+                Some(g) => {
+                    table.push_str(&guest::pane(guest_prev.as_ref(), &g));
+                    guest_prev = Some(g);
+                }
+                None => guest_on = false,
+            }
+        }
         let screen = match (opts.once, screen, first) {
             (true, _, _) | (false, Screen::Plain, true) => table,
             (false, Screen::Plain, false) => format!("\n{table}"),
@@ -583,6 +602,12 @@ fn sample(client: &mut Client, err: &mut dyn Write) -> Result<Stats, SampleError
         .map_err(|e| SampleError::Fail(fail(err, 2, &describe(&TopError::BadStats(e)))))
 }
 
+/// One `guest` result, or None when the VM has no PPA page (or the answer is unreadable).
+fn guest_sample(client: &mut Client) -> Option<GuestView> {
+    let r = client.call(Command::Guest {}).ok().filter(|r| r.ok)?;
+    serde_json::from_value(r.result?).ok()
+}
+
 /// Prints `ppa-vmm top: MESSAGE` to `err` and returns `code`.
 fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
     // Nothing more can be done when stderr itself fails.
@@ -591,6 +616,7 @@ fn fail(err: &mut dyn Write, code: i32, message: &str) -> i32 {
 }
 
 mod devices;
+mod guest;
 
 #[cfg(test)]
 mod tests;

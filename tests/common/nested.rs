@@ -32,6 +32,20 @@ pub fn require_qemu() {
     );
 }
 
+/// Whether the slow nested checks run: only with `PPA_NESTED_SLOW=1`, since each boots a Linux
+/// guest in the nested host under QEMU TCG (minutes) and CI has no room for them. Otherwise
+/// prints why `test` is skipped and returns false (the test then passes without checking).
+pub fn slow_nested(test: &str) -> bool {
+    if std::env::var_os("PPA_NESTED_SLOW").is_some_and(|v| v == "1") {
+        return true;
+    }
+    eprintln!(
+        "{test}: skipped: it boots a Linux guest in the nested host under QEMU TCG (minutes); \
+         PPA_NESTED_SLOW=1 runs it"
+    );
+    false
+}
+
 /// Runs `ppa-vmm ARGS` (this build) in the nested host; panics when the host itself failed.
 pub fn nested(args: &[&str]) -> Output {
     nested_with(args, None)
@@ -50,10 +64,44 @@ pub fn nested_tap(
     tap: Option<(&str, u16)>,
     timeout_s: &str,
 ) -> Output {
+    nested_full(args, kvm_amd, tap, None, timeout_s)
+}
+
+/// [`nested_with`], the nested host running the shell script `side` beside ppa-vmm
+/// (`nested-run.sh --side`: its output comes back on stderr, each line starting
+/// `nested-side: `).
+pub fn nested_side(args: &[&str], kvm_amd: Option<&str>, side: &str, timeout_s: &str) -> Output {
+    nested_full(args, kvm_amd, None, Some(side), timeout_s)
+}
+
+/// The lines the side script printed (without their prefix).
+pub fn side_lines(o: &Output) -> Vec<String> {
+    stderr(o)
+        .lines()
+        .filter_map(|l| l.strip_prefix("nested-side: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn nested_full(
+    args: &[&str],
+    kvm_amd: Option<&str>,
+    tap: Option<(&str, u16)>,
+    side: Option<&str>,
+    timeout_s: &str,
+) -> Output {
     let _g = NESTED.lock().unwrap_or_else(|e| e.into_inner());
     require_qemu();
     let mut cmd = Command::new(repo_path("scripts/nested-run.sh"));
     cmd.args(["--timeout", timeout_s]);
+    let side_file = side.map(|text| {
+        let f = std::env::temp_dir().join(format!("ppa-nested-side-{}.sh", std::process::id()));
+        std::fs::write(&f, text).expect("the side script is written");
+        f
+    });
+    if let Some(f) = &side_file {
+        cmd.arg("--side").arg(f);
+    }
     match tap {
         Some((t, queues)) => {
             cmd.args(["--tap", t])
@@ -71,6 +119,9 @@ pub fn nested_tap(
         None => cmd.env_remove("NESTED_KVM_AMD"),
     };
     let out = cmd.output().expect("scripts/nested-run.sh runs");
+    if let Some(f) = side_file {
+        let _ = std::fs::remove_file(f);
+    }
     let code = out.status.code();
     assert!(
         !matches!(code, Some(124) | Some(125) | None),

@@ -107,6 +107,11 @@ impl Vmm {
         if page {
             cmd.arg("--ppa-page-file").arg(dir.as_path().join("page"));
         }
+        // A named VM registers in a run directory: this test's own, never the host's
+        // (/run/ppa-vmm), so that a test killed half-way leaves nothing there.
+        if args.contains(&"--name") && !args.contains(&"--run-dir") {
+            cmd.arg("--run-dir").arg(dir.as_path());
+        }
         let child = cmd
             .args(args)
             .stdout(Stdio::piped())

@@ -57,6 +57,12 @@ pub enum ConfigError {
     /// Histogram fractional bits out of range.
     #[error("histogram fractional bits must be between 0 and {MAX_FRAC_BITS}, not {0}")]
     HistogramBits(u8),
+    /// `--guest-metrics-threads` above the most the metrics name.
+    #[error(
+        "--guest-metrics-threads takes 0 to {max}, not {0}",
+        max = crate::ppa_page::board::MAX_METRICS_THREADS
+    )]
+    GuestMetricsThreads(usize),
     /// A `--threshold` that is not NAME=NS with a known name.
     #[error("`{q}` is not a threshold (exit_handling_ns, guest_run_ns, wakeup_latency_ns or steal_window_ns = whole ns)", q = ppa_vmm_api::clip(.0))]
     Threshold(String),
@@ -218,6 +224,8 @@ pub struct VmConfig {
     pub ppa_page_size: u64,
     /// Back the PPA page with this file (host tools can map it).
     pub ppa_page_file: Option<PathBuf>,
+    /// Guest threads the metrics name (the busiest; the rest are summed).
+    pub guest_metrics_threads: usize,
     /// Seccomp filters and capability drop after set-up (`none` here; `ppa-vmm run`: `kill`).
     pub seccomp: crate::seccomp::Mode,
     /// Network devices (virtio-net on taps), `net0`, `net1`, … in this order.
@@ -257,6 +265,7 @@ impl Default for VmConfig {
             overload: Default::default(),
             ppa_page_size: ppa_guest_abi::ppa_page::DEFAULT_SIZE,
             ppa_page_file: None,
+            guest_metrics_threads: crate::ppa_page::board::DEFAULT_METRICS_THREADS,
             seccomp: crate::seccomp::Mode::None,
             net: Vec::new(),
             disks: Vec::new(),
@@ -280,6 +289,9 @@ impl VmConfig {
         }
         if self.histogram_bits > MAX_FRAC_BITS {
             return Err(ConfigError::HistogramBits(self.histogram_bits));
+        }
+        if self.guest_metrics_threads > crate::ppa_page::board::MAX_METRICS_THREADS {
+            return Err(ConfigError::GuestMetricsThreads(self.guest_metrics_threads));
         }
         devices::check(self.vcpus, &self.net, &self.disks)?;
         Ok(())
@@ -439,6 +451,10 @@ pub struct RunOptions {
     /// Back the PPA page with this file, so host tools can map it (removed at the end).
     #[arg(long, value_name = "PATH")]
     pub ppa_page_file: Option<PathBuf>,
+    /// Guest threads the metrics name, the busiest by CPU (0 to 100, default 10); the others
+    /// are summed under tid="rest".
+    #[arg(long, value_name = "N")]
+    pub guest_metrics_threads: Option<usize>,
     /// After set-up, each thread drops its capabilities and confines itself to its system
     /// calls: kill (the binary's default: a forbidden call stops the VMM, exit status 159),
     /// log (the kernel logs it) or none (docs/security.md). Unset in code: none, since a
@@ -607,6 +623,7 @@ impl RunOptions {
             overload_action: over.overload_action.or(self.overload_action),
             ppa_page_size: over.ppa_page_size.or(self.ppa_page_size),
             ppa_page_file: over.ppa_page_file.or(self.ppa_page_file),
+            guest_metrics_threads: over.guest_metrics_threads.or(self.guest_metrics_threads),
             seccomp: over.seccomp.or(self.seccomp),
             vcpu_group: if over.vcpu_group.is_empty() {
                 self.vcpu_group
@@ -735,6 +752,9 @@ impl RunOptions {
             )?,
             ppa_page_size: self.ppa_page_size.unwrap_or(d.ppa_page_size),
             ppa_page_file: self.ppa_page_file,
+            guest_metrics_threads: self
+                .guest_metrics_threads
+                .unwrap_or(d.guest_metrics_threads),
             seccomp: self.seccomp.unwrap_or_default(),
             net,
             disks,

@@ -27,6 +27,7 @@ mod buckets;
 mod devices;
 mod exporter;
 mod families;
+pub mod guest;
 mod process;
 mod text;
 
@@ -71,6 +72,8 @@ pub struct Detailed {
     pub process: Option<ProcessReading>,
     /// Each vCPU group's CPU pressure (the VM's is in `vm`).
     pub pressure_groups: Vec<ppa_vmm_api::GroupPressure>,
+    /// What the guest published in the PPA page (`None`: the VM has no page).
+    pub guest: Option<guest::Guest>,
 }
 
 /// Shorthand for the table.
@@ -90,9 +93,10 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_vm_vcpus", Gauge, "Number of vCPUs."),
         d("ppa_vm_host_threads_seconds_total", Counter, "CPU time of every non-vCPU thread of the VMM process."),
         d("ppa_vm_host_cpu_seconds_total", Counter, "CPU time of the VMM process by part: vcpus (the vCPU threads), devices (the device threads), service (every other thread)."),
-        d("ppa_vm_pressure_some_seconds_total", Counter, "Time at least one non-idle vCPU was stalled (waiting for a host CPU or held by a limit), since the VM started."),
-        d("ppa_vm_pressure_full_seconds_total", Counter, "Time every non-idle vCPU was stalled, at least one being non-idle, since the VM started."),
-        d("ppa_vm_pressure_avg_ratio", Gauge, "PSI's running averages of the VM's pressure (0 to 1), by kind (some, full) and window (10s, 60s, 300s)."),
+        d("ppa_vm_pressure_some_seconds_total", Counter, "Time at least one non-idle vCPU was stalled (waiting for a host CPU or held by a limit), since the VM started; an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_full_seconds_total", Counter, "Time every non-idle vCPU was stalled, at least one being non-idle, since the VM started; an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_avg_ratio", Gauge, "PSI's running averages of the VM's pressure (0 to 1), by kind (some, full) and window (10s, 60s, 300s); an ESTIMATE where ppa_vm_pressure_estimated is 1."),
+        d("ppa_vm_pressure_estimated", Gauge, "1 when part of the VM's pressure figures is an ESTIMATE (the overlap rule, where the vCPUs' state intervals were not known: level basic), 0 when every tick was measured from them."),
         d("ppa_vm_threshold_seconds", Gauge, "Threshold in force, by name; 0 means off."),
         d("ppa_vm_exit_handling_duration_seconds", Histogram, "Userspace handling time of one exit, every vCPU, by reason (parks excluded)."),
         d("ppa_vm_kvm_exit_handling_duration_seconds", Histogram, "KVM's in-kernel handling time of one exit, every vCPU, by hardware reason (level full, KVM's tracepoints)."),
@@ -166,7 +170,21 @@ pub const FAMILIES: &[Decl] = {
         d("process_threads", Gauge, "Threads of the VMM process."),
         d("ppa_group_pressure_some_seconds_total", Counter, "Time at least one non-idle member vCPU was stalled, by vCPU group."),
         d("ppa_group_pressure_full_seconds_total", Counter, "Time every non-idle member vCPU was stalled, by vCPU group."),
+        d("ppa_group_pressure_estimated", Gauge, "1 when part of the group's pressure figures is an ESTIMATE (the overlap rule), 0 when measured from the members' state intervals."),
         d("ppa_vmm_thread_cpu_seconds_total", Counter, "CPU time of the VMM's threads by kind (main, vcpu, api, sampler, limiter, device, other), threads that ended included."),
+        d("ppa_guest_cpu_seconds_total", Counter, "What the guest published in the PPA page: each guest CPU's time by mode (user, system, idle, iowait, irq, softirq, steal), as the guest's /proc/stat counts it; CPUs up to the VM's vCPUs."),
+        d("ppa_guest_thread_cpu_seconds_total", Counter, "What the guest published: on-CPU time of the guest's busiest threads (--guest-metrics-threads of them, by tid and name), the others summed under tid=rest (that series can go down when a thread moves into the named ones)."),
+        d("ppa_guest_thread_delay_seconds_total", Counter, "What the guest published: the same threads' delays by kind (run: run-queue wait; blkio, swapin, freepages, irq, thrashing, compact, wpcopy: the guest kernel's delay accounting, 0 where it is off)."),
+        d("ppa_guest_thread_delays_total", Counter, "What the guest published: how many delays of each kind (run: timeslices)."),
+        d("ppa_guest_threads", Gauge, "Threads of the guest: live (alive at the agent's last sample) and exited (still listed with their final figures)."),
+        d("ppa_guest_transient_tasks_total", Counter, "What the guest published: tasks that exited and are no longer listed (PPA requirement 22)."),
+        d("ppa_guest_transient_cpu_seconds_total", Counter, "What the guest published: their CPU time."),
+        d("ppa_guest_agent_cpu_seconds_total", Counter, "CPU time of the guest agent itself, in the guest."),
+        d("ppa_guest_alarms_total", Counter, "Alarms of the guest agent (thresholds inside the guest) the VMM forwarded, by what: run_delay, slice, nivcsw, irq, softirq."),
+        d("ppa_guest_alarms_lost_total", Counter, "Guest alarms overwritten in the agent's ring before the VMM read them."),
+        d("ppa_guest_alarms_refused_total", Counter, "Guest alarm records the VMM refused (an unknown kind) or read torn."),
+        d("ppa_guest_alarms_suppressed_total", Counter, "Threshold occurrences the guest agent counted but wrote no alarm for (its cap per sample)."),
+        d("ppa_guest_reset_generation", Gauge, "Guest resets: the latest the host asked for (side=requested) and the latest the guest agent carried out (side=honoured)."),
     ]
 };
 
@@ -193,6 +211,9 @@ pub fn render(stats: &Detailed) -> String {
     if let Some(p) = &stats.process {
         families::add_process(&mut f, vm, p);
     }
+    if let Some(g) = &stats.guest {
+        guest::add_guest(&mut f, vm, g);
+    }
     f.render()
 }
 
@@ -202,5 +223,7 @@ mod buckets_tests;
 mod devices_tests;
 #[cfg(test)]
 mod exporter_tests;
+#[cfg(test)]
+mod guest_tests;
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,9 @@
 //! and tells each vCPU the address in its boot-info record. Every 8 ms the sampler writes
 //! each started vCPU's section 4 figures into its host record with the sequence protocol of
 //! `ppa_guest_abi::ppa_page`, through the page's one [`HostWriter`], which it takes at start
-//! and keeps for its whole run. The guest section is the guest's:
-//! [`decode`] checks it on demand (`guest`, the final report) and
+//! and keeps for its whole run, with the reset generation the [`board`] holds; it also polls
+//! the guest agent's alarm ring ([`alarms`]) into the board. The guest section is the
+//! guest's: [`decode`] checks it on demand (`guest`, the final report) and
 //! `ppa_vmm_api::guest_view` prints it.
 
 use std::fs::File;
@@ -27,6 +28,8 @@ use thiserror::Error;
 use vm_memory::mmap::MmapRegionError;
 use vm_memory::{FileOffset, MmapRegion};
 
+pub mod alarms;
+pub mod board;
 pub mod decode;
 
 /// Smallest region: a page.
@@ -90,6 +93,8 @@ pub struct PpaPage {
     file: Option<PathBuf>,
     /// A [`HostWriter`] of this page is alive.
     writing: AtomicBool,
+    /// Resets asked of the guest agent, and the alarms forwarded from it.
+    board: board::GuestBoard,
 }
 
 /// The host section's one writer (the sampler's): the sequence protocol allows one writer
@@ -200,7 +205,13 @@ impl PpaPage {
             header,
             file: file.map(Path::to_path_buf),
             writing: AtomicBool::new(false),
+            board: board::GuestBoard::default(),
         })
+    }
+
+    /// Resets asked of the guest agent and the alarms forwarded from it.
+    pub fn board(&self) -> &board::GuestBoard {
+        &self.board
     }
 
     /// Host address of the region.
@@ -268,13 +279,21 @@ impl PpaPage {
         }
     }
 
-    /// What the guest published, decoded, with the host section as the guest sees it.
+    /// What the guest published, decoded, with the host section as the guest sees it, the
+    /// resets asked and the alarms forwarded.
     pub fn guest_view(&self) -> ppa_vmm_api::GuestView {
         let mut v = decode::decode(self.guest_section());
         v.host = (0..self.vcpus)
             .filter_map(|i| self.read_host(i, 8)?.ok())
             .map(|r| [r.steal_ns, r.limited_ns, r.used_ns, r.updated_ns])
             .collect();
+        v.alarms = self.board.alarms_view(v.alarms.take());
+        let asked = self.board.reset_asked();
+        if asked != 0 || v.reset.is_some() {
+            let mut r = v.reset.unwrap_or_default();
+            r.requested = asked;
+            v.reset = Some(r);
+        }
         v
     }
 

@@ -7,17 +7,23 @@
 //! non-idle vCPU is stalled, at least one being non-idle.
 //!
 //! Data flow: the sampler thread, at each refresh of the PPA page (every 8 ms), reads each
-//! vCPU's summary once (the same read the page's host records take) and hands it to the
-//! [`Tracker`]. Each vCPU's stalled and non-idle time in the tick come from the accounting's
-//! own totals, which its state changes keep: limited, idle and paused from the meter's park
-//! transitions, steal from the kernel's run-queue accounting (schedstat run_delay), halted
-//! from KVM's halt statistics. [`combine`] turns the vCPUs' tick figures into the set's
-//! `some` and `full` time for the tick; [`psi::Averages`] folds the totals into avg10/60/300
-//! every 2 s exactly as Linux does. The tracker posts the figures and a 12 s history of the
-//! VM's totals on the [`PressureBoard`] (a mutex the sampler and the `api` thread take for a
-//! copy, never a vCPU thread); the `pressure` command, `stats`, the metrics and the PPA page
-//! read the figures there, and pressure triggers ([`trigger`]) the history. Nothing here runs
-//! on a vCPU thread: pressure adds no work to the exit path.
+//! vCPU's summary once (the same read the page's host records take) and, through a
+//! [`reader::VcpuReader`] per vCPU, its state intervals in the tick: the episodes its
+//! context-switch records showed and its parks ([`crate::accounting::episodes`]), and what its
+//! records and meter say now. It hands both to the [`Tracker`]. Where every live member of a
+//! set came back with its intervals (level full with records), the tick's `some` and `full`
+//! are the measure of the union and of the intersection of their stalls
+//! ([`timeline::measure`]): exact. Otherwise each vCPU's stalled and non-idle time in the
+//! tick come from the accounting's totals (limited, idle and paused from the meter's park
+//! transitions, steal from schedstat run_delay, halted from KVM's halt statistics) and
+//! [`combine`] estimates their overlap; a set with such a tick, where its totals did not
+//! decide the answer, is marked `estimated`. [`psi::Averages`] folds the totals into
+//! avg10/60/300 every 2 s exactly as Linux does. The tracker posts the figures and a 12 s
+//! history of the VM's totals on the [`PressureBoard`] (a mutex the sampler and the `api`
+//! thread take for a copy, never a vCPU thread); the `pressure` command, `stats`, the metrics
+//! and the PPA page read the figures there, and pressure triggers ([`trigger`]) the history.
+//! Nothing here runs on a vCPU thread: pressure adds no work to the exit path beyond the
+//! episode log's few stores per context switch and park.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -25,7 +31,11 @@ use std::sync::{Mutex, MutexGuard};
 use ppa_vmm_api::{GroupPressure, Pressure, PressureLine, PressureReport, VcpuSummary};
 
 pub mod psi;
+pub mod reader;
+pub mod timeline;
 pub mod trigger;
+
+use timeline::Seg;
 
 /// The `some` and `full` of one tick of a set of vCPUs, ns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,28 +67,48 @@ pub struct VcpuTick {
 /// vCPU non-idle gives its stall as both; nobody stalled gives zero; everybody stalled all
 /// the tick gives the tick.
 pub fn combine(tick_ns: u64, vcpus: impl IntoIterator<Item = VcpuTick>) -> Stall {
+    combine_decided(tick_ns, vcpus).0
+}
+
+/// [`combine`], and whether the vCPUs' figures decide the answer, so that it is no estimate:
+/// `some` is decided when at most one vCPU stalled or one stalled all the tick; `full` when
+/// at most one vCPU was non-idle, nobody stalled, one vCPU was non-idle and never stalled all
+/// the tick (then it is 0), or every vCPU stalled all the tick.
+pub fn combine_decided(tick_ns: u64, vcpus: impl IntoIterator<Item = VcpuTick>) -> (Stall, bool) {
     if tick_ns == 0 {
-        return Stall::default();
+        return (Stall::default(), true);
     }
     let t = tick_ns as f64;
     let (mut none_stalled, mut idle_or_stalled, mut all_idle) = (1.0f64, 1.0f64, 1.0f64);
-    let mut any = false;
+    let (mut stalling, mut nonidle, mut count) = (0usize, 0usize, 0usize);
+    let (mut one_stalls_all, mut one_runs_all, mut all_stall_all) = (false, false, true);
     for v in vcpus {
+        let stalled = v.stalled.min(v.nonidle).min(tick_ns);
         let n = v.nonidle.min(tick_ns) as f64 / t;
-        let s = v.stalled.min(v.nonidle).min(tick_ns) as f64 / t;
-        any |= v.stalled > 0;
+        let s = stalled as f64 / t;
+        count += 1;
+        stalling += usize::from(stalled > 0);
+        nonidle += usize::from(v.nonidle > 0);
+        one_stalls_all |= stalled == tick_ns;
+        one_runs_all |= v.nonidle.min(tick_ns) - stalled == tick_ns;
+        all_stall_all &= stalled == tick_ns;
         none_stalled *= 1.0 - s;
         idle_or_stalled *= 1.0 - n + s;
         all_idle *= 1.0 - n;
     }
-    if !any {
-        return Stall::default();
+    if stalling == 0 {
+        return (Stall::default(), true);
     }
+    let some_decided = stalling <= 1 || one_stalls_all;
+    let full_decided = nonidle <= 1 || one_runs_all || (all_stall_all && count > 0);
     let ns = |share: f64| ((share.clamp(0.0, 1.0) * t).round() as u64).min(tick_ns);
-    Stall {
-        some: ns(1.0 - none_stalled),
-        full: ns(idle_or_stalled - all_idle),
-    }
+    (
+        Stall {
+            some: ns(1.0 - none_stalled),
+            full: ns(idle_or_stalled - all_idle),
+        },
+        some_decided && full_decided,
+    )
 }
 
 /// What the tracker keeps of one vCPU between ticks: its totals at the last tick, and stall
@@ -112,20 +142,18 @@ impl Totals {
 }
 
 impl Cursor {
-    /// The vCPU's tick of `tick_ns` ending with `now` (`None`: it has not started or has
-    /// ended: no time in the tick).
-    fn advance(&mut self, now: Option<Totals>, tick_ns: u64) -> VcpuTick {
+    /// The vCPU's tick of `tick_ns` ending with `now` (`now` None: it has not started or has
+    /// ended). None: the vCPU has no time in the tick (not running, its first tick, a reset).
+    fn advance(&mut self, now: Option<Totals>, tick_ns: u64) -> Option<VcpuTick> {
         let Some(now) = now else {
             *self = Cursor::default();
-            return VcpuTick::default();
+            return None;
         };
-        let Some(last) = self.last.replace(now) else {
-            return VcpuTick::default();
-        };
+        let last = self.last.replace(now)?;
         if now.wall < last.wall || now.stalled < last.stalled || now.idle < last.idle {
             // A reset: the totals start again; this tick counts nothing.
             self.carry = 0;
-            return VcpuTick::default();
+            return None;
         }
         let wall = (now.wall - last.wall).min(tick_ns);
         let nonidle = wall.saturating_sub(now.idle - last.idle);
@@ -133,7 +161,7 @@ impl Cursor {
         let stalled = owed.min(nonidle);
         // What did not fit waits for the next ticks (bounded: a few ticks' worth).
         self.carry = (owed - stalled).min(4 * tick_ns);
-        VcpuTick { stalled, nonidle }
+        Some(VcpuTick { stalled, nonidle })
     }
 }
 
@@ -144,6 +172,12 @@ struct Set {
     vcpus: Vec<usize>,
     total: Stall,
     averages: psi::Averages<2>,
+    /// Some tick was the overlap rule's estimate.
+    estimated: bool,
+    /// Ticks measured from the members' intervals, and ticks estimated (for the tests and
+    /// the log).
+    exact_ticks: u64,
+    estimated_ticks: u64,
 }
 
 impl Set {
@@ -153,6 +187,9 @@ impl Set {
             vcpus,
             total: Stall::default(),
             averages: psi::Averages::new(now),
+            estimated: false,
+            exact_ticks: 0,
+            estimated_ticks: 0,
         }
     }
 
@@ -162,6 +199,45 @@ impl Set {
             full_total_us: self.total.full / 1000,
             some_avg: self.averages.hundredths(0),
             full_avg: self.averages.hundredths(1),
+            estimated: self.estimated,
+        }
+    }
+
+    /// This tick's stall of the set: measured from its live members' intervals when each has
+    /// them, else the overlap rule over their totals (`estimated` when it decides nothing).
+    fn tick(
+        &mut self,
+        from: u64,
+        to: u64,
+        ticks: &[Option<VcpuTick>],
+        timelines: &[Option<&[Seg]>],
+    ) -> Stall {
+        let live: Vec<usize> = self
+            .vcpus
+            .iter()
+            .copied()
+            .filter(|&i| ticks.get(i).copied().flatten().is_some())
+            .collect();
+        let known: Option<Vec<&[Seg]>> = live
+            .iter()
+            .map(|&i| timelines.get(i).copied().flatten())
+            .collect();
+        match known {
+            Some(segs) if !live.is_empty() => {
+                self.exact_ticks += 1;
+                timeline::measure(from, to, &segs)
+            }
+            _ => {
+                let (s, decided) = combine_decided(
+                    to.saturating_sub(from),
+                    live.iter().filter_map(|&i| ticks[i]),
+                );
+                if !decided {
+                    self.estimated = true;
+                    self.estimated_ticks += 1;
+                }
+                s
+            }
         }
     }
 }
@@ -177,6 +253,8 @@ pub struct SetFigures {
     pub some_avg: [u32; 3],
     /// `full` avg10, avg60, avg300.
     pub full_avg: [u32; 3],
+    /// Part of the figures is the overlap rule's estimate.
+    pub estimated: bool,
 }
 
 impl SetFigures {
@@ -185,6 +263,7 @@ impl SetFigures {
         Pressure {
             some: PressureLine::from_hundredths(self.some_avg, self.some_total_us),
             full: PressureLine::from_hundredths(self.full_avg, self.full_total_us),
+            estimated: self.estimated,
         }
     }
 }
@@ -279,30 +358,41 @@ impl Tracker {
         }
     }
 
+    /// Where the next tick's window starts (the last tick's time).
+    pub fn window_start(&self) -> u64 {
+        self.last_tick
+    }
+
     /// One tick at `now` (CLOCK_MONOTONIC ns): the i-th summary is vCPU i's, `None` for a
-    /// vCPU whose thread has not started or has ended.
+    /// vCPU whose thread has not started or has ended; the i-th timeline is vCPU i's phases
+    /// in the window since the last tick, `None` where they are not known (missing entries
+    /// count as not known).
     pub fn tick<'a>(
         &mut self,
         now: u64,
         summaries: impl IntoIterator<Item = Option<&'a VcpuSummary>>,
+        timelines: &[Option<&[Seg]>],
     ) {
-        let tick_ns = now.saturating_sub(self.last_tick);
+        let from = self.last_tick;
+        let tick_ns = now.saturating_sub(from);
         self.last_tick = now;
-        let ticks: Vec<VcpuTick> = self
+        let ticks: Vec<Option<VcpuTick>> = self
             .cursors
             .iter_mut()
             .zip(summaries.into_iter().map(|s| s.map(Totals::of)))
             .map(|(c, t)| c.advance(t, tick_ns))
             .collect();
         for set in &mut self.sets {
-            let s = combine(
-                tick_ns,
-                set.vcpus.iter().filter_map(|&i| ticks.get(i).copied()),
-            );
+            let s = set.tick(from, now.max(from), &ticks, timelines);
             set.total.some += s.some;
             set.total.full += s.full;
             set.averages.update(now, [set.total.some, set.total.full]);
         }
+    }
+
+    /// Ticks of the VM measured from intervals and ticks estimated, so far.
+    pub fn vm_ticks(&self) -> (u64, u64) {
+        (self.sets[0].exact_ticks, self.sets[0].estimated_ticks)
     }
 
     /// The VM's running totals, ns.

@@ -588,9 +588,14 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "PRESSURE some {}; full {}",
+                "PRESSURE some {}; full {}{}",
                 line(&p.vm.some),
-                line(&p.vm.full)
+                line(&p.vm.full),
+                if p.vm.estimated {
+                    " (ESTIMATE: the vCPUs' stall intervals were not known, level full measures them)"
+                } else {
+                    ""
+                }
             );
         }
     }

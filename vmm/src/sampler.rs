@@ -4,11 +4,13 @@
 //! default) it reads run_delay of every vCPU whose thread has started and not finished, and
 //! counts windows whose steal exceeded the threshold into that vCPU's `exceeded[StealWindow]`
 //! counter (the sampler is that counter's only writer); with none it reads nothing. With
-//! `--runaway` or `--overload` it also runs the detectors of `limits::overload` on every vCPU
-//! and applies their action. Reading schedstat costs ~1 µs per vCPU here, which is why it
-//! happens here and not on the exit path. Every [`PAGE_REFRESH_NS`] (8 ms), on its own
-//! deadline between the ticks, it reads each started vCPU's summary once and hands it to the
-//! pressure tracker (`pressure.rs`: some/full, averages, the board the socket reads) and, with
+//! `--runaway` it runs [`runaway`]'s detector on every vCPU against the latest summaries (a
+//! vCPU halted inside KVM_RUN is not running), with `--overload` the windows of
+//! `limits::overload`, and applies their action. Reading schedstat costs ~1 µs per vCPU here,
+//! which is why it happens here and not on the exit path. Every [`PAGE_REFRESH_NS`] (8 ms), on
+//! its own deadline between the ticks, it reads each started vCPU's summary once and hands it
+//! to the pressure tracker (`pressure.rs`: some/full from the vCPUs' intervals at level full,
+//! else estimated; averages; the board the socket reads) and, with
 //! a PPA page, writes it into the page's host records and the VM record (docs/abi.md); a VM
 //! without a page whose vCPUs are quiet is refreshed less often, down to every
 //! [`QUIET_REFRESH_NS`] ([`refresh_step`]). It stops when told, within one window.
@@ -17,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use ppa_guest_abi::ppa_page::{HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE};
+use ppa_guest_abi::ppa_page::{
+    HostVcpu, HostVm, NOT_MEASURED, VM_HOST_CPU, VM_NET, VM_PRESSURE, VM_PRESSURE_ESTIMATED,
+};
 use ppa_vmm_api::{Event, OverloadKind, VcpuSummary};
 
 use crate::accounting::meter::MicroState;
@@ -25,10 +29,14 @@ use crate::accounting::{AccountingControl, Threshold};
 use crate::event_hub::EventHub;
 use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
+use crate::ppa_page::alarms::AlarmReader;
 use crate::ppa_page::{HostWriter, PpaPage};
+use crate::pressure::reader::VcpuReader;
+use crate::pressure::timeline::Seg;
 use crate::pressure::Tracker;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::{Requests, ThreadState, VcpuShared};
+use runaway::{Figures, RunawayWatch};
 
 /// How often the PPA page's host records are refreshed. The ABI promises a record at most
 /// `host_refresh_ns` (10 ms) old; refreshing every 8 ms leaves 2 ms for the sampler's
@@ -44,10 +52,15 @@ pub struct Sampler {
 impl Sampler {
     /// Starts the sampler thread over `vm`'s vCPUs, with runaway and overload detection when
     /// `overload` is given.
+    /// `halts`: the guest halts inside KVM_RUN (an in-kernel irqchip), so that a vCPU thread
+    /// asleep in KVM_RUN is halted, not blocked, for pressure. `hub` takes the guest agent's
+    /// alarms as `guest-alarm` events.
     pub fn start(
         vm: VmHandle,
         control: Arc<AccountingControl>,
         overload: Option<Overload>,
+        halts: bool,
+        hub: Arc<EventHub>,
     ) -> std::io::Result<Sampler> {
         let stop = Arc::new((AtomicBool::new(false), AtomicU32::new(0)));
         let s = Arc::clone(&stop);
@@ -57,7 +70,7 @@ impl Sampler {
                 if let Some(b) = vm.placement() {
                     b.register_current("sampler");
                 }
-                run(&vm, &control, &s, overload)
+                run(&vm, &control, &s, overload, (halts, hub))
             })?;
         Ok(Sampler {
             stop,
@@ -85,40 +98,64 @@ pub struct Overload {
     pub hub: Arc<EventHub>,
 }
 
+/// Each vCPU's detectors: runaway ([`runaway`]) and overload windows (`limits::overload`).
+#[derive(Default, Clone)]
+struct Detectors {
+    runaway: RunawayWatch,
+    overload: Detector,
+}
+
 impl Overload {
-    /// Checks every vCPU; every `WINDOW_NS` also the overload windows.
-    fn check(&self, vcpus: &[Arc<VcpuShared>], det: &mut [Detector], window: bool) {
+    /// Checks every vCPU against its latest summary (`latest`: when the sampler read them,
+    /// and each vCPU's); every `WINDOW_NS` also the overload windows.
+    fn check(
+        &self,
+        vcpus: &[Arc<VcpuShared>],
+        det: &mut [Detectors],
+        latest: (u64, &[Option<VcpuSummary>]),
+        window: bool,
+    ) {
         let now = now_ns();
         for (v, d) in vcpus.iter().zip(det.iter_mut()) {
             if v.state() != ThreadState::Running && v.state() != ThreadState::Parked {
                 continue;
             }
-            let m = v.acct.meter.read();
-            let in_guest = m.micro_state() == MicroState::Guest;
-            let mut fired = d.check_runaway(&self.config, in_guest, m.since, now);
+            let mut fired = None;
+            if let Some(limit) = self.config.runaway_ns {
+                let m = v.acct.meter.read();
+                let in_guest = m.micro_state() == MicroState::Guest;
+                let figures = latest
+                    .1
+                    .get(v.id)
+                    .and_then(Option::as_ref)
+                    .map(|s| (latest.0, Figures::of(s)));
+                fired = d
+                    .runaway
+                    .check(limit, in_guest, m.since, figures, now)
+                    .map(|r| {
+                        (
+                            OverloadKind::Runaway,
+                            format!(
+                                "ran guest code for {:.1} ms without an exit, an idle or a halt \
+                                 ({:.1} ms of it on a CPU, the rest waiting for one)",
+                                r.ns as f64 / 1e6,
+                                r.cpu_ns.min(r.ns) as f64 / 1e6
+                            ),
+                        )
+                    });
+            }
             if window && fired.is_none() {
                 if let Some(cpu) = v.acct.thread_cpu_ns() {
-                    fired = d.check_window(&self.config, cpu, now);
+                    fired = d
+                        .overload
+                        .check_window(&self.config, cpu, now)
+                        .map(overload_detail);
                 }
             }
-            let Some(f) = fired else { continue };
-            v.overloads.add(1);
-            let (kind, detail) = match f {
-                Fired::Runaway { ns } => (
-                    OverloadKind::Runaway,
-                    format!(
-                        "in the guest for {:.1} ms without an exit or an idle",
-                        ns as f64 / 1e6
-                    ),
-                ),
-                Fired::Overload { per_mille, windows } => (
-                    OverloadKind::Overload,
-                    format!(
-                        "used {:.1} % of the last window, above the limit for {windows} windows of 100 ms",
-                        per_mille as f64 / 10.0
-                    ),
-                ),
+            let Some((kind, detail)) = fired else {
+                continue;
             };
+            v.overloads.add(1);
             match &self.config.action {
                 Action::Notify => {}
                 Action::Pause => v.kick(Requests::PAUSE),
@@ -133,6 +170,18 @@ impl Overload {
             });
         }
     }
+}
+
+/// The event's kind and sentence of an overload window detection.
+fn overload_detail(f: Fired) -> (OverloadKind, String) {
+    let Fired::Overload { per_mille, windows } = f;
+    (
+        OverloadKind::Overload,
+        format!(
+            "used {:.1} % of the last window, above the limit for {windows} windows of 100 ms",
+            per_mille as f64 / 10.0
+        ),
+    )
 }
 
 /// Each started vCPU's summary (`None` before its thread starts): one read per vCPU, shared
@@ -226,8 +275,13 @@ fn vm_record(
 ) -> HostVm {
     let p = vm.pressure().vm();
     let [tx, rx, tx_bytes, rx_bytes, drops] = slow.net.unwrap_or_default();
+    let estimated = if p.estimated {
+        VM_PRESSURE_ESTIMATED
+    } else {
+        0
+    };
     HostVm {
-        flags: VM_PRESSURE | VM_HOST_CPU | if slow.net.is_some() { VM_NET } else { 0 },
+        flags: VM_PRESSURE | VM_HOST_CPU | estimated | if slow.net.is_some() { VM_NET } else { 0 },
         updated_ns,
         host_cpu_vcpus_ns: summaries.iter().flatten().map(|t| t.used_ns).sum(),
         host_cpu_devices_ns: slow.devices_ns,
@@ -241,8 +295,36 @@ fn vm_record(
         pressure_full_total_us: p.full_total_us,
         pressure_some_avg: p.some_avg,
         pressure_full_avg: p.full_avg,
+        guest_reset: vm.ppa_page().map_or(0, |page| page.board().reset_asked()),
         ..HostVm::default()
     }
+}
+
+/// Most guest alarms taken from the ring per refresh (8 ms): a guest that floods its ring
+/// costs the VMM at most this many record reads and events per refresh, ~4,000 a second;
+/// the rest are counted as lost.
+pub const ALARMS_PER_REFRESH: usize = 32;
+
+/// Takes the guest agent's new alarms from its ring into the board and the event hub.
+fn guest_alarms(vm: &VmHandle, reader: &mut AlarmReader, hub: &EventHub) {
+    let Some(page) = vm.ppa_page() else {
+        return;
+    };
+    let p = reader.poll(&page.guest_section(), ALARMS_PER_REFRESH);
+    if let Some(why) = &p.problem {
+        log::warn!("guest alarms: {why}; they are not forwarded until the ring is readable");
+    }
+    if p.alarms.is_empty() && p.lost == 0 && p.invalid == 0 {
+        return;
+    }
+    let uptime_ns = vm.uptime_ns();
+    for a in &p.alarms {
+        hub.push(Event::GuestAlarm {
+            uptime_ns,
+            alarm: a.clone(),
+        });
+    }
+    page.board().record(&p);
 }
 
 /// Longest interval between refreshes of a quiet VM without a PPA page (see
@@ -280,12 +362,22 @@ fn busy_ns(summaries: &[Option<VcpuSummary>]) -> u64 {
 /// What the refreshes keep between them.
 struct Refresh {
     tracker: Tracker,
+    /// One per vCPU: its state intervals for exact pressure.
+    readers: Vec<VcpuReader>,
+    /// A vCPU thread asleep inside KVM_RUN is halted (see [`Sampler::start`]).
+    halts: bool,
     count: u64,
     slow: Slow,
     /// [`busy_ns`] at the latest refresh, and when it was.
     busy: (u64, u64),
     /// The interval to the next refresh ([`refresh_step`]).
     step_ns: u64,
+    /// The latest refresh's summaries and when they were read (what runaway detection
+    /// judges).
+    latest: (u64, Vec<Option<VcpuSummary>>),
+    /// The place in the guest agent's alarm ring, and where alarms go.
+    alarms: AlarmReader,
+    hub: Arc<EventHub>,
 }
 
 /// One refresh: the summaries, the pressure tick, the page (through its writer, when the
@@ -303,11 +395,31 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, no
     r.busy = (busy, now);
     let uptime = vm.uptime_ns();
     // A vCPU whose thread ended has no time in the tick.
-    let live = s
+    let live: Vec<Option<&VcpuSummary>> = s
         .iter()
         .zip(vcpus)
-        .map(|(t, v)| t.as_ref().filter(|_| v.acct.finals.get().is_none()));
-    r.tracker.tick(now, live);
+        .map(|(t, v)| t.as_ref().filter(|_| v.acct.finals.get().is_none()))
+        .collect();
+    let from = r.tracker.window_start();
+    let timelines: Vec<Option<Vec<Seg>>> = vcpus
+        .iter()
+        .zip(r.readers.iter_mut())
+        .zip(&live)
+        .map(|((v, reader), l)| match l {
+            Some(_) => {
+                let started = v.acct.started_ns.load(Ordering::Acquire);
+                reader
+                    .look(&v.acct.meter, started, (from, now), r.halts)
+                    .ok()
+            }
+            None => {
+                *reader = VcpuReader::default();
+                None
+            }
+        })
+        .collect();
+    let known: Vec<Option<&[Seg]>> = timelines.iter().map(Option::as_deref).collect();
+    r.tracker.tick(now, live, &known);
     r.tracker.post(vm.pressure(), now, uptime);
     if let Some(page) = page {
         if r.count % SERVICE_CPU_EVERY == 0 {
@@ -316,7 +428,9 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, no
         r.count += 1;
         publish(page, uptime, &s);
         page.publish_vm(&vm_record(vm, uptime, &s, &r.slow));
+        guest_alarms(vm, &mut r.alarms, &r.hub);
     }
+    r.latest = (now, s);
 }
 
 fn run(
@@ -324,6 +438,7 @@ fn run(
     control: &AccountingControl,
     stop: &(AtomicBool, AtomicU32),
     overload: Option<Overload>,
+    (halts, hub): (bool, Arc<EventHub>),
 ) {
     crate::seccomp::enter(crate::seccomp::Kind::Sampler);
     let vcpus = vm.vcpus();
@@ -336,6 +451,11 @@ fn run(
         .collect();
     let mut refresher = Refresh {
         tracker: Tracker::new(vcpus.len(), groups, now_ns()),
+        readers: (0..vcpus.len()).map(|_| VcpuReader::default()).collect(),
+        halts,
+        latest: (0, Vec::new()),
+        alarms: AlarmReader::default(),
+        hub,
         count: 0,
         slow: Slow::default(),
         busy: (0, now_ns()),
@@ -343,7 +463,7 @@ fn run(
     };
     // The page's one writer, held for the whole run.
     let mut page = vm.ppa_page().and_then(PpaPage::host_writer);
-    let mut detectors = vec![Detector::default(); vcpus.len()];
+    let mut detectors = vec![Detectors::default(); vcpus.len()];
     let mut ticks = 0u64;
     let mut last: Vec<Option<u64>> = vec![None; vcpus.len()];
     // Not at nice -10 like the socket threads: a sampler that wakes every 8 ms with a higher
@@ -390,7 +510,8 @@ fn run(
         if let Some(o) = &overload {
             ticks += 1;
             let window = ticks % (WINDOW_NS / interval).max(1) == 0;
-            o.check(vcpus, &mut detectors, window);
+            let (at, latest) = &refresher.latest;
+            o.check(vcpus, &mut detectors, (*at, latest), window);
         }
     }
 }
@@ -425,6 +546,8 @@ fn steal_window(
         *prev = Some(d);
     }
 }
+
+mod runaway;
 
 #[cfg(test)]
 mod tests {

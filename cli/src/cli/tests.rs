@@ -79,6 +79,53 @@ fn readme_usage_is_what_clap_says() {
     }
 }
 
+/// The `bench-defaults` blocks of README.md and docs/operations.md: the sentence of
+/// [`bench_defaults_text`], from the code's defaults.
+const BENCH_START: &str = "<!-- bench-defaults: generated from cli/src/cli.rs; PPA_REGENERATE=1 cargo test -p ppa-vmm-cli --bin ppa-vmm cli:: -->\n";
+const BENCH_END: &str = "<!-- end of bench-defaults -->\n";
+
+#[test]
+fn the_bench_defaults_the_docs_give_are_the_codes() {
+    for rel in ["README.md", "docs/operations.md"] {
+        let path = repo().join(rel);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let start = text
+            .find(BENCH_START)
+            .unwrap_or_else(|| panic!("{rel}: no start marker"))
+            + BENCH_START.len();
+        let end = start + text[start..].find(BENCH_END).expect("the end marker");
+        let want = bench_defaults_text();
+        if regenerate() {
+            std::fs::write(&path, format!("{}{want}{}", &text[..start], &text[end..])).unwrap();
+        } else {
+            assert_eq!(
+                text[start..end],
+                want,
+                "{rel}'s bench defaults are out of date"
+            );
+        }
+    }
+    // And the help the man page and completions carry says the same numbers.
+    let bench = cli_command();
+    let bench = bench.find_subcommand("bench").unwrap();
+    let help = |name: &str| {
+        bench
+            .get_arguments()
+            .find(|a| a.get_id() == name)
+            .and_then(|a| a.get_help())
+            .map(ToString::to_string)
+            .unwrap()
+    };
+    assert_eq!(
+        help("rounds"),
+        "Rounds of alternated runs (default: overhead 15, socket 5, limit 5, net 5, disk 5, start 10, stops 3)"
+    );
+    assert_eq!(
+        help("exits"),
+        "Exits per run (default: overhead 8,000, net 20,000; socket refuses it, the others ignore it)"
+    );
+}
+
 #[test]
 fn the_usage_names_every_option() {
     let usage = usage_synopsis();

@@ -58,6 +58,7 @@ pub fn final_record(
         t.nivcsw = e.nivcsw;
         if e.delays.iter().any(|&d| d != 0) {
             t.delays = e.delays;
+            t.delay_counts = e.delay_counts;
         }
         if e.utime_ns + e.stime_ns > 0 {
             split = (e.utime_ns, e.stime_ns);
@@ -190,6 +191,11 @@ impl Lingering {
             e.prev_on_cpu = on;
         }
         kept
+    }
+
+    /// Forgets every record (a reset: their figures are all before it).
+    pub fn clear(&mut self) {
+        self.exited.clear();
     }
 
     /// The record of exited thread `tid`, while it is kept.

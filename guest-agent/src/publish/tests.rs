@@ -2,24 +2,36 @@
 //! page file read back with the sequence protocol.
 
 use super::*;
+use crate::collect::alarms::Occurrence;
 use crate::collect::Options;
 use crate::discover::Place;
 use crate::page::{write_region_file, Access};
+use ppa_guest_abi::ppa_page::alarms::AlarmKind;
 use ppa_guest_abi::ppa_page::read_record;
+use ppa_guest_abi::ppa_page::GuestCpu;
 
 #[test]
 fn the_layout_and_its_capacity() {
     // A 64 KiB page of a 3-vCPU VM: 64 + 3·128 bytes of host side, the rest the guest's.
-    let l = layout(65536 - 448, 2, 1024).unwrap();
+    let l = layout(65536 - 448, 2, 1024, false).unwrap();
+    assert_eq!(l.alarms, None);
     assert_eq!((l.cpus_offset, l.threads_offset), (256, 256 + 2 * 192));
-    assert_eq!(l.capacity, (65536 - 448 - 640) / 192);
-    assert_eq!(layout(65536 - 448, 2, 8).unwrap().capacity, 8);
+    assert_eq!(l.capacity, (65536 - 448 - 640) / 256);
+    assert_eq!(layout(65536 - 448, 2, 8, false).unwrap().capacity, 8);
+    // With thresholds, the alarm ring of 64 slots comes first.
+    let l = layout(65536 - 448, 2, 1024, true).unwrap();
+    assert_eq!(l.alarms, Some((256, 64)));
+    assert_eq!(l.cpus_offset, 256 + 128 + 64 * 64);
+    assert_eq!(l.capacity, (65536 - 448 - l.threads_offset) / 256);
+    // A small page: a ring of 16, then none, rather than no thread record.
+    assert_eq!(layout(4096, 2, 1024, true).unwrap().alarms, Some((256, 16)));
+    assert_eq!(layout(1200, 2, 1024, true).unwrap().alarms, None);
     // 16 MiB fits more than a reader takes.
-    assert_eq!(layout(16 << 20, 2, 5000).unwrap().capacity, 1024);
-    let e = layout(800, 4, 1024).unwrap_err();
+    assert_eq!(layout(16 << 20, 2, 5000, true).unwrap().capacity, 1024);
+    let e = layout(800, 4, 1024, false).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "the guest section has 800 bytes; the agent needs 1216 for its header, its record, \
+        "the guest section has 800 bytes; the agent needs 1280 for its header, its record, \
          4 CPU records and one thread record"
     );
 }
@@ -88,16 +100,16 @@ fn a_page_has_one_publisher_at_a_time_and_none_when_mapped_to_look() {
     let path = temp("one-writer");
     write_region_file(&path, 16384, 1).unwrap();
     let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
-    let p = Publisher::new(&page, 1, 8).unwrap();
-    let e = Publisher::new(&page, 1, 8).unwrap_err();
+    let p = Publisher::new(&page, 1, 8, Thresholds::default()).unwrap();
+    let e = Publisher::new(&page, 1, 8, Thresholds::default()).unwrap_err();
     assert!(matches!(e, PublishError::Writer(WriterError::Taken)), "{e}");
     drop(p);
     assert!(
-        Publisher::new(&page, 1, 8).is_ok(),
+        Publisher::new(&page, 1, 8, Thresholds::default()).is_ok(),
         "the writer comes back when the publisher goes"
     );
     let look = crate::page::Page::open(&Place::File(path.clone()), Access::Look).unwrap();
-    let e = Publisher::new(&look, 1, 8).unwrap_err();
+    let e = Publisher::new(&look, 1, 8, Thresholds::default()).unwrap_err();
     assert!(
         matches!(e, PublishError::Writer(WriterError::ReadOnly)),
         "{e}"
@@ -120,7 +132,7 @@ fn this_machines_threads_published_and_read_back() {
     let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
     let mut c = Collector::new(None, Options::default()).unwrap();
     c.sample().unwrap();
-    let mut p = Publisher::new(&page, c.nr_cpus(), 8).unwrap();
+    let mut p = Publisher::new(&page, c.nr_cpus(), 8, Thresholds::default()).unwrap();
     let me = AgentFigures {
         interval_ns: 1_000_000_000,
         samples: 1,
@@ -145,7 +157,7 @@ fn this_machines_threads_published_and_read_back() {
     );
     let published: u64 = (0..8)
         .map(|i| {
-            let off = h.threads_offset as usize + 192 * i;
+            let off = h.threads_offset as usize + h.thread_record_size as usize * i;
             // SAFETY: slot i is inside the thread table in the mapping.
             unsafe { read_record(base.add(off).cast::<GuestThread>(), 8) }
                 .unwrap()
@@ -180,7 +192,7 @@ fn a_region_header_rewritten_under_the_agent_stops_it() {
     let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
     let mut c = Collector::new(None, Options::default()).unwrap();
     c.sample().unwrap();
-    let mut p = Publisher::new(&page, c.nr_cpus(), 4).unwrap();
+    let mut p = Publisher::new(&page, c.nr_cpus(), 4, Thresholds::default()).unwrap();
     p.publish(&c, &AgentFigures::default()).unwrap();
     // The VMM (or anyone) writes another magic over the region header.
     use std::os::unix::fs::FileExt;
@@ -207,7 +219,7 @@ fn a_region_header_rewritten_under_the_agent_stops_it() {
 fn read_threads(base: *const u8, h: &GuestHeader) -> Vec<GuestThread> {
     (0..h.threads_count as usize)
         .map(|i| {
-            let off = h.threads_offset as usize + 192 * i;
+            let off = h.threads_offset as usize + h.thread_record_size as usize * i;
             // SAFETY: slot i is inside the thread table in the mapping.
             unsafe { read_record(base.add(off).cast::<GuestThread>(), 8) }.unwrap()
         })
@@ -242,7 +254,10 @@ fn publish_and_add_up(
     let records = read_threads(base, &h);
     let totals = c.totals();
     let published: u64 = records.iter().map(|t| t.on_cpu_ns).sum();
-    let live: u64 = c.threads().map(|t| t.sched.on_cpu_ns).sum();
+    let live: u64 = c
+        .threads()
+        .map(|t| since(t, c.base(t.tid)).sched.on_cpu_ns)
+        .sum();
     assert_eq!(
         published + a.rest_on_cpu_ns + h.transient_cpu_ns,
         live + totals.exited_cpu_ns,
@@ -277,7 +292,7 @@ fn an_exited_thread_stays_published_as_x_for_linger_samples_and_is_counted_once(
             ..Options::default()
         };
         let mut c = Collector::new(None, opts).unwrap();
-        let mut p = Publisher::new(&page, c.nr_cpus(), 1024).unwrap();
+        let mut p = Publisher::new(&page, c.nr_cpus(), 1024, Thresholds::default()).unwrap();
         c.set_capacity(p.layout().capacity as usize);
         c.sample().unwrap();
         publish_and_add_up(&mut p, &page, &c);
@@ -332,4 +347,124 @@ fn an_exited_thread_stays_published_as_x_for_linger_samples_and_is_counted_once(
         drop(page);
         std::fs::remove_file(&path).unwrap();
     }
+}
+
+fn occurrence(i: u32) -> Occurrence {
+    Occurrence {
+        kind: if i % 2 == 0 {
+            AlarmKind::Slice
+        } else {
+            AlarmKind::Irq
+        },
+        tid: i,
+        cpu: i % 3,
+        comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+        value: 1000 + u64::from(i),
+        threshold: 1000,
+    }
+}
+
+#[test]
+fn alarms_are_numbered_into_the_ring_and_a_storm_is_capped_per_sample() {
+    use ppa_guest_abi::ppa_page::alarms::{GuestAlarm, GuestAlarms, ALARMS_MAGIC};
+    let path = temp("ring");
+    write_region_file(&path, 16384, 1).unwrap();
+    let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+    let mut w = page.guest_writer().unwrap();
+    let th = Thresholds([0, 1000, 0, 1000, 0]);
+    let mut r = ring::Ring::new(Some((256, 8)), th);
+    let (base, _) = page.guest();
+    // SAFETY: the ring header and its 8 slots lie inside the guest section of the mapping.
+    let header = || unsafe { read_record(base.add(256).cast::<GuestAlarms>(), 8) }.unwrap();
+    // SAFETY: as above.
+    let slot =
+        |i: usize| unsafe { read_record(base.add(384 + 64 * i).cast::<GuestAlarm>(), 8) }.unwrap();
+    // A first sample without occurrences makes the ring known.
+    r.publish(&mut w, &[], 5);
+    let h = header();
+    assert_eq!(
+        (h.magic, h.slots, h.record_size, h.written),
+        (ALARMS_MAGIC, 8, 64, 0)
+    );
+    assert_eq!(h.thresholds, th.0);
+    // Three alarms: numbers 1 to 3 in slots 0 to 2.
+    let found: Vec<Occurrence> = (1..=3).map(occurrence).collect();
+    r.publish(&mut w, &found, 7);
+    assert_eq!(header().written, 3);
+    let a = slot(2);
+    assert_eq!(
+        (a.number, a.kind, a.tid, a.value, a.guest_ns),
+        (3, AlarmKind::Irq as u32, 3, 1003, 7)
+    );
+    // A storm of 100: the sample writes 32 (numbers 4 to 35, the ring keeping the last 8)
+    // and counts the other 68 as suppressed.
+    let storm: Vec<Occurrence> = (0..100).map(occurrence).collect();
+    r.publish(&mut w, &storm, 9);
+    let h = header();
+    assert_eq!((h.written, h.suppressed), (35, 68));
+    assert_eq!(slot((35 - 1) % 8).number, 35);
+    assert_eq!(slot((28 - 1) % 8).number, 28);
+    drop(w);
+    drop(page);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn after_a_reset_every_figure_counts_from_zero_and_still_adds_up() {
+    let _g = crate::threads_serial();
+    let path = temp("reset");
+    write_region_file(&path, 262144, 1).unwrap();
+    let page = crate::page::Page::open(&Place::File(path.clone()), Access::Publish).unwrap();
+    let mut c = Collector::new(None, Options::default()).unwrap();
+    let mut p = Publisher::new(&page, c.nr_cpus(), 1024, Thresholds::default()).unwrap();
+    c.set_capacity(p.layout().capacity as usize);
+    c.sample().unwrap();
+    let (_, before) = publish_and_add_up(&mut p, &page, &c);
+    let mine = crate::thread_cpu_ns();
+    assert!(before.iter().map(|t| t.on_cpu_ns).sum::<u64>() > 0);
+    c.reset();
+    let (h, after) = publish_and_add_up(&mut p, &page, &c);
+    // Right after the reset: nothing ran since, every figure is 0 (the sample is the base).
+    assert!(
+        after.iter().all(|t| t.on_cpu_ns == 0 && t.timeslices == 0),
+        "{after:?}"
+    );
+    assert_eq!((h.transient_count, h.transient_cpu_ns), (0, 0));
+    let (base, _) = page.guest();
+    let cpus: Vec<GuestCpu> = (0..h.cpus_count as usize)
+        .map(|i| {
+            // SAFETY: CPU record i is inside the CPU table in the mapping.
+            unsafe {
+                read_record(
+                    base.add(h.cpus_offset as usize + 192 * i)
+                        .cast::<GuestCpu>(),
+                    8,
+                )
+            }
+            .unwrap()
+        })
+        .collect();
+    assert!(
+        cpus.iter()
+            .all(|r| r.user_ns + r.system_ns + r.idle_ns == 0),
+        "{cpus:?}"
+    );
+    // This thread spins 30 ms: its figure since the reset is that, not its whole life.
+    while crate::thread_cpu_ns() - mine < 30_000_000 {}
+    c.sample().unwrap();
+    let (_, later) = publish_and_add_up(&mut p, &page, &c);
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+    let t = later
+        .iter()
+        .find(|t| t.tid == me)
+        .expect("this thread is published");
+    let now = crate::thread_cpu_ns();
+    assert!(
+        t.on_cpu_ns >= 25_000_000 && t.on_cpu_ns <= now - mine + 5_000_000,
+        "{t:?}"
+    );
+    drop(p);
+    drop(page);
+    std::fs::remove_file(&path).unwrap();
 }

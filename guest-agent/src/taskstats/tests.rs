@@ -73,7 +73,11 @@ fn an_exit_notification_of_a_6_1_kernel() {
     );
     assert_eq!((t.nvcsw, t.nivcsw), (9, 2));
     assert_eq!((t.utime_ns, t.stime_ns), (4_000_000, 1_000_000), "µs to ns");
-    assert_eq!(t.delays, [5, 6, 7, 0], "no IRQ delay before version 14");
+    assert_eq!(
+        t.delays,
+        [5, 6, 7, 0, 0, 0, 0],
+        "no IRQ delay before version 14"
+    );
     assert!(t.group_end);
 }
 
@@ -208,4 +212,38 @@ fn a_real_exit_is_notified_with_its_cpu_time() {
     let me = unsafe { libc::gettid() } as u32;
     assert_eq!(ts.query(me).unwrap().map(|t| t.tid), Some(me));
     assert_eq!(ts.query(child as u32).unwrap(), None);
+}
+
+#[test]
+fn every_delay_kind_and_its_count_by_struct_version() {
+    // (count, total) offsets of include/uapi/linux/taskstats.h: blkio, swapin, freepages, irq,
+    // thrashing, compact, wpcopy.
+    let at = [
+        (32, 40),
+        (48, 56),
+        (312, 320),
+        (416, 424),
+        (328, 336),
+        (352, 360),
+        (400, 408),
+    ];
+    let with = |version: u16, len: usize| {
+        let mut p = payload(version, 560, 0);
+        for (k, (c, t)) in at.iter().enumerate() {
+            p[*c..c + 8].copy_from_slice(&(100 + k as u64).to_le_bytes());
+            p[*t..t + 8].copy_from_slice(&(200 + k as u64).to_le_bytes());
+        }
+        p.truncate(len);
+        stats(&p).unwrap()
+    };
+    let t = with(16, 560);
+    assert_eq!(t.delays, [200, 201, 202, 203, 204, 205, 206]);
+    assert_eq!(t.delay_counts, [100, 101, 102, 103, 104, 105, 106]);
+    // Debian 12's 6.1: version 13, no IRQ delay yet.
+    let t = with(13, 416);
+    assert_eq!(t.delays, [200, 201, 202, 0, 204, 205, 206]);
+    assert_eq!(t.delay_counts, [100, 101, 102, 0, 104, 105, 106]);
+    // Version 10: no compaction nor write-protect copy; version 8: no thrashing.
+    assert_eq!(with(10, 360).delays, [200, 201, 202, 0, 204, 0, 0]);
+    assert_eq!(with(8, 344).delay_counts, [100, 101, 102, 0, 0, 0, 0]);
 }

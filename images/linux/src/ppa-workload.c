@@ -13,6 +13,11 @@
  *       CLOCK_MONOTONIC deadlines) each wakes, works R us of its own CPU time and sleeps
  *       again, for M ms of wall time. A period whose work ends past the next deadline is an
  *       overrun; the next deadline is then the first one still ahead.
+ *   rt-spin:cpu=C,ms=M[,prio=P]
+ *       one thread rt-spin-0, pinned to CPU C and at SCHED_FIFO priority P (default 50),
+ *       spinning until it has used M ms of CPU: the CPU runs nothing else (the kernel's RT
+ *       throttling aside: 50 ms a second by default) and never idles, so its vCPU stays in
+ *       guest code without an exit, a runaway to the VMM (docs/limits.md).
  *
  *   udp-echo:..., udp-ping:... and mktap:...
  *       the network shapes, in udp.c.
@@ -30,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -40,11 +46,11 @@
 #define NS_PER_US 1000ULL
 #define NS_PER_MS 1000000ULL
 
-enum kind { SPIN, PERIODIC };
+enum kind { SPIN, PERIODIC, RT_SPIN };
 
 struct spec {
 	enum kind kind;
-	uint64_t threads, ms, run_us, period_us;
+	uint64_t threads, ms, run_us, period_us, cpu, prio;
 };
 
 struct worker {
@@ -53,8 +59,23 @@ struct worker {
 	unsigned index;
 	char name[16];
 	pid_t tid;
+	int setup_error;
 	uint64_t cpu_ns, wall_ns, periods, overruns, max_late_ns;
 };
+
+/* Pins the calling thread to CPU `cpu` at SCHED_FIFO priority `prio`; 0 or an errno. */
+static int realtime(uint64_t cpu, uint64_t prio)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET((int)cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) != 0)
+		return errno;
+	struct sched_param p = { .sched_priority = (int)prio };
+	if (sched_setscheduler(0, SCHED_FIFO, &p) != 0)
+		return errno;
+	return 0;
+}
 
 static uint64_t now(clockid_t clock)
 {
@@ -92,11 +113,15 @@ static void *run_worker(void *arg)
 	/* prctl names the thread in /proc/<pid>/task/<tid>/comm, which the agent reads. */
 	prctl(PR_SET_NAME, w->name, 0, 0, 0);
 	w->tid = (pid_t)syscall(SYS_gettid);
+	if (s->kind == RT_SPIN)
+		w->setup_error = realtime(s->cpu, s->prio);
 	pthread_barrier_wait(w->start);
+	if (w->setup_error)
+		return NULL;
 
 	uint64_t cpu0 = now(CLOCK_THREAD_CPUTIME_ID);
 	uint64_t wall0 = now(CLOCK_MONOTONIC);
-	if (s->kind == SPIN) {
+	if (s->kind == SPIN || s->kind == RT_SPIN) {
 		spin_until_cpu(cpu0 + s->ms * NS_PER_MS);
 	} else {
 		uint64_t period = s->period_us * NS_PER_US;
@@ -162,6 +187,11 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 		s->ms = 1000;
 		s->run_us = 200;
 		s->period_us = 1000;
+	} else if (strcmp(buf, "rt-spin") == 0) {
+		s->kind = RT_SPIN;
+		s->ms = 1000;
+		s->cpu = UINT64_MAX;
+		s->prio = 50;
 	} else {
 		snprintf(err, errlen, "unknown workload kind '%s' (ppa-workload alone lists them)",
 			 buf);
@@ -169,9 +199,13 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 	}
 	for (char *save = NULL, *item = strtok_r(params, ",", &save); item;
 	     item = strtok_r(NULL, ",", &save)) {
-		int r = take(item, "threads", &s->threads);
+		int r = s->kind == RT_SPIN ? 0 : take(item, "threads", &s->threads);
 		if (!r)
 			r = take(item, "ms", &s->ms);
+		if (!r && s->kind == RT_SPIN)
+			r = take(item, "cpu", &s->cpu);
+		if (!r && s->kind == RT_SPIN)
+			r = take(item, "prio", &s->prio);
 		if (!r && s->kind == PERIODIC)
 			r = take(item, "run_us", &s->run_us);
 		if (!r && s->kind == PERIODIC)
@@ -191,6 +225,13 @@ static int parse(const char *text, struct spec *s, char *err, size_t errlen)
 	}
 	if (s->ms < 1 || s->ms > MAX_MS) {
 		snprintf(err, errlen, "ms must be 1..%llu, not %" PRIu64, MAX_MS, s->ms);
+		return -1;
+	}
+	if (s->kind == RT_SPIN && (s->cpu >= CPU_SETSIZE || s->prio < 1 || s->prio > 99)) {
+		snprintf(err, errlen,
+			 "rt-spin needs cpu=C (0..%d) and a prio of 1..99 (cpu=%" PRIu64
+			 ", prio=%" PRIu64 ")",
+			 CPU_SETSIZE - 1, s->cpu, s->prio);
 		return -1;
 	}
 	if (s->kind == PERIODIC &&
@@ -216,6 +257,7 @@ int main(int argc, char **argv)
 			"usage: ppa-workload SPEC, one of\n"
 			"  spin:threads=N,ms=M\n"
 			"  periodic:threads=N,run_us=R,period_us=P,ms=M\n"
+			"  rt-spin:cpu=C,ms=M[,prio=P]\n"
 			"  udp-echo:port=P,ms=M\n"
 			"  udp-ping:to=IP,count=N,size=B[,port=P][,timeout_ms=T]\n"
 			"  mktap:name=NAME,queues=N\n"
@@ -239,7 +281,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ppa-workload: %s\n", err);
 		return 2;
 	}
-	const char *kind = s.kind == SPIN ? "spin" : "periodic";
+	const char *kind = s.kind == SPIN ? "spin" : s.kind == RT_SPIN ? "rt-spin" : "periodic";
 	struct worker *w = calloc(s.threads, sizeof(*w));
 	pthread_t *t = calloc(s.threads, sizeof(*t));
 	pthread_barrier_t start;
@@ -263,10 +305,20 @@ int main(int argc, char **argv)
 	uint64_t wall0 = now(CLOCK_MONOTONIC);
 	pthread_barrier_wait(&start);
 	uint64_t cpu_total = 0;
+	int failed = 0;
 	for (unsigned i = 0; i < s.threads; i++) {
 		pthread_join(t[i], NULL);
 		cpu_total += w[i].cpu_ns;
+		if (w[i].setup_error) {
+			fprintf(stderr,
+				"ppa-workload: cannot pin %s to CPU %" PRIu64
+				" at SCHED_FIFO %" PRIu64 ": %s\n",
+				w[i].name, s.cpu, s.prio, strerror(w[i].setup_error));
+			failed = 1;
+		}
 	}
+	if (failed)
+		return 2;
 	uint64_t wall = now(CLOCK_MONOTONIC) - wall0;
 	for (unsigned i = 0; i < s.threads; i++) {
 		printf("PPA-THREAD name=%s tid=%d cpu_ns=%" PRIu64 " wall_ns=%" PRIu64, w[i].name,

@@ -128,7 +128,7 @@ fn golden_layout() {
             offset_of!(HostVm, pressure_full_total_us),
             offset_of!(HostVm, pressure_some_avg),
             offset_of!(HostVm, pressure_full_avg),
-            offset_of!(HostVm, reserved),
+            offset_of!(HostVm, guest_reset),
         ],
         [0, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 108, 120]
     );
@@ -254,7 +254,7 @@ fn golden_layout() {
     assert_eq!(REGION_MAGIC.to_le_bytes(), *b"PPAP");
     assert_eq!(GUEST_MAGIC.to_le_bytes(), *b"PPAG");
     assert_eq!(AGENT_MAGIC.to_le_bytes(), *b"PPAA");
-    assert_eq!(VERSION, 0x0001_0004);
+    assert_eq!(VERSION, 0x0001_0005);
 }
 
 #[test]
@@ -333,7 +333,7 @@ fn kvm_and_interrupted_time_are_read_only_from_a_1_4_writer_that_measured_them()
     // A 1.3 writer left the words zero: not a measured zero.
     let old = HostVcpu::default();
     assert_eq!((old.kvm(3), old.interrupted(3)), (None, None));
-    assert_eq!(MINOR, 4);
+    const { assert!(MINOR >= 4) };
 }
 
 #[test]
@@ -507,7 +507,7 @@ fn every_record_is_its_fields_without_padding() {
         pressure_full_total_us,
         pressure_some_avg,
         pressure_full_avg,
-        reserved,
+        guest_reset,
     } = HostVm::default();
     assert_eq!(
         size_of_val(&seq)
@@ -525,7 +525,7 @@ fn every_record_is_its_fields_without_padding() {
             + size_of_val(&pressure_full_total_us)
             + size_of_val(&pressure_some_avg)
             + size_of_val(&pressure_full_avg)
-            + size_of_val(&reserved),
+            + size_of_val(&guest_reset),
         size_of::<HostVm>(),
         "HostVm"
     );
@@ -690,5 +690,94 @@ fn every_record_is_its_fields_without_padding() {
             + size_of_val(&reserved),
         size_of::<GuestAgent>(),
         "GuestAgent"
+    );
+}
+
+/// The bytes of a record, as a C reader sees them.
+fn bytes_of<T: Record>(r: &T) -> Vec<u8> {
+    // SAFETY: `Record`s are plain data without padding: every byte is initialised.
+    unsafe { core::slice::from_raw_parts((r as *const T).cast::<u8>(), core::mem::size_of::<T>()) }
+        .to_vec()
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+}
+
+#[test]
+fn layout_1_5_puts_each_new_word_where_docs_abi_says() {
+    use super::alarms::{GuestAlarm, GuestAlarms};
+    use core::mem::{offset_of, size_of};
+    // Thread: threshold counts at 152, 160, 168; thrashing and compaction at 176, 184; the
+    // tail at 192: wpcopy, then the seven counts.
+    let mut t = GuestThreadFull::default();
+    t.thread.set_ext(1, b'R', 7);
+    t.thread.set_v15([11, 12, 13], [14, 15]);
+    t.tail.wpcopy_delay_ns = 16;
+    t.tail.delay_counts = [21, 22, 23, 24, 25, 26, 27];
+    let b = bytes_of(&t);
+    assert_eq!(b.len(), 256);
+    for (off, v) in [
+        (144, 7),
+        (152, 11),
+        (160, 12),
+        (168, 13),
+        (176, 14),
+        (184, 15),
+        (192, 16),
+    ] {
+        assert_eq!(u64_at(&b, off), v, "thread offset {off}");
+    }
+    for k in 0..7 {
+        assert_eq!(u64_at(&b, 200 + 8 * k), 21 + k as u64, "count {k}");
+    }
+    assert_eq!(t.thread.over(), [11, 12, 13]);
+    assert_eq!(t.delays_ns()[4..], [14, 15, 16]);
+    // CPU: irq and softirq counts at 168 and 176.
+    let mut c = GuestCpu::default();
+    c.set_over([31, 32]);
+    let b = bytes_of(&c);
+    assert_eq!((u64_at(&b, 168), u64_at(&b, 176)), (31, 32));
+    assert_eq!(c.over(), [31, 32]);
+    // Agent: alarms offset and size at 136 and 140, reset generation at 144, its time at 152.
+    let mut a = GuestAgent::default();
+    a.set_v15(Some((384, 4224)), 3, 99);
+    let b = bytes_of(&a);
+    assert_eq!(u32::from_le_bytes(b[136..140].try_into().unwrap()), 384);
+    assert_eq!(u32::from_le_bytes(b[140..144].try_into().unwrap()), 4224);
+    assert_eq!((u64_at(&b, 144), u64_at(&b, 152)), (3, 99));
+    assert_eq!(a.alarms(), Some((384, 4224)));
+    assert_eq!((a.reset_generation(), a.reset_ns()), (3, 99));
+    a.set_v15(None, 0, 0);
+    assert_eq!(a.alarms(), None);
+    // The VM record's last word.
+    assert_eq!(offset_of!(HostVm, guest_reset), 120);
+    // The alarm ring.
+    assert_eq!(size_of::<GuestAlarms>(), 128);
+    assert_eq!(
+        [
+            offset_of!(GuestAlarms, magic),
+            offset_of!(GuestAlarms, slots),
+            offset_of!(GuestAlarms, record_size),
+            offset_of!(GuestAlarms, written),
+            offset_of!(GuestAlarms, suppressed),
+            offset_of!(GuestAlarms, thresholds),
+            offset_of!(GuestAlarms, reserved),
+        ],
+        [4, 8, 12, 16, 24, 32, 72]
+    );
+    assert_eq!(size_of::<GuestAlarm>(), 64);
+    assert_eq!(
+        [
+            offset_of!(GuestAlarm, kind),
+            offset_of!(GuestAlarm, number),
+            offset_of!(GuestAlarm, tid),
+            offset_of!(GuestAlarm, cpu),
+            offset_of!(GuestAlarm, comm),
+            offset_of!(GuestAlarm, value),
+            offset_of!(GuestAlarm, threshold),
+            offset_of!(GuestAlarm, guest_ns),
+        ],
+        [4, 8, 16, 20, 24, 40, 48, 56]
     );
 }

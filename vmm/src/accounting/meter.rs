@@ -20,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 
 use ppa_vmm_api::VcpuMicroState;
 
+use super::episodes::EpisodeLog;
 use super::histogram::Histogram;
 use super::switches::pairing::IRQ_KINDS;
 use super::switches::{Pairing, RingView};
@@ -262,6 +263,14 @@ pub struct VcpuMeter {
     pub vmm_off_drained: Counter,
     /// 1 while the records are on (level full with a ring), else 0.
     pub records_on: Counter,
+    /// Times the records were turned on (what the ring held before each is dropped): a
+    /// reader that finds it changed knows its episodes have a gap.
+    pub records_switches: Counter,
+    /// When the records were last turned on (CLOCK_MONOTONIC): the episodes are complete
+    /// from then.
+    pub records_on_since: Counter,
+    /// The vCPU's episodes and parks, placed in time (the reader is the pressure tracker).
+    pub episodes: EpisodeLog,
     /// The thread's context-switch ring, once level full first opened it (for readers' looks
     /// at the interval in progress).
     pub ring: OnceLock<Arc<RingView>>,
@@ -390,6 +399,27 @@ pub struct MeterReading {
     pub consistent: bool,
 }
 
+/// What [`VcpuMeter::position`] gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeterPosition {
+    /// Micro-state at the read.
+    pub state: MicroState,
+    /// When it began (0: not timed).
+    pub since: u64,
+    /// See [`VcpuMeter::ring_tail`].
+    pub ring_tail: u64,
+    /// The consumer's pairing state as of `ring_tail`.
+    pub ring_pairing: Pairing,
+    /// See [`VcpuMeter::records_on`].
+    pub records_on: bool,
+    /// See [`VcpuMeter::records_lost`].
+    pub records_lost: u64,
+    /// See [`VcpuMeter::records_switches`].
+    pub records_switches: u64,
+    /// See [`VcpuMeter::records_on_since`].
+    pub records_on_since: u64,
+}
+
 impl MeterReading {
     /// The micro-state at the time of the read.
     pub fn micro_state(&self) -> MicroState {
@@ -434,6 +464,9 @@ impl VcpuMeter {
             ring_out_preempted: Counter::default(),
             vmm_off_drained: Counter::default(),
             records_on: Counter::default(),
+            records_switches: Counter::default(),
+            records_on_since: Counter::default(),
+            episodes: EpisodeLog::default(),
             ring: OnceLock::new(),
             kvm_full: Counter::default(),
             kvm_runs: Counter::default(),
@@ -508,6 +541,41 @@ impl VcpuMeter {
             }
         }
         r
+    }
+
+    /// Where the thread is, for a reader placing its episodes in time: its micro-state and
+    /// since when, the records' consumer position and open switch-out, and whether the
+    /// records are on. A few tries without sleeping (a writer preempted inside its write
+    /// section makes it `None`: the caller treats the vCPU as not known this time).
+    pub fn position(&self) -> Option<MeterPosition> {
+        for attempt in 0..64u32 {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 % 2 == 0 {
+                let p = MeterPosition {
+                    state: MicroState::from_u8(self.state.load(Ordering::Relaxed)),
+                    since: self.since.load(Ordering::Relaxed),
+                    ring_tail: self.ring_tail.get(),
+                    ring_pairing: Pairing::with_pending(match self.ring_out.get() {
+                        0 => None,
+                        t => Some((t, self.ring_out_preempted.get() != 0)),
+                    }),
+                    records_on: self.records_on.get() != 0,
+                    records_lost: self.records_lost.get(),
+                    records_switches: self.records_switches.get(),
+                    records_on_since: self.records_on_since.get(),
+                };
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return Some(p);
+                }
+            }
+            if attempt < 48 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        None
     }
 
     /// Start of the micro-state in progress (CLOCK_MONOTONIC; 0 before the first): one load,

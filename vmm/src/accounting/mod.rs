@@ -22,6 +22,7 @@ use std::marker::PhantomData;
 use std::ops::{Index, IndexMut};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+pub mod episodes;
 mod exit_reason;
 pub mod histogram;
 pub mod host;

@@ -185,6 +185,31 @@ impl RingView {
         self.walk(tail, head, |r| p.feed(r, ALL_ON_SIDE_1, &mut t));
         (self.tail() == tail).then_some((t, p))
     }
+
+    /// A reader's look that goes on from an earlier one: while the consumer's tail is still
+    /// `tail` (before and after), walks the records from `from` (a position an earlier look
+    /// reached, at or past `tail`, whose pairing state was `pairing`) to the head, giving each
+    /// completed episode to `sink`. Returns where it stopped and the pairing state there, or
+    /// `None` when the consumer drained meanwhile or `from` is not a position of this ring.
+    pub fn peek_from(
+        &self,
+        tail: u64,
+        from: u64,
+        pairing: Pairing,
+        sink: &mut impl TraceSink,
+    ) -> Option<(u64, Pairing)> {
+        if self.tail() != tail {
+            return None;
+        }
+        let head = self.head();
+        if head.wrapping_sub(tail) > self.data_size || from < tail || from > head {
+            return None;
+        }
+        let mut p = pairing;
+        let mut t = Tally::default();
+        self.walk(from, head, |r| p.feed_to(r, ALL_ON_SIDE_1, &mut t, sink));
+        (self.tail() == tail && !t.lost).then_some((head, p))
+    }
 }
 
 impl Drop for RingView {

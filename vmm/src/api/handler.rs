@@ -355,6 +355,23 @@ impl Handler {
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
             Command::Pressure {} => to_value(&vm.pressure().report()),
+            Command::GuestReset {} => match vm.ppa_page() {
+                Some(_) if vm.finished() => Err(ErrorBody::new(
+                    ErrorKind::InvalidState,
+                    "every vCPU has already ended: no guest agent can carry out a reset",
+                )),
+                Some(p) => {
+                    let honoured = p.guest_view().reset.map_or(0, |r| r.honoured);
+                    to_value(&ppa_vmm_api::GuestResetResult {
+                        generation: p.board().ask_reset(),
+                        honoured,
+                    })
+                }
+                None => Err(ErrorBody::new(
+                    ErrorKind::InvalidState,
+                    "this VM has no PPA page (it was started with --ppa-page-size 0), so no guest agent to reset",
+                )),
+            },
             Command::Guest {} => match vm.ppa_page() {
                 Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(

@@ -99,6 +99,37 @@ pub fn ppa_page_words(words: &[u64]) {
     let view = decode(Section::of_words(words));
     let bytes = Bytes(words.iter().flat_map(|w| w.to_le_bytes()).collect());
     check_view(&view, &bytes);
+    check_alarms(words);
+}
+
+/// Alarms one poll may take in this check (the sampler's cap is larger; any cap holds).
+const ALARM_CAP: usize = 8;
+
+/// The alarm ring of the same section, as the sampler reads it: each poll returns at most its
+/// cap, numbered upwards, with names the decoder's rules allow and a known kind; a problem is
+/// said once, not at every poll.
+fn check_alarms(words: &[u64]) {
+    use ppa_vmm_api::ALARM_WHAT;
+    let mut reader = crate::ppa_page::alarms::AlarmReader::default();
+    let mut last = 0u64;
+    let mut problems = 0;
+    for _ in 0..3 {
+        let p = reader.poll(&Section::of_words(words), ALARM_CAP);
+        assert!(
+            p.alarms.len() <= ALARM_CAP,
+            "{} alarms in one poll",
+            p.alarms.len()
+        );
+        problems += usize::from(p.problem.is_some());
+        for a in &p.alarms {
+            assert!(a.number > last, "alarm {} after {last}", a.number);
+            last = a.number;
+            assert!(ALARM_WHAT.contains(&a.what.as_str()), "{a:?}");
+            assert!(a.comm.chars().count() <= COMM_LEN, "{a:?}");
+            assert!(!a.comm.chars().any(char::is_control), "{a:?}");
+        }
+    }
+    assert!(problems <= 1, "the same problem said {problems} times");
 }
 
 fn check_view(v: &GuestView, b: &Bytes) {

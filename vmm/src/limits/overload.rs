@@ -1,13 +1,13 @@
-//! Runaway and overload detection (PPA requirement 20): a vCPU that stays in the guest longer
-//! than a threshold without an exit or an idle (`--runaway MS`), or that uses more than a share
-//! of its time for N windows in a row (`--overload PCT:WINDOWS`), raises an `overload` event,
-//! counts in its `overloads`, and gets the action (`--overload-action notify | pause |
-//! throttle:LIMIT`).
+//! Runaway and overload detection (PPA requirement 20): a vCPU that runs guest code longer
+//! than a threshold without an exit, an idle or a halt (`--runaway MS`), or that uses more
+//! than a share of its time for N windows in a row (`--overload PCT:WINDOWS`), raises an
+//! `overload` event, counts in its `overloads`, and gets the action (`--overload-action notify
+//! | pause | throttle:LIMIT`). This module owns the settings and the overload windows; the
+//! runaway detector, which needs the vCPU's figures, is the sampler's (`sampler/runaway.rs`).
 //!
-//! Data flow: the sampler thread calls [`Detector::check`] every sampler tick (10 ms) with
-//! each vCPU's micro-state and the time it entered it (from its meter: no system call), and
-//! every window (100 ms) with its thread CPU time; the detector says what fired, and the
-//! sampler applies the action through the limiter or the vCPU's pause request.
+//! Data flow: the sampler thread calls [`Detector::check_window`] every window (100 ms) with
+//! the vCPU's thread CPU time; the detector says what fired, and the sampler applies the
+//! action through the limiter or the vCPU's pause request.
 
 use super::{Limit, LimitError};
 
@@ -115,11 +115,6 @@ impl OverloadConfig {
 /// What fired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fired {
-    /// In the guest for `ns` without an exit.
-    Runaway {
-        /// How long so far.
-        ns: u64,
-    },
     /// Above the share for `windows` windows.
     Overload {
         /// Share of the last window, per mille.
@@ -132,34 +127,11 @@ pub enum Fired {
 /// Per-vCPU detection state.
 #[derive(Debug, Clone, Default)]
 pub struct Detector {
-    /// The guest run (its start time) already reported as a runaway.
-    reported_run: Option<u64>,
     window: Option<(u64, u64)>,
     above: u32,
 }
 
 impl Detector {
-    /// Runaway check: `in_guest` and `since` (when that guest run began; 0 when not timed).
-    pub fn check_runaway(
-        &mut self,
-        cfg: &OverloadConfig,
-        in_guest: bool,
-        since: u64,
-        now: u64,
-    ) -> Option<Fired> {
-        let limit = cfg.runaway_ns?;
-        if !in_guest || since == 0 {
-            return None;
-        }
-        let ns = now.saturating_sub(since);
-        // One event per guest run: a new run has a new start time.
-        if ns >= limit && self.reported_run != Some(since) {
-            self.reported_run = Some(since);
-            return Some(Fired::Runaway { ns });
-        }
-        None
-    }
-
     /// Overload check at a window boundary with the vCPU's CPU time `cpu_ns` at `now`.
     pub fn check_window(&mut self, cfg: &OverloadConfig, cpu_ns: u64, now: u64) -> Option<Fired> {
         let (limit, n) = cfg.overload?;
@@ -214,25 +186,6 @@ mod tests {
         ] {
             assert!(OverloadConfig::parse(r, o, a).is_err(), "{r:?} {o:?} {a:?}");
         }
-    }
-
-    #[test]
-    fn a_runaway_fires_once_per_guest_run() {
-        let c = OverloadConfig::parse(Some(100.0), None, None).unwrap();
-        let mut d = Detector::default();
-        let ms = 1_000_000;
-        assert_eq!(d.check_runaway(&c, true, 1, 50 * ms), None);
-        assert!(d.check_runaway(&c, true, 1, 101 * ms).is_some());
-        assert_eq!(
-            d.check_runaway(&c, true, 1, 500 * ms),
-            None,
-            "same run: once"
-        );
-        assert_eq!(d.check_runaway(&c, false, 0, 600 * ms), None);
-        assert!(
-            d.check_runaway(&c, true, 700 * ms, 801 * ms).is_some(),
-            "a new run"
-        );
     }
 
     #[test]

@@ -292,5 +292,10 @@ pub fn collect(vm: &VmHandle, threads: &mut ThreadCpu) -> Detailed {
         devices: vm.device_stats(),
         process: Some(ProcessReading::read(threads)),
         pressure_groups: vm.pressure().report().groups,
+        guest: vm.ppa_page().map(|p| super::guest::Guest {
+            view: p.guest_view(),
+            threads: p.board().metrics_threads(),
+            vcpus: vm.vcpu_count(),
+        }),
     }
 }

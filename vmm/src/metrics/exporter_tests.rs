@@ -29,6 +29,7 @@ fn figures(at_ns: u64) -> Detailed {
         devices: Vec::new(),
         process: None,
         pressure_groups: vec![],
+        guest: None,
     }
 }
 

@@ -323,6 +323,7 @@ fn add_pressure(f: &mut Families, vm: &str, p: &Pressure) {
             f.add("ppa_vm_pressure_avg_ratio", &labels, pct / 100.0);
         }
     }
+    f.add("ppa_vm_pressure_estimated", &base, u64::from(p.estimated));
 }
 
 /// One vCPU group's pressure totals.
@@ -339,6 +340,11 @@ pub fn add_group_pressure(f: &mut Families, vm: &str, g: &GroupPressure) {
         "ppa_group_pressure_full_seconds_total",
         &labels,
         us(p.full.total_us),
+    );
+    f.add(
+        "ppa_group_pressure_estimated",
+        &labels,
+        u64::from(p.estimated),
     );
 }
 

@@ -215,6 +215,7 @@ pub(super) fn stats() -> Detailed {
             vcpus: vec![0, 1],
             pressure: Default::default(),
         }],
+        guest: Some(super::guest_tests::guest()),
     }
 }
 
@@ -663,9 +664,9 @@ fn every_sample_parses_and_is_unique() {
     // Every histogram has 12 finite buckets, +Inf, _sum and _count.
     let h = 15;
     // VM: build info, info, 5 states, 3 levels, uptime, vcpus, host threads, 2 pressure
-    // totals and 6 averages, 4 thresholds, 6 + 1 (shutdown) exit reason histograms, one
-    // in-kernel exit reason's histogram.
-    let vm = 1 + 1 + 5 + 3 + 3 + 8 + 4 + 7 * h + h;
+    // totals, 6 averages and whether they are estimated, 4 thresholds, 6 + 1 (shutdown) exit
+    // reason histograms, one in-kernel exit reason's histogram.
+    let vm = 1 + 1 + 5 + 3 + 3 + 9 + 4 + 7 * h + h;
     // Per vCPU: info, 6 states, 4 splits, 10 times, 2 more times, 6 (+1) exits and exit
     // times, kvm exits (vCPU 0), migrations, parks, 4 thresholds, identity, overloads,
     // 3 histograms; vCPU 0 has two estimates, vCPU 1 kvm_ns, interrupted_ns, its in-kernel
@@ -673,9 +674,9 @@ fn every_sample_parses_and_is_unique() {
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
     // The group: 7 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
-    // histograms, 2 pressure totals, the stops' cost in 2 parts and their count; the process:
-    // 7 figures and 7 thread kinds.
-    let group = 7 + h + 2 + 1 + 4 * h + 2 + 3;
+    // histograms, 2 pressure totals and whether they are estimated, the stops' cost in 2 parts
+    // and their count; the process: 7 figures and 7 thread kinds.
+    let group = 7 + h + 2 + 1 + 4 * h + 3 + 3;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 5 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 6 counts and one drop reason.
@@ -683,7 +684,15 @@ fn every_sample_parses_and_is_unique() {
     // The disk: 3 statuses, 5 kinds of work, its thread's CPU and 4 states, one queue's 6
     // counts, 2 request types, 2 directions, one error status, one service histogram.
     let disk = 3 + 5 + 1 + 4 + 6 + 2 + 2 + 1 + h;
-    assert_eq!(n, vm + vcpus + group + process + devices + disk, "{text}");
+    // The guest (guest_tests::guest): 2 CPUs × 7 modes, 11 thread series × (CPU, 8 delays,
+    // 8 counts), 2 thread counts, 2 transient figures, the agent's CPU, 5 alarm kinds, lost,
+    // refused and suppressed alarms, 2 reset generations.
+    let guest = 14 + 11 * 17 + 2 + 2 + 1 + 5 + 3 + 2;
+    assert_eq!(
+        n,
+        vm + vcpus + group + process + devices + disk + guest,
+        "{text}"
+    );
     assert_eq!(parse_sample("a_total{x=\"1\"} 1.5").value, 1.5);
 }
 

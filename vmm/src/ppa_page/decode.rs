@@ -5,18 +5,22 @@
 //! copy. The decoder reads the header with the sequence protocol, checks every field it will
 //! use (magic, major version, record sizes, offsets, counts, alignment, bounds, with checked
 //! arithmetic), reads each record with a bounded number of tries, checks names (NUL, UTF-8),
-//! flags stale records, reads a guest agent's record where a 1.1 header leaves room for one,
-//! and returns what is valid plus one sentence per problem. Its work is
+//! flags stale records, reads a guest agent's record where a 1.1 header leaves room for one
+//! (and from a 1.5 agent the reset it honoured and its alarm ring's header, `alarms`), takes a
+//! 1.5 thread record's tail where the table's record size holds it, and returns what is valid
+//! plus one sentence per problem. Its work is
 //! bounded by [`MAX_RECORDS`] records of [`MAX_TRIES`] tries each, whatever the guest wrote:
 //! it never panics, never loops past its bounds and never blocks.
 
 use std::marker::PhantomData;
 
 use ppa_guest_abi::ppa_page::{
-    self as abi, read_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, Record, COMM_LEN,
-    GUEST_MAGIC, MAJOR,
+    self as abi, read_record, GuestAgent, GuestCpu, GuestHeader, GuestThread, GuestThreadFull,
+    Record, COMM_LEN, GUEST_MAGIC, MAJOR, THREAD_RECORD_SIZE_1_5,
 };
-use ppa_vmm_api::{GuestAgentView, GuestCpuView, GuestThreadView, GuestView};
+use ppa_vmm_api::{
+    GuestAgentView, GuestAlarmsView, GuestCpuView, GuestResetView, GuestThreadView, GuestView,
+};
 
 /// Most records of each kind decoded.
 pub const MAX_RECORDS: u32 = abi::READER_MAX_RECORDS;
@@ -62,8 +66,18 @@ impl<'a> Section<'a> {
         }
     }
 
+    /// Bytes in the section.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the section has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Reads the record of type `T` at byte offset `off`, checked against the section.
-    fn read<T: Record>(&self, off: u64) -> Result<Result<T, ()>, String> {
+    pub(crate) fn read<T: Record>(&self, off: u64) -> Result<Result<T, ()>, String> {
         let size = std::mem::size_of::<T>() as u64;
         let end = off
             .checked_add(size)
@@ -147,7 +161,7 @@ fn state(b: u8) -> String {
 
 /// The guest agent's record at [`abi::AGENT_OFFSET`], if one is there: the magic decides
 /// (the room may be unused); a record with the magic but a wrong size is a problem.
-fn agent(section: &Section, errors: &mut Vec<String>) -> Option<GuestAgentView> {
+fn agent(section: &Section, errors: &mut Vec<String>) -> Option<(GuestAgentView, GuestAgent)> {
     let a: GuestAgent = match section.read::<GuestAgent>(u64::from(abi::AGENT_OFFSET)) {
         Err(e) => {
             errors.push(e);
@@ -173,7 +187,7 @@ fn agent(section: &Section, errors: &mut Vec<String>) -> Option<GuestAgentView> 
         return None;
     }
     let flag = |bit: u32| a.flags & bit != 0;
-    Some(GuestAgentView {
+    let view = GuestAgentView {
         pid: a.pid,
         interval_ns: a.interval_ns,
         samples: a.samples,
@@ -195,7 +209,32 @@ fn agent(section: &Section, errors: &mut Vec<String>) -> Option<GuestAgentView> 
         cpu_switches: flag(abi::AGENT_CPU_SWITCHES),
         stopped: flag(abi::AGENT_STOPPED),
         updated_ns: a.updated_ns,
-    })
+    };
+    Some((view, a))
+}
+
+/// What a 1.5 agent record says of resets and its alarm ring, into `v`.
+fn agent_v15(section: &Section, a: &GuestAgent, v: &mut GuestView) {
+    if a.reset_generation() != 0 {
+        v.reset = Some(GuestResetView {
+            requested: 0,
+            honoured: a.reset_generation(),
+            honoured_ns: a.reset_ns(),
+        });
+    }
+    match super::alarms::locate(section) {
+        Ok(Some((at, h))) => {
+            v.alarms = Some(GuestAlarmsView {
+                slots: at.slots,
+                written: h.written,
+                suppressed: h.suppressed,
+                thresholds: h.thresholds,
+                ..Default::default()
+            })
+        }
+        Ok(None) => {}
+        Err(e) => v.errors.push(e),
+    }
 }
 
 /// Decodes the guest section.
@@ -214,6 +253,8 @@ pub fn decode(section: Section<'_>) -> GuestView {
         host: Vec::new(),
         agent: None,
         host_reset: Vec::new(),
+        alarms: None,
+        reset: None,
     };
     let Some(h) = header(&section, &mut v) else {
         return v;
@@ -224,7 +265,12 @@ pub fn decode(section: Section<'_>) -> GuestView {
     v.transient_count = h.transient_count;
     v.transient_cpu_ns = h.transient_cpu_ns;
     if abi::agent_record_fits(&h) {
-        v.agent = agent(&section, &mut v.errors);
+        if let Some((view, raw)) = agent(&section, &mut v.errors) {
+            v.agent = Some(view);
+            if h.minor >= 5 {
+                agent_v15(&section, &raw, &mut v);
+            }
+        }
     }
     threads(&section, &h, &mut v);
     v.threads
@@ -290,31 +336,50 @@ fn threads(section: &Section, h: &GuestHeader, v: &mut GuestView) {
         Err(e) => return v.errors.push(e),
         Ok(t) => t,
     };
+    // A 1.5 writer's records of 256 bytes or more carry the tail; read them whole (one
+    // sequence counter).
+    let full = h.minor >= 5 && size >= u64::from(THREAD_RECORD_SIZE_1_5);
     for slot in 0..count as usize {
-        match section.read::<GuestThread>(off + slot as u64 * size) {
+        let at = off + slot as u64 * size;
+        let read = if full {
+            section.read::<GuestThreadFull>(at)
+        } else {
+            section.read::<GuestThread>(at).map(|r| {
+                r.map(|thread| GuestThreadFull {
+                    thread,
+                    ..Default::default()
+                })
+            })
+        };
+        match read {
             Err(e) => v.errors.push(e),
             Ok(Err(())) => v.errors.push(format!(
                 "thread record {slot} stayed mid-update for {MAX_TRIES} tries"
             )),
             // Never written (a writer leaves seq at 2 or more): an empty slot.
-            Ok(Ok(t)) if t.seq == 0 => {}
+            Ok(Ok(t)) if t.thread.seq == 0 => {}
             Ok(Ok(t)) => {
-                let view = thread_view(&t, h, slot, &mut v.errors);
+                let view = thread_view(&t, full, h, slot, &mut v.errors);
                 v.threads.push(view);
             }
         }
     }
 }
 
-/// Thread record `slot`, `t`, as the view shows it; the layout 1.1 fields only where `h`
-/// is 1.1 or later.
+/// Thread record `slot`, `r`, as the view shows it; the layout 1.1 fields only where `h`
+/// is 1.1 or later, the 1.5 ones where it is 1.5 or later, the tail's where the record had
+/// one (`tail`).
 fn thread_view(
-    t: &GuestThread,
+    r: &GuestThreadFull,
+    tail: bool,
     h: &GuestHeader,
     slot: usize,
     errors: &mut Vec<String>,
 ) -> GuestThreadView {
+    let t = &r.thread;
     let ext = h.minor >= 1;
+    let v15 = h.minor >= 5;
+    let more = if v15 { t.more_delays_ns() } else { [0; 2] };
     let lag_ns = h.updated_ns.saturating_sub(t.updated_ns);
     GuestThreadView {
         slot,
@@ -335,6 +400,13 @@ fn thread_view(
             t.freepages_delay_ns,
             t.irq_delay_ns,
         ],
+        delays_more_ns: [
+            more[0],
+            more[1],
+            if tail { r.tail.wpcopy_delay_ns } else { 0 },
+        ],
+        delay_counts: if tail { r.tail.delay_counts } else { [0; 7] },
+        over: if v15 { t.over() } else { [0; 3] },
         work: t.work,
         updated_ns: t.updated_ns,
         lag_ns,
@@ -380,6 +452,7 @@ fn cpus(section: &Section, h: &GuestHeader, v: &mut GuestView) {
                 context_switches: c.context_switches,
                 softirqs: c.softirqs,
                 updated_ns: c.updated_ns,
+                over: if h.minor >= 5 { c.over() } else { [0; 2] },
             }),
         }
     }

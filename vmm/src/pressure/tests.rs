@@ -92,7 +92,7 @@ fn tracked(seqs: &[Vec<S>], tick: usize) -> Stall {
         .enumerate()
         .map(|(i, s)| Some(summary(i, s, 0)))
         .collect();
-    tr.tick(t0, start.iter().map(Option::as_ref));
+    tr.tick(t0, start.iter().map(Option::as_ref), &[]);
     let len = seqs[0].len();
     let mut t = 0;
     while t < len {
@@ -102,7 +102,7 @@ fn tracked(seqs: &[Vec<S>], tick: usize) -> Stall {
             .enumerate()
             .map(|(i, s)| Some(summary(i, s, t)))
             .collect();
-        tr.tick(t0 + t as u64 * MS, now.iter().map(Option::as_ref));
+        tr.tick(t0 + t as u64 * MS, now.iter().map(Option::as_ref), &[]);
     }
     tr.vm_total()
 }
@@ -252,41 +252,41 @@ fn a_wait_reported_late_is_carried_and_a_reset_starts_again() {
         })
     };
     let t = 8 * MS;
-    assert_eq!(c.advance(tot(0, 0, 0), t), VcpuTick::default());
+    assert_eq!(c.advance(tot(0, 0, 0), t), None);
     // A 12 ms wait that ended in the second tick: 8 fit there, 4 come in the next.
     assert_eq!(
         c.advance(tot(8 * MS, 0, 0), t),
-        VcpuTick {
+        Some(VcpuTick {
             stalled: 0,
             nonidle: t
-        }
+        })
     );
     assert_eq!(
         c.advance(tot(16 * MS, 12 * MS, 0), t),
-        VcpuTick {
+        Some(VcpuTick {
             stalled: t,
             nonidle: t
-        }
+        })
     );
     assert_eq!(
         c.advance(tot(24 * MS, 12 * MS, 0), t),
-        VcpuTick {
+        Some(VcpuTick {
             stalled: 4 * MS,
             nonidle: t
-        }
+        })
     );
     // A reset (the totals went down): nothing this tick, counting from the new base after.
-    assert_eq!(c.advance(tot(MS, 0, 0), t), VcpuTick::default());
+    assert_eq!(c.advance(tot(MS, 0, 0), t), None);
     assert_eq!(
         c.advance(tot(9 * MS, 2 * MS, 4 * MS), t),
-        VcpuTick {
+        Some(VcpuTick {
             stalled: 2 * MS,
             nonidle: 4 * MS
-        }
+        })
     );
     // A vCPU that ended: nothing, and it starts afresh if seen again.
-    assert_eq!(c.advance(None, t), VcpuTick::default());
-    assert_eq!(c.advance(tot(100 * MS, 50 * MS, 0), t), VcpuTick::default());
+    assert_eq!(c.advance(None, t), None);
+    assert_eq!(c.advance(tot(100 * MS, 50 * MS, 0), t), None);
 }
 
 #[test]
@@ -305,7 +305,7 @@ fn groups_have_their_own_figures() {
             .enumerate()
             .map(|(i, q)| Some(summary(i, q, t)))
             .collect();
-        tr.tick(t as u64 * MS, s.iter().map(Option::as_ref));
+        tr.tick(t as u64 * MS, s.iter().map(Option::as_ref), &[]);
     }
     let board = PressureBoard::default();
     tr.post(&board, 80 * MS, 80 * MS);
@@ -409,7 +409,7 @@ fn a_tracker_under_a_full_stall_reaches_psis_figures() {
             steal_ns: t,
             ..summary(0, &[], 0)
         };
-        tr.tick(t, [Some(&s)]);
+        tr.tick(t, [Some(&s)], &[]);
         t += 8 * MS;
     }
     let board = PressureBoard::default();
@@ -496,4 +496,128 @@ fn a_new_triggers_window_starts_when_it_is_made_and_totals_are_interpolated() {
     assert_eq!(t.check(&h).map(|f| f.stall_us), Some(600_000));
     assert!(t.check(&h).is_none(), "at most once per window");
     assert!(Trigger::new(spec, 0).check(&VecDeque::new()).is_none());
+}
+
+/// The phases of `seq` between ms `a` and `b`, at CLOCK_MONOTONIC `t0` + ms.
+fn phases(seq: &[S], a: usize, b: usize, t0: u64) -> Vec<timeline::Seg> {
+    let mut out: Vec<timeline::Seg> = Vec::new();
+    for (t, s) in seq.iter().enumerate().take(b).skip(a) {
+        let phase = if s.stalled() {
+            timeline::Phase::Stall
+        } else if !s.nonidle() {
+            timeline::Phase::Idle
+        } else {
+            continue;
+        };
+        let start = t0 + t as u64 * MS;
+        match out.last_mut() {
+            Some(l) if l.end == start && l.phase == phase => l.end += MS,
+            _ => out.push(timeline::Seg {
+                start,
+                end: start + MS,
+                phase,
+            }),
+        }
+    }
+    out
+}
+
+/// Runs `seqs` through a tracker with every vCPU's phases known; returns the tracker.
+fn tracked_with_intervals(seqs: &[Vec<S>], tick: usize, known: bool) -> Tracker {
+    let t0 = 1_000 * MS;
+    let mut tr = Tracker::new(seqs.len(), vec![("g".into(), vec![0, 1])], t0);
+    let start: Vec<Option<VcpuSummary>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Some(summary(i, s, 0)))
+        .collect();
+    tr.tick(t0, start.iter().map(Option::as_ref), &[]);
+    let len = seqs[0].len();
+    let mut t = 0;
+    while t < len {
+        let a = t;
+        t = (t + tick).min(len);
+        let now: Vec<Option<VcpuSummary>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Some(summary(i, s, t)))
+            .collect();
+        let segs: Vec<Vec<timeline::Seg>> = seqs.iter().map(|s| phases(s, a, t, t0)).collect();
+        let refs: Vec<Option<&[timeline::Seg]>> =
+            segs.iter().map(|s| known.then_some(s.as_slice())).collect();
+        tr.tick(t0 + t as u64 * MS, now.iter().map(Option::as_ref), &refs);
+    }
+    tr
+}
+
+#[test]
+fn with_every_vcpus_intervals_the_tracker_is_exact_and_says_so() {
+    // Four vCPUs on two host CPUs: two run while two wait, in turns of 3 ms, out of step with
+    // the 8 ms ticks; the fourth halts part of the time.
+    let a = repeat(&[(S::Run, 3), (S::Steal, 3)], 240);
+    let b = repeat(&[(S::Steal, 3), (S::Run, 3)], 240);
+    let c = repeat(&[(S::Run, 3), (S::Steal, 3)], 240);
+    let d = repeat(&[(S::Steal, 3), (S::Run, 2), (S::Halted, 1)], 240);
+    let seqs = [a, b, c, d];
+    let (some, full) = exact(&seqs);
+    let tr = tracked_with_intervals(&seqs, 8, true);
+    assert_eq!(tr.vm_total(), Stall { some, full });
+    assert_eq!(tr.vm_ticks(), (30, 0));
+    let board = PressureBoard::default();
+    tr.post(&board, 0, 0);
+    assert!(!board.vm().estimated);
+    assert!(!board.report().groups[0].pressure.estimated);
+    // The same vCPUs without their intervals: the overlap rule, marked as an estimate, and
+    // not the truth (full is 0 in truth: two vCPUs always run).
+    let tr = tracked_with_intervals(&seqs, 8, false);
+    assert_eq!(full, 0);
+    assert!(tr.vm_total().full > 0, "{:?}", tr.vm_total());
+    assert_eq!(tr.vm_ticks().0, 0);
+    tr.post(&board, 0, 0);
+    assert!(board.vm().estimated);
+    assert!(board.report().vm.estimated);
+}
+
+#[test]
+fn a_tick_the_rule_decides_is_no_estimate() {
+    // One vCPU, waiting part of the time: its own stall is the answer.
+    let one = [repeat(&[(S::Run, 5), (S::Steal, 3)], 160)];
+    let tr = tracked_with_intervals(&one, 8, false);
+    let board = PressureBoard::default();
+    tr.post(&board, 0, 0);
+    assert!(!board.vm().estimated);
+    assert_eq!(tr.vm_total(), {
+        let (some, full) = exact(&one);
+        Stall { some, full }
+    });
+    // Two vCPUs of which only one ever stalls: `some` is its stall, and `full` is decided
+    // only while the other is idle or runs all the tick.
+    let two = [repeat(&[(S::Steal, 8)], 160), repeat(&[(S::Run, 8)], 160)];
+    let tr = tracked_with_intervals(&two, 8, false);
+    tr.post(&board, 0, 0);
+    assert!(!board.vm().estimated);
+    assert_eq!(
+        tr.vm_total(),
+        Stall {
+            some: 160 * MS,
+            full: 0
+        }
+    );
+    // One vCPU's intervals missing in a set of two that both stall: estimated.
+    let both = [
+        repeat(&[(S::Run, 2), (S::Steal, 2)], 160),
+        repeat(&[(S::Steal, 2), (S::Run, 2)], 160),
+    ];
+    let t0 = 1_000 * MS;
+    let mut tr = Tracker::new(2, vec![], t0);
+    let s0: Vec<Option<VcpuSummary>> = (0..2).map(|i| Some(summary(i, &both[i], 0))).collect();
+    tr.tick(t0, s0.iter().map(Option::as_ref), &[]);
+    let s1: Vec<Option<VcpuSummary>> = (0..2).map(|i| Some(summary(i, &both[i], 8))).collect();
+    let p0 = phases(&both[0], 0, 8, t0);
+    tr.tick(
+        t0 + 8 * MS,
+        s1.iter().map(Option::as_ref),
+        &[Some(&p0), None],
+    );
+    assert_eq!(tr.vm_ticks(), (0, 1));
 }

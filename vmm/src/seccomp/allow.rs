@@ -179,8 +179,11 @@ const fn concat<const N: usize>(
     out
 }
 
-/// The fcntl commands of a vCPU thread: its perf ring's wakeup signal aimed at itself.
+/// The fcntl commands of a vCPU thread: its perf ring's wakeup signal aimed at itself, and
+/// F_GETFD, which the standard library's descriptor drop calls in a debug build (it checks the
+/// descriptor is open before closing it: the thread's own vCPU descriptor at its end).
 const PERF_FCNTLS: &[(&str, u64)] = &[
+    ("F_GETFD", libc::F_GETFD as u64),
     ("F_SETOWN_EX", 15),
     ("F_SETSIG", 10),
     ("F_GETFL", libc::F_GETFL as u64),
@@ -329,7 +332,15 @@ pub const READ_FILES: &[Allow] = &[
         Args::Any,
         "a file read whole is closed; descriptors dropped as a thread ends"
     ),
+    allow!(
+        fcntl,
+        Args::Fcntl(GETFD),
+        "a debug build's standard library checks that a descriptor is open before it closes it (read-only)"
+    ),
 ];
+
+/// F_GETFD alone: what a debug build's descriptor drop calls before `close`.
+const GETFD: &[(&str, u64)] = &[("F_GETFD", libc::F_GETFD as u64)];
 
 /// The vCPU thread's own.
 pub const VCPU: &[Allow] = &[
@@ -339,7 +350,7 @@ pub const VCPU: &[Allow] = &[
     allow!(timer_settime, Args::Any, "the kick timer armed for the next limit deadline, or disarmed"),
     allow!(timer_delete, Args::Any, "the kick timer deleted as the loop ends"),
     allow!(perf_event_open, Args::PerfSelf, "level full's context-switch records and kernel tracepoints of this thread, opened the first time level full is in force (possibly after a set-level at run time)"),
-    allow!(fcntl, Args::Fcntl(PERF_FCNTLS), "level full's perf ring wakes this thread with the kick signal when half written (F_SETOWN_EX, F_SETSIG, O_ASYNC), so a long KVM_RUN comes out to drain it"),
+    allow!(fcntl, Args::Fcntl(PERF_FCNTLS), "level full's perf ring wakes this thread with the kick signal when half written (F_SETOWN_EX, F_SETSIG, O_ASYNC), so a long KVM_RUN comes out to drain it; F_GETFD: a debug build's descriptor drop checks the descriptor first"),
 ];
 
 /// The api thread's own.

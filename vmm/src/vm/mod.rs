@@ -177,6 +177,8 @@ fn map_ppa_page<V: hv::Vm>(
         config.vcpus,
         config.ppa_page_file.as_deref(),
     )?);
+    page.board()
+        .set_metrics_threads(config.guest_metrics_threads);
     let region =
         ppa_page_region(page.size()).ok_or(VmError::PpaPageTooLarge(config.ppa_page_size))?;
     // SAFETY: the page's mapping is owned by the `PpaPage`, which the `Vm` keeps (an Arc, also

@@ -303,6 +303,8 @@ where
                     vm: handle.clone(),
                     hub: Arc::clone(&self.hub),
                 }),
+                self.boot.needs_platform(),
+                Arc::clone(&self.hub),
             )
             .map_err(|e| VmError::Thread("sampler", e))?,
         );

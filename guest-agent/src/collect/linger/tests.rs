@@ -45,7 +45,8 @@ fn exit(tid: u32, cpu_ns: u64) -> TaskExit {
         stime_ns: 0,
         nvcsw: 5,
         nivcsw: 6,
-        delays: [0; 4],
+        delays: [0; 7],
+        delay_counts: [0; 7],
         group_end: false,
     }
 }

@@ -3,11 +3,13 @@
 //! to its kind's count, held on the vCPU thread until the next write section publishes them
 //! (`Recorder::on_exit` and the other boundaries). Slots are given to reasons in the order the
 //! guest first causes them; the last slot takes every reason that came after the others were
-//! taken. No allocation, lock or system call: the arrays are fixed, the histograms allocated
-//! when the tracepoints were opened.
+//! taken. Each completed off-CPU episode goes straight to the meter's episode log. No
+//! allocation, lock or system call: the arrays are fixed, the histograms allocated when the
+//! tracepoints were opened.
 
 use std::sync::Arc;
 
+use super::super::episodes::{Episode, EpisodeKind};
 use super::super::switches::pairing::{ExitCode, TraceSink, IRQ_KINDS};
 use super::{VcpuMeter, KVM_OTHER, KVM_SLOTS};
 
@@ -135,5 +137,22 @@ impl TraceSink for TraceAcc {
             *n += 1;
             self.dirty = true;
         }
+    }
+
+    /// Each completed off-CPU episode goes to the meter's episode log at once (a few stores),
+    /// for the pressure tracker to place in time.
+    #[inline]
+    fn episode(&mut self, out: u64, back: u64, preempted: bool, side: usize) {
+        let kind = match (preempted, side) {
+            (true, _) => EpisodeKind::Preempted,
+            (false, 1) => EpisodeKind::SleptInRun,
+            (false, _) => EpisodeKind::Slept,
+        };
+        self.meter.episodes.push(Episode {
+            start: out,
+            end: back,
+            kind,
+            wait: 0,
+        });
     }
 }

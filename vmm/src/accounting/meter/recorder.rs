@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::super::episodes::{Episode, EpisodeKind};
 use super::super::switches::{SwitchRing, Tally};
 use super::super::{AccountingControl, Level};
 use super::kvm::TraceAcc;
@@ -476,6 +477,7 @@ impl Recorder {
         let m = &*self.meter;
         m.parks.add(1);
         m.wall[MicroState::from(kind)].add(wall);
+        let mut wait = 0;
         if let (Some(c0), Some(c1), Some(d0), Some(d1)) =
             (start.cpu, p.cpu, start.run_delay, p.run_delay)
         {
@@ -484,12 +486,23 @@ impl Recorder {
             m.park_cpu.add(dcpu);
             m.park_delay.add(ddelay);
             m.blocked[kind].add(wall.saturating_sub(dcpu + ddelay));
+            wait = ddelay;
         } else {
             // Level off: only the wall time is known.
             m.blocked[kind].add(wall);
         }
         m.set_state(MicroState::Vmm, p.now);
         m.end();
+        m.episodes.push(Episode {
+            start: start.now,
+            end: p.now,
+            kind: match kind {
+                ParkKind::Idle => EpisodeKind::Idle,
+                ParkKind::Limited => EpisodeKind::Limited,
+                ParkKind::Paused => EpisodeKind::Paused,
+            },
+            wait: wait.min(wall),
+        });
         self.wakeup_from = Some(release.min(p.now));
         self.since = p.now;
         if p.cpu.is_some() {

@@ -84,6 +84,10 @@ impl Recorder {
         }
         self.meter.begin();
         self.meter.records_on.set(u64::from(want && ok));
+        if want && ok {
+            self.meter.records_switches.add(1);
+            self.meter.records_on_since.set(crate::sync::now_ns());
+        }
         self.publish_ring();
         self.meter.end();
     }

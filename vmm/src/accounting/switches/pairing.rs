@@ -325,6 +325,12 @@ pub trait TraceSink {
     fn kvm_exit(&mut self, code: ExitCode, ns: u64);
     /// An interrupt of `kind` (index in [`IRQ_KIND_NAMES`]) began.
     fn interrupt(&mut self, kind: u8);
+    /// An off-CPU episode from `out` to `back` completed; `preempted`: the thread was
+    /// runnable; `side`: the side of the drain's bounds `out` fell on (1: inside the KVM_RUN
+    /// the bounds frame). The default drops it.
+    fn episode(&mut self, out: u64, back: u64, preempted: bool, side: usize) {
+        let _ = (out, back, preempted, side);
+    }
 }
 
 impl TraceSink for () {
@@ -383,6 +389,7 @@ impl Pairing {
                 Some((out, preempted)) => {
                     let d = time.saturating_sub(out);
                     let s = side(out, bounds);
+                    sink.episode(out, time, preempted, s);
                     t.off[s] += d;
                     if preempted {
                         t.preempted[s] += d;

@@ -217,9 +217,16 @@ fn reset_and_subscribe() {
     match h.handle_line(br#"{"cmd":"subscribe"}"#) {
         Outcome::Subscribe(_, mask, None) => {
             assert_eq!(
-                mask, 0b111111,
+                mask,
+                EventKind::ALL
+                    .iter()
+                    .map(|&k| kind_bit(k))
+                    .fold(0, |a, b| a | b),
                 "every kind that needs no argument by default"
-            )
+            );
+            assert_eq!(mask.count_ones(), 7);
+            assert_ne!(mask & kind_bit(EventKind::GuestAlarm), 0);
+            assert_eq!(mask & kind_bit(EventKind::Pressure), 0);
         }
         o => panic!("{o:?}"),
     }
