@@ -18,7 +18,7 @@
 #                 output is appended to ppa-vmm's stderr, each line starting "nested-side: "
 #   --prepare     only build the outer machine's image (cached in target/nested/)
 # Environment: PPA_VMM (default target/release/ppa-vmm), PPA_AGENT (the guest image's agent;
-# default target/release/ppa-agent when it was built: the image is rebuilt when the agent is
+# default ppa-agent beside PPA_VMM when it was built: the image is rebuilt when the agent is
 # newer than it; PPA_AGENT= (empty) builds an image without one), NESTED_KVM_AMD (kvm-amd parameters, e.g. npt=0),
 # NESTED_SMP (2), NESTED_MEM (4G), NESTED_VERBOSE=1 (copy the outer console to stderr),
 # NESTED_ROOTFS (default images/linux/out/rootfs.ext4 when it exists; empty: none): the Debian
@@ -92,7 +92,8 @@ vmm=${PPA_VMM:-$root/target/release/ppa-vmm}
 [ -x "$vmm" ] || ppa_die "no ppa-vmm binary at $vmm: run 'cargo build --release' (or set PPA_VMM)"
 
 guest_dir="$root/images/linux"
-agent=${PPA_AGENT-$root/target/release/ppa-agent}
+# The agent of the same build as ppa-vmm (target/release, or the test suite's target/ci).
+agent=${PPA_AGENT-$(dirname "$vmm")/ppa-agent}
 [ -x "$agent" ] || agent=
 guest_stale=
 for f in "$guest_dir/out/vmlinuz" "$guest_dir/out/initrd.img"; do

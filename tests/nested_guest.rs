@@ -246,7 +246,7 @@ fn a_linux_vcpu_spinning_at_sched_fifo_is_a_runaway() {
         on_1[0]["detail"]
             .as_str()
             .unwrap()
-            .starts_with("ran guest code for "),
+            .starts_with("ran guest code on a CPU for "),
         "{on_1:?}"
     );
     let r = report(&out);

@@ -103,6 +103,17 @@ impl Device<'_> {
     }
 }
 
+/// The guest's own count of frames (its eth0 counters, read by /init at the end of the
+/// workload) against the device's, read after the VM ended: equal, or the device's larger by
+/// the frames that crossed after the guest's read (an ARP exchange as it shuts down: seen,
+/// one frame). Never smaller: a frame the guest counted went through the device.
+fn assert_guest_counted(what: &str, guest: u64, device: u64, detail: &str) {
+    assert!(
+        guest <= device && device - guest <= 2,
+        "{what}: the guest counted {guest}, the device {device}: {detail}"
+    );
+}
+
 /// Every ping of the console answered: `count` sent and received, each time.
 fn assert_pings(console: &str, times: usize, count: u64) {
     let pings = all_fields(console, "PPA-UDP-PING ");
@@ -166,7 +177,12 @@ fn a_burst_in_and_a_blast_out_are_carried_to_the_end_with_every_frame_accounted(
     let host_blast = host_line(&out, "PPA-UDP-BLAST ");
     assert_eq!(field(&host_blast, "sent"), n, "{host_blast:?}");
     // The guest's own count of what it received is the device's.
-    assert_eq!(field(&netdev, "rx_packets"), dev.sum("rx", "packets"));
+    assert_guest_counted(
+        "rx",
+        field(&netdev, "rx_packets"),
+        dev.sum("rx", "packets"),
+        &dev.0.to_string(),
+    );
 
     // Transmit.
     let blast = fields(&console, "PPA-UDP-BLAST ");
@@ -182,7 +198,12 @@ fn a_burst_in_and_a_blast_out_are_carried_to_the_end_with_every_frame_accounted(
     // gives them back) went to the tap or was dropped with a reason; the tap took what the
     // device says it wrote.
     let (sent, dropped) = (dev.sum("tx", "packets"), dev.drops("tx"));
-    assert_eq!(field(&netdev, "tx_packets"), sent + dropped, "{}", dev.0);
+    assert_guest_counted(
+        "tx",
+        field(&netdev, "tx_packets"),
+        sent + dropped,
+        &dev.0.to_string(),
+    );
     assert_eq!(dev.sum("tx", "chains"), sent + dropped, "{}", dev.0);
     assert_eq!(field(&tap, "rx_packets"), sent, "{tap:?}");
     assert!(sent >= field(&blast, "sent"), "{blast:?} {}", dev.0);
@@ -233,16 +254,14 @@ fn two_pairs_change_four_times_through_the_control_queue_and_every_frame_is_coun
     assert_pings(&console, 5, 100);
     // The guest's own counters of eth0 are the device's.
     let netdev = fields(&console, "PPA-NETDEV eth0 ");
-    assert_eq!(
-        field(&netdev, "tx_packets"),
-        dev.sum("tx", "packets"),
-        "{netdev:?} {d}"
-    );
-    assert_eq!(
-        field(&netdev, "rx_packets"),
-        dev.sum("rx", "packets"),
-        "{netdev:?} {d}"
-    );
+    for (kind, key) in [("tx", "tx_packets"), ("rx", "rx_packets")] {
+        assert_guest_counted(
+            kind,
+            field(&netdev, key),
+            dev.sum(kind, "packets"),
+            &d.to_string(),
+        );
+    }
     // And the nested host's tap saw the same frames from the other side.
     let tap = host_line(&out, "tap tap0 ");
     assert_eq!(

@@ -136,10 +136,10 @@ impl Overload {
                         (
                             OverloadKind::Runaway,
                             format!(
-                                "ran guest code for {:.1} ms without an exit, an idle or a halt \
-                                 ({:.1} ms of it on a CPU, the rest waiting for one)",
-                                r.ns as f64 / 1e6,
-                                r.cpu_ns.min(r.ns) as f64 / 1e6
+                                "ran guest code on a CPU for {:.1} ms without an exit, an idle or \
+                                 a halt (over {:.1} ms, the rest waiting for a CPU)",
+                                r.cpu_ns as f64 / 1e6,
+                                r.ns.max(r.cpu_ns) as f64 / 1e6
                             ),
                         )
                     });

@@ -1,12 +1,15 @@
-//! Runaway detection (PPA requirement 20, `--runaway MS`): a vCPU that runs guest code for MS
-//! without an exit to the VMM, an idle park or a halt. A vCPU inside one KVM_RUN is not
-//! necessarily running: a Linux guest's vCPU halts inside KVM_RUN (an in-kernel HLT) and can
-//! stay there for seconds. So the detector asks the vCPU's own figures whether it ran: over
-//! each interval between two of the sampler's reads, the vCPU must have been on a CPU or
+//! Runaway detection (PPA requirement 20, `--runaway MS`): a vCPU that runs guest code on a
+//! CPU for MS without an exit to the VMM, an idle park or a halt. A vCPU inside one KVM_RUN is
+//! not necessarily running: a Linux guest's vCPU halts inside KVM_RUN (an in-kernel HLT) and
+//! can stay there for seconds. So the detector asks the vCPU's own figures whether it ran:
+//! over each interval between two of the sampler's reads, the vCPU must have been on a CPU or
 //! waiting for one (used and steal) for at least [`RUNNING_SHARE_PCT`] % of its wall time,
 //! never asleep inside KVM_RUN (halted or blocked) for more. An interval in which it slept
-//! more starts the count again from there; it fires when the count reaches MS, once per guest
-//! run (docs/limits.md, "Runaway and overload detection").
+//! more starts the count again from there. What is counted is the CPU time (the thread's
+//! clock) since the streak began, not its wall time: time waiting for a host CPU is the host's
+//! doing, not the guest's, so a host that keeps a vCPU off its CPUs (an emulated nested host,
+//! an overloaded one) makes no runaway of it. It fires when that CPU time reaches MS, once per
+//! guest run (docs/limits.md, "Runaway and overload detection").
 //!
 //! Data flow: the sampler calls [`RunawayWatch::check`] every sampler tick (10 ms) with the
 //! vCPU's micro-state and when its guest run began (its meter: no system call) and its latest
@@ -107,14 +110,14 @@ impl RunawayWatch {
             Some(_) => return None,
         }
         let (start, base) = self.streak?;
-        let ns = now.saturating_sub(start);
-        if self.fired || ns < limit_ns {
+        let cpu_ns = f.used.saturating_sub(base.used);
+        if self.fired || cpu_ns < limit_ns {
             return None;
         }
         self.fired = true;
         Some(Runaway {
-            ns,
-            cpu_ns: f.used.saturating_sub(base.used),
+            ns: now.saturating_sub(start),
+            cpu_ns,
         })
     }
 }
@@ -150,8 +153,12 @@ mod tests {
     fn a_spinning_vcpu_fires_once_per_run_at_the_limit() {
         // On a CPU all the time (8000 us of 8 ms).
         assert_eq!(feed(200, &[(8000, 0)], 100, 1), vec![200]);
-        // Waiting for a CPU half the time is still running guest code: it never sleeps.
-        assert_eq!(feed(200, &[(4000, 0)], 100, 1), vec![200]);
+        // Waiting for a CPU half the time: it never sleeps, and its CPU time reaches the limit
+        // over twice the wall time (the first interval's CPU is the streak's base).
+        assert_eq!(feed(200, &[(4000, 0)], 150, 1), vec![408]);
+        // A vCPU the host keeps off its CPUs 95 % of the time (14 ms of CPU in 211 ms of a
+        // run, seen in an emulated nested host's boot) is no runaway at 200 ms.
+        assert!(feed(200, &[(400, 0)], 100, 1).is_empty());
     }
 
     #[test]

@@ -176,13 +176,19 @@ pub struct BlkShared {
     pub requests: Vec<BlkCounters>,
     /// Set to stop the threads.
     pub stop: AtomicBool,
+    /// Whether the driver negotiated FLUSH in the last activation a thread served: the
+    /// features read 0 after the reset a guest's shutdown makes, and the report is read after.
+    pub flush_negotiated: AtomicBool,
     logged: [AtomicBool; Why::ALL.len()],
 }
 
 impl BlkShared {
-    /// The disk's limits with the features the driver negotiated on `virtio`.
+    /// The disk's limits with the features the driver negotiated on `virtio` (a thread's, as
+    /// it takes the queues of an activation).
     pub fn limits(&self, virtio: &VirtioShared) -> Limits {
         let has = |bit: u32| virtio.has_feature(bit);
+        self.flush_negotiated
+            .store(has(VIRTIO_BLK_F_FLUSH), Ordering::Relaxed);
         Limits {
             sectors: self.disk.sectors(),
             readonly: self.disk.readonly(),
@@ -263,6 +269,7 @@ impl BlkDevice {
             queues: (0..nq).map(|_| QueueCounters::default()).collect(),
             requests: (0..nq).map(|_| BlkCounters::default()).collect(),
             stop: AtomicBool::new(false),
+            flush_negotiated: AtomicBool::new(false),
             logged: Default::default(),
             disk,
         });

@@ -8,6 +8,7 @@
 //! device shares comes from [`crate::devices::virtio::stats`].
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use ppa_vmm_api::{
     BlkRequestKind, BlkStats, BlkStatus, DeviceCpu, DeviceKind, DeviceStats, QueueKind,
@@ -112,7 +113,8 @@ impl BlkDevice {
                 readonly: blk.disk.readonly(),
                 discard: blk.disk.can_punch(),
                 write_zeroes: blk.disk.can_punch(),
-                flush_negotiated: self.virtio.has_feature(VIRTIO_BLK_F_FLUSH),
+                flush_negotiated: self.virtio.has_feature(VIRTIO_BLK_F_FLUSH)
+                    || blk.flush_negotiated.load(Ordering::Relaxed),
                 requests: BTreeMap::new(),
                 bytes_read: 0,
                 bytes_written: 0,

@@ -320,3 +320,46 @@ fn an_abandoned_pass_takes_nothing() {
     assert!(o.abandoned && o.handled == 0);
     assert_eq!(rig.status_of(0), 0xff, "not answered");
 }
+
+#[test]
+fn flush_negotiated_outlives_the_reset_a_guest_makes_at_shutdown() {
+    let path = std::env::temp_dir().join(format!("ppa-blk-flush-{}.img", std::process::id()));
+    std::fs::write(&path, vec![0u8; 64 * 512]).unwrap();
+    let memory =
+        Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+    let spec = DiskSpec {
+        path: path.clone(),
+        readonly: false,
+        id: None,
+        queues: 1,
+    };
+    let (dev, virtio) = BlkDevice::new(BlkParams {
+        spec: &spec,
+        id: "blk0".into(),
+        vcpus: 1,
+        irq: None,
+        memory,
+        mmio_base: 0,
+    })
+    .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let flush = |d: &BlkDevice| {
+        crate::devices::Device::stats(d)
+            .blk
+            .expect("a disk's figures")
+            .flush_negotiated
+    };
+    assert!(!flush(&dev), "nothing negotiated yet");
+    // The driver takes FLUSH and a thread takes the queues of that activation.
+    virtio.driver_features_atomic().store(
+        1 << VIRTIO_BLK_F_FLUSH,
+        std::sync::atomic::Ordering::Release,
+    );
+    assert!(dev.shared().limits(&virtio).writeback);
+    assert!(flush(&dev));
+    // The guest's shutdown resets the device: its features read 0, the figure stays.
+    virtio
+        .driver_features_atomic()
+        .store(0, std::sync::atomic::Ordering::Release);
+    assert!(flush(&dev), "the last activation's FLUSH");
+}
