@@ -3,7 +3,7 @@
 # tests (the main gate), then the accuracy tests on their own, one at a time, on a host the
 # functional tests have left idle, then each fuzzer for a bounded time. Stops at the first
 # failure. The fuzz targets' property checks also run in `cargo test` (seeds and regressions
-# replayed). FUZZ_SECONDS (default 20) is each fuzzer's time; 0 leaves the fuzzers out
+# replayed). FUZZ_SECONDS (default 10) is each fuzzer's time; 0 leaves the fuzzers out
 # (docs/fuzzing.md: a crash is saved under fuzz/regressions/ and fails the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ cargo clippy -p ppa-vmm-cli --test accuracy --features ppa-vmm/fuzzing,fake-hype
 cargo test --workspace --profile ci --features ppa-vmm-cli/fake-hypervisor
 cargo test --profile ci -p ppa-vmm-cli --features fake-hypervisor --test accuracy -- --test-threads=1
 # Last: the fuzzers load both cores, and nothing timed runs after them.
-fuzz_seconds="${FUZZ_SECONDS:-20}"
+fuzz_seconds="${FUZZ_SECONDS:-10}"
 if [ "$fuzz_seconds" != 0 ]; then
   scripts/fuzz.sh --seconds "$fuzz_seconds"
 fi
