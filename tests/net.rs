@@ -251,7 +251,10 @@ fn bad_net_values_are_refused_before_any_vcpu_runs() {
         ),
         (vec!["--net", "mac=02:00:00:00:00:01"], "needs tap=NAME"),
         (vec!["--net", "tap=t,speed=10"], "has no key `speed`"),
-        (vec!["--workload", "net-tx"], "need a network device"),
+        (
+            vec!["--workload", "net-tx"],
+            "need a device to drive: add --net",
+        ),
         (
             vec!["--vcpus", "2", "--net", "tap=t", "--workload", "net-rx"],
             "network workloads run on one vCPU",
