@@ -257,7 +257,7 @@ fn bad_net_values_are_refused_before_any_vcpu_runs() {
         ),
         (
             vec!["--vcpus", "2", "--net", "tap=t", "--workload", "net-rx"],
-            "network workloads run on one vCPU",
+            "run on one vCPU of the tiny guest",
         ),
     ] {
         let out = std::process::Command::new(bin())
