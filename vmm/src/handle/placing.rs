@@ -151,7 +151,11 @@ impl VmHandle {
                 })
                 .collect(),
             service: board.map_or_else(Vec::new, |b| {
-                b.service()
+                // By name: the threads register as they start, in an order that varies from
+                // run to run; a reader (and a diff of two answers) wants it stable.
+                let mut service = b.service();
+                service.sort_by(|x, y| x.1.cmp(&y.1));
+                service
                     .into_iter()
                     .map(|(tid, name)| ppa_vmm_api::ServiceThreadInfo {
                         name,
