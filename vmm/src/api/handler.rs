@@ -106,6 +106,28 @@ fn version_info() -> VersionInfo {
 }
 
 /// What `device` answers for the device named `id`.
+/// `guest-reset`: asks the guest agent to zero its baselines (a new generation in the host
+/// section); answers the generation asked and the last one the agent honoured.
+fn guest_reset(vm: &VmHandle) -> Result<Value, ErrorBody> {
+    match vm.ppa_page() {
+        Some(_) if vm.finished() => Err(ErrorBody::new(
+            ErrorKind::InvalidState,
+            "every vCPU has already ended: no guest agent can carry out a reset",
+        )),
+        Some(p) => {
+            let honoured = p.guest_view().reset.map_or(0, |r| r.honoured);
+            to_value(&ppa_vmm_api::GuestResetResult {
+                generation: p.board().ask_reset(),
+                honoured,
+            })
+        }
+        None => Err(ErrorBody::new(
+            ErrorKind::InvalidState,
+            "this VM has no PPA page (it was started with --ppa-page-size 0), so no guest agent to reset",
+        )),
+    }
+}
+
 fn device(vm: &VmHandle, id: &str) -> Result<Value, ErrorBody> {
     match vm.devices().iter().find(|d| d.id() == id) {
         Some(d) => to_value(&d.stats()),
@@ -355,23 +377,7 @@ impl Handler {
             }
             Command::Groups {} => to_value(&vm.limiter().groups()),
             Command::Pressure {} => to_value(&vm.pressure().report()),
-            Command::GuestReset {} => match vm.ppa_page() {
-                Some(_) if vm.finished() => Err(ErrorBody::new(
-                    ErrorKind::InvalidState,
-                    "every vCPU has already ended: no guest agent can carry out a reset",
-                )),
-                Some(p) => {
-                    let honoured = p.guest_view().reset.map_or(0, |r| r.honoured);
-                    to_value(&ppa_vmm_api::GuestResetResult {
-                        generation: p.board().ask_reset(),
-                        honoured,
-                    })
-                }
-                None => Err(ErrorBody::new(
-                    ErrorKind::InvalidState,
-                    "this VM has no PPA page (it was started with --ppa-page-size 0), so no guest agent to reset",
-                )),
-            },
+            Command::GuestReset {} => guest_reset(&vm),
             Command::Guest {} => match vm.ppa_page() {
                 Some(p) => to_value(&crate::report::guest_view(p, vm.vcpus())),
                 None => Err(ErrorBody::new(
