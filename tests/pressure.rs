@@ -257,8 +257,8 @@ impl KernelPsi {
         Ok(psi)
     }
 
-    /// (some, full) totals in µs.
-    fn read(&self) -> (u64, u64) {
+    /// (some, full) totals in µs, and the CPU time of the group's threads in µs.
+    fn read(&self) -> (u64, u64, u64) {
         let text = std::fs::read_to_string(self.dir.join("cpu.pressure")).unwrap();
         let total = |kind: &str| {
             text.lines()
@@ -267,7 +267,13 @@ impl KernelPsi {
                 .and_then(|t| t.trim().parse().ok())
                 .unwrap_or(0)
         };
-        (total("some"), total("full"))
+        let stat = std::fs::read_to_string(self.dir.join("cpu.stat")).unwrap();
+        let usage = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        (total("some"), total("full"), usage)
     }
 }
 
@@ -290,8 +296,8 @@ struct Look {
     /// `stats`: its uptime_ns and the vCPUs' used_ns summed.
     stats_ns: u64,
     used_ns: u64,
-    /// The kernel's (some, full) µs, and when they were read.
-    kernel: Option<(u64, u64)>,
+    /// The kernel's (some, full) µs and the cgroup's CPU µs, and when they were read.
+    kernel: Option<(u64, u64, u64)>,
     at: std::time::Instant,
 }
 
@@ -313,13 +319,15 @@ fn look(c: &mut common::vmm::Conn, psi: Option<&KernelPsi>) -> Look {
 }
 
 /// Shares of a window between two looks: (some, full) by our pressure, the vCPUs' CPU time
-/// over the window, and the kernel's (some, full).
+/// over the window, the kernel's (some, full), and the CPU time of the VMM's other threads
+/// over the window (the cgroup's less the vCPUs').
 #[derive(Debug)]
 struct Window {
     some: f64,
     full: f64,
     used: f64,
     kernel: Option<(f64, f64)>,
+    others: Option<f64>,
     secs: f64,
 }
 
@@ -336,6 +344,9 @@ fn window(a: &Look, b: &Look) -> Window {
                 (kb.0 - ka.0) as f64 * 1e3 / dk,
                 (kb.1 - ka.1) as f64 * 1e3 / dk,
             )
+        }),
+        others: a.kernel.zip(b.kernel).map(|(ka, kb)| {
+            ((kb.2 - ka.2) as f64 * 1e3 / dk - (b.used_ns - a.used_ns) as f64 / ds).max(0.0)
         }),
         secs: dp / 1e9,
     }
@@ -437,20 +448,16 @@ fn four_busy_vcpus_on_two_cpus_have_no_full_pressure_at_level_full_and_say_so_at
     assert!(!quiet || w.some >= 0.995, "{w:?}");
     let others = ((2.0 - w.used) / 2.0).max(0.0);
     assert!(!quiet || w.full <= 0.005 + others, "{w:?}");
-    if let Some((ksome, _)) = w.kernel.filter(|_| quiet) {
+    if let Some((ksome, _)) = w.kernel {
         // The kernel's `some` of a cgroup is, per CPU, a task of the group waiting there,
-        // averaged over the CPUs (weighted by their non-idle time): with two vCPUs waiting on
-        // each CPU, all of the time too. Where other work holds a CPU the vCPUs are spread
-        // unevenly and the two definitions part (a CPU with one vCPU running and none waiting
-        // counts no `some` there), so the comparison holds on a quiet host only.
-        if w.used >= 1.9 {
-            assert!((w.some - ksome).abs() <= 0.02, "{w:?}");
-        } else {
-            eprintln!(
-                "host busy (vCPUs used {:.2} CPUs): kernel some {ksome:.3} not compared",
-                w.used
-            );
-        }
+        // averaged over the CPUs (weighted by their non-idle time). Ours is a vCPU waiting
+        // anywhere, so the kernel's is never more than ours: a CPU whose group tasks all run
+        // counts none there. The two agree with two vCPUs waiting on each CPU; the load
+        // balancer does not always keep them two and two (measured on the development host:
+        // kernel 0.954-1.000 over 3 s windows, the VMM's other threads taking 4 % of a CPU),
+        // so only the bound is checked.
+        eprintln!("kernel some {ksome:.3}, ours {:.3}", w.some);
+        assert!(ksome <= w.some + 0.01, "{w:?}");
     }
     // The same at level basic: the overlap rule, and every output says it is an estimate.
     let (w, b, metrics) = pinned_run(4, "basic", &[0, 1], None);
@@ -492,9 +499,14 @@ fn two_busy_vcpus_on_one_cpu_beside_a_hog_stall_fully_while_the_hog_runs() {
     assert!(w.some >= 0.99, "{w:?}");
     if let Some((ksome, kfull)) = w.kernel {
         // Everything of the VMM on one CPU: the kernel's per-CPU figures are the whole, and
-        // its definitions are ours (a task of the group waiting; every runnable task of the
-        // group waiting while the hog, outside it, runs).
+        // its `some` is ours (a task of the group waiting). Its `full` is every runnable task
+        // of the group waiting, and the group also holds the VMM's other threads: while one
+        // of them runs with both vCPUs waiting, ours counts `full` and the kernel's does not.
+        // So ours is the kernel's plus at most those threads' CPU time (measured: the
+        // sampler's and the socket's, 2-4 % of the window at level full), never less.
+        let others = w.others.unwrap_or(0.0);
         assert!((w.some - ksome).abs() <= 0.03, "{w:?}");
-        assert!((w.full - kfull).abs() <= 0.03, "{w:?}");
+        assert!(w.full >= kfull - 0.01, "{w:?}");
+        assert!(w.full <= kfull + others + 0.01, "{w:?}");
     }
 }

@@ -7,10 +7,12 @@
 //! Data flow: the vCPU thread is the one writer. Its drains of the perf ring push each
 //! completed episode ([`EpisodeLog::push`], through the recorder's trace sink), and its
 //! `park_end` pushes the park; a push is five stores into a fixed ring of
-//! [`EPISODE_SLOTS`] entries, no lock, no allocation, no system call. The sampler reads new
+//! [`EPISODE_SLOTS`] entries (a sixth, of the overwritten entry's end, once the ring has
+//! wrapped), no lock, no allocation, no system call. The sampler reads new
 //! entries from its own cursor ([`EpisodeLog::read_from`]); an entry the writer overwrote
 //! before the reader took it is reported lost, never returned torn (a claim counter, stored
-//! before the entry's words, says which slots a push has begun to reuse).
+//! before the entry's words, says which slots a push has begun to reuse), with a time by which
+//! every lost entry had ended ([`LogRead::lost_until`]).
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -71,6 +73,9 @@ pub struct EpisodeLog {
     /// The push in progress or last begun, plus one: slots of entries below `claim −`
     /// [`EPISODE_SLOTS`] may be reused.
     claim: AtomicU64,
+    /// The latest end of any entry a push overwrote (stored before the claim that reuses its
+    /// slot): every entry a reader finds lost ended by then.
+    dropped_end: AtomicU64,
     /// Three words per slot: start, end, kind | wait << 8.
     words: Box<[AtomicU64]>,
 }
@@ -80,6 +85,7 @@ impl Default for EpisodeLog {
         EpisodeLog {
             head: AtomicU64::new(0),
             claim: AtomicU64::new(0),
+            dropped_end: AtomicU64::new(0),
             words: (0..3 * EPISODE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -92,6 +98,10 @@ pub struct LogRead {
     pub next: u64,
     /// Entries after the cursor were overwritten before they were read.
     pub lost: bool,
+    /// When `lost`: a time by which every lost entry had ended (the latest end of any entry
+    /// the writer overwrote); 0 otherwise. A reader whose window begins at or after it lost
+    /// nothing of that window.
+    pub lost_until: u64,
 }
 
 impl EpisodeLog {
@@ -99,10 +109,19 @@ impl EpisodeLog {
     #[inline]
     pub fn push(&self, e: Episode) {
         let i = self.head.load(Ordering::Relaxed);
-        self.claim.store(i + 1, Ordering::Relaxed);
+        let b = (i as usize % EPISODE_SLOTS) * 3;
+        if i >= EPISODE_SLOTS as u64 {
+            // The entry this push overwrites: its end bounds what a reader can lose. One
+            // writer: a plain load and store.
+            let old = self.words[b + 1].load(Ordering::Relaxed);
+            if old > self.dropped_end.load(Ordering::Relaxed) {
+                self.dropped_end.store(old, Ordering::Relaxed);
+            }
+        }
+        // Release: a reader that sees this claim (or a later head) sees `dropped_end` above.
+        self.claim.store(i + 1, Ordering::Release);
         // The claim is seen by any reader that sees one of the stores below.
         fence(Ordering::Release);
-        let b = (i as usize % EPISODE_SLOTS) * 3;
         self.words[b].store(e.start, Ordering::Relaxed);
         self.words[b + 1].store(e.end.max(e.start), Ordering::Relaxed);
         self.words[b + 2].store(
@@ -139,7 +158,7 @@ impl EpisodeLog {
                 );
             }
             fence(Ordering::Acquire);
-            let claim = self.claim.load(Ordering::Relaxed);
+            let claim = self.claim.load(Ordering::Acquire);
             for (k, &(start, end, w)) in buf[..n].iter().enumerate() {
                 // A push at index ≥ this entry's + the capacity may have rewritten its slot.
                 if claim > at + k as u64 + cap {
@@ -157,7 +176,20 @@ impl EpisodeLog {
             }
             at += n as u64;
         }
-        LogRead { next: head, lost }
+        // After the head's and the claims' acquire loads: covers every overwrite they showed.
+        let lost_until = if cursor > head {
+            // Not a cursor of this log: anything may be lost.
+            u64::MAX
+        } else if lost {
+            self.dropped_end.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        LogRead {
+            next: head,
+            lost,
+            lost_until,
+        }
     }
 }
 
@@ -193,7 +225,8 @@ mod tests {
             r,
             LogRead {
                 next: 0,
-                lost: false
+                lost: false,
+                lost_until: 0
             }
         );
         for i in 0..10 {
@@ -205,7 +238,8 @@ mod tests {
             r,
             LogRead {
                 next: 10,
-                lost: false
+                lost: false,
+                lost_until: 0
             }
         );
         log.push(ep(10));
@@ -226,9 +260,12 @@ mod tests {
         assert_eq!(r.next, n);
         // Only the last EPISODE_SLOTS entries are there, in order.
         assert_eq!(v, (40..n).map(ep).collect::<Vec<_>>());
+        // Entries 0-39 are lost: the last of them ended at 395, and the bound says so.
+        assert_eq!(r.lost_until, ep(39).end);
         // A cursor from the future (a reader of another log) reads nothing and says so.
         let (v, r) = read(&log, n + 5);
         assert!(v.is_empty() && r.lost);
+        assert_eq!(r.lost_until, u64::MAX);
     }
 
     #[test]
@@ -237,12 +274,15 @@ mod tests {
         for i in 0..EPISODE_SLOTS as u64 {
             log.push(ep(i));
         }
-        // A writer that claimed the slot of entry 0 and was preempted before its head store.
+        // A writer that claimed the slot of entry 0 and was preempted before its head store
+        // (having noted the end of the entry it overwrites).
+        log.dropped_end.store(ep(0).end, Ordering::Relaxed);
         log.claim.store(EPISODE_SLOTS as u64 + 1, Ordering::Relaxed);
         let (v, r) = read(&log, 0);
         assert!(r.lost);
         assert_eq!(v.first(), Some(&ep(1)));
         assert_eq!(v.len(), EPISODE_SLOTS - 1);
+        assert_eq!(r.lost_until, ep(0).end);
     }
 
     #[test]

@@ -190,7 +190,11 @@ impl RingView {
     /// `tail` (before and after), walks the records from `from` (a position an earlier look
     /// reached, at or past `tail`, whose pairing state was `pairing`) to the head, giving each
     /// completed episode to `sink`. Returns where it stopped and the pairing state there, or
-    /// `None` when the consumer drained meanwhile or `from` is not a position of this ring.
+    /// `None` when the consumer drained meanwhile, `from` is not a position of this ring, or
+    /// the switch records do not pair. Interrupt records are skipped: the look is after
+    /// episodes, and an interrupt whose entry the kernel did not record (seen on the
+    /// development host: a run of `call_function_single` exits right after a switch-in) says
+    /// nothing about them.
     pub fn peek_from(
         &self,
         tail: u64,
@@ -207,7 +211,11 @@ impl RingView {
         }
         let mut p = pairing;
         let mut t = Tally::default();
-        self.walk(from, head, |r| p.feed_to(r, ALL_ON_SIDE_1, &mut t, sink));
+        self.walk(from, head, |r| {
+            if !matches!(r, Record::IrqEnter { .. } | Record::IrqExit { .. }) {
+                p.feed_to(r, ALL_ON_SIDE_1, &mut t, sink);
+            }
+        });
         (self.tail() == tail && !t.lost).then_some((head, p))
     }
 }

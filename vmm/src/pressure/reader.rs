@@ -99,13 +99,27 @@ impl VcpuReader {
         (from, to): (u64, u64),
         halts: bool,
     ) -> Result<Vec<Seg>, NotKnown> {
+        if started == 0 {
+            // Its clocks have not started, and the caller read that after taking `to`: the
+            // vCPU did not exist in the window (idle), whatever its records say. The log and
+            // the ring are left for the first look after the start.
+            let absent = Episode {
+                start: from,
+                end: to,
+                kind: EpisodeKind::Paused,
+                wait: 0,
+            };
+            return Ok(segments(&[absent], None, halts, from, to));
+        }
         let mut eps = std::mem::take(&mut self.carry);
         let mut lost = false;
         // The log starts empty with the VM: a first look reads it from its start.
         let cursor = *self.cursor.get_or_insert(0);
         let r = meter.episodes.read_from(cursor, |e| eps.push(e));
         self.cursor = Some(r.next);
-        lost |= r.lost;
+        // Entries the writer overwrote before this read matter only where one may reach into
+        // the window (the log's bound on their ends).
+        lost |= r.lost && r.lost_until > from;
         let mut found = None;
         for _ in 0..TRIES {
             let Some(pos) = meter.position() else {
@@ -116,7 +130,7 @@ impl VcpuReader {
                 .episodes
                 .read_from(self.cursor.unwrap_or(0), |e| eps.push(e));
             self.cursor = Some(r.next);
-            lost |= r.lost;
+            lost |= r.lost && r.lost_until > from;
             if !pos.records_on {
                 found = Some((pos, None));
                 break;
@@ -210,7 +224,7 @@ mod tests {
             kind: EpisodeKind::Idle,
             wait: 0,
         });
-        assert_eq!(r.look(&m, 0, (0, 10), true), Err(NotKnown::NoRecords));
+        assert_eq!(r.look(&m, 1, (0, 10), true), Err(NotKnown::NoRecords));
         // A park that reaches past the window is carried to the next.
         m.episodes.push(Episode {
             start: 8,
@@ -218,9 +232,32 @@ mod tests {
             kind: EpisodeKind::Limited,
             wait: 0,
         });
-        assert_eq!(r.look(&m, 0, (10, 20), true), Err(NotKnown::NoRecords));
+        assert_eq!(r.look(&m, 1, (10, 20), true), Err(NotKnown::NoRecords));
         assert_eq!(r.carry.len(), 1);
         assert_eq!(r.cursor, Some(2));
+    }
+
+    #[test]
+    fn a_vcpu_whose_clocks_have_not_started_is_idle_and_known_even_without_records() {
+        // The failure this replaces: a vCPU thread that existed but had not started its
+        // clocks made the tick unknown, and with the other vCPUs waiting for CPUs the whole
+        // VM's pressure read `estimated` from its first ticks on.
+        let m = VcpuMeter::new(3, 1);
+        let mut r = VcpuReader::default();
+        m.episodes.push(Episode {
+            start: 0,
+            end: 5,
+            kind: EpisodeKind::Preempted,
+            wait: 0,
+        });
+        let idle = vec![Seg {
+            start: 10,
+            end: 20,
+            phase: super::super::timeline::Phase::Idle,
+        }];
+        assert_eq!(r.look(&m, 0, (10, 20), true), Ok(idle));
+        // Its log waits for the first look after the start.
+        assert_eq!(r.cursor, None);
     }
 
     #[test]
