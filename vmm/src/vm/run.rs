@@ -151,11 +151,20 @@ struct Ended {
     timed_out: bool,
 }
 
-/// Waits (at most 5 s, in 100 µs steps) until every vCPU thread has its tid (it sets it first
-/// thing), so that it can be placed before the start gate opens.
-fn wait_tids(vcpus: &[Arc<VcpuShared>]) {
+/// Waits (at most 5 s, in 100 µs steps) until every vCPU thread and every device thread has
+/// its tid (each sets it first thing), so that it can be placed before the start gate opens.
+fn wait_tids(vcpus: &[Arc<VcpuShared>], handle: &VmHandle) {
     let until = Instant::now() + std::time::Duration::from_secs(5);
-    while vcpus.iter().any(|v| v.host_tid() == 0) && Instant::now() < until {
+    // The device threads too: one that had not yet stored its tid when the threads were
+    // placed kept the process's CPUs (seen in CI, a loaded host: `net0-qp0` on `0-1` with
+    // `--pin net0-qp0=0`).
+    let devices_pending = || {
+        handle
+            .devices()
+            .iter()
+            .any(|d| d.threads().iter().any(|t| t.host_tid == 0))
+    };
+    while (vcpus.iter().any(|v| v.host_tid() == 0) || devices_pending()) && Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
@@ -210,7 +219,7 @@ where
         let start_realtime_ns = realtime_ns();
         let steal_at_start = host_steal_ns();
         let done_rx = self.spawn_vcpus(&mut run)?;
-        wait_tids(&run.shared);
+        wait_tids(&run.shared, &handle);
         handle.place_threads(true)?;
         let devices: Vec<i32> = handle
             .devices()
