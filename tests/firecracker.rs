@@ -123,7 +123,12 @@ fn check_pre_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     let m = &s["machine-config-after-refusals"].1;
     assert_eq!((n(&m["vcpu_count"]), n(&m["mem_size_mib"])), (2, 64));
     assert_eq!(m["smt"], false);
-    assert!(refusal(&s["drive"]).contains("disks are not there yet"));
+    assert!(
+        refusal(&s["drive"]).contains("drive rootfs: cannot open /nonexistent.ext4"),
+        "{:?}",
+        s["drive"]
+    );
+    assert_eq!(s["drive-data"].0, 204, "{:?}", s["drive-data"]);
     // A start that fails says why and leaves the instance to be fixed and started again.
     assert_eq!(s["boot-source-bad"].0, 204);
     assert!(refusal(&s["start-bad"]).starts_with("API fault: Start microvm error: "));
@@ -208,10 +213,22 @@ fn check_post_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
         cfg["network-interfaces"][0]["guest_mac"],
         "06:00:ac:10:00:02"
     );
-    assert_eq!(cfg["drives"], serde_json::json!([]));
+    assert_eq!(cfg["drives"][0]["drive_id"], "data");
+    assert_eq!(cfg["drives"][0]["is_read_only"], true);
     let (code, dev) = &s["device"];
     assert_eq!(*code, 0, "{dev}");
     assert_eq!(dev["mac"], "06:00:ac:10:00:02");
+    // The drive is a virtio-blk device of our own, read-only as the drive said, 1 MiB.
+    let (code, disk) = &s["device-disk"];
+    assert_eq!(*code, 0, "{disk}");
+    assert_eq!(disk["kind"], "blk", "{disk}");
+    assert_eq!(disk["blk"]["readonly"], true, "{disk}");
+    assert_eq!(n(&disk["blk"]["capacity_bytes"]), 1 << 20, "{disk}");
+    assert!(
+        refusal(&s["drive-patch-post-boot"]).contains("cannot swap a drive's file"),
+        "{:?}",
+        s["drive-patch-post-boot"]
+    );
     assert_eq!(s["flush"].0, 204);
     // The run directory's view of the same VM.
     let (code, list) = &s["host-list"];

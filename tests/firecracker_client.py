@@ -91,6 +91,11 @@ call("network-interface", api.network, "put", iface_id="eth0", host_dev_name="ta
      guest_mac="06:00:ac:10:00:02")
 call("drive", api.drive, "put", drive_id="rootfs", path_on_host="/nonexistent.ext4",
      is_root_device=True, is_read_only=False)
+data = log_path.rsplit("/", 1)[0] + "/data.img"
+with open(data, "wb") as f:
+    f.truncate(1 << 20)
+call("drive-data", api.drive, "put", drive_id="data", path_on_host=data,
+     is_root_device=False, is_read_only=True)
 call("flush-before-start", api.actions, "put", action_type="FlushMetrics")
 call("start", api.actions, "put", action_type="InstanceStart")
 call("describe-running", api.describe, "get")
@@ -99,6 +104,7 @@ call("boot-source-post-boot", api.boot, "put", kernel_image_path=tiny)
 call("network-interface-post-boot", api.network, "put", iface_id="eth1",
      host_dev_name="tap0")
 call("start-again", api.actions, "put", action_type="InstanceStart")
+call("drive-patch-post-boot", api.drive, "patch", drive_id="data", path_on_host=data)
 call("pause", api.vm, "patch", state="Paused")
 call("describe-paused", api.describe, "get")
 ctl("stats-paused", "stats")
@@ -107,6 +113,7 @@ call("resume", api.vm, "patch", state="Resumed")
 call("describe-resumed", api.describe, "get")
 call("vm-config", api.vm_config, "get")
 ctl("device", "device", "name=eth0")
+ctl("device-disk", "device", "name=data")
 out = subprocess.run([ppa_vmm, "host", "list", "--json", "--run-dir",
                       control_sock.rsplit("/", 1)[0]], capture_output=True, text=True,
                      check=False)

@@ -298,7 +298,7 @@ impl<S: Starter> Api<S> {
                 let d: PartialDrive = body(req)?;
                 mismatch(&d.drive_id).map_or(Ok(()), Err)?;
                 self.post_boot()?;
-                return Err(ResourceError::NoDisks(d.drive_id).into());
+                return Err(ResourceError::DriveSwap(d.drive_id.chars().take(64).collect()).into());
             }
             (Method::Put, _) => {
                 let n: NetworkInterface = body(req)?;

@@ -9,12 +9,13 @@
 //! → at `InstanceStart` (or at once with `--config-file`), [`Resources::to_run_options`]
 //! lays them over the options of `--ppa-config` → the binary's `run` path builds the VM from
 //! those like `ppa-vmm run` does. Each device kind has its one translation function:
-//! [`net_spec`] (`--net`) and [`disk_spec`] (`--disk`, refused until virtio-blk is there).
+//! [`net_spec`] (`--net`) and [`disk_spec`] (`--disk`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use ppa_vmm::config::{RunOptions, MAX_VCPUS};
+use ppa_vmm::devices::blk::spec::DiskSpec;
 use ppa_vmm::devices::net::spec::NetSpec;
 use ppa_vmm::payload::tiny::workload::Assignment;
 use thiserror::Error;
@@ -89,9 +90,20 @@ pub enum ResourceError {
     /// One interface too many.
     #[error("Network interface error: a VM has room for {MAX_NETS} network interfaces.")]
     TooManyNets,
-    /// Drives, until virtio-blk is there.
-    #[error("Drive config error: drive {0} cannot be attached: disks are not there yet in PPA-VMM (virtio-blk is being built, issue 35), so this VM has no block devices.")]
-    NoDisks(String),
+    /// A drive that cannot be a `--disk`.
+    #[error("Drive config error: drive {id}: {why}.")]
+    Drive {
+        /// The drive's id.
+        id: String,
+        /// Why.
+        why: String,
+    },
+    /// A second root device.
+    #[error("Drive config error: a root block device already exists (drive {0}); a VM has one.")]
+    SecondRoot(String),
+    /// `PATCH /drives` after the start.
+    #[error("Drive config error: drive {0}: PPA-VMM cannot swap a drive's file or limiter while the VM runs; stop the VM and start it with the new file.")]
+    DriveSwap(String),
     /// A config-file section PPA-VMM does not have.
     #[error("The config file's `{0}` section is not supported: {why}.", why = unsupported_why(.0))]
     Section(&'static str),
@@ -224,10 +236,94 @@ pub fn net_spec(iface: &NetworkInterface) -> Result<String, ResourceError> {
     Ok(spec)
 }
 
-/// The `--disk` value of a drive. Until virtio-blk is there (issue 35) every drive is refused
-/// here, with a sentence; this is the one place to wire it to `--disk` when it lands.
+/// The `--disk` value of a drive: `path=PATH_ON_HOST,id=DRIVE_ID[,readonly=on]`, checked as
+/// `--disk` checks it, the file opened as the VM will open it (Firecracker refuses a file it
+/// cannot open at the `PUT`). `io_engine` `Sync` and `Async` both mean our one thread per
+/// queue; `cache_type` `Unsafe` and `Writeback` both get a device that offers FLUSH and
+/// honours it (`fdatasync`), the safer of the two. Refused with a sentence: a vhost-user
+/// `socket`, a rate limiter that limits, another cache type or engine, a path with a comma.
 pub fn disk_spec(drive: &Drive) -> Result<String, ResourceError> {
-    Err(ResourceError::NoDisks(drive.drive_id.clone()))
+    let refuse = |why: String| ResourceError::Drive {
+        id: drive.drive_id.chars().take(64).collect(),
+        why,
+    };
+    if drive.socket.is_some() {
+        return Err(refuse(
+            "vhost-user block devices are not there in PPA-VMM; give path_on_host".into(),
+        ));
+    }
+    if drive.rate_limiter.as_ref().is_some_and(RateLimiter::limits) {
+        return Err(refuse(
+            "rate limiters are not there yet: PPA-VMM does not shape a disk's I/O (send no limiter, or buckets of size 0)".into(),
+        ));
+    }
+    if let Some(c) = drive
+        .cache_type
+        .as_deref()
+        .filter(|c| !matches!(*c, "Unsafe" | "Writeback"))
+    {
+        return Err(refuse(format!(
+            "the cache type {:?} is not one of Unsafe and Writeback",
+            c.chars().take(64).collect::<String>()
+        )));
+    }
+    if let Some(e) = drive
+        .io_engine
+        .as_deref()
+        .filter(|e| !matches!(*e, "Sync" | "Async"))
+    {
+        return Err(refuse(format!(
+            "the I/O engine {:?} is not one of Sync and Async",
+            e.chars().take(64).collect::<String>()
+        )));
+    }
+    // It goes on the guest's command line: a UUID's characters only.
+    let uuid_char = |c: char| c.is_ascii_hexdigit() || c == '-';
+    if let Some(u) = drive
+        .partuuid
+        .as_deref()
+        .filter(|u| u.is_empty() || u.len() > 64 || !u.chars().all(uuid_char))
+    {
+        return Err(refuse(format!(
+            "the partuuid {:?} is not a partition UUID (hex digits and dashes)",
+            u.chars().take(64).collect::<String>()
+        )));
+    }
+    let Some(path) = drive.path_on_host.as_deref() else {
+        return Err(refuse("it has no path_on_host".into()));
+    };
+    if path.contains(',') {
+        return Err(refuse(
+            "a path_on_host with a comma cannot be given to --disk; link the file under another name".into(),
+        ));
+    }
+    let readonly = drive.is_read_only.unwrap_or(false);
+    let mut spec = format!("path={path},id={}", drive.drive_id);
+    if readonly {
+        spec.push_str(",readonly=on");
+    }
+    DiskSpec::parse(&spec).map_err(|e| refuse(ppa_vmm_api::describe(&e)))?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(!readonly)
+        .open(path)
+        .map_err(|e| refuse(format!("cannot open {path}: {e}")))?;
+    Ok(spec)
+}
+
+/// The root device's words for a Linux command line, as Firecracker adds them:
+/// `root=/dev/vda` (the root drive is the first disk) or `root=PARTUUID=…`, and `ro` or `rw`.
+fn root_args(drive: &Drive) -> String {
+    let root = match &drive.partuuid {
+        Some(u) => format!("root=PARTUUID={u}"),
+        None => "root=/dev/vda".into(),
+    };
+    let mode = if drive.is_read_only.unwrap_or(false) {
+        "ro"
+    } else {
+        "rw"
+    };
+    format!("{root} {mode}")
 }
 
 /// The VM before the start, as Firecracker's resources describe it.
@@ -341,9 +437,19 @@ impl Resources {
         Ok(())
     }
 
-    /// `PUT /drives/{id}`: refused until virtio-blk is there ([`disk_spec`]).
+    /// `PUT /drives/{id}`: added, or replacing the drive of that id ([`disk_spec`]); one
+    /// root device at most.
     pub fn put_drive(&mut self, drive: Drive) -> Result<(), ResourceError> {
         disk_spec(&drive)?;
+        if drive.is_root_device {
+            if let Some(other) = self
+                .drives
+                .iter()
+                .find(|d| d.is_root_device && d.drive_id != drive.drive_id)
+            {
+                return Err(ResourceError::SecondRoot(other.drive_id.clone()));
+            }
+        }
         match self
             .drives
             .iter_mut()
@@ -443,8 +549,23 @@ impl Resources {
             }
         }
         o.net = self.nets.iter().map(net_spec).collect::<Result<_, _>>()?;
-        for d in &self.drives {
-            disk_spec(d)?;
+        // The root device first (`/dev/vda`), the others in the order given.
+        let mut drives: Vec<&Drive> = self.drives.iter().collect();
+        drives.sort_by_key(|d| !d.is_root_device);
+        o.disk = drives
+            .iter()
+            .map(|d| disk_spec(d))
+            .collect::<Result<_, _>>()?;
+        let root = drives.first().filter(|d| d.is_root_device);
+        if let (KernelKind::Linux, Some(root)) = (*kind, root) {
+            // Words the boot args already have are theirs (the kernel would take the last).
+            let args = o.cmdline.take().unwrap_or_default();
+            let has_root = args.split_whitespace().any(|w| w.starts_with("root="));
+            o.cmdline = Some(if has_root {
+                args
+            } else {
+                format!("{args} {}", root_args(root)).trim().to_string()
+            });
         }
         Ok(o)
     }

@@ -188,20 +188,128 @@ fn an_interface_becomes_a_net_value_and_limiters_that_limit_are_refused() {
     );
 }
 
+fn drive(id: &str, path: &str, root: bool) -> Drive {
+    serde_json::from_value(serde_json::json!({
+        "drive_id": id, "path_on_host": path, "is_root_device": root, "is_read_only": false
+    }))
+    .unwrap()
+}
+
 #[test]
-fn drives_are_refused_until_virtio_blk() {
-    let d: Drive = serde_json::from_str(
-        r#"{"drive_id":"rootfs","path_on_host":"/x","is_root_device":true,"is_read_only":false}"#,
-    )
-    .unwrap();
-    let e = resources::disk_spec(&d).unwrap_err().to_string();
+fn a_drive_becomes_a_disk_value_and_what_we_lack_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let file = dir.as_path().join("rootfs.ext4");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let d = drive("rootfs", &path, true);
+    assert_eq!(
+        resources::disk_spec(&d).unwrap(),
+        format!("path={path},id=rootfs")
+    );
+    let ro = Drive {
+        is_read_only: Some(true),
+        cache_type: Some("Writeback".into()),
+        io_engine: Some("Async".into()),
+        ..d.clone()
+    };
+    assert_eq!(
+        resources::disk_spec(&ro).unwrap(),
+        format!("path={path},id=rootfs,readonly=on")
+    );
+    let refused = |d: Drive| resources::disk_spec(&d).unwrap_err().to_string();
+    let e = refused(drive("rootfs", "/nonexistent/disk", true));
     assert!(
-        e.contains("drive rootfs cannot be attached: disks are not there yet"),
+        e.starts_with("Drive config error: drive rootfs: cannot open /nonexistent/disk"),
         "{e}"
     );
+    let e = refused(Drive {
+        socket: Some("/run/vhost.sock".into()),
+        ..d.clone()
+    });
+    assert!(e.contains("vhost-user block devices are not there"), "{e}");
+    let e = refused(Drive {
+        cache_type: Some("None".into()),
+        ..d.clone()
+    });
+    assert!(e.contains("is not one of Unsafe and Writeback"), "{e}");
+    let e = refused(Drive {
+        partuuid: Some("1 init=/bin/sh".into()),
+        ..d.clone()
+    });
+    assert!(e.contains("is not a partition UUID"), "{e}");
+    let e = refused(Drive {
+        path_on_host: Some(format!("{path},readonly=off")),
+        ..d.clone()
+    });
+    assert!(e.contains("with a comma"), "{e}");
+    let e = refused(drive("no/slash", &path, false));
+    assert!(e.starts_with("Drive config error: drive no/slash: "), "{e}");
+    // One root device; a refused drive leaves nothing behind.
     let mut r = Resources::default();
-    assert!(r.put_drive(d).is_err());
-    assert!(r.drives.is_empty(), "nothing kept");
+    r.put_drive(d.clone()).unwrap();
+    let e = r
+        .put_drive(drive("other", &path, true))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a root block device already exists (drive rootfs)"),
+        "{e}"
+    );
+    assert!(r.put_drive(drive("bad", "/nonexistent/x", false)).is_err());
+    assert_eq!(r.drives.len(), 1, "nothing kept of the refused ones");
+    // Replacing the root drive by its id is not a second root.
+    r.put_drive(d).unwrap();
+    assert_eq!(r.drives.len(), 1);
+}
+
+#[test]
+fn the_root_drive_is_the_first_disk_and_on_a_linux_command_line() {
+    let dir = TempDir::new().unwrap();
+    let file = |name: &str| {
+        let p = dir.as_path().join(name);
+        std::fs::write(&p, vec![0u8; 4096]).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let (data, root) = (file("data.img"), file("root.ext4"));
+    let kernel = file("vmlinux");
+    let mut r = Resources::default();
+    r.put_drive(drive("data", &data, false)).unwrap();
+    r.put_drive(drive("rootfs", &root, true)).unwrap();
+    // A Linux kernel (what `put_boot` would find in a bzImage's header).
+    r.boot = Some((
+        BootSource {
+            kernel_image_path: kernel.clone(),
+            initrd_path: None,
+            boot_args: Some("console=ttyS0".into()),
+        },
+        KernelKind::Linux,
+    ));
+    let o = r.to_run_options(RunOptions::default()).unwrap();
+    assert_eq!(
+        o.disk,
+        vec![
+            format!("path={root},id=rootfs"),
+            format!("path={data},id=data")
+        ]
+    );
+    assert_eq!(o.cmdline.as_deref(), Some("console=ttyS0 root=/dev/vda rw"));
+    // A PARTUUID and read-only, as Firecracker writes them; boot args that name a root keep it.
+    r.put_drive(Drive {
+        partuuid: Some("0eaa91a0-01".into()),
+        is_read_only: Some(true),
+        ..drive("rootfs", &root, true)
+    })
+    .unwrap();
+    let o = r.to_run_options(RunOptions::default()).unwrap();
+    assert_eq!(
+        o.cmdline.as_deref(),
+        Some("console=ttyS0 root=PARTUUID=0eaa91a0-01 ro")
+    );
+    if let Some((b, _)) = &mut r.boot {
+        b.boot_args = Some("root=/dev/vdb".into());
+    }
+    let o = r.to_run_options(RunOptions::default()).unwrap();
+    assert_eq!(o.cmdline.as_deref(), Some("root=/dev/vdb"));
 }
 
 #[test]
