@@ -384,6 +384,17 @@ impl super::Device for BlkDevice {
         self.blk.meters.iter().map(|m| m.times().used_ns).sum()
     }
 
+    fn wake_threads(&self) {
+        // Each queue's thread runs its wake pass once: it moves to one of its CPUs, and looks
+        // at its hold before it waits again.
+        self.virtio.wake_all();
+    }
+
+    fn worker_meters(&self) -> &[WorkerMeter] {
+        // What a CPU limit of scope `vm` charges and holds, as a network device's.
+        &self.blk.meters
+    }
+
     fn reset(&self) {
         let mut b = self.baseline.lock().unwrap_or_else(|e| e.into_inner());
         *b = Some(self.raw());

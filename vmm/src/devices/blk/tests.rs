@@ -362,4 +362,9 @@ fn flush_negotiated_outlives_the_reset_a_guest_makes_at_shutdown() {
         .driver_features_atomic()
         .store(0, std::sync::atomic::Ordering::Release);
     assert!(flush(&dev), "the last activation's FLUSH");
+    // A limit of scope `vm` charges and holds what `worker_meters` gives: one meter per
+    // queue thread, in the order of `threads` (it gave none before, so disks ran unheld).
+    let d: &dyn crate::devices::Device = &*dev;
+    assert_eq!(d.worker_meters().len(), d.threads().len());
+    assert_eq!(d.worker_meters().len(), 1);
 }
