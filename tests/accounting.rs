@@ -281,12 +281,20 @@ fn live_figures_never_go_down() {
 fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
     let _g = serial();
     require_tracefs();
+    // The machine below takes time from the thread while it is on its CPU (its steal): the
+    // records count that time inside KVM_RUN (wall less off-CPU episodes), the thread's CPU
+    // clock, which used_ns and so the parts come from, leaves it out (this guest kernel
+    // accounts paravirt steal). It is bounded by the platform's share, measured beside the
+    // run (the larger of before and after: it comes in bursts). Found in CI rehearsals, 5 of
+    // 18 runs failing by 0.9-3.9 % of the run with only the 0.5 % tolerance.
+    let before = common::platform_interrupt_share(300);
     let out = run_vm_traced(
         2,
         &["0=busy:ms=300", "1=exits:n=3000,kind=mmio"],
         Level::Full,
         true,
     );
+    let platform = before.max(common::platform_interrupt_share(300));
     assert_all_exited_ok(&out.report);
     for v in &out.report.vcpus {
         let t = &v.times;
@@ -307,10 +315,12 @@ fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
         let in_run = t.kvm_run_cpu_ns.expect("a run at level full");
         let parts = t.guest_ns + t.kvm_ns.unwrap_or(0) + irq;
         let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(t.wall_ns, true);
+        let below = (in_run as f64 * platform) as u64;
         assert!(
-            parts + tol >= in_run && parts <= in_run + irq + tol,
-            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN",
-            t.id
+            parts + tol + below >= in_run && parts <= in_run + irq + tol,
+            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN (platform {:.2} %)",
+            t.id,
+            100.0 * platform
         );
         match kvm_backend() {
             Some("kvm_pvm") => {
