@@ -476,8 +476,10 @@ fn the_agents_alarms_reach_a_subscriber_and_a_guest_reset_restarts_its_figures()
     let agent = start_agent(&page, &log, &["--alarm-slice", "20ms"]);
     let pid = agent.id();
     let (_, a0) = after_samples(&mut c, pid, 0, 2);
-    // At SCHED_FIFO: on a busy host a plain spinner's slices are a few ms, not one 200 ms run.
-    let (tid, spun, stop, h) = spinner("alarm-spin", 200_000_000, true);
+    // At SCHED_FIFO: on a busy host a plain spinner's slices are a few ms, not one long run.
+    // 500 ms: the agent (every 100 ms, sharing the other CPU with the busy vCPU) must see the
+    // thread while it spins; a CI rehearsal once waited 20 s for an alarm of a 200 ms spin.
+    let (tid, spun, stop, h) = spinner("alarm-spin", 500_000_000, true);
     let e = event_where(&mut events, 20, |e| e["tid"] == json!(tid));
     assert_eq!(e["event"], "guest-alarm", "{e}");
     assert_eq!(e["what"], "slice", "{e}");

@@ -268,6 +268,14 @@ fn fake_vmm(answers: Vec<Stats>, vm_exit: bool) -> FakeServer {
         Command::Subscribe { .. } => {
             vec![Response::ok(req.id, serde_json::json!({"events": ["vm-exit"]})).to_line()]
         }
+        // A VM without a PPA page, as the VMM answers: the guest pane is off (the pane's own
+        // tests give it a page). Before, this took the next sample and `top` drew one table
+        // fewer.
+        Command::Guest {} => vec![Response::err(
+            req.id,
+            ppa_vmm_api::ErrorBody::new(ppa_vmm_api::ErrorKind::InvalidState, "no PPA page"),
+        )
+        .to_line()],
         _ => {
             let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match answers.get(n) {
