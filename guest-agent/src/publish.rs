@@ -207,11 +207,12 @@ pub struct AgentFigures {
 /// ```compile_fail,E0505
 /// use ppa_agent::discover::Place;
 /// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::collect::alarms::Thresholds;
 /// use ppa_agent::publish::Publisher;
 ///
 /// fn publish_after_unmap(place: &Place) {
 ///     let page = Page::open(place, Access::Publish).unwrap();
-///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     let p = Publisher::new(&page, 1, 8, Thresholds::default()).unwrap();
 ///     drop(page); // error[E0505]: cannot move out of `page` because it is borrowed
 ///     let _ = p.layout();
 /// }
@@ -222,11 +223,12 @@ pub struct AgentFigures {
 /// ```no_run
 /// use ppa_agent::discover::Place;
 /// use ppa_agent::page::{Access, Page};
+/// use ppa_agent::collect::alarms::Thresholds;
 /// use ppa_agent::publish::Publisher;
 ///
 /// fn publish_then_unmap(place: &Place) {
 ///     let page = Page::open(place, Access::Publish).unwrap();
-///     let p = Publisher::new(&page, 1, 8).unwrap();
+///     let p = Publisher::new(&page, 1, 8, Thresholds::default()).unwrap();
 ///     let _ = p.layout();
 ///     drop(p);
 ///     drop(page);
