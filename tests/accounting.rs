@@ -286,7 +286,10 @@ fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
     // clock, which used_ns and so the parts come from, leaves it out (this guest kernel
     // accounts paravirt steal). It is bounded by the platform's share, measured beside the
     // run (the larger of before and after: it comes in bursts). Found in CI rehearsals, 5 of
-    // 18 runs failing by 0.9-3.9 % of the run with only the 0.5 % tolerance.
+    // 18 runs failing by 0.9-3.9 % of the run with only the 0.5 % tolerance. A burst inside the
+    // run that neither measurement saw (CI, 2026-11-28: 7.3 % short, platform 5.52 %) shows in
+    // the run's own host steal (`vm.host_steal_ns`, /proc/stat ticks): where that counted any,
+    // it and one tick per host CPU bound the shortfall too, as in `common::assert_identity`.
     let before = common::platform_interrupt_share(300);
     let out = run_vm_traced(
         2,
@@ -315,10 +318,17 @@ fn kernel_tracepoints_split_host_interrupts_out_and_say_why_kvm_ns_is_null() {
         let in_run = t.kvm_run_cpu_ns.expect("a run at level full");
         let parts = t.guest_ns + t.kvm_ns.unwrap_or(0) + irq;
         let tol = ppa_vmm_api::TimeSplit::identity_tolerance_ns(t.wall_ns, true);
-        let below = (in_run as f64 * platform) as u64;
+        let host_steal = out.report.vm.host_steal_ns.unwrap_or(0);
+        let stolen = if host_steal > 0 {
+            host_steal + 20_000_000
+        } else {
+            0
+        };
+        let below = ((in_run as f64 * platform) as u64).max(stolen);
         assert!(
             parts + tol + below >= in_run && parts <= in_run + irq + tol,
-            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN (platform {:.2} %)",
+            "vCPU {}: {parts} ns of parts against {in_run} ns inside KVM_RUN (platform {:.2} %, \
+             host steal {host_steal} ns)",
             t.id,
             100.0 * platform
         );
