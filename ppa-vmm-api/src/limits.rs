@@ -58,6 +58,10 @@ pub struct GroupStats {
     pub device_holds: u64,
     /// Time the members spent stopped by this limit (their limited_ns, summed).
     pub limited_ns: u64,
+    /// Completed periods in which the members took turns (docs/limits.md, "Turns"): the quota
+    /// gave each busy member less than 1 ms, so some ran the period while the others waited.
+    #[serde(default)]
+    pub turn_periods: u64,
     /// Largest overshoot of a period (used − quota when positive).
     pub overshoot_max_ns: u64,
     /// Overshoot per period, for periods that overshot.

@@ -705,6 +705,13 @@ impl Report {
                     ms(g.stops.kvm_ns_estimate),
                 );
             }
+            if g.turn_periods > 0 {
+                let _ = writeln!(
+                    out,
+                    "  turns in {}: in {} of {} periods the quota gave each busy vCPU under 1 ms, so some ran the period while the others waited their turn (docs/limits.md, \"Turns\")",
+                    g.name, g.turn_periods, g.periods,
+                );
+            }
             if let Some(line) = g.kicks.stages.as_ref().map(|s| s.summary()) {
                 let _ = writeln!(out, "  stop stages of {}: {line}", g.name);
             }

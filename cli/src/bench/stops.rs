@@ -78,7 +78,8 @@ pub struct Rung {
 pub struct StopsResult {
     /// Period of every run, ns.
     pub period_ns: u64,
-    /// The smallest quota per member the VMM accepts, µs.
+    /// The smallest quota the VMM accepts, µs (the whole quota: members that share one too
+    /// small to give each 1 ms take turns).
     pub min_quota_us: u64,
     /// Every rung.
     pub rungs: Vec<Rung>,
@@ -205,7 +206,7 @@ pub fn stops(o: StopsOptions) -> Result<StopsResult, VmError> {
     let min_us = ppa_vmm::probes::MIN_QUOTA_NS / 1_000;
     let fails: Vec<String> = rungs
         .iter()
-        .filter(|r| r.median.per_member_us >= min_us && !r.holds)
+        .filter(|r| r.median.per_member_us * r.median.vcpus as u64 >= min_us && !r.holds)
         .map(|r| {
             format!(
                 "{} vCPU(s) at {} us each: guest rdtsc {:.1} %, guest_ns {:.1} % of the quota (platform {:.1} %)",
@@ -247,7 +248,7 @@ impl StopsResult {
         }
         for (n, us) in &self.smallest_holding_us {
             s.push_str(&format!(
-                "{n} vCPU(s): the guest keeps 90 % from {} per member; the VMM accepts from {} us\n",
+                "{n} vCPU(s): the guest keeps 90 % from {} per member; the VMM accepts quotas from {} us (members take turns below 1 ms each)\n",
                 us.map_or("no rung".to_string(), |u| format!("{u} us")),
                 self.min_quota_us
             ));

@@ -301,6 +301,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
         devices_limited_ns: 0,
         device_holds: 0,
         limited_ns: 400_000_000,
+        turn_periods: 0,
         overshoot_max_ns: 41_000,
         overshoot: HistogramJson {
             frac_bits: 3,

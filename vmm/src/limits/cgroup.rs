@@ -395,6 +395,7 @@ impl CgroupLimits {
                     devices_limited_ns: 0,
                     device_holds: 0,
                     limited_ns: s.throttled_ns,
+                    turn_periods: 0,
                     overshoot_max_ns: 0,
                     overshoot: HistogramSnapshot::empty(3).to_json(),
                     kicks: LimitKicks {

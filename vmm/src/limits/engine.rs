@@ -31,6 +31,8 @@ pub struct Member {
     /// What it used in the previous period: an idle member keeps this much of the budget
     /// (up to an equal share), since it is likely to wake and want it again.
     pub expected_ns: u64,
+    /// Waits its turn this period ([`super::turns`]): stopped, and out of the sharing.
+    pub benched: bool,
 }
 
 /// The decision.
@@ -88,11 +90,19 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64, cpus: usize) ->
         };
         m.used_ns + reserve
     };
-    let idle_claim: u64 = members.iter().filter(|m| !m.demanding).map(claim).sum();
+    // A member waiting its turn keeps what it used (nothing, unless it ran before the turns).
+    let idle_claim: u64 = members
+        .iter()
+        .map(|m| match (m.benched, m.demanding) {
+            (true, _) => m.used_ns,
+            (false, false) => claim(m),
+            (false, true) => 0,
+        })
+        .sum();
     let budget = quota_ns.saturating_sub(idle_claim);
     let demanding: Vec<u64> = members
         .iter()
-        .filter(|m| m.demanding)
+        .filter(|m| m.demanding && !m.benched)
         .map(|m| m.used_ns)
         .collect();
     let share = fair_share(budget, &demanding);
@@ -103,6 +113,9 @@ pub fn decide(quota_ns: u64, members: &[Member], margin_ns: u64, cpus: usize) ->
         .iter()
         .zip(runway_ns.iter_mut())
         .map(|(m, runway)| {
+            if m.benched {
+                return true;
+            }
             let left = if m.demanding {
                 share.saturating_sub(m.used_ns)
             } else if m.can_run {
@@ -195,6 +208,7 @@ mod tests {
             stopped: false,
             can_run: true,
             expected_ns: 0,
+            benched: false,
         }
     }
 
@@ -245,6 +259,7 @@ mod tests {
             stopped: true,
             can_run: true,
             expected_ns: 0,
+            benched: false,
         };
         let d = decide(50_000_000, &[stopped, m(10_000_000, false)], 30_000, MANY);
         assert_eq!(d.stop, vec![false, false], "released: 15 ms are free");
@@ -416,6 +431,18 @@ mod tests {
             decide(100_000_000, &busy, 30_000, 0).pool_recheck_ns,
             Some(left - 30_000)
         );
+    }
+
+    #[test]
+    fn a_member_waiting_its_turn_is_stopped_and_out_of_the_share() {
+        let mut waiting = m(0, true);
+        waiting.benched = true;
+        waiting.stopped = true;
+        let d = decide(1_000_000, &[m(0, true), waiting, waiting], 30_000, MANY);
+        assert_eq!(d.stop, vec![false, true, true]);
+        assert_eq!(d.share_ns, 1_000_000, "the runner has the whole quota");
+        assert_eq!(d.runway_ns, vec![Some(1_000_000 - 30_000), None, None]);
+        assert_eq!(d.pool_recheck_ns, None, "one runnable member");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use crate::accounting::meter::{MicroState, ParkKind};
 use crate::event_hub::EventHub;
 use crate::sync::{futex_wait, futex_wake, now_ns};
 use crate::vcpu::stops::StopTotals;
-use crate::vcpu::{Deadline, LimitKind, ThreadState, TimerMode, VcpuShared};
+use crate::vcpu::{LimitKind, ThreadState, TimerMode, VcpuShared};
 
 // Declared in `limits` (so that `cgroup` need not import this module); re-exported for the
 // callers that name them here.
@@ -111,6 +111,14 @@ struct Entity {
     dev: devices::DeviceCharge,
     /// Every member finished and the last period was closed at the last one's end.
     ended: bool,
+    /// Turns (`turns`): who waits its turn this period, how many may run, who wanted CPU at
+    /// its start, what each is owed, whether this period has turns, and how many had.
+    benched: Vec<bool>,
+    runners: usize,
+    turn_demand: Vec<bool>,
+    owed: Vec<i64>,
+    turns_this_period: bool,
+    turn_periods: u64,
 }
 
 /// What the socket and the report share with the thread.
@@ -205,6 +213,12 @@ impl Entity {
             set_at: 0,
             ended: false,
             dev: Default::default(),
+            benched: vec![false; n],
+            runners: n,
+            turn_demand: vec![false; n],
+            owed: vec![0; n],
+            turns_this_period: false,
+            turn_periods: 0,
         }
     }
 
@@ -278,6 +292,7 @@ impl Entity {
             devices_limited_ns: devices.1,
             device_holds: devices.2,
             limited_ns,
+            turn_periods: self.turn_periods,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
             kicks: self.kicks(vcpus, timers),
@@ -521,16 +536,26 @@ impl Limiter {
         now.saturating_sub(self.start_ns)
     }
 
-    /// Starts a period at `now`: baselines, and every member released.
+    /// Starts a period at `now`: baselines, and every member released but those that wait
+    /// their turn (`turns`), which stay stopped.
     fn begin_period(&self, e: &mut Entity, now: u64, why: ThrottleEndWhy) {
-        let was_stopped = e.stopped.iter().any(|s| *s);
-        let mut was_stopped = was_stopped;
+        let mut was_stopped = e.stopped.iter().any(|s| *s);
         if scope_of(e) == Scope::Vm {
             self.devices_begin(e);
         }
+        self.plan_turns(e);
         for (k, &i) in e.members.iter().enumerate() {
             e.base_cpu[k] = cpu_of(&self.vcpus[i]);
             e.base_stops[k] = stops_of(&self.vcpus[i]);
+            if e.benched[k] {
+                // Waits its turn: a hold of its timer becomes this limit's stop; one still
+                // running is kicked by the look that follows.
+                if !e.stopped[k] && self.vcpus[i].kick_held(e.kind) {
+                    self.vcpus[i].adopt_kick_hold(e.kind);
+                    e.stopped[k] = true;
+                }
+                continue;
+            }
             if e.stopped[k] {
                 self.vcpus[i].release(e.kind.into());
                 e.stopped[k] = false;
@@ -538,7 +563,8 @@ impl Limiter {
             // A member its timer stopped that no look has adopted yet.
             was_stopped |= self.vcpus[i].release_kick_hold(e.kind);
         }
-        if was_stopped {
+        // Members waiting their turn are still stopped: the throttling goes on.
+        if was_stopped && !e.stopped.iter().any(|s| *s) {
             self.event(Event::ThrottleEnd {
                 uptime_ns: self.uptime(now),
                 group: e.name.clone(),
@@ -546,9 +572,9 @@ impl Limiter {
             });
         }
         e.period_start = now;
-        e.stopped_this_period = false;
+        e.stopped_this_period = e.turns_this_period;
         e.stops_this_period = 0;
-        e.was_stopped.iter_mut().for_each(|w| *w = false);
+        e.was_stopped.clone_from(&e.benched);
         e.next_look = Some(now);
     }
 
@@ -582,7 +608,8 @@ impl Limiter {
             e.next_look = None;
             return;
         };
-        let (members, cpu) = self.read_members(e);
+        let (mut members, cpu) = self.read_members(e);
+        self.hand_over_turns(e, &mut members);
         let margin_ns = e
             .margin
             .get_or_insert(StopMargin::new(self.margin_ns))
@@ -612,20 +639,13 @@ impl Limiter {
             let v = &self.vcpus[i];
             let used_ns = used_since(v, &mut e.base_cpu[k]);
             cpu.push(e.base_cpu[k].map(|b| b + used_ns));
-            let finished = v.state() == ThreadState::Finished || v.state() == ThreadState::Created;
-            let state = v.acct.meter.read().micro_state();
-            let demanding = !finished
-                && (e.stopped[k]
-                    || matches!(
-                        state,
-                        MicroState::Guest | MicroState::Vmm | MicroState::Limited
-                    ));
             members.push(Member {
                 used_ns,
-                demanding,
+                demanding: self.wants_cpu(e, k),
                 stopped: e.stopped[k],
                 can_run: v.state() != ThreadState::Finished,
                 expected_ns: e.last_used[k],
+                benched: e.benched[k],
             });
         }
         (members, cpu)
@@ -682,71 +702,6 @@ impl Limiter {
         }
     }
 
-    /// The timers' deadlines: what each running member may still use (`cpu`: its CPU clock
-    /// as read by this look). Which members have an active timer.
-    fn publish_deadlines(
-        &self,
-        e: &Entity,
-        d: &Decision,
-        cpu: &[Option<u64>],
-        now: u64,
-    ) -> Vec<bool> {
-        let mut timed = vec![false; e.members.len()];
-        if self.timers {
-            for (k, &i) in e.members.iter().enumerate() {
-                let v = &self.vcpus[i];
-                timed[k] = v.kick_timer.active();
-                if !e.stopped[k] {
-                    let deadline = d.runway_ns[k].zip(cpu[k]);
-                    v.set_kick_deadline(e.kind, deadline.map(|(r, c)| Deadline::after(now, c, r)));
-                }
-            }
-        }
-        timed
-    }
-
-    /// Members their kick timer stopped since the last look: stopped by this limit from now
-    /// on, as if this thread had kicked them (its request, figures, event).
-    fn adopt_holds(&self, e: &mut Entity, now: u64) {
-        if !self.timers {
-            return;
-        }
-        let mut newly = Vec::new();
-        for (k, &i) in e.members.iter().enumerate() {
-            if !e.stopped[k] && self.vcpus[i].kick_held(e.kind) {
-                self.vcpus[i].adopt_kick_hold(e.kind);
-                e.stopped[k] = true;
-                e.was_stopped[k] = true;
-                e.stops_this_period += 1;
-                newly.push(i);
-            }
-        }
-        if newly.is_empty() {
-            return;
-        }
-        e.stopped_this_period = true;
-        let used_ns = e
-            .members
-            .iter()
-            .zip(e.base_cpu.iter_mut())
-            .map(|(&i, b)| used_since(&self.vcpus[i], b))
-            .sum();
-        self.event(Event::ThrottleStart {
-            uptime_ns: self.uptime(now),
-            group: e.name.clone(),
-            vcpus: newly,
-            used_ns,
-            quota_ns: e.limit.as_ref().map_or(0, |(l, _)| l.quota_ns),
-        });
-    }
-
-    /// No deadline for the members' timers (the limit is gone, or the thread ends).
-    fn clear_deadlines(&self, e: &Entity) {
-        for &i in &e.members {
-            self.vcpus[i].set_kick_deadline(e.kind, None);
-        }
-    }
-
     /// The thread's loop; returns after [`Limiter::stop`], with every member released.
     pub fn run(&self) {
         crate::sched::raise_realtime("limiter", crate::sched::LIMITER_RT_PRIORITY);
@@ -797,3 +752,5 @@ use devices::scope_of;
 mod periods;
 #[cfg(test)]
 mod tests;
+mod timers;
+mod turns;

@@ -101,6 +101,7 @@ impl Limiter {
             .map(|(&i, b)| used_since(&self.vcpus[i], b))
             .collect();
         let used: u64 = per.iter().sum();
+        Self::settle_turns(e, &per, l.quota_ns);
         let equal = l.quota_ns / e.members.len().max(1) as u64;
         e.last_used = per
             .iter()
