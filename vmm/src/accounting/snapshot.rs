@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::host::{SchedStatFile, ThreadClock, ThreadStateFile, TickTimes};
 use super::meter::{MeterReading, MicroState, TraceState, VcpuMeter};
+use super::switches::{Pairing, Tally};
 use crate::hypervisor::stats::{KnownStat, StatKind, VcpuStats};
 use crate::hypervisor::ExitCost;
 use crate::sync::now_ns;
@@ -109,6 +110,23 @@ pub struct VcpuAccounting {
     baseline: Mutex<Option<Arc<RawSample>>>,
     /// The last split a reader returned ([`floor`]): readers only, held for a few additions.
     floor: Mutex<Option<Floor>>,
+    /// Where the last reader's look at the records not yet drained stopped, so the next one
+    /// walks only what was written since (a busy vCPU that stays in KVM_RUN for seconds
+    /// leaves thousands of records, and the pressure sampler looks every few ms): readers
+    /// only, held for a copy.
+    peek_cache: Mutex<Option<PeekCache>>,
+}
+
+/// A reader's look at the records not yet drained, to go on from ([`RingView::peek_on`]).
+#[derive(Debug, Clone, Copy)]
+struct PeekCache {
+    /// The consumer's tail and pairing state the look began from.
+    tail: u64,
+    start: Pairing,
+    /// Where it stopped, and what it had found there.
+    pos: u64,
+    pairing: Pairing,
+    tally: Tally,
 }
 
 fn sub_arr<const N: usize>(a: [u64; N], b: [u64; N]) -> [u64; N] {
@@ -142,6 +160,7 @@ impl VcpuAccounting {
             kvm_cumulative,
             baseline: Mutex::new(None),
             floor: Mutex::new(None),
+            peek_cache: Mutex::new(None),
         }
     }
 
@@ -334,7 +353,24 @@ impl VcpuAccounting {
     /// still the one they follow.
     fn look_in_progress(&self, meter: &MeterReading, at: u64) -> Option<InProgress> {
         let ring = self.meter.ring.get()?;
-        let (t, pairing) = ring.peek(meter.ring_tail, meter.ring_pairing)?;
+        let lock = || self.peek_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let cached = *lock();
+        let (from, p0, t0) = cached
+            .filter(|c| c.tail == meter.ring_tail && c.start == meter.ring_pairing)
+            .map_or(
+                (meter.ring_tail, meter.ring_pairing, Tally::default()),
+                |c| (c.pos, c.pairing, c.tally),
+            );
+        let (pos, t, pairing) = ring.peek_on(meter.ring_tail, from, p0, t0)?;
+        if !t.lost {
+            *lock() = Some(PeekCache {
+                tail: meter.ring_tail,
+                start: meter.ring_pairing,
+                pos,
+                pairing,
+                tally: t,
+            });
+        }
         let open = |since: Option<u64>| since.map_or(0, |s| at.saturating_sub(s.max(meter.since)));
         let mut l = InProgress {
             off: t.off_total(),

@@ -173,17 +173,33 @@ impl RingView {
     /// `tail` before and after the look (otherwise the consumer drained them meanwhile:
     /// `None`). `pairing` is the consumer's pairing state as of that tail.
     pub fn peek(&self, tail: u64, pairing: Pairing) -> Option<(Tally, Pairing)> {
+        self.peek_on(tail, tail, pairing, Tally::default())
+            .map(|(_, t, p)| (t, p))
+    }
+
+    /// [`RingView::peek`] going on from an earlier look at the same `tail`: `from` is where
+    /// that look stopped (a position at or past `tail`), `pairing` and `tally` what it had
+    /// found there. Walks only the records written since, and returns where it stopped with
+    /// the tally and pairing state of everything from `tail`: what a whole walk would give.
+    /// `None` as for `peek`, or when `from` is not a position between `tail` and the head.
+    pub fn peek_on(
+        &self,
+        tail: u64,
+        from: u64,
+        pairing: Pairing,
+        tally: Tally,
+    ) -> Option<(u64, Tally, Pairing)> {
         if self.tail() != tail {
             return None;
         }
         let head = self.head();
-        if head.wrapping_sub(tail) > self.data_size {
+        if head.wrapping_sub(tail) > self.data_size || from < tail || from > head {
             return None;
         }
         let mut p = pairing;
-        let mut t = Tally::default();
-        self.walk(tail, head, |r| p.feed(r, ALL_ON_SIDE_1, &mut t));
-        (self.tail() == tail).then_some((t, p))
+        let mut t = tally;
+        self.walk(from, head, |r| p.feed(r, ALL_ON_SIDE_1, &mut t));
+        (self.tail() == tail).then_some((head, t, p))
     }
 
     /// A reader's look that goes on from an earlier one: while the consumer's tail is still

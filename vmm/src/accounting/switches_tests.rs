@@ -240,6 +240,38 @@ fn a_reader_peeks_at_an_episode_in_progress_and_sees_a_drain() {
     );
 }
 
+/// A reader's look that goes on from an earlier one finds what one whole walk finds, and a
+/// position outside the records not yet drained is refused.
+#[test]
+fn a_look_that_goes_on_from_an_earlier_one_finds_what_a_whole_walk_finds() {
+    let mut ring = open();
+    ring.set_enabled(true).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    let view = ring.view();
+    let (tail, pairing) = ring.position();
+    let (mid, t1, p1) = view
+        .peek_on(tail, tail, pairing, Tally::default())
+        .expect("nothing drained meanwhile");
+    assert!(t1.episodes >= 1, "{t1:?}");
+    for _ in 0..3 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // No records after this: both looks below see the same ones.
+    ring.set_enabled(false).unwrap();
+    let (end, t2, p2) = view.peek_on(tail, mid, p1, t1).expect("not drained");
+    let whole = view.peek_on(tail, tail, pairing, Tally::default());
+    assert_eq!(whole, Some((end, t2, p2)));
+    assert!(t2.episodes > t1.episodes, "three sleeps: {t1:?} {t2:?}");
+    assert!(
+        view.peek_on(tail, end + (1 << 40), p2, t2).is_none(),
+        "past the head"
+    );
+    assert!(
+        view.peek_on(tail, tail.wrapping_sub(8), p2, t2).is_none(),
+        "before the tail"
+    );
+}
+
 #[test]
 fn disabled_records_are_not_kept() {
     let mut ring = open();
