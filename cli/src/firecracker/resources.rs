@@ -45,9 +45,12 @@ pub enum ResourceError {
     /// Dirty page tracking asked for.
     #[error("Machine config error: track_dirty_pages cannot be enabled: PPA-VMM takes no snapshots, so there are no dirty pages to track (send track_dirty_pages false).")]
     DirtyPages,
-    /// Huge pages asked for.
-    #[error("Machine config error: huge_pages \"{}\" is not there yet: PPA-VMM backs guest memory with 4 KiB pages until its hugepage backing exists (send huge_pages \"None\").", .0.as_str())]
-    HugePages(HugePages),
+    /// Transparent huge pages asked for.
+    #[error("Machine config error: huge_pages \"Transparent\" is not supported: PPA-VMM backs guest memory with 4 KiB pages or with 2 MiB hugetlb pages reserved at the start, never with transparent huge pages, which the kernel may split or not give (send huge_pages \"2M\" or \"None\").")]
+    TransparentHugePages,
+    /// 2 MiB pages asked for a memory size that is not whole pages.
+    #[error("Machine config error: huge_pages \"2M\" needs mem_size_mib to be a multiple of 2, and it is {0} (send an even mem_size_mib).")]
+    HugePagesSize(u64),
     /// A CPU template asked for.
     #[error("Machine config error: cpu_template {0:?} is not supported: PPA-VMM passes the host's CPUID through unchanged (send no cpu_template, or \"None\").")]
     CpuTemplate(String),
@@ -361,8 +364,14 @@ fn check_machine(m: &MachineConfig) -> Result<(), ResourceError> {
     if m.track_dirty_pages {
         return Err(ResourceError::DirtyPages);
     }
-    if m.huge_pages != HugePages::None {
-        return Err(ResourceError::HugePages(m.huge_pages));
+    match m.huge_pages {
+        HugePages::None => {}
+        HugePages::Transparent => return Err(ResourceError::TransparentHugePages),
+        HugePages::Hugetlbfs2M if m.mem_size_mib % 2 != 0 => {
+            return Err(ResourceError::HugePagesSize(m.mem_size_mib));
+        }
+        // Mapped to `--memory-backing hugepages=2M` at the start, which reads the pool then.
+        HugePages::Hugetlbfs2M => {}
     }
     match m.cpu_template.as_deref() {
         None | Some("None") => Ok(()),
@@ -530,6 +539,9 @@ impl Resources {
         let mut o = base;
         o.vcpus = Some(usize::from(self.machine.vcpu_count));
         o.memory_mib = Some(self.machine.mem_size_mib);
+        if self.machine.huge_pages == HugePages::Hugetlbfs2M {
+            o.memory_backing = Some("hugepages=2M".into());
+        }
         let image = PathBuf::from(&boot.kernel_image_path);
         match kind {
             KernelKind::Tiny => {

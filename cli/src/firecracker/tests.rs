@@ -321,7 +321,7 @@ fn machine_configs_are_checked_as_a_whole() {
         ..Default::default()
     };
     r.put_machine(ok.clone()).unwrap();
-    let bad: [(MachineConfig, &str); 6] = [
+    let bad: [(MachineConfig, &str); 7] = [
         (
             MachineConfig {
                 vcpu_count: 0,
@@ -352,10 +352,18 @@ fn machine_configs_are_checked_as_a_whole() {
         ),
         (
             MachineConfig {
-                huge_pages: HugePages::Hugetlbfs2M,
+                huge_pages: HugePages::Transparent,
                 ..ok.clone()
             },
-            "huge_pages \"2M\" is not there yet",
+            "huge_pages \"Transparent\" is not supported",
+        ),
+        (
+            MachineConfig {
+                huge_pages: HugePages::Hugetlbfs2M,
+                mem_size_mib: 65,
+                ..ok.clone()
+            },
+            "a multiple of 2, and it is 65",
         ),
         (
             MachineConfig {
@@ -414,6 +422,17 @@ fn resources_translate_into_run_options() {
         Some("50%"),
         "--ppa-config's options stay"
     );
+    assert_eq!(o.memory_backing, None, "huge_pages None: 4 KiB pages");
+    // huge_pages "2M" is our hugepage backing with 2 MiB pages (the pool is read at the start).
+    r.patch_machine(MachineConfigUpdate {
+        huge_pages: Some(HugePages::Hugetlbfs2M),
+        ..Default::default()
+    })
+    .unwrap();
+    let o = r.to_run_options(RunOptions::default()).unwrap();
+    assert_eq!(o.memory_backing.as_deref(), Some("hugepages=2M"));
+    let (config, _) = o.into_config().expect("a config our run path takes");
+    assert_eq!(format!("{:?}", config.memory_backing.page), "Huge2M");
     // An initrd goes with a Linux kernel only; a kernel that is not there is refused at PUT.
     let e = r
         .put_boot(BootSource {
