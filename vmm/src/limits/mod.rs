@@ -53,7 +53,7 @@ pub enum LimitError {
     #[error("the period of `{q}` must be between 1 ms and 1 s", q = ppa_vmm_api::clip(.0))]
     Period(String),
     /// A quota above zero but below what the limiter can enforce for one member.
-    #[error("the quota of `{q}` is below the smallest the VMM holds, {min} us per period (below it stopping a vCPU each period would take more of the guest's time than the quota gives it; vCPUs that share a quota take turns)", q = ppa_vmm_api::clip(.0), min = MIN_QUOTA_NS / 1_000)]
+    #[error("the quota of `{q}` is below the smallest the VMM holds, {min} us per period (below it, stopping a vCPU each period takes about half of what the quota gives the guest; vCPUs that share a quota take turns)", q = ppa_vmm_api::clip(.0), min = MIN_QUOTA_NS / 1_000)]
     QuotaTooSmall(String),
     /// A number too large to be a duration or a percentage.
     #[error("the CPU limit `{q}` is too large: its numbers overflow (a quota or period is at most 1000000 s, a percentage at most 1000000000%)", q = ppa_vmm_api::clip(.0))]
