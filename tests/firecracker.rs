@@ -218,6 +218,14 @@ fn check_post_boot(s: &std::collections::BTreeMap<String, (i64, Value)>) {
     let (code, dev) = &s["device"];
     assert_eq!(*code, 0, "{dev}");
     assert_eq!(dev["mac"], "06:00:ac:10:00:02");
+    // The interface's transmit limiter is the device's rate; it cannot change after the start.
+    assert_eq!(dev["rate"], "tx-bytes:1250000/100ms", "{dev}");
+    assert_eq!(s["net-patch-same"].0, 204, "{:?}", s["net-patch-same"]);
+    assert!(
+        refusal(&s["net-patch-other"]).contains("rate limiters cannot change after the start yet"),
+        "{:?}",
+        s["net-patch-other"]
+    );
     // The drive is a virtio-blk device of our own, read-only as the drive said, 1 MiB.
     let (code, disk) = &s["device-disk"];
     assert_eq!(*code, 0, "{disk}");

@@ -87,8 +87,9 @@ call("describe-after-bad-start", api.describe, "get")
 call("boot-source", api.boot, "put", kernel_image_path=tiny,
      boot_args="console=ttyS0 reboot=k ppa.workload=0=net-echo:ms=60000 "
                "ppa.workload=1=busy:ms=60000")
+tx_limit = {"bandwidth": {"size": 1250000, "refill_time": 100}}
 call("network-interface", api.network, "put", iface_id="eth0", host_dev_name="tap0",
-     guest_mac="06:00:ac:10:00:02")
+     guest_mac="06:00:ac:10:00:02", tx_rate_limiter=tx_limit)
 call("drive", api.drive, "put", drive_id="rootfs", path_on_host="/nonexistent.ext4",
      is_root_device=True, is_read_only=False)
 data = log_path.rsplit("/", 1)[0] + "/data.img"
@@ -105,6 +106,9 @@ call("network-interface-post-boot", api.network, "put", iface_id="eth1",
      host_dev_name="tap0")
 call("start-again", api.actions, "put", action_type="InstanceStart")
 call("drive-patch-post-boot", api.drive, "patch", drive_id="data", path_on_host=data)
+call("net-patch-same", api.network, "patch", iface_id="eth0", tx_rate_limiter=tx_limit)
+call("net-patch-other", api.network, "patch", iface_id="eth0",
+     rx_rate_limiter={"ops": {"size": 10, "refill_time": 100}})
 call("pause", api.vm, "patch", state="Paused")
 call("describe-paused", api.describe, "get")
 ctl("stats-paused", "stats")

@@ -33,19 +33,6 @@ fn drops(q: &Value) -> u64 {
         .map_or(0, |m| m.values().map(n).sum())
 }
 
-/// Waits until the guest's driver has started the device (DRIVER_OK seen by the VMM).
-fn wait_active(vmm: &Vmm) {
-    let mut c = vmm.connect();
-    for _ in 0..4000 {
-        let d = c.ok(json!({"cmd": "device", "name": "net0"}));
-        if n(&d["driver"]["activations"]) >= 1 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("the guest never started its network device");
-}
-
 /// Every device thread's identity holds and its CPU is there.
 fn assert_threads(dev: &Value) {
     for t in dev["threads"].as_array().unwrap() {
@@ -113,7 +100,7 @@ fn frames_from_the_host_reach_the_guest_and_every_one_is_accounted() {
             "net-rx:packets=10000,ms=60000",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     let passed_before = ns.tap_counter("tx_packets");
     let sock = vmm.sock.clone();
     let sent = ns.within(move || {
@@ -167,7 +154,7 @@ fn the_guest_echoes_frames_back_to_their_sender() {
         "net-echo",
         &["--net", "tap=tap0", "--workload", "net-echo:ms=4000"],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     let (sent, echoed) = ns.within(|| {
         let s = PacketSocket::open("tap0", 2000).expect("a packet socket on the tap");
         let mut buf = [0u8; 2048];
@@ -217,7 +204,7 @@ fn a_tap_that_disappears_is_counted_not_a_crash() {
             "net-tx:packets=2000000,size=64",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     std::thread::sleep(Duration::from_millis(300));
     ns.delete_tap();
     let mut vmm = vmm;
@@ -251,6 +238,14 @@ fn bad_net_values_are_refused_before_any_vcpu_runs() {
         ),
         (vec!["--net", "mac=02:00:00:00:00:01"], "needs tap=NAME"),
         (vec!["--net", "tap=t,speed=10"], "has no key `speed`"),
+        (
+            vec!["--net", "tap=t,rate=tx-bytes:0/1s"],
+            "`0` is not a size",
+        ),
+        (
+            vec!["--net", "tap=t,rate=ops:1/1s"],
+            "`ops` is not something this device limits",
+        ),
         (
             vec!["--workload", "net-tx"],
             "need a device to drive: add --net",
@@ -291,7 +286,7 @@ fn with_two_queue_pairs_a_driver_without_mq_gets_every_frame_on_the_first_pair()
             "1=idle:ms=100",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     let sock = vmm.sock.clone();
     ns.within(move || {
         let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
@@ -345,7 +340,7 @@ fn a_device_threads_cpu_is_its_own_schedstat() {
             "net-tx:packets=3000000,size=64",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     std::thread::sleep(Duration::from_millis(300));
     let mut c = vmm.connect();
     let tid = c.ok(json!({"cmd": "threads"}))["devices"][0]["host_tid"]
@@ -466,7 +461,7 @@ fn a_second_vmm_on_a_multi_queue_tap_another_vmm_reads_is_refused() {
             "1=idle:ms=60000",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     // The kernel would hand it queues of its own and split the tap's frames between the two.
     let (code, err) = run_in(&ns, &["--vcpus", "2", "--net", "tap=tap0,queues=2"]);
     assert_eq!(code, Some(2), "{err}");
@@ -494,7 +489,7 @@ fn a_deleted_tap_is_reported_gone_in_the_device_figures() {
             "net-tx:packets=2000000,size=64",
         ],
     );
-    wait_active(&vmm);
+    vmm.wait_driver("net0");
     let mut c = vmm.connect();
     let d = c.ok(json!({"cmd": "device", "name": "net0"}));
     assert!(d.get("backend_error").is_none(), "{d}");

@@ -71,6 +71,13 @@ pub struct QueueStats {
     /// the guest's buffers (the guest had too few buffers available for the largest frame).
     #[serde(default)]
     pub copied: u64,
+    /// Times the queue stopped because its device's rate limiter had too few tokens for the
+    /// next frame or request (`rate=`; 0 without one).
+    #[serde(default)]
+    pub throttles: u64,
+    /// Time the queue waited for its rate limiter's tokens, a wait in progress included.
+    #[serde(default)]
+    pub throttled_ns: u64,
     /// Frames dropped, by reason (reasons with at least one drop).
     pub drops: BTreeMap<DropReason, u64>,
 }
@@ -156,6 +163,9 @@ pub struct DeviceStats {
     /// The guest's MAC address (net).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// Its rate limiter's buckets, as `rate=` gives them (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
     /// Guest-physical base of its MMIO window.
     pub mmio_base: u64,
     /// Its interrupt (GSI), when the guest has an interrupt controller.

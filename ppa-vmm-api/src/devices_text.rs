@@ -81,6 +81,31 @@ fn device_notes(out: &mut String, d: &DeviceStats) {
             list.join(", ")
         );
     }
+    if let Some(rate) = &d.rate {
+        let waits: Vec<String> = d
+            .queues
+            .iter()
+            .filter(|q| q.throttles > 0)
+            .map(|q| {
+                format!(
+                    "{} queue {} {} times, {} ms",
+                    q.kind,
+                    q.index,
+                    q.throttles,
+                    ms(q.throttled_ns)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  rate {rate}: {}",
+            if waits.is_empty() {
+                "no queue waited for tokens".to_string()
+            } else {
+                format!("waited for tokens: {}", waits.join("; "))
+            }
+        );
+    }
 }
 
 /// The devices tables (network devices, then disks); empty when there are none.
@@ -273,6 +298,8 @@ mod tests {
             bytes: 64 * packets,
             requests: None,
             copied: 0,
+            throttles: 0,
+            throttled_ns: 0,
             drops: drops.iter().copied().collect(),
         };
         let d = DeviceStats {
@@ -280,6 +307,7 @@ mod tests {
             kind: DeviceKind::Net,
             backend: "tap0".into(),
             mac: None,
+            rate: None,
             mmio_base: 0xC000_0000,
             gsi: None,
             status: DeviceHealth::NeedsReset,
@@ -319,7 +347,16 @@ mod tests {
             blk: None,
             service: None,
         };
+        let mut limited = d.clone();
         let t = devices_text(&[d]);
+        assert!(!t.contains("rate"), "{t}");
+        limited.rate = Some("tx-bytes:1000/1s".into());
+        assert!(devices_text(&[limited.clone()])
+            .contains("  rate tx-bytes:1000/1s: no queue waited for tokens\n"));
+        limited.queues[1].throttles = 4;
+        limited.queues[1].throttled_ns = 1_500_000;
+        assert!(devices_text(&[limited])
+            .contains("  rate tx-bytes:1000/1s: waited for tokens: tx queue 1 4 times, 1.50 ms\n"));
         let lines: Vec<&str> = t.lines().collect();
         assert!(
             lines[1].starts_with("net0     tap0       needs_reset"),
@@ -366,6 +403,7 @@ mod tests {
             kind: DeviceKind::Blk,
             backend: "/var/lib/vm/root.ext4".into(),
             mac: None,
+            rate: None,
             mmio_base: 0xC000_1000,
             gsi: Some(6),
             status: DeviceHealth::Ok,
@@ -394,6 +432,8 @@ mod tests {
                 requests: Some(31),
                 bytes: 1 << 20,
                 copied: 0,
+                throttles: 0,
+                throttled_ns: 0,
                 drops: BTreeMap::new(),
             }],
             cpu_ns: 2_000_000,

@@ -137,6 +137,20 @@ impl Vmm {
         Conn::new(UnixStream::connect(&self.sock).expect("connect"))
     }
 
+    /// Waits until the guest's driver has started the device `name` (DRIVER_OK seen by the
+    /// VMM).
+    pub fn wait_driver(&self, name: &str) {
+        let mut c = self.connect();
+        for _ in 0..4000 {
+            let d = c.ok(json!({"cmd": "device", "name": name}));
+            if d["driver"]["activations"].as_u64().unwrap_or(0) >= 1 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("the guest never started its device {name}");
+    }
+
     /// Shuts the VM down through the socket and returns the exit status and the report.
     pub fn shutdown(mut self) -> (i32, Value) {
         let r = self.connect().call(json!({"id": "bye", "cmd": "shutdown"}));

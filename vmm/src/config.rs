@@ -461,8 +461,8 @@ pub struct RunOptions {
     /// filter stays on the thread that built the VM.
     #[arg(long, value_enum)]
     pub seccomp: Option<crate::seccomp::Mode>,
-    /// A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID]
-    /// (repeatable: net0, net1, …).
+    /// A virtio-net device on a tap: tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID][,rate=B]
+    /// (repeatable: net0, net1, …; rate=tx-bytes:125M/1s+rx-packets:100k/1s: docs/limits.md).
     #[arg(long, value_name = "tap=NAME,...")]
     #[serde(default)]
     pub net: Vec<String>,

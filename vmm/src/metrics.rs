@@ -158,6 +158,8 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_device_packets_total", Counter, "Frames a virtqueue carried (to the tap for tx, to the guest for rx)."),
         d("ppa_device_bytes_total", Counter, "Bytes of those frames, virtio header excluded."),
         d("ppa_device_drops_total", Counter, "Frames dropped, by reason."),
+        d("ppa_device_throttles_total", Counter, "Times a virtqueue stopped because its device's rate limiter had too few tokens for the next frame or request."),
+        d("ppa_device_throttled_seconds_total", Counter, "Time a virtqueue waited for its rate limiter's tokens, a wait in progress included."),
         d("ppa_device_requests_total", Counter, "A disk's requests answered, by type (read, write, flush, get_id, discard, write_zeroes, unknown)."),
         d("ppa_device_request_bytes_total", Counter, "A disk's data moved, by direction: read (into the guest), written (from it)."),
         d("ppa_device_request_errors_total", Counter, "A disk's requests answered with a status other than OK, by status (ioerr, unsupp)."),

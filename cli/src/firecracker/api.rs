@@ -318,12 +318,23 @@ impl<S: Starter> Api<S> {
                 else {
                     return Err(RequestError::NoSuchNet(n.iface_id));
                 };
-                // Checked as a PUT of the same interface with these limiters would be.
-                super::resources::net_spec(&NetworkInterface {
-                    rx_rate_limiter: n.rx_rate_limiter,
-                    tx_rate_limiter: n.tx_rate_limiter,
+                // Checked as a PUT of the same interface with these limiters would be; a
+                // limiter left out keeps the one in force, one that differs is refused.
+                let patched = NetworkInterface {
+                    rx_rate_limiter: n.rx_rate_limiter.or_else(|| have.rx_rate_limiter.clone()),
+                    tx_rate_limiter: n.tx_rate_limiter.or_else(|| have.tx_rate_limiter.clone()),
                     ..have.clone()
-                })?;
+                };
+                let (now, asked) = (
+                    super::resources::net_spec(have)?,
+                    super::resources::net_spec(&patched)?,
+                );
+                if now != asked {
+                    return Err(ResourceError::RateLimiterSwap(
+                        n.iface_id.chars().take(64).collect(),
+                    )
+                    .into());
+                }
             }
         }
         Ok(Response::no_content())

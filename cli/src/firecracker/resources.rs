@@ -84,9 +84,9 @@ pub enum ResourceError {
     /// A bad network interface.
     #[error("Network interface error: {0}.")]
     Net(String),
-    /// A rate limiter that limits something.
-    #[error("Network interface error: {0} rate limiters are not there yet: PPA-VMM does not shape a device's traffic (send no limiter, or buckets of size 0).")]
-    RateLimiter(&'static str),
+    /// A rate limiter changed after the start.
+    #[error("Network interface error: {0}'s rate limiters cannot change after the start yet (PPA-VMM sets them at InstanceStart); send the ones in force, or none.")]
+    RateLimiterSwap(String),
     /// Two interfaces with one MAC.
     #[error("Network interface error: the guest MAC address {0} is already in use.")]
     MacInUse(String),
@@ -217,23 +217,47 @@ pub fn tiny_workloads(boot_args: &str) -> Result<Vec<String>, ResourceError> {
         .collect()
 }
 
-/// The `--net` value of an interface: `tap=HOST_DEV,id=IFACE_ID[,mac=MAC][,mtu=MTU]`,
-/// checked as `--net` checks it.
+/// A Firecracker rate limiter as `rate=` buckets (`PREFIXbytes:SIZE/REFILLms[:burst=N]` and
+/// `PREFIXOPS:…`); buckets of size or refill time 0 limit nothing (Firecracker's rule).
+pub fn rate_buckets(limiter: Option<&RateLimiter>, prefix: &str, ops: &str) -> Vec<String> {
+    let Some(l) = limiter else {
+        return Vec::new();
+    };
+    [("bytes", &l.bandwidth), (ops, &l.ops)]
+        .into_iter()
+        .filter_map(|(kind, b)| {
+            let b = b.as_ref().filter(|b| b.limits())?;
+            let burst = b
+                .one_time_burst
+                .filter(|n| *n > 0)
+                .map_or(String::new(), |n| format!(":burst={n}"));
+            Some(format!(
+                "{prefix}{kind}:{}/{}ms{burst}",
+                b.size, b.refill_time
+            ))
+        })
+        .collect()
+}
+
+/// The `--net` value of an interface: `tap=HOST_DEV,id=IFACE_ID[,mac=MAC][,mtu=MTU]
+/// [,rate=BUCKETS]`, checked as `--net` checks it. Each limiter's bandwidth bucket limits the
+/// frames' bytes and its ops bucket the frames (docs/firecracker.md).
 pub fn net_spec(iface: &NetworkInterface) -> Result<String, ResourceError> {
-    for (which, limiter) in [
-        ("receive", &iface.rx_rate_limiter),
-        ("transmit", &iface.tx_rate_limiter),
-    ] {
-        if limiter.as_ref().is_some_and(RateLimiter::limits) {
-            return Err(ResourceError::RateLimiter(which));
-        }
-    }
     let mut spec = format!("tap={},id={}", iface.host_dev_name, iface.iface_id);
     if let Some(mac) = &iface.guest_mac {
         spec.push_str(&format!(",mac={mac}"));
     }
     if let Some(mtu) = iface.mtu {
         spec.push_str(&format!(",mtu={mtu}"));
+    }
+    let mut rate = rate_buckets(iface.rx_rate_limiter.as_ref(), "rx-", "packets");
+    rate.extend(rate_buckets(
+        iface.tx_rate_limiter.as_ref(),
+        "tx-",
+        "packets",
+    ));
+    if !rate.is_empty() {
+        spec.push_str(&format!(",rate={}", rate.join("+")));
     }
     NetSpec::parse(&spec).map_err(|e| ResourceError::Net(ppa_vmm_api::describe(&e)))?;
     Ok(spec)

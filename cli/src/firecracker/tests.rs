@@ -151,7 +151,7 @@ fn iface(id: &str, tap: &str) -> NetworkInterface {
 }
 
 #[test]
-fn an_interface_becomes_a_net_value_and_limiters_that_limit_are_refused() {
+fn an_interface_becomes_a_net_value_and_its_limiters_become_rate_buckets() {
     let mut n = iface("eth0", "tap0");
     n.guest_mac = Some("02:00:00:00:00:01".into());
     n.mtu = Some(1400);
@@ -169,16 +169,44 @@ fn an_interface_becomes_a_net_value_and_limiters_that_limit_are_refused() {
         bandwidth: Some(off.clone()),
         ops: None,
     });
-    assert!(resources::net_spec(&n).is_ok());
+    assert_eq!(
+        resources::net_spec(&n).unwrap(),
+        "tap=tap0,id=eth0,mac=02:00:00:00:00:01,mtu=1400"
+    );
+    n.rx_rate_limiter = Some(RateLimiter {
+        bandwidth: Some(TokenBucket {
+            size: 125_000,
+            one_time_burst: Some(1_000_000),
+            refill_time: 10,
+        }),
+        ops: Some(off.clone()),
+    });
     n.tx_rate_limiter = Some(RateLimiter {
         bandwidth: None,
-        ops: Some(TokenBucket { size: 10, ..off }),
+        ops: Some(TokenBucket {
+            size: 10,
+            ..off.clone()
+        }),
+    });
+    let spec = resources::net_spec(&n).unwrap();
+    assert_eq!(
+        spec,
+        "tap=tap0,id=eth0,mac=02:00:00:00:00:01,mtu=1400,rate=rx-bytes:125000/10ms:burst=1000000+tx-packets:10/100ms"
+    );
+    let parsed = ppa_vmm::devices::net::spec::NetSpec::parse(&spec).unwrap();
+    assert_eq!(parsed.rx_rate.bytes.unwrap().per_second(), 12_500_000);
+    assert_eq!(parsed.tx_rate.ops.unwrap().per_second(), 100);
+    // Firecracker takes refill times past an hour; we refuse them with the reason.
+    n.tx_rate_limiter = Some(RateLimiter {
+        bandwidth: None,
+        ops: Some(TokenBucket {
+            size: 10,
+            one_time_burst: None,
+            refill_time: 7_200_000,
+        }),
     });
     let e = resources::net_spec(&n).unwrap_err().to_string();
-    assert!(
-        e.contains("transmit rate limiters are not there yet"),
-        "{e}"
-    );
+    assert!(e.contains("is not a refill time from 1ms to 1h"), "{e}");
     let e = resources::net_spec(&iface("eth0", "a/b"))
         .unwrap_err()
         .to_string();

@@ -143,6 +143,8 @@ mod tests {
             bytes: 0,
             requests: None,
             copied: 0,
+            throttles: 0,
+            throttled_ns: 0,
             drops: BTreeMap::new(),
         };
         DeviceStats {
@@ -150,6 +152,7 @@ mod tests {
             kind: DeviceKind::Net,
             backend: "tap0".into(),
             mac: None,
+            rate: None,
             mmio_base: 0,
             gsi: None,
             status: DeviceHealth::Ok,

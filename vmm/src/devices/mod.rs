@@ -28,11 +28,22 @@ pub mod blk;
 pub mod bus;
 pub mod i8042;
 pub mod net;
+pub mod rate;
 pub mod serial;
 pub mod tiny;
 pub mod virtio;
 
 pub use bus::{BusError, Buses};
+
+/// At most 64 characters of untrusted input (a device's option value) for an error message,
+/// with `…` where it was cut.
+pub fn cut(s: &str) -> String {
+    let mut out: String = s.chars().take(64).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
 
 /// One guest access to a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -375,7 +375,7 @@ impl Model {
                     return;
                 };
                 let before = self.guest.rx.used_idx(&mem);
-                let o = batch::rx_pass(rxq, &mem, &self.tap, &self.counters[i], go_on);
+                let o = batch::rx_pass(rxq, &mem, &self.tap, &self.counters[i], None, go_on);
                 self.thread.blocked |= o.blocked;
                 (o, self.guest.rx.wants_interrupt(&mem, before))
             }
@@ -384,7 +384,7 @@ impl Model {
                     return;
                 };
                 let before = self.guest.tx.used_idx(&mem);
-                let o = batch::tx_pass(txq, &mem, &self.sink, &self.counters[i], go_on);
+                let o = batch::tx_pass(txq, &mem, &self.sink, &self.counters[i], None, go_on);
                 self.thread.again[0] |= o.more;
                 (o, self.guest.tx.wants_interrupt(&mem, before))
             }

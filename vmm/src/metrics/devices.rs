@@ -124,6 +124,12 @@ pub fn add_device(f: &mut Families, vm: &str, d: &DeviceStats) {
         f.add("ppa_device_chains_total", &ql, q.chains);
         f.add("ppa_device_packets_total", &ql, q.packets);
         f.add("ppa_device_bytes_total", &ql, q.bytes);
+        f.add("ppa_device_throttles_total", &ql, q.throttles);
+        f.add(
+            "ppa_device_throttled_seconds_total",
+            &ql,
+            Seconds(q.throttled_ns),
+        );
         for (reason, n) in &q.drops {
             f.add(
                 "ppa_device_drops_total",

@@ -23,6 +23,8 @@ pub(super) fn device() -> DeviceStats {
         bytes: packets * 64,
         requests: None,
         copied: 0,
+        throttles: 3,
+        throttled_ns: 250_000_000,
         drops: BTreeMap::from([(DropReason::TapWouldBlock, 1)]),
     };
     DeviceStats {
@@ -30,6 +32,7 @@ pub(super) fn device() -> DeviceStats {
         kind: DeviceKind::Net,
         backend: "tap0".into(),
         mac: Some("02:00:00:00:00:01".into()),
+        rate: None,
         mmio_base: 0xC000_0000,
         gsi: Some(5),
         status: DeviceHealth::Ok,
@@ -120,6 +123,20 @@ fn device_families_carry_the_device_thread_and_queue() {
     assert_eq!(
         find("ppa_device_interrupts_suppressed_total", &[("queue", "0")]),
         2.0
+    );
+    assert_eq!(
+        find(
+            "ppa_device_throttles_total",
+            &[("queue", "0"), ("kind", "rx")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        find(
+            "ppa_device_throttled_seconds_total",
+            &[("queue", "0"), ("kind", "rx")]
+        ),
+        0.25
     );
     assert_eq!(find("ppa_device_status", &[("status", "ok")]), 1.0);
     assert_eq!(find("ppa_device_status", &[("status", "needs_reset")]), 0.0);

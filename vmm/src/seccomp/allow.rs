@@ -416,6 +416,11 @@ pub const DEVICE: &[Allow] = &[
         Args::Any,
         "a frame from the tap straight into the guest's receive buffers"
     ),
+    allow!(
+        timerfd_settime,
+        Args::Any,
+        "a rate limiter's timer armed for when a throttled queue's tokens are there, or disarmed at a reset"
+    ),
 ];
 
 /// A disk's thread (`devices::blk::worker`): its event loop, and the file's positioned reads,

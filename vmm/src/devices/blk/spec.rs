@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::devices::cut;
+
 /// The most request queues a disk may have (one thread each).
 pub const MAX_QUEUES: u16 = 16;
 /// The longest id: GET_ID answers 20 bytes (`VIRTIO_BLK_ID_BYTES`).
@@ -60,15 +62,6 @@ fn valid_id(s: &str) -> bool {
     (1..=MAX_ID).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-/// At most 64 characters of untrusted input for an error message.
-fn cut(s: &str) -> String {
-    let mut out: String = s.chars().take(64).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
 }
 
 impl DiskSpec {

@@ -92,6 +92,7 @@ impl BlkDevice {
             kind: DeviceKind::Blk,
             backend: blk.disk.path().display().to_string(),
             mac: None,
+            rate: None,
             mmio_base: self.mmio_base,
             gsi: self.virtio.gsi(),
             status,

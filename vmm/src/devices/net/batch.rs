@@ -29,7 +29,8 @@ use super::layout::{self, Negotiated, Served};
 use super::queues::QueueCounters;
 use super::rx::{FrameSource, RxParams, RxQueue, Step};
 use super::tap::VNET_HDR_LEN;
-use super::tx::{FrameSink, TxQueue};
+use super::tx::{FrameSink, TxBudget, TxQueue};
+use crate::devices::rate::SharedLimiter;
 use crate::devices::virtio::pass::device_queue;
 pub use crate::devices::virtio::pass::{end_pass, Irq};
 use crate::devices::virtio::queue::QueueFault;
@@ -111,6 +112,9 @@ pub struct Outcome {
     pub tap_ok: bool,
     /// (Control) The pair count the driver asked for.
     pub pairs: Option<u16>,
+    /// The rate limiter stopped the pass: its next frame's tokens are there in this many ns.
+    /// The thread stops serving the queue (receive: stops reading the tap) until then.
+    pub throttled: Option<u64>,
     /// The interrupt decision (`Irq::None` after a fault or an abandoned pass).
     pub irq: Irq,
 }
@@ -126,17 +130,21 @@ impl Default for Outcome {
             tap_error: None,
             tap_ok: false,
             pairs: None,
+            throttled: None,
             irq: Irq::None,
         }
     }
 }
 
-/// Delivers what `src` holds into `rxq`, up to [`RX_BUDGET`] frames; counts into `c`.
+/// Delivers what `src` holds into `rxq`, up to [`RX_BUDGET`] frames and what `rate` allows
+/// (a frame goes while its buckets hold a token and is charged its length once read: see
+/// [`crate::devices::rate`]); counts into `c`.
 pub fn rx_pass(
     rxq: &mut RxQueue,
     mem: &GuestMemoryMmap,
     src: &impl FrameSource,
     c: &QueueCounters,
+    rate: Option<&SharedLimiter>,
     go_on: impl Fn() -> bool,
 ) -> Outcome {
     let mut o = Outcome::default();
@@ -151,12 +159,19 @@ pub fn rx_pass(
             o.abandoned = true;
             return o;
         }
+        if let Some(Err(wait)) = rate.map(SharedLimiter::admit) {
+            o.throttled = Some(wait);
+            break;
+        }
         match rxq.receive(mem, src) {
             Step::Delivered {
                 chains,
                 bytes,
                 copied,
             } => {
+                if let Some(r) = rate {
+                    r.charge(bytes.saturating_sub(VNET_HDR_LEN) as u64);
+                }
                 c.chains.add(u64::from(chains));
                 c.packets.add(1);
                 c.bytes.add(bytes.saturating_sub(VNET_HDR_LEN) as u64);
@@ -192,19 +207,25 @@ pub fn rx_pass(
     o
 }
 
-/// Sends what the guest made available in `txq`, up to [`TX_BUDGET`] chains; `more` when
-/// chains are left.
+/// Sends what the guest made available in `txq`, up to [`TX_BUDGET`] chains and what `rate`
+/// allows; `more` when chains are left, `throttled` when the rate stopped it.
 pub fn tx_pass(
     txq: &mut TxQueue,
     mem: &GuestMemoryMmap,
     sink: &impl FrameSink,
     c: &QueueCounters,
+    rate: Option<&SharedLimiter>,
     go_on: impl Fn() -> bool,
 ) -> Outcome {
-    let pass = txq.run(mem, sink, c, TX_BUDGET, go_on);
+    let budget = TxBudget {
+        chains: TX_BUDGET,
+        rate,
+    };
+    let pass = txq.run(mem, sink, c, budget, go_on);
     let mut o = Outcome {
         handled: pass.frames,
         more: pass.more,
+        throttled: pass.throttled,
         abandoned: pass.abandoned,
         fault: pass.fault,
         tap_error: pass.tap_down.map(io::Error::from_raw_os_error),

@@ -33,6 +33,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::virtio::{eventfds, read_config_bytes, VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
+use crate::devices::rate::SharedLimiter;
 use crate::hypervisor::IrqLine;
 
 pub mod batch;
@@ -142,6 +143,10 @@ pub struct NetShared {
     pub stop: AtomicBool,
     /// Whether the tap existed before the VMM opened it (false: the VMM created it).
     pub tap_existed: bool,
+    /// The receive rate limiter (`rate=rx-…`), shared by the pairs' threads.
+    pub rx_rate: Option<SharedLimiter>,
+    /// The transmit rate limiter (`rate=tx-…`).
+    pub tx_rate: Option<SharedLimiter>,
 }
 
 /// Makes the tap carry the device's MTU: one this VMM created gets it exactly; an existing
@@ -221,6 +226,8 @@ pub struct NetDevice {
     config: [u8; 12],
     mmio_base: u64,
     tap_name: String,
+    /// The `rate=` value, for the figures.
+    rate: Option<String>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The figures at the last reset, which readers subtract (taken only by readers and
     /// `reset`: the device threads never touch it).
@@ -284,6 +291,8 @@ impl NetDevice {
             tap_errors: (0..pairs).map(|_| AtomicI32::new(0)).collect(),
             stop: AtomicBool::new(false),
             tap_existed: existed,
+            rx_rate: SharedLimiter::new(&p.spec.rx_rate),
+            tx_rate: SharedLimiter::new(&p.spec.tx_rate),
         });
         // The reset state: one pair, the other tap queues detached (each thread attaches its
         // own when the driver asks for it).
@@ -321,6 +330,7 @@ impl NetDevice {
             mem: p.memory,
             mmio_base: p.mmio_base,
             tap_name: p.spec.tap.clone(),
+            rate: p.spec.rate_value(),
             threads: Mutex::new(Vec::new()),
             baseline: Mutex::new(None),
         });

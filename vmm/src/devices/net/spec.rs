@@ -1,4 +1,4 @@
-//! `--net` values: `tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID]`, parsed and checked before
+//! `--net` values: `tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID][,rate=BUCKETS]`, parsed and checked before
 //! anything is built (a bad value is exit code 2 with a sentence, before any vCPU runs).
 //!
 //! Data flow: the config layer hands each `--net` string (or config-file entry) to
@@ -12,6 +12,13 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::tap::MAX_NAME;
+use crate::devices::cut;
+use crate::devices::rate::{self, RateSpec, RateSpecError};
+
+/// What `rate=` limits on a network device, in the order [`NetSpec`] keeps them.
+pub const RATE_KINDS: &[&str] = &["rx-bytes", "rx-packets", "tx-bytes", "tx-packets"];
+/// A `rate=` value shown in its errors.
+pub const RATE_EXAMPLE: &str = "tx-bytes:125M/1s+rx-packets:100k/1s";
 
 /// The most queue pairs a device may have.
 pub const MAX_QUEUE_PAIRS: u16 = 16;
@@ -25,7 +32,7 @@ pub enum NetSpecError {
     #[error("a network device needs tap=NAME (e.g. --net tap=tap0)")]
     NoTap,
     /// A key the option does not take.
-    #[error("--net has no key `{0}` (it takes tap, mac, queues, mtu and id)")]
+    #[error("--net has no key `{0}` (it takes tap, mac, queues, mtu, id and rate)")]
     UnknownKey(String),
     /// A key given twice.
     #[error("--net key `{0}` is given twice")]
@@ -48,6 +55,9 @@ pub enum NetSpecError {
     /// A bad id.
     #[error("id={0} is not a usable device id (1 to 32 letters, digits, `-` or `_`)")]
     BadId(String),
+    /// A bad `rate=` value.
+    #[error(transparent)]
+    Rate(#[from] RateSpecError),
 }
 
 /// A MAC address.
@@ -113,6 +123,10 @@ pub struct NetSpec {
     pub mtu: u16,
     /// The device id (None: `net` and its index).
     pub id: Option<String>,
+    /// What the guest may receive (frames delivered to it).
+    pub rx_rate: RateSpec,
+    /// What the guest may send (frames written to the tap).
+    pub tx_rate: RateSpec,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -130,17 +144,9 @@ fn valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// At most `n` characters of untrusted input for an error message.
-fn cut(s: &str) -> String {
-    let mut out: String = s.chars().take(64).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
-}
-
 impl NetSpec {
-    /// Parses `tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID]`.
+    /// Parses `tap=NAME[,mac=MAC][,queues=N][,mtu=M][,id=ID][,rate=BUCKETS]`, where BUCKETS
+    /// are `KIND:SIZE/TIME[:burst=N]` joined by `+` and KIND is one of [`RATE_KINDS`].
     pub fn parse(s: &str) -> Result<NetSpec, NetSpecError> {
         let mut spec = NetSpec {
             tap: String::new(),
@@ -148,6 +154,8 @@ impl NetSpec {
             queues: 1,
             mtu: DEFAULT_MTU,
             id: None,
+            rx_rate: RateSpec::default(),
+            tx_rate: RateSpec::default(),
         };
         let mut seen: Vec<&str> = Vec::new();
         for kv in s.split(',').filter(|p| !p.is_empty()) {
@@ -185,6 +193,17 @@ impl NetSpec {
                     }
                     spec.id = Some(v.to_string());
                 }
+                "rate" => {
+                    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
+                        let (way, bytes) = match kind {
+                            0 => (&mut spec.rx_rate, true),
+                            1 => (&mut spec.rx_rate, false),
+                            2 => (&mut spec.tx_rate, true),
+                            _ => (&mut spec.tx_rate, false),
+                        };
+                        *(if bytes { &mut way.bytes } else { &mut way.ops }) = Some(b);
+                    }
+                }
                 _ => return Err(NetSpecError::UnknownKey(cut(k))),
             }
             seen.push(k);
@@ -202,6 +221,13 @@ impl NetSpec {
             let p = pid.to_be_bytes();
             Mac([0x02, 0x50, p[1], p[2], p[3], index as u8])
         })
+    }
+
+    /// The `rate=` value that gives this device's limits (None: it has none).
+    pub fn rate_value(&self) -> Option<String> {
+        let mut v = self.rx_rate.describe("rx-", "packets");
+        v.extend(self.tx_rate.describe("tx-", "packets"));
+        (!v.is_empty()).then(|| v.join("+"))
     }
 }
 
@@ -233,6 +259,28 @@ mod tests {
         assert_eq!(m, Mac([2, 0x50, 0x12, 0x34, 0x56, 3]));
         assert_eq!(m.to_string(), "02:50:12:34:56:03");
         assert_eq!(m.to_string().parse::<Mac>().unwrap(), m);
+        assert!(!d.rx_rate.limits() && !d.tx_rate.limits() && d.rate_value().is_none());
+    }
+
+    #[test]
+    fn rate_fills_each_ways_buckets_and_prints_back() {
+        let s =
+            NetSpec::parse("tap=t,rate=tx-packets:10k/1s+rx-bytes:1M/100ms:burst=64Ki").unwrap();
+        assert_eq!(s.rx_rate.bytes.unwrap().size, 1_000_000);
+        assert_eq!(s.rx_rate.bytes.unwrap().burst, 65_536);
+        assert!(s.rx_rate.ops.is_none() && s.tx_rate.bytes.is_none());
+        assert_eq!(s.tx_rate.ops.unwrap().per_second(), 10_000);
+        let v = s.rate_value().unwrap();
+        assert_eq!(v, "rx-bytes:1000000/100ms:burst=65536+tx-packets:10000/1s");
+        let again = NetSpec::parse(&format!("tap=t,rate={v}")).unwrap();
+        assert_eq!((again.rx_rate, again.tx_rate), (s.rx_rate, s.tx_rate));
+        let e = NetSpec::parse("tap=t,rate=ops:1/1s")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("it takes rx-bytes, rx-packets, tx-bytes, tx-packets"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -278,6 +326,10 @@ mod tests {
             ));
         }
         assert!(matches!(e("tap=t,id=a.b"), NetSpecError::BadId(_)));
+        assert!(matches!(
+            e("tap=t,rate=rx-bytes:0/1s"),
+            NetSpecError::Rate(RateSpecError::Size(_))
+        ));
         // Quoted input is cut.
         let long = "x".repeat(10_000);
         let msg = e(&format!("tap=t,mac={long}")).to_string();

@@ -141,6 +141,7 @@ impl NetDevice {
             kind: DeviceKind::Net,
             backend: self.tap_name.clone(),
             mac: Some(self.net.mac.to_string()),
+            rate: self.rate.clone(),
             mmio_base: self.mmio_base,
             gsi: self.virtio.gsi(),
             status,

@@ -10,7 +10,11 @@
 //! looks once more, so a frame made available meanwhile is not left behind. A pass stops at
 //! its budget (so receive and the other queues get their turn) and says `more` when chains
 //! are left: the thread runs it again without waiting for a kick the driver will not send.
-//! The epoch is checked before each chain: a reset ends the pass at once.
+//! The epoch is checked before each chain: a reset ends the pass at once. With a transmit
+//! rate limiter (`--net …,rate=tx-…`) each frame takes its tokens before it goes; a frame the
+//! buckets cannot pay for yet is put back (popped again next pass) and the pass ends saying
+//! how long to wait (`throttled`), with the driver's notifications still off: the thread's
+//! timer, not a kick, runs the next pass.
 
 use std::io;
 
@@ -19,6 +23,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::queues::QueueCounters;
 use super::tap::VNET_HDR_LEN;
+use crate::devices::rate::SharedLimiter;
 use crate::devices::virtio::chain::{Direction, Segment, Segments};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
@@ -61,6 +66,21 @@ pub struct TxQueue {
     iov: Vec<libc::iovec>,
 }
 
+/// How far a transmit pass may go.
+#[derive(Debug, Clone, Copy)]
+pub struct TxBudget<'a> {
+    /// Chains it takes at most.
+    pub chains: u64,
+    /// The device's transmit rate limiter, asked before each frame.
+    pub rate: Option<&'a SharedLimiter>,
+}
+
+impl From<u64> for TxBudget<'_> {
+    fn from(chains: u64) -> Self {
+        TxBudget { chains, rate: None }
+    }
+}
+
 /// What a pass over the queue did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TxPass {
@@ -78,6 +98,9 @@ pub struct TxPass {
     pub tap_down: Option<i32>,
     /// A fault that needs a reset, after which nothing more was taken.
     pub fault: Option<QueueFault>,
+    /// The rate limiter stopped the pass: the next frame's tokens are there in this many ns
+    /// (its chain was put back; notifications stay off).
+    pub throttled: Option<u64>,
 }
 
 impl TxQueue {
@@ -91,17 +114,19 @@ impl TxQueue {
         }
     }
 
-    /// Sends what the driver made available, at most `budget` chains; counts into `c`.
+    /// Sends what the driver made available, at most `budget.chains` chains and what its rate
+    /// limiter allows; counts into `c`.
     /// `go_on` is asked before each chain (false: a reset came, leave the rest). Returns with
     /// notifications on and the ring empty, or with `more` set.
-    pub fn run(
+    pub fn run<'r>(
         &mut self,
         mem: &GuestMemoryMmap,
         sink: &impl FrameSink,
         c: &QueueCounters,
-        budget: u64,
+        budget: impl Into<TxBudget<'r>>,
         go_on: impl Fn() -> bool,
     ) -> TxPass {
+        let budget = budget.into();
         let mut pass = TxPass::default();
         if let Err(f) = self.dq.quiet(mem) {
             pass.fault = Some(f);
@@ -112,7 +137,7 @@ impl TxQueue {
                 pass.abandoned = true;
                 return pass;
             }
-            if pass.chains >= budget {
+            if pass.chains >= budget.chains {
                 // Chains may be left: if so, say so (the thread runs the pass again); if not,
                 // `pop` has turned notifications on, so the driver's next frame kicks.
                 match self.dq.pop(mem) {
@@ -133,16 +158,25 @@ impl TxQueue {
                     return pass;
                 }
             };
-            c.chains.add(1);
             if let Err(e) = self
                 .segs
                 .load(chain, mem, Direction::Read, VNET_HDR_LEN as u64)
             {
+                c.chains.add(1);
                 c.drop_one(DropReason::BadChain);
                 pass.frames += 1;
                 pass.fault = Some(QueueFault::Chain(e));
                 return pass;
             }
+            let frame = self.segs.total() - VNET_HDR_LEN as u64;
+            if let Some(rate) = budget.rate.filter(|_| frame <= MAX_TX_FRAME) {
+                if let Err(wait) = rate.try_take(frame) {
+                    self.dq.unpop(1);
+                    pass.throttled = Some(wait);
+                    return pass;
+                }
+            }
+            c.chains.add(1);
             if let Err(e) = self.send(sink, c) {
                 if drop_reason(&e) == DropReason::TapDown {
                     pass.tap_down = e.raw_os_error();

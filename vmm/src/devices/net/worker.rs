@@ -14,7 +14,10 @@
 //! in use change, after it stops reading it, so no thread reads a queue another detached.
 //! The queues and the passes over them are in [`super::batch`], shared with the fuzzer's
 //! model of the driver; this loop carries out what each pass's outcome says. A malformed chain stops the device until
-//! the driver resets it (NEEDS_RESET, for the epoch the thread serves only).
+//! the driver resets it (NEEDS_RESET, for the epoch the thread serves only). With a rate
+//! limiter a pass it stopped leaves its way (receive or transmit) waiting on the thread's
+//! timer ([`crate::devices::rate::wait`]): the way is not served (receive stops reading the
+//! tap; kicks are counted) until the timer says its tokens are there.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -33,6 +36,7 @@ use super::layout;
 use super::rx::RxQueue;
 use super::NetShared;
 use crate::accounting::{AccountingControl, Level};
+use crate::devices::rate::wait::Waits;
 use crate::devices::virtio::pass::signal;
 use crate::devices::virtio::queue::QueueFault;
 use crate::devices::virtio::{kicks, VirtioShared};
@@ -50,6 +54,11 @@ pub const PART_OTHER: usize = 3;
 const AGAIN_TX: u8 = 1;
 /// The control queue's.
 const AGAIN_CTRL: u8 = 2;
+
+/// Receive, as the rate limiter's waits index the ways.
+const WAY_RX: usize = 0;
+/// Transmit.
+const WAY_TX: usize = 1;
 
 /// One queue pair's state, owned by its thread.
 pub struct Worker {
@@ -69,6 +78,8 @@ pub struct Worker {
     tap_down_logged: bool,
     /// Work a budgeted pass left ([`AGAIN_TX`], [`AGAIN_CTRL`]).
     again: u8,
+    /// The ways waiting for their rate limiter, when the device has one.
+    waits: Option<Waits>,
 }
 
 impl Worker {
@@ -80,6 +91,18 @@ impl Worker {
         mem: Arc<GuestMemoryMmap>,
         control: Arc<AccountingControl>,
     ) -> Self {
+        let waits = if net.rx_rate.is_some() || net.tx_rate.is_some() {
+            Waits::new()
+                .map_err(|e| {
+                    log::error!(
+                        "{}: cannot make the rate limiter's timer ({e}); queue pair {pair} runs unlimited",
+                        net.id
+                    )
+                })
+                .ok()
+        } else {
+            None
+        };
         Worker {
             pair,
             net,
@@ -94,6 +117,61 @@ impl Worker {
             tap_attached: pair == 0,
             tap_down_logged: false,
             again: 0,
+            waits,
+        }
+    }
+
+    /// Whether `way` waits for its rate limiter's tokens.
+    fn throttled(&self, way: usize) -> bool {
+        self.waits.as_ref().is_some_and(|w| w.waiting(way))
+    }
+
+    /// The counters of `way`'s queue.
+    fn way_queue(&self, way: usize) -> usize {
+        if way == WAY_RX {
+            layout::rx(self.pair)
+        } else {
+            layout::tx(self.pair)
+        }
+    }
+
+    /// The rate limiter stopped `way`'s pass: it waits `wait_ns`.
+    fn throttle(&mut self, way: usize, wait_ns: u64) {
+        let q = self.way_queue(way);
+        if let Some(w) = self.waits.as_mut() {
+            w.throttle(way, wait_ns, &self.net.queues[q], crate::sync::now_ns());
+        }
+    }
+
+    /// The rate timer fired: the ways whose tokens are there run again.
+    fn on_rate_timer(&mut self, ops: &mut EventOps) {
+        let (rx, tx) = (layout::rx(self.pair), layout::tx(self.pair));
+        let net = Arc::clone(&self.net);
+        let Some(w) = self.waits.as_mut() else {
+            return;
+        };
+        let due = w.due(crate::sync::now_ns(), |way| {
+            &net.queues[if way == WAY_RX { rx } else { tx }]
+        });
+        if due[WAY_RX] {
+            self.refresh_tap(ops);
+            if self.listening {
+                self.batch(ops, PART_RX);
+            }
+        }
+        if due[WAY_TX] {
+            self.batch(ops, PART_TX);
+        }
+    }
+
+    /// Every rate wait ends (a new epoch).
+    fn end_waits(&mut self) {
+        let (rx, tx) = (layout::rx(self.pair), layout::tx(self.pair));
+        let net = Arc::clone(&self.net);
+        if let Some(w) = self.waits.as_mut() {
+            w.clear(crate::sync::now_ns(), |way| {
+                &net.queues[if way == WAY_RX { rx } else { tx }]
+            });
         }
     }
 
@@ -148,6 +226,7 @@ impl Worker {
         }
         self.again = 0;
         self.rx_blocked = false;
+        self.end_waits();
         self.set_listening(ops, false);
         self.serve(ops, Queues::default());
         self.epoch = w.epoch();
@@ -221,7 +300,7 @@ impl Worker {
                 }
             }
         }
-        let want = enabled && self.q.rx.is_some() && !self.rx_blocked;
+        let want = enabled && self.q.rx.is_some() && !self.rx_blocked && !self.throttled(WAY_RX);
         self.set_listening(ops, want);
     }
 
@@ -276,7 +355,8 @@ impl Worker {
         self.follow_epoch(ops);
         self.refresh_tap(ops);
         let again = std::mem::take(&mut self.again);
-        if again & AGAIN_TX != 0 {
+        // A transmit queue waiting for its tokens runs when its timer says so.
+        if again & AGAIN_TX != 0 && !self.throttled(WAY_TX) {
             self.batch(ops, PART_TX);
         }
         if again & AGAIN_CTRL != 0 {
@@ -324,14 +404,20 @@ impl Worker {
             return 0;
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
+        let rate = net.rx_rate.as_ref().filter(|_| self.waits.is_some());
         let o = batch::rx_pass(
             &mut rxq,
             &self.mem,
             &net.taps[self.pair],
             &net.queues[index],
+            rate,
             || virtio.serves(epoch),
         );
         self.q.rx = Some(rxq);
+        if let Some(wait) = o.throttled {
+            self.throttle(WAY_RX, wait);
+            self.set_listening(ops, false);
+        }
         if o.tap_ok {
             self.tap_ok();
         }
@@ -353,14 +439,19 @@ impl Worker {
             return 0;
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
+        let rate = net.tx_rate.as_ref().filter(|_| self.waits.is_some());
         let o = batch::tx_pass(
             &mut txq,
             &self.mem,
             &net.taps[self.pair],
             &net.queues[index],
+            rate,
             || virtio.serves(epoch),
         );
         self.q.tx = Some(txq);
+        if let Some(wait) = o.throttled {
+            self.throttle(WAY_TX, wait);
+        }
         if o.tap_ok {
             self.tap_ok();
         }
@@ -406,6 +497,11 @@ impl MutEventSubscriber for Worker {
             // The first pass follows whatever epoch the device is in already.
             let _ = w.write(1);
         }
+        if let Some(t) = &self.waits {
+            if let Err(e) = ops.add(Events::new(t, EventSet::IN)) {
+                log::error!("{}: cannot watch its rate timer: {e:?}", self.net.id);
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -420,6 +516,10 @@ impl MutEventSubscriber for Worker {
             self.on_wake(ops);
             return;
         }
+        if self.waits.as_ref().is_some_and(|w| w.as_raw_fd() == fd) {
+            self.on_rate_timer(ops);
+            return;
+        }
         if fd == self.tap().as_raw_fd() {
             if events
                 .event_set()
@@ -427,7 +527,7 @@ impl MutEventSubscriber for Worker {
             {
                 let e = io::Error::from_raw_os_error(libc::EIO);
                 self.tap_failed(&e, ops);
-            } else {
+            } else if !self.throttled(WAY_RX) {
                 self.batch(ops, PART_RX);
             }
             return;
@@ -437,10 +537,14 @@ impl MutEventSubscriber for Worker {
             net.queues[i].notifications.add(kicks(&net.kicks[i]));
             self.rx_blocked = false;
             self.refresh_tap(ops);
-            self.batch(ops, PART_RX);
+            if !self.throttled(WAY_RX) {
+                self.batch(ops, PART_RX);
+            }
         } else if let Some(i) = served.tx.filter(|&i| net.kicks[i].as_raw_fd() == fd) {
             net.queues[i].notifications.add(kicks(&net.kicks[i]));
-            self.batch(ops, PART_TX);
+            if !self.throttled(WAY_TX) {
+                self.batch(ops, PART_TX);
+            }
         } else if let Some(i) = served.ctrl.filter(|&i| net.kicks[i].as_raw_fd() == fd) {
             net.queues[i].notifications.add(kicks(&net.kicks[i]));
             self.batch(ops, PART_CTRL);

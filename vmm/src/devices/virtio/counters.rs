@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use ppa_vmm_api::{DropReason, QueueKind, QueueStats};
 
+use crate::devices::rate::ThrottleClock;
 use crate::sync::Counter;
 
 /// One queue's counters.
@@ -31,6 +32,10 @@ pub struct QueueCounters {
     /// Received frames that went through the host buffer (the guest had made too few buffers
     /// available to read the largest frame straight into them).
     pub copied: Counter,
+    /// Stops for the device's rate limiter.
+    pub throttles: Counter,
+    /// Time waited for the rate limiter.
+    pub throttled: ThrottleClock,
     drops: [Counter; DropReason::COUNT],
 }
 
@@ -83,6 +88,8 @@ impl QueueCounters {
             requests: (kind == QueueKind::Req).then(|| self.packets.get()),
             bytes: self.bytes.get(),
             copied: self.copied.get(),
+            throttles: self.throttles.get(),
+            throttled_ns: self.throttled.total_ns(crate::sync::now_ns()),
             drops,
         }
     }
@@ -117,7 +124,7 @@ mod tests {
             (1, QueueKind::Tx, 3, 1, 2)
         );
         assert_eq!((s.chains, s.packets, s.bytes), (5, 4, 256));
-        assert_eq!(s.copied, 0);
+        assert_eq!((s.copied, s.throttles, s.throttled_ns), (0, 0, 0));
         assert_eq!(s.drops.len(), 2);
         assert_eq!(s.drops[&DropReason::TapWouldBlock], 2);
         assert_eq!(c.total_drops(), 3);

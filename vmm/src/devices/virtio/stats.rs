@@ -102,6 +102,8 @@ pub fn since_common(cur: &mut DeviceStats, base: &DeviceStats) {
             }
             q.bytes = q.bytes.saturating_sub(b.bytes);
             q.copied = q.copied.saturating_sub(b.copied);
+            q.throttles = q.throttles.saturating_sub(b.throttles);
+            q.throttled_ns = q.throttled_ns.saturating_sub(b.throttled_ns);
             for (r, n) in q.drops.iter_mut() {
                 *n = n.saturating_sub(b.drops.get(r).copied().unwrap_or(0));
             }

@@ -270,3 +270,42 @@ fn hostile_receive_chains_are_faults() {
     ));
     assert_eq!(tap.len(), 1, "no frame read into a broken queue");
 }
+
+#[test]
+fn receive_goes_on_a_token_is_charged_each_frames_length_and_then_waits() {
+    use crate::devices::net::batch::rx_pass;
+    use crate::devices::rate::{BucketSpec, RateSpec, SharedLimiter};
+    use crate::devices::virtio::counters::QueueCounters;
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 16);
+    let descs: Vec<_> = (0..8)
+        .map(|i| d(0x1_0000 + i * 0x1000, 2048, WRITE))
+        .collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut rx = rxq(&m, &vq, false, 1500);
+    let tap = ModelTap::default();
+    for _ in 0..5 {
+        tap.push(frame(1000, false));
+    }
+    // 1,500 bytes an hour: the first frame goes on a full bucket, the second on what is left
+    // (500, then owing 500), the third waits.
+    let rate = SharedLimiter::new(&RateSpec {
+        bytes: Some(BucketSpec {
+            size: 1_500,
+            refill_ns: 3_600_000_000_000,
+            burst: 0,
+        }),
+        ops: None,
+    })
+    .unwrap();
+    let c = QueueCounters::default();
+    let o = rx_pass(&mut rx, &m, &tap, &c, Some(&rate), || true);
+    assert_eq!(o.handled, 2);
+    assert!(o.throttled.is_some_and(|w| w > 1_000_000_000_000), "{o:?}");
+    assert!(!o.blocked && o.fault.is_none());
+    assert_eq!((c.packets.get(), c.bytes.get()), (2, 2_000));
+    assert_eq!(vq.used().idx().load(), 2);
+    // Without a limiter the rest comes in.
+    let o = rx_pass(&mut rx, &m, &tap, &c, None, || true);
+    assert_eq!((o.handled, o.throttled), (3, None));
+}

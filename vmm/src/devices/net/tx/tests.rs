@@ -47,7 +47,7 @@ fn mem() -> Arc<GuestMemoryMmap> {
 
 /// A pass with a budget larger than any test's queue, never interrupted by a reset.
 fn run(tx: &mut TxQueue, m: &GuestMemoryMmap, sink: &Sink, c: &QueueCounters) -> TxPass {
-    tx.run(m, sink, c, 1000, || true)
+    tx.run(m, sink, c, 1000u64, || true)
 }
 
 fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
@@ -188,15 +188,15 @@ fn a_pass_stops_at_its_budget_and_says_chains_are_left() {
     vq.add_desc_chains(&descs, 0).unwrap();
     let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let (sink, c) = (Sink::default(), QueueCounters::default());
-    let pass = tx.run(&m, &sink, &c, 2, || true);
+    let pass = tx.run(&m, &sink, &c, 2u64, || true);
     assert_eq!(
         (pass.chains, pass.more),
         (2, true),
         "two sent, more left: run again"
     );
-    let pass = tx.run(&m, &sink, &c, 2, || true);
+    let pass = tx.run(&m, &sink, &c, 2u64, || true);
     assert_eq!((pass.chains, pass.more), (2, true));
-    let pass = tx.run(&m, &sink, &c, 2, || true);
+    let pass = tx.run(&m, &sink, &c, 2u64, || true);
     assert_eq!(
         (pass.chains, pass.more),
         (1, false),
@@ -214,7 +214,7 @@ fn a_reset_ends_a_pass_before_the_next_chain() {
     let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
     let (sink, c) = (Sink::default(), QueueCounters::default());
     let left = std::cell::Cell::new(2);
-    let pass = tx.run(&m, &sink, &c, 1000, || {
+    let pass = tx.run(&m, &sink, &c, 1000u64, || {
         left.set(left.get() - 1);
         left.get() >= 0
     });
@@ -224,4 +224,48 @@ fn a_reset_ends_a_pass_before_the_next_chain() {
         2,
         "nothing given back after the reset"
     );
+}
+
+#[test]
+fn a_frame_the_rate_cannot_pay_for_is_put_back_and_goes_when_tokens_are_there() {
+    use crate::devices::rate::{BucketSpec, RateSpec, SharedLimiter};
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 16);
+    let descs: Vec<_> = (0..5).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
+    let (sink, c) = (Sink::default(), QueueCounters::default());
+    // Two frames an hour: nothing refills during the test.
+    let spec = RateSpec {
+        bytes: None,
+        ops: Some(BucketSpec {
+            size: 2,
+            refill_ns: 3_600_000_000_000,
+            burst: 0,
+        }),
+    };
+    let rate = SharedLimiter::new(&spec).unwrap();
+    let budget = |r| TxBudget {
+        chains: 1000,
+        rate: Some(r),
+    };
+    let pass = tx.run(&m, &sink, &c, budget(&rate), || true);
+    assert_eq!(pass.chains, 2);
+    let wait = pass.throttled.expect("the third frame waits");
+    assert!(wait > 1_000_000_000_000, "half an hour for a token: {wait}");
+    assert!(!pass.more && pass.fault.is_none());
+    assert_eq!(vq.used().idx().load(), 2);
+    assert_eq!(c.chains.get(), 2, "the chain put back is not counted");
+    let pass = tx.run(&m, &sink, &c, budget(&rate), || true);
+    assert_eq!((pass.chains, pass.throttled.is_some()), (0, true));
+    // Tokens again: the frame put back goes first, in order.
+    let refilled = SharedLimiter::new(&spec).unwrap();
+    let pass = tx.run(&m, &sink, &c, budget(&refilled), || true);
+    assert_eq!((pass.chains, pass.throttled.is_some()), (2, true));
+    assert_eq!(vq.used().idx().load(), 4);
+    let heads: Vec<u32> = (0..4)
+        .map(|i| vq.used().ring().ref_at(i).unwrap().load().id())
+        .collect();
+    assert_eq!(heads, vec![0, 1, 2, 3]);
+    assert_eq!((c.packets.get(), sink.frames.borrow().len()), (4, 4));
 }
