@@ -230,10 +230,16 @@ fn full_and_basic_agree_on_used_time_and_full_holds_the_identity() {
         basic.push(b.report.vcpus[0].times.used_ns as i64);
         full.push(f.report.vcpus[0].times.used_ns as i64);
     }
-    let (b, f) = (median(basic.clone()), median(full.clone()));
+    // The host below steals now and then, and what it steals while the thread runs is out of
+    // the thread's CPU clock: it can only lower a run's used_ns (CI: one basic run read
+    // 288.9 ms beside 300.6). Each level's largest run is its least disturbed one.
+    let (b, f) = (
+        *basic.iter().max().unwrap_or(&0),
+        *full.iter().max().unwrap_or(&0),
+    );
     assert!(
         (b - f).abs() <= b / 100,
-        "used_ns basic {basic:?} vs full {full:?}: medians differ by more than 1 %"
+        "used_ns basic {basic:?} vs full {full:?}: the least disturbed runs differ by more than 1 %"
     );
 }
 
