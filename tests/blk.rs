@@ -361,3 +361,42 @@ fn stats_the_device_command_the_text_report_and_the_metrics_show_the_disk() {
         "{text}"
     );
 }
+
+#[test]
+fn a_rate_limited_disk_loses_nothing_and_never_passes_its_rate() {
+    let _g = common::serial();
+    let dir = temp_dir("blk-rate");
+    let path = disk_file(dir.as_path(), "disk.img", 4);
+    // 100 requests and 1 MiB a 100 ms: 513 requests (512 writes of 4 KiB and a flush) take at
+    // least 0.4 s beyond the full buckets, where the disk alone takes a few ms.
+    let disk = format!("path={path},rate=ops:100/100ms+bytes:1Mi/100ms");
+    let t0 = std::time::Instant::now();
+    let (code, r, err) = run(&[
+        "--disk",
+        &disk,
+        "--workload",
+        "blk-write:blocks=512,depth=16",
+    ]);
+    let elapsed = t0.elapsed();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(wrong_blocks(&path, 512), Vec::<u64>::new(), "nothing lost");
+    let dev = &r["devices"][0];
+    assert_eq!(dev["rate"], "bytes:1048576/100ms+ops:100/100ms", "{dev}");
+    let q = &dev["queues"][0];
+    assert_eq!((n(&q["requests"]), n(&q["chains"])), (513, 513), "{q}");
+    let most = |size: f64| size + size * elapsed.as_secs_f64() / 0.1;
+    assert!(
+        513.0 <= most(100.0),
+        "513 requests in {elapsed:?} is more than the rate lets through"
+    );
+    assert!(n(&q["throttles"]) > 0, "{q}");
+    let waited = n(&q["throttled_ns"]);
+    assert!(waited > 0 && waited < elapsed.as_nanos() as u64, "{q}");
+    eprintln!(
+        "513 requests in {elapsed:?} ({:.0}/s of 1000/s, the bucket's 100 included), waited {} ms in {} stops",
+        513.0 / elapsed.as_secs_f64(),
+        waited / 1_000_000,
+        n(&q["throttles"])
+    );
+    assert_threads(dev);
+}

@@ -467,8 +467,8 @@ pub struct RunOptions {
     #[serde(default)]
     pub net: Vec<String>,
     /// A virtio-blk disk on a raw file (or block device):
-    /// path=FILE[,readonly=on][,id=NAME][,queues=N] (repeatable: blk0, blk1, …; the file is
-    /// locked: a disk one VMM may write is never opened by another).
+    /// path=FILE[,readonly=on][,id=NAME][,queues=N][,rate=B] (repeatable: blk0, blk1, …; the
+    /// file is locked: a disk one VMM may write is never opened by another; rate=ops:1k/1s).
     #[arg(long, value_name = "path=FILE,...")]
     #[serde(default)]
     pub disk: Vec<String>,

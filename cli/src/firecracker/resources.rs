@@ -263,12 +263,13 @@ pub fn net_spec(iface: &NetworkInterface) -> Result<String, ResourceError> {
     Ok(spec)
 }
 
-/// The `--disk` value of a drive: `path=PATH_ON_HOST,id=DRIVE_ID[,readonly=on]`, checked as
-/// `--disk` checks it, the file opened as the VM will open it (Firecracker refuses a file it
-/// cannot open at the `PUT`). `io_engine` `Sync` and `Async` both mean our one thread per
-/// queue; `cache_type` `Unsafe` and `Writeback` both get a device that offers FLUSH and
-/// honours it (`fdatasync`), the safer of the two. Refused with a sentence: a vhost-user
-/// `socket`, a rate limiter that limits, another cache type or engine, a path with a comma.
+/// The `--disk` value of a drive: `path=PATH_ON_HOST,id=DRIVE_ID[,readonly=on][,rate=…]`,
+/// checked as `--disk` checks it, the file opened as the VM will open it (Firecracker refuses
+/// a file it cannot open at the `PUT`). `io_engine` `Sync` and `Async` both mean our one
+/// thread per queue; `cache_type` `Unsafe` and `Writeback` both get a device that offers
+/// FLUSH and honours it (`fdatasync`), the safer of the two; the rate limiter's bandwidth
+/// bucket limits the requests' data bytes, its ops bucket the requests. Refused with a
+/// sentence: a vhost-user `socket`, another cache type or engine, a path with a comma.
 pub fn disk_spec(drive: &Drive) -> Result<String, ResourceError> {
     let refuse = |why: String| ResourceError::Drive {
         id: drive.drive_id.chars().take(64).collect(),
@@ -277,11 +278,6 @@ pub fn disk_spec(drive: &Drive) -> Result<String, ResourceError> {
     if drive.socket.is_some() {
         return Err(refuse(
             "vhost-user block devices are not there in PPA-VMM; give path_on_host".into(),
-        ));
-    }
-    if drive.rate_limiter.as_ref().is_some_and(RateLimiter::limits) {
-        return Err(refuse(
-            "rate limiters are not there yet: PPA-VMM does not shape a disk's I/O (send no limiter, or buckets of size 0)".into(),
         ));
     }
     if let Some(c) = drive
@@ -328,6 +324,10 @@ pub fn disk_spec(drive: &Drive) -> Result<String, ResourceError> {
     let mut spec = format!("path={path},id={}", drive.drive_id);
     if readonly {
         spec.push_str(",readonly=on");
+    }
+    let rate = rate_buckets(drive.rate_limiter.as_ref(), "", "ops");
+    if !rate.is_empty() {
+        spec.push_str(&format!(",rate={}", rate.join("+")));
     }
     DiskSpec::parse(&spec).map_err(|e| refuse(ppa_vmm_api::describe(&e)))?;
     std::fs::OpenOptions::new()

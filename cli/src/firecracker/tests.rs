@@ -244,6 +244,26 @@ fn a_drive_becomes_a_disk_value_and_what_we_lack_is_refused() {
         resources::disk_spec(&ro).unwrap(),
         format!("path={path},id=rootfs,readonly=on")
     );
+    // A limiter's bandwidth limits the requests' bytes, its ops the requests.
+    let limited = Drive {
+        rate_limiter: Some(RateLimiter {
+            bandwidth: Some(TokenBucket {
+                size: 10_000_000,
+                one_time_burst: None,
+                refill_time: 1000,
+            }),
+            ops: Some(TokenBucket {
+                size: 100,
+                one_time_burst: Some(50),
+                refill_time: 100,
+            }),
+        }),
+        ..d.clone()
+    };
+    assert_eq!(
+        resources::disk_spec(&limited).unwrap(),
+        format!("path={path},id=rootfs,rate=bytes:10000000/1000ms+ops:100/100ms:burst=50")
+    );
     let refused = |d: Drive| resources::disk_spec(&d).unwrap_err().to_string();
     let e = refused(drive("rootfs", "/nonexistent/disk", true));
     assert!(

@@ -453,6 +453,11 @@ pub const DISK: &[Allow] = &[
         Args::Any,
         "DISCARD and WRITE_ZEROES: holes punched, ranges zeroed"
     ),
+    allow!(
+        timerfd_settime,
+        Args::Any,
+        "a rate limiter's timer armed for when the throttled queue's tokens are there, or disarmed at a reset"
+    ),
 ];
 
 /// The `signals` thread's own: a second stop signal removes the files (socket files, a PPA page

@@ -38,6 +38,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::virtio::{eventfds, read_config_bytes, VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
+use crate::devices::rate::SharedLimiter;
 use crate::devices::virtio::counters::QueueCounters;
 use crate::hypervisor::IrqLine;
 
@@ -176,6 +177,8 @@ pub struct BlkShared {
     pub requests: Vec<BlkCounters>,
     /// Set to stop the threads.
     pub stop: AtomicBool,
+    /// The rate limiter (`rate=`), shared by the queues' threads.
+    pub rate: Option<Arc<SharedLimiter>>,
     /// Whether the driver negotiated FLUSH in the last activation a thread served: the
     /// features read 0 after the reset a guest's shutdown makes, and the report is read after.
     pub flush_negotiated: AtomicBool,
@@ -214,6 +217,8 @@ pub struct BlkDevice {
     mem: Arc<GuestMemoryMmap>,
     config: [u8; CONFIG_LEN],
     mmio_base: u64,
+    /// The `rate=` value, for the figures.
+    rate: Option<String>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The figures at the last reset, which readers subtract (taken only by readers and
     /// `reset`: the device threads never touch it).
@@ -271,6 +276,7 @@ impl BlkDevice {
             stop: AtomicBool::new(false),
             flush_negotiated: AtomicBool::new(false),
             logged: Default::default(),
+            rate: SharedLimiter::new(&p.spec.rate).map(Arc::new),
             disk,
         });
         let virtio = Arc::new(
@@ -298,6 +304,7 @@ impl BlkDevice {
             virtio: Arc::clone(&virtio),
             mem: p.memory,
             mmio_base: p.mmio_base,
+            rate: p.spec.rate_value(),
             threads: Mutex::new(Vec::new()),
             baseline: Mutex::new(None),
         });

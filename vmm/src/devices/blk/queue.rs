@@ -11,13 +11,19 @@
 //! its chain is taken to the moment it is given back (its service time, by type, into
 //! [`BlkCounters`]), the epoch checked before each one; then the interrupt decision. A pass
 //! that stops at its budget with chains left says `more` (the thread runs it again without
-//! waiting for a kick); a malformed chain ends it with a fault (NEEDS_RESET).
+//! waiting for a kick); a malformed chain ends it with a fault (NEEDS_RESET). With a rate
+//! limiter (`--disk …,rate=`) each request takes its tokens (one op, and its data buffers'
+//! bytes) before it is served; one the buckets cannot pay for yet is put back and the pass
+//! ends saying how long to wait (`throttled`).
 
 use ppa_vmm_api::{BlkRequestKind, BlkStatus, HistogramJson};
+
+use std::sync::Arc;
 
 use super::file::Disk;
 use super::request::{serve, Done, Limits, Why};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot, DEFAULT_FRAC_BITS};
+use crate::devices::rate::SharedLimiter;
 use crate::devices::virtio::chain::{ChainError, Direction, Segments};
 use crate::devices::virtio::counters::QueueCounters;
 use crate::devices::virtio::pass::{end_pass, Irq};
@@ -27,6 +33,8 @@ use vm_memory::GuestMemoryMmap;
 
 /// Requests a pass answers before the thread looks at its other events.
 pub const REQ_BUDGET: u64 = 256;
+/// A request's bytes that are not its data: the 16-byte header and the status byte.
+const REQ_OVERHEAD: u64 = 17;
 
 const KINDS: usize = BlkRequestKind::COUNT;
 
@@ -163,6 +171,8 @@ pub struct ReqQueue {
     pub dq: DeviceQueue,
     /// What the disk offers, as negotiated.
     pub limits: Limits,
+    /// The disk's rate limiter, while the thread can wait for it.
+    pub rate: Option<Arc<SharedLimiter>>,
     segs: Segments,
     iov: Vec<libc::iovec>,
 }
@@ -174,6 +184,7 @@ impl ReqQueue {
         ReqQueue {
             dq,
             limits,
+            rate: None,
             segs: Segments::with_capacity(n),
             iov: Vec::with_capacity(n),
         }
@@ -195,6 +206,9 @@ pub struct Outcome {
     pub irq: Irq,
     /// The reasons of the error statuses given in this pass, a bit per [`Why::index`].
     pub whys: u8,
+    /// The rate limiter stopped the pass: the next request's tokens are there in this many ns
+    /// (its chain was put back).
+    pub throttled: Option<u64>,
 }
 
 impl Default for Outcome {
@@ -206,6 +220,7 @@ impl Default for Outcome {
             fault: None,
             irq: Irq::None,
             whys: 0,
+            throttled: None,
         }
     }
 }
@@ -264,11 +279,19 @@ pub fn req_pass<D: Disk>(
             }
         };
         let t0 = now_ns();
-        q.chains.add(1);
         if let Err(e) = rq.segs.load(chain, mem, Direction::ReadThenWrite, 1) {
+            q.chains.add(1);
             o.fault = Some(QueueFault::Chain(e));
             return o;
         }
+        if let Some(r) = rq.rate.as_deref() {
+            if let Err(wait) = r.try_take(rq.segs.total().saturating_sub(REQ_OVERHEAD)) {
+                rq.dq.unpop(1);
+                o.throttled = Some(wait);
+                break;
+            }
+        }
+        q.chains.add(1);
         let Ok(done) = serve(&rq.segs, mem, disk, &rq.limits, &mut rq.iov) else {
             // No writable byte: nowhere to put a status.
             o.fault = Some(QueueFault::Chain(ChainError::WrongDirection));

@@ -1,4 +1,4 @@
-//! `--disk` values: `path=FILE[,readonly=on][,id=NAME][,queues=N]`, parsed and checked before
+//! `--disk` values: `path=FILE[,readonly=on][,id=NAME][,queues=N][,rate=BUCKETS]`, parsed and checked before
 //! anything is built (a bad value is exit code 2 with a sentence, before any vCPU runs).
 //!
 //! Data flow: the config layer hands each `--disk` string (or config-file entry) to
@@ -10,6 +10,12 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::devices::cut;
+use crate::devices::rate::{self, RateSpec, RateSpecError};
+
+/// What `rate=` limits on a disk: the requests' data bytes and the requests.
+pub const RATE_KINDS: &[&str] = &["bytes", "ops"];
+/// A `rate=` value shown in its errors.
+pub const RATE_EXAMPLE: &str = "bytes:100M/1s+ops:1000/1s";
 
 /// The most request queues a disk may have (one thread each).
 pub const MAX_QUEUES: u16 = 16;
@@ -23,7 +29,7 @@ pub enum DiskSpecError {
     #[error("a disk needs path=FILE (e.g. --disk path=rootfs.ext4)")]
     NoPath,
     /// A key the option does not take.
-    #[error("--disk has no key `{0}` (it takes path, readonly, id and queues)")]
+    #[error("--disk has no key `{0}` (it takes path, readonly, id, queues and rate)")]
     UnknownKey(String),
     /// A key given twice.
     #[error("--disk key `{0}` is given twice")]
@@ -43,6 +49,9 @@ pub enum DiskSpecError {
     /// A bad id.
     #[error("id={0} is not a usable disk id (1 to {MAX_ID} letters, digits, `-` or `_`: GET_ID answers it in 20 bytes)")]
     BadId(String),
+    /// A bad `rate=` value.
+    #[error(transparent)]
+    Rate(#[from] RateSpecError),
 }
 
 /// One disk as configured.
@@ -56,6 +65,8 @@ pub struct DiskSpec {
     pub id: Option<String>,
     /// Request queues (each with its own thread).
     pub queues: u16,
+    /// Its rate limiter's buckets (`rate=`).
+    pub rate: RateSpec,
 }
 
 fn valid_id(s: &str) -> bool {
@@ -72,6 +83,7 @@ impl DiskSpec {
             readonly: false,
             id: None,
             queues: 1,
+            rate: RateSpec::default(),
         };
         let mut seen: Vec<&str> = Vec::new();
         for kv in s.split(',').filter(|p| !p.is_empty()) {
@@ -100,6 +112,15 @@ impl DiskSpec {
                         .filter(|q| (1..=MAX_QUEUES).contains(q))
                         .ok_or_else(|| DiskSpecError::BadQueues(cut(v)))?;
                 }
+                "rate" => {
+                    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
+                        *(if kind == 0 {
+                            &mut spec.rate.bytes
+                        } else {
+                            &mut spec.rate.ops
+                        }) = Some(b);
+                    }
+                }
                 _ => return Err(DiskSpecError::UnknownKey(cut(k))),
             }
             seen.push(k);
@@ -108,6 +129,12 @@ impl DiskSpec {
             return Err(DiskSpecError::NoPath);
         }
         Ok(spec)
+    }
+
+    /// The `rate=` value that gives this disk's limits (None: it has none).
+    pub fn rate_value(&self) -> Option<String> {
+        let v = self.rate.describe("", "ops");
+        (!v.is_empty()).then(|| v.join("+"))
     }
 }
 
@@ -126,6 +153,16 @@ mod tests {
             (true, Some("data_1"), 2)
         );
         assert!(!DiskSpec::parse("readonly=off,path=x").unwrap().readonly);
+        assert!(d.rate_value().is_none());
+        let d = DiskSpec::parse("path=a,rate=ops:1k/1s+bytes:10Mi/100ms:burst=1Gi").unwrap();
+        assert_eq!(d.rate.ops.unwrap().per_second(), 1_000);
+        assert_eq!(d.rate.bytes.unwrap().per_second(), 104_857_600);
+        assert_eq!(
+            d.rate_value().unwrap(),
+            "bytes:10485760/100ms:burst=1073741824+ops:1000/1s"
+        );
+        let e = DiskSpec::parse("path=a,rate=tx-bytes:1/1s").unwrap_err();
+        assert!(e.to_string().contains("it takes bytes, ops"), "{e}");
     }
 
     #[test]

@@ -322,6 +322,46 @@ fn an_abandoned_pass_takes_nothing() {
 }
 
 #[test]
+fn a_request_the_rate_cannot_pay_for_waits_in_the_ring_and_goes_first_after() {
+    use crate::devices::rate::{BucketSpec, RateSpec, SharedLimiter};
+    let mut rig = Rig::new(16, true);
+    let mut rq = req_queue(&rig, limits());
+    let disk = MemDisk::new(64);
+    let c = (QueueCounters::default(), BlkCounters::default());
+    let block = [9u8; 512];
+    for i in 0..3 {
+        rig.add(&Req {
+            ty: VIRTIO_BLK_T_OUT,
+            sector: i,
+            out: &block,
+            in_len: 0,
+        });
+    }
+    // 1 KiB of data an hour: two writes of 512 bytes, then a wait.
+    let spec = RateSpec {
+        bytes: Some(BucketSpec {
+            size: 1024,
+            refill_ns: 3_600_000_000_000,
+            burst: 0,
+        }),
+        ops: None,
+    };
+    rq.rate = SharedLimiter::new(&spec).map(Arc::new);
+    let o = pass(&mut rig, &mut rq, &disk, &c);
+    assert_eq!((o.handled, o.fault, o.more), (2, None, false));
+    assert!(o.throttled.is_some_and(|w| w > 1_000_000_000_000), "{o:?}");
+    assert_eq!(o.irq, Irq::Wanted, "the two answered are signalled");
+    assert_eq!((rig.status_of(1), rig.status_of(2)), (0, 0xff));
+    assert_eq!(c.0.chains.get(), 2, "the request put back is not counted");
+    // Tokens again: the waiting request goes.
+    rq.rate = SharedLimiter::new(&spec).map(Arc::new);
+    let o = pass(&mut rig, &mut rq, &disk, &c);
+    assert_eq!((o.handled, o.throttled), (1, None));
+    assert_eq!(rig.status_of(2), 0);
+    assert_eq!(c.1.counts().written, 3 * 512);
+}
+
+#[test]
 fn flush_negotiated_outlives_the_reset_a_guest_makes_at_shutdown() {
     let path = std::env::temp_dir().join(format!("ppa-blk-flush-{}.img", std::process::id()));
     std::fs::write(&path, vec![0u8; 64 * 512]).unwrap();
@@ -332,6 +372,7 @@ fn flush_negotiated_outlives_the_reset_a_guest_makes_at_shutdown() {
         readonly: false,
         id: None,
         queues: 1,
+        rate: Default::default(),
     };
     let (dev, virtio) = BlkDevice::new(BlkParams {
         spec: &spec,

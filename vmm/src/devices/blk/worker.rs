@@ -13,6 +13,9 @@
 //! kick it runs [`super::queue::req_pass`] and carries out its outcome: the interrupt, a
 //! re-run through its own wake eventfd when the pass stopped at its budget, NEEDS_RESET for a
 //! malformed chain (for the epoch it serves only), the first log line of each error reason.
+//! With a rate limiter a pass it stopped leaves the queue waiting on the thread's timer
+//! ([`crate::devices::rate::wait`]): kicks are counted and the queue is not served until the
+//! timer says its tokens are there.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -23,6 +26,7 @@ use vm_memory::GuestMemoryMmap;
 use super::queue::{req_pass, Outcome, ReqQueue};
 use super::BlkShared;
 use crate::accounting::{AccountingControl, Level};
+use crate::devices::rate::wait::Waits;
 use crate::devices::virtio::pass::{device_queue, signal};
 use crate::devices::virtio::queue::QueueFault;
 use crate::devices::virtio::{kicks, VirtioShared};
@@ -46,6 +50,8 @@ pub struct Worker {
     epoch: u32,
     /// A budgeted pass left work, run again from the wake eventfd.
     again: bool,
+    /// The queue's wait for the rate limiter, when the disk has one.
+    waits: Option<Waits>,
 }
 
 impl Worker {
@@ -57,6 +63,16 @@ impl Worker {
         mem: Arc<GuestMemoryMmap>,
         control: Arc<AccountingControl>,
     ) -> Self {
+        let waits = blk.rate.as_ref().and_then(|_| {
+            Waits::new()
+                .map_err(|e| {
+                    log::error!(
+                        "{}: cannot make the rate limiter's timer ({e}); queue {queue} runs unlimited",
+                        blk.id
+                    )
+                })
+                .ok()
+        });
         Worker {
             queue,
             blk,
@@ -66,6 +82,23 @@ impl Worker {
             q: None,
             epoch: 0,
             again: false,
+            waits,
+        }
+    }
+
+    /// Whether the queue waits for its rate limiter's tokens.
+    fn throttled(&self) -> bool {
+        self.waits.as_ref().is_some_and(|w| w.waiting(0))
+    }
+
+    /// The rate timer fired: the queue runs again when its tokens are there.
+    fn on_rate_timer(&mut self, ops: &mut EventOps) {
+        let q = &self.blk.queues[self.queue];
+        let Some(w) = self.waits.as_mut() else {
+            return;
+        };
+        if w.due(crate::sync::now_ns(), |_| q)[0] {
+            self.pass(ops);
         }
     }
 
@@ -80,6 +113,10 @@ impl Worker {
             let _ = ops.remove(Events::empty(kick));
         }
         self.again = false;
+        let q = &self.blk.queues[self.queue];
+        if let Some(waits) = self.waits.as_mut() {
+            waits.clear(crate::sync::now_ns(), |_| q);
+        }
         self.epoch = w.epoch();
         if w.active() && !self.virtio.stopped() {
             match device_queue(&self.virtio, Some(self.queue), &self.mem) {
@@ -91,7 +128,9 @@ impl Worker {
                             self.queue
                         );
                     }
-                    self.q = Some(ReqQueue::new(dq, self.blk.limits(&self.virtio)));
+                    let mut rq = ReqQueue::new(dq, self.blk.limits(&self.virtio));
+                    rq.rate = self.blk.rate.clone().filter(|_| self.waits.is_some());
+                    self.q = Some(rq);
                     // A kick that came while this thread still held the old queue went to
                     // that one: the new epoch starts with a pass.
                     self.requeue();
@@ -108,7 +147,8 @@ impl Worker {
             let _ = w.read();
         }
         self.follow_epoch(ops);
-        if std::mem::take(&mut self.again) {
+        // A queue waiting for its tokens runs when its timer says so.
+        if std::mem::take(&mut self.again) && !self.throttled() {
             self.pass(ops);
         }
     }
@@ -158,6 +198,10 @@ impl Worker {
         if o.more && !o.abandoned {
             self.requeue();
         }
+        if let (Some(wait), Some(w)) = (o.throttled, self.waits.as_mut()) {
+            let q = &self.blk.queues[self.queue];
+            w.throttle(0, wait, q, crate::sync::now_ns());
+        }
     }
 
     /// Asks the thread to run a pass soon (its own wake eventfd), after the other events now
@@ -179,6 +223,11 @@ impl MutEventSubscriber for Worker {
             // The first pass follows whatever epoch the device is in already.
             let _ = w.write(1);
         }
+        if let Some(t) = &self.waits {
+            if let Err(e) = ops.add(Events::new(t, EventSet::IN)) {
+                log::error!("{}: cannot watch its rate timer: {e:?}", self.blk.id);
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -192,10 +241,16 @@ impl MutEventSubscriber for Worker {
             self.on_wake(ops);
             return;
         }
+        if self.waits.as_ref().is_some_and(|w| w.as_raw_fd() == fd) {
+            self.on_rate_timer(ops);
+            return;
+        }
         let kick = &self.blk.kicks[self.queue];
         if self.q.is_some() && kick.as_raw_fd() == fd {
             self.blk.queues[self.queue].notifications.add(kicks(kick));
-            self.pass(ops);
+            if !self.throttled() {
+                self.pass(ops);
+            }
         }
     }
 }
