@@ -102,29 +102,8 @@ fn frames_from_the_host_reach_the_guest_and_every_one_is_accounted() {
     );
     vmm.wait_driver("net0");
     let passed_before = ns.tap_counter("tx_packets");
-    let sock = vmm.sock.clone();
-    let sent = ns.within(move || {
-        let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
-        let mut c = common::vmm::Conn::new(std::os::unix::net::UnixStream::connect(&sock).unwrap());
-        let delivered = |c: &mut common::vmm::Conn| {
-            let d = c.ok(json!({"cmd": "device", "name": "net0"}));
-            n(&d["queues"][0]["packets"])
-        };
-        // At most 512 frames ahead of the guest: the tap holds 1000 before it drops, so every
-        // frame gets to the VMM however fast or slow this host is.
-        let mut sent = 0u64;
-        while sent < 10_000 {
-            if sent >= delivered(&mut c) + 512 {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            let f = test_frame([0xff; 6], s.mac, 64, sent);
-            if s.send(&f) {
-                sent += 1;
-            }
-        }
-        sent
-    });
+    // At most 512 frames ahead of the guest: every frame gets to the VMM.
+    let sent = ns.send_paced(vmm.sock.clone(), 10_000, 512);
     assert_eq!(sent, 10_000);
     let mut vmm = vmm;
     let (code, r) = vmm.wait();

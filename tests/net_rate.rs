@@ -9,9 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::netns::{test_frame, NetNs, PacketSocket};
+use common::netns::NetNs;
 use common::vmm::Vmm;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn n(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
@@ -105,32 +105,10 @@ fn receive_at_a_byte_rate_delivers_every_frame_within_the_rate() {
         ],
     );
     vmm.wait_driver("net0");
-    let sock = vmm.sock.clone();
     let t0 = Instant::now();
-    let sent = ns.within(move || {
-        let s = PacketSocket::open("tap0", 100).expect("a packet socket on the tap");
-        let mut c = common::vmm::Conn::new(std::os::unix::net::UnixStream::connect(&sock).unwrap());
-        let delivered = |c: &mut common::vmm::Conn| {
-            let d = c.ok(json!({"cmd": "device", "name": "net0"}));
-            n(&d["queues"][0]["packets"])
-        };
-        // Bursts of at most 256 frames ahead of the guest: the tap holds them all while the
-        // rate makes the device wait.
-        let (mut sent, mut known) = (0u64, 0u64);
-        while sent < 2_000 {
-            if sent >= known + 256 {
-                known = delivered(&mut c);
-                if sent >= known + 256 {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                continue;
-            }
-            if s.send(&test_frame([0xff; 6], s.mac, 64, sent)) {
-                sent += 1;
-            }
-        }
-        sent
-    });
+    // Bursts of at most 256 frames ahead of the guest: the tap holds them all while the rate
+    // makes the device wait.
+    let sent = ns.send_paced(vmm.sock.clone(), 2_000, 256);
     assert_eq!(sent, 2_000);
     let mut vmm = vmm;
     let (code, r) = vmm.wait();

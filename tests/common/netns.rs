@@ -100,6 +100,39 @@ impl NetNs {
         .join()
         .expect("the thread in the namespace")
     }
+
+    /// Sends `count` 64-byte test frames into the namespace's tap from inside it, never more
+    /// than `ahead` frames ahead of what `net0`'s first receive queue delivered (asked over the
+    /// control socket `sock` only at that bound): the tap holds 1000 frames before it drops,
+    /// so with `ahead` below that every frame gets to the VMM however fast or slow the host or
+    /// the device is. Returns the frames sent.
+    pub fn send_paced(&self, sock: std::path::PathBuf, count: u64, ahead: u64) -> u64 {
+        let tap = self.tap.clone();
+        self.within(move || {
+            let s = PacketSocket::open(&tap, 100).expect("a packet socket on the tap");
+            let mut c = super::vmm::Conn::new(
+                std::os::unix::net::UnixStream::connect(&sock).expect("the control socket"),
+            );
+            let mut delivered = || {
+                let d = c.ok(serde_json::json!({"cmd": "device", "name": "net0"}));
+                d["queues"][0]["packets"].as_u64().expect("a count")
+            };
+            let (mut sent, mut known) = (0u64, 0u64);
+            while sent < count {
+                if sent >= known + ahead {
+                    known = delivered();
+                    if sent >= known + ahead {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    continue;
+                }
+                if s.send(&test_frame([0xff; 6], s.mac, 64, sent)) {
+                    sent += 1;
+                }
+            }
+            sent
+        })
+    }
 }
 
 impl Drop for NetNs {
