@@ -120,10 +120,13 @@ fn the_guest_publishes_every_2_ms_and_reads_a_fresh_host_record() {
         // (steal − seen may exceed wall − seen_wall: run_delay counts a run-queue wait when
         // it ends, so a wait under way when the record was made shows in full later.)
         // 10 ms: the bound on staleness (the sampler refreshes every 8 ms, leaving
-        // 2 ms for its wake-up on a host whose CPUs the vCPUs oversubscribe).
+        // 2 ms for its wake-up on a host whose CPUs the vCPUs oversubscribe). Time the host
+        // below took during the run (`vm.host_steal_ns`, /proc/stat) can delay a refresh by
+        // as much, up to one 10 ms tick (CI rehearsal: a record 11.8 ms old).
+        let host_steal = out.report.vm.host_steal_ns.unwrap_or(0);
         assert!(
-            age <= 10_000_000,
-            "vCPU {i}: the guest read a host record {age} ns old"
+            age <= 10_000_000 + host_steal.min(10_000_000),
+            "vCPU {i}: the guest read a host record {age} ns old (host steal {host_steal} ns)"
         );
     }
 }
