@@ -615,7 +615,7 @@ impl Limiter {
             .get_or_insert(StopMargin::new(self.margin_ns))
             .get();
         let (budget, for_devices) = if scope_of(e) == Scope::Vm {
-            self.devices_budget(e, &members, l.quota_ns, margin_ns)
+            self.devices_budget(e, &members, &l, margin_ns, now)
         } else {
             (l.quota_ns, None)
         };

@@ -2,9 +2,11 @@
 //! budget, and once the budget is spent, after the vCPUs, the device threads are held.
 //!
 //! Data flow: at each look of such a limit the thread reads every device thread's CPU clock
-//! (its `WorkerMeter`), charges what they used since the period began, and keeps for them what
-//! they used last period (with 10 % headroom, as an idle vCPU's claim): the vCPUs share the rest
-//! ([`Limiter::devices_budget`]). When the members and the devices together reach the quota
+//! (its `WorkerMeter`), charges what they used since the period began, and keeps for them the
+//! part of last period's use that the rest of the period would see at last period's pace: the
+//! vCPUs share what is left ([`Limiter::devices_budget`]). So a reserve the devices do not use
+//! goes back to the vCPUs as the period runs out, and devices that run faster than last period
+//! are kept more for. When the members and the devices together reach the quota
 //! less the margin, each device thread is held ([`crate::accounting::worker::hold`]): it stops
 //! serving its queues until the next period, which releases it ([`Limiter::devices_begin`]).
 //! Device threads have no kick timer, so the thread looks again before the devices and the
@@ -16,17 +18,21 @@ use super::{Entity, LimitKind, Limiter};
 use crate::accounting::worker::WorkerMeter;
 use crate::devices::Device;
 use crate::limits::engine::{Member, MIN_RECHECK_NS};
-use crate::limits::Scope;
+use crate::limits::{Limit, Scope};
+
+/// While the vCPUs are at (or near) their budget and the devices have a reserve, the thread
+/// looks again at least this many times a period, so that what the devices leave unused goes
+/// back to the vCPUs within the period.
+pub(super) const GIVE_BACK_LOOKS: u64 = 16;
 
 /// A limit of scope `vm`'s account of the device threads.
 #[derive(Debug, Default)]
 pub(super) struct DeviceCharge {
     /// Each device thread's CPU clock at the period's start.
     base: Vec<u64>,
-    /// What they are expected to use this period: last period's. No headroom: a reserve the
-    /// devices then did not use was lost to the vCPUs (at 10 % the VM got 47 % of a 50 % quota,
-    /// at 2 % 48.6-49.2 %, at none 48.8-49.0 %: docs/limits.md "Scope"); devices that use more
-    /// are held when the quota is spent, as before.
+    /// What they are expected to use in a period: last period's. No headroom (at 10 % the VM
+    /// got 47 % of a 50 % quota, at none 48.8-49.0 %: docs/limits.md "Scope"); devices that use
+    /// more are held when the quota is spent, as before.
     expected: u64,
     /// Whether they are held now.
     held: bool,
@@ -96,16 +102,19 @@ impl Limiter {
         }
     }
 
-    /// For a limit of scope `vm` of `quota_ns`, its vCPUs `members` as read now: the budget
-    /// left to the vCPUs (the quota less what the devices used or are expected to use), and
-    /// when to look again for the devices' sake. Holds the devices once the budget is spent.
+    /// For a limit `l` of scope `vm`, its vCPUs `members` as read `now`: the budget left to
+    /// the vCPUs (the quota less what the devices used this period and what they are expected
+    /// to use in the rest of it, [`device_reserve`]), and when to look again for the devices'
+    /// sake. Holds the devices once the budget is spent.
     pub(super) fn devices_budget(
         &self,
         e: &mut Entity,
         members: &[Member],
-        quota_ns: u64,
+        l: &Limit,
         margin_ns: u64,
+        now: u64,
     ) -> (u64, Option<u64>) {
+        let quota_ns = l.quota_ns;
         let threads = meters(self.devices()).count() as u64;
         if threads == 0 {
             return (quota_ns, None);
@@ -117,14 +126,23 @@ impl Limiter {
             e.dev.held = true;
             self.hold_devices(true);
         }
-        let budget = quota_ns.saturating_sub(used.max(e.dev.expected));
+        let elapsed = now.saturating_sub(e.period_start);
+        let rest = device_reserve(e.dev.expected, elapsed, l.period_ns);
+        let budget = quota_ns.saturating_sub(used + rest);
         if e.dev.held {
             return (budget, None);
         }
         let running = members.iter().filter(|m| m.can_run && !m.stopped).count() as u64;
         let on_cpu = (threads + running).min(self.host_cpus.max(1) as u64);
         let left = quota_ns.saturating_sub(used + vcpus + on_cpu * margin_ns);
-        (budget, Some((left / on_cpu).max(MIN_RECHECK_NS)))
+        let mut recheck = (left / on_cpu).max(MIN_RECHECK_NS);
+        // A vCPU stopped (or about to be) at a budget that grows as the reserve runs out: look
+        // again soon enough to release it.
+        let at_budget = members.iter().any(|m| m.stopped) || vcpus + 4 * margin_ns >= budget;
+        if rest > 0 && at_budget {
+            recheck = recheck.min((l.period_ns / GIVE_BACK_LOOKS).max(MIN_RECHECK_NS));
+        }
+        (budget, Some(recheck))
     }
 
     /// The devices' figures for the limit's stats: CPU charged, held time and holds.
@@ -137,6 +155,16 @@ impl Limiter {
             holds.saturating_sub(e.dev.holds_base),
         )
     }
+}
+
+/// What the devices are expected to use in the rest of a period of `period_ns`, `elapsed_ns`
+/// into it, when they used `expected_ns` in the last one: that use at the same pace, pro rata.
+pub(super) fn device_reserve(expected_ns: u64, elapsed_ns: u64, period_ns: u64) -> u64 {
+    if period_ns == 0 {
+        return 0;
+    }
+    let rest = period_ns.saturating_sub(elapsed_ns);
+    (u128::from(expected_ns) * u128::from(rest) / u128::from(period_ns)) as u64
 }
 
 /// The scope of `e`'s limit, from its text (`50%,scope=vm`); a group's is always `vcpus`.

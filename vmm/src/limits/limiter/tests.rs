@@ -149,3 +149,20 @@ fn a_limit_set_at_run_time_begins_when_it_is_set() {
     assert_eq!(es[0].period_start, es[0].set_at);
     assert!(es[0].set_at <= now && es[0].set_at > 1_000_000_000);
 }
+
+/// Scope `vm`: the devices' reserve is last period's use at last period's pace over what is
+/// left of the period, so what they leave unused goes back to the vCPUs as it runs out.
+#[test]
+fn the_device_reserve_runs_out_with_the_period() {
+    use super::devices::device_reserve;
+    let p = 100_000_000;
+    assert_eq!(device_reserve(20_000_000, 0, p), 20_000_000);
+    assert_eq!(device_reserve(20_000_000, 25_000_000, p), 15_000_000);
+    assert_eq!(device_reserve(20_000_000, 90_000_000, p), 2_000_000);
+    assert_eq!(device_reserve(20_000_000, p, p), 0);
+    // Late looks (past the boundary) and a zero period keep nothing back.
+    assert_eq!(device_reserve(20_000_000, 2 * p, p), 0);
+    assert_eq!(device_reserve(20_000_000, 0, 0), 0);
+    // No overflow at the largest figures.
+    assert_eq!(device_reserve(u64::MAX, 0, u64::MAX), u64::MAX);
+}
