@@ -6,8 +6,8 @@
 #
 # Every target when none is named; 45 s each by default (the CI budget), as many at once as
 # there are CPUs (FUZZ_JOBS). For a long run:
-# `scripts/fuzz.sh --seconds 600`. Installs cargo-fuzz (pinned) into target/tools when it
-# is not on PATH; builds into target/fuzz; keeps the growing corpus in target/fuzz/corpus/NAME
+# `scripts/fuzz.sh --seconds 600`. Installs cargo-fuzz (pinned) under $CARGO_HOME/ppa-vmm-tools
+# when it is not on PATH; builds into target/fuzz; keeps the growing corpus in target/fuzz/corpus/NAME
 # (seeded from fuzz/seeds/NAME, which is never written). A crash, timeout or out-of-memory
 # input is copied to fuzz/regressions/NAME/ (replayed by `cargo test` from then on), printed
 # in base64 for CI logs, and makes the script fail once every target has run.
@@ -37,10 +37,13 @@ if [ ${#targets[@]} -eq 0 ]; then
   for f in fuzz/fuzz_targets/*.rs; do targets+=("$(basename "$f" .rs)"); done
 fi
 
-tools="$PWD/target/tools"
+# The pinned cargo-fuzz lives beside cargo's own tools, in a directory of its version (so a
+# clean clone, CI's, does not build it again, and a cargo-fuzz of another version that the
+# user installed is left alone).
+tools="${CARGO_HOME:-$HOME/.cargo}/ppa-vmm-tools/cargo-fuzz-$CARGO_FUZZ_VERSION"
 export PATH="$tools/bin:$PATH"
 if ! cargo fuzz --version 2>/dev/null | grep -q "^cargo-fuzz $CARGO_FUZZ_VERSION\$"; then
-  echo "fuzz.sh: installing cargo-fuzz $CARGO_FUZZ_VERSION into target/tools"
+  echo "fuzz.sh: installing cargo-fuzz $CARGO_FUZZ_VERSION into $tools"
   cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION" --root "$tools"
 fi
 command -v c++ >/dev/null 2>&1 || {
@@ -53,7 +56,10 @@ sanitizer="${FUZZ_SANITIZER:-address}"
 # One target, or all of them in one build (they share every dependency).
 one=()
 [ ${#targets[@]} -eq 1 ] && one=("${targets[0]}")
-cargo fuzz build --sanitizer "$sanitizer" --target-dir target/fuzz "${one[@]}"
+# FUZZ_CODEGEN_UNITS: cargo-fuzz builds with one codegen unit, which compiles ppa-vmm on one
+# CPU; CI's 10-second runs take 16 (scripts/test.sh), a faster build for slower runs.
+cargo fuzz build --sanitizer "$sanitizer" --codegen-units "${FUZZ_CODEGEN_UNITS:-1}" \
+  --target-dir target/fuzz "${one[@]}"
 bin_dir=target/fuzz/x86_64-unknown-linux-gnu/release
 
 seed="${FUZZ_SEED:-}"

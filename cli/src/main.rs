@@ -388,7 +388,19 @@ fn parse_cli() -> Cli {
     }
 }
 
+/// Makes a panic on any thread end the process after its message, as `panic = "abort"` does:
+/// the test profile (Cargo.toml `ci`) unwinds, and a VMM must not run on with a vCPU or
+/// device thread gone.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
+    abort_on_panic();
     let cli = parse_cli();
     // The firecracker subcommand installs a log of its own (Firecracker's line shape).
     if !matches!(cli.command, Command::Firecracker(_)) {

@@ -138,6 +138,13 @@ fn fail(e: &AgentError) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // A panic on any thread ends the agent after its message, as `panic = "abort"` does
+    // (the test profile, Cargo.toml `ci`, unwinds).
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
     let cli = Cli::parse();
     let cfg = match config(&cli) {
         Ok(c) => c,
