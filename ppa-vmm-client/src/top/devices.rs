@@ -1,7 +1,9 @@
 //! `top`'s device rows: under the vCPUs, one line per device thread with its share of the
-//! interval (USED%, RDY% = steal, WAIT% = asleep in its event loop, BLKD%) and its device's
-//! rates over the same interval: frames each way and CPU per frame for a network device,
-//! reads, writes and errors per second and CPU per request for a disk.
+//! interval (USED%, RDY% = steal, WAIT% = asleep in its event loop, BLKD%, HELD% = held by a
+//! VM limit of scope `vm`) and its device's rates over the same interval: frames each way and
+//! CPU per frame for a network device, reads, writes and errors per second and CPU per request
+//! for a disk, and RATE%, the share of the interval its most throttled queue waited for its
+//! rate limiter's tokens (`-` without a rate limiter).
 //!
 //! Data flow: `run_to` hands the previous and current `stats` to [`device_rows`]; pure.
 
@@ -29,14 +31,26 @@ pub fn device_rows(prev: &Stats, cur: &Stats) -> String {
         };
         let _ = write!(
             s,
-            "\n{:<12} {:>8} {:>7} {:>7} {:>7} {:>7} {:>10} {:>10} {:>8} {:>10}\n",
-            "THREAD", "TID", "USED%", "RDY%", "WAIT%", "BLKD%", cols[0], cols[1], cols[2], cols[3]
+            "\n{:<12} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>10} {:>10} {:>8} {:>10} {:>6}\n",
+            "THREAD",
+            "TID",
+            "USED%",
+            "RDY%",
+            "WAIT%",
+            "BLKD%",
+            "HELD%",
+            cols[0],
+            cols[1],
+            cols[2],
+            cols[3],
+            "RATE%"
         );
         for (p, d) in pairs {
-            let cells = match kind {
+            let mut cells = match kind {
                 DeviceKind::Net => net_cells(p, d, secs),
                 DeviceKind::Blk => blk_cells(p, d, secs),
             };
+            let _ = write!(cells, " {:>6}", rate_cell(p, d, secs));
             thread_rows(&mut s, p, d, &cells);
         }
     }
@@ -88,6 +102,28 @@ fn blk_cells(p: &DeviceStats, d: &DeviceStats, secs: f64) -> String {
     format!("{rd:>10.0} {wr:>10.0} {err:>8.0} {per:>10}")
 }
 
+/// The share of the interval (`secs`) that `d`'s most throttled queue waited for its rate
+/// limiter's tokens, or `-` when the device has no rate limiter.
+fn rate_cell(p: &DeviceStats, d: &DeviceStats, secs: f64) -> String {
+    if d.rate.is_none() {
+        return "-".to_string();
+    }
+    let waited = d
+        .queues
+        .iter()
+        .map(|q| {
+            let before = p
+                .queues
+                .iter()
+                .find(|x| x.index == q.index)
+                .map_or(0, |x| x.throttled_ns);
+            q.throttled_ns.saturating_sub(before)
+        })
+        .max()
+        .unwrap_or(0);
+    format!("{:.1}", (waited as f64 / 1e9 / secs * 100.0).min(100.0))
+}
+
 /// `cpu` ns over `n` units, or `-` when none moved.
 fn per_unit(cpu: u64, n: f64) -> String {
     if n >= 1.0 {
@@ -107,13 +143,14 @@ fn thread_rows(s: &mut String, p: &DeviceStats, d: &DeviceStats, cells: &str) {
         let pct = |a: u64, b: u64| a.saturating_sub(b) as f64 / wall;
         let _ = writeln!(
             s,
-            "{:<12} {:>8} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {}",
+            "{:<12} {:>8} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {}",
             t.name,
             t.host_tid,
             pct(t.used_ns, pt.used_ns),
             pct(t.steal_ns, pt.steal_ns),
             pct(t.waiting_ns, pt.waiting_ns),
             pct(t.blocked_ns, pt.blocked_ns),
+            pct(t.limited_ns, pt.limited_ns),
             if i == 0 { cells } else { "" }
         );
     }
@@ -200,10 +237,38 @@ mod tests {
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["net0-qp0", "99", "20.0", "0.0", "80.0", "0.0", "2000", "2000", "0", "50000"],
+            [
+                "net0-qp0", "99", "20.0", "0.0", "80.0", "0.0", "0.0", "2000", "2000", "0",
+                "50000", "-"
+            ],
             "{s}"
         );
         assert_eq!(device_rows(&stats(&[], 1), &stats(&[], 2)), "");
+    }
+
+    #[test]
+    fn held_and_throttled_time_are_shares_of_the_interval() {
+        let mut prev = stats(&[], 1);
+        prev.devices = vec![device(1, 1000, 100_000_000)];
+        let mut cur = stats(&[], 3);
+        let mut d = device(3, 5000, 500_000_000);
+        // Over the two seconds: held 300 ms by a VM limit, and the rate limiter kept the tx
+        // queue waiting 1.5 s and the rx queue 0.5 s.
+        d.threads[0].limited_ns = 300_000_000;
+        d.threads[0].waiting_ns -= 300_000_000;
+        d.rate = Some("tx-packets:1000/1s".into());
+        d.queues[0].throttled_ns = 500_000_000;
+        d.queues[1].throttled_ns = 1_500_000_000;
+        cur.devices = vec![d];
+        let s = device_rows(&prev, &cur);
+        assert!(s.contains("HELD%") && s.contains("RATE%"), "{s}");
+        let row = s.lines().find(|l| l.starts_with("net0-qp0")).expect(&s);
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[6], "15.0", "held: 300 ms of 2 s\n{s}");
+        assert_eq!(
+            cells[11], "75.0",
+            "the most throttled queue: 1.5 s of 2 s\n{s}"
+        );
     }
 }
 
@@ -251,7 +316,10 @@ mod blk_tests {
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["blk0-q0", "99", "10.0", "0.0", "90.0", "0.0", "1500", "500", "0", "50000"],
+            [
+                "blk0-q0", "99", "10.0", "0.0", "90.0", "0.0", "0.0", "1500", "500", "0", "50000",
+                "-"
+            ],
             "{s}"
         );
     }
