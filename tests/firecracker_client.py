@@ -105,7 +105,10 @@ call("boot-source-post-boot", api.boot, "put", kernel_image_path=tiny)
 call("network-interface-post-boot", api.network, "put", iface_id="eth1",
      host_dev_name="tap0")
 call("start-again", api.actions, "put", action_type="InstanceStart")
-call("drive-patch-post-boot", api.drive, "patch", drive_id="data", path_on_host=data)
+call("drive-patch-post-boot", api.drive, "patch", drive_id="data",
+     path_on_host=data + ".other")
+call("drive-patch-rate", api.drive, "patch", drive_id="data",
+     rate_limiter={"ops": {"size": 100, "refill_time": 1000}})
 call("net-patch-same", api.network, "patch", iface_id="eth0", tx_rate_limiter=tx_limit)
 call("net-patch-other", api.network, "patch", iface_id="eth0",
      rx_rate_limiter={"ops": {"size": 10, "refill_time": 100}})

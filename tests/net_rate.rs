@@ -134,3 +134,87 @@ fn receive_at_a_byte_rate_delivers_every_frame_within_the_rate() {
     );
     assert_waits(dev, rx, elapsed);
 }
+
+/// The transmit queue's figures of device `name` now (`device` over the socket).
+fn tx_queue(c: &mut common::vmm::Conn, name: &str) -> Value {
+    let d = c.ok(serde_json::json!({"cmd": "device", "name": name}));
+    d["queues"][1].clone()
+}
+
+/// `set-rate` (issue 36): a device started without a limiter is limited while the guest
+/// floods it, and over a window after the change it passes no more than the new buckets allow
+/// (a bound a slow host cannot break); bad values and unknown devices are refused with their
+/// kind and change nothing; `none` takes the limit away, and the queue is throttled no more.
+#[test]
+fn set_rate_limits_a_running_device_and_takes_the_limit_away() {
+    let _g = common::serial();
+    let ns = NetNs::new(false);
+    let t_start = Instant::now();
+    let vmm = Vmm::start_in(
+        &ns.name,
+        "net-rate-live",
+        &[
+            "--net",
+            "tap=tap0",
+            "--workload",
+            "net-tx:packets=100000000,size=64",
+        ],
+    );
+    vmm.wait_driver("net0");
+    let mut c = vmm.connect();
+    let set = |rate: &str| serde_json::json!({"cmd": "set-rate", "device": "net0", "rate": rate});
+    for (req, kind) in [
+        (set("tx-packets:0/1s"), "bad-rate"),
+        (set("rx-frames:10/1s"), "bad-rate"),
+        (set(""), "bad-rate"),
+        (
+            serde_json::json!({"cmd": "set-rate", "device": "net9", "rate": "none"}),
+            "no-such-device",
+        ),
+    ] {
+        let r = c.call(req.clone());
+        assert_eq!(r["error"]["kind"], kind, "{req} -> {r}");
+    }
+    assert_eq!(
+        tx_queue(&mut c, "net0")["throttles"],
+        0,
+        "the refusals set nothing"
+    );
+    // 200 frames a 100 ms, where the guest sends hundreds of thousands a second.
+    let t0 = Instant::now();
+    let d = c.ok(set("tx-packets:200/100ms"));
+    assert_eq!(d["rate"], "tx-packets:200/100ms", "{d}");
+    let p0 = n(&tx_queue(&mut c, "net0")["packets"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let q = tx_queue(&mut c, "net0");
+    let elapsed = t0.elapsed();
+    let sent = n(&q["packets"]) - p0;
+    // A pass that began before the change ends under the old (no) limit: at most its budget
+    // of 256 chains more.
+    let bound = most(200, Duration::from_millis(100), elapsed) + 256;
+    assert!(
+        sent <= bound,
+        "{sent} frames in {elapsed:?} after set-rate: more than the new rate lets through ({bound})"
+    );
+    assert!(n(&q["throttles"]) > 0, "the flood met the new limit: {q}");
+    eprintln!("set-rate: {sent} frames in {elapsed:?} after the change (bound {bound})");
+    // `none`: no bucket, and no throttle from then on (a look after a pause, so that a stop
+    // the old buckets made just before the change is counted already).
+    let d = c.ok(set("none"));
+    assert_eq!(d["rate"], Value::Null, "{d}");
+    std::thread::sleep(Duration::from_millis(200));
+    let t1 = n(&tx_queue(&mut c, "net0")["throttles"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let q = tx_queue(&mut c, "net0");
+    assert_eq!(
+        n(&q["throttles"]),
+        t1,
+        "throttled after its limit was taken away: {q}"
+    );
+    drop(c);
+    let (code, r) = vmm.shutdown();
+    assert_eq!(code, 0, "{r}");
+    let dev = &r["devices"][0];
+    assert_eq!(dev["rate"], Value::Null, "{dev}");
+    assert_waits(dev, &dev["queues"][1], t_start.elapsed());
+}

@@ -152,6 +152,16 @@ pub enum Command {
         /// The CPUs, in the kernel's list form (`4`, `0-3,6`).
         cpus: String,
     },
+    /// Replaces a network device's or a disk's rate limiters with the buckets of a `rate=`
+    /// value (full, as Firecracker's update does), or takes them away with `none`; answers the
+    /// device's figures.
+    SetRate {
+        /// Device id (`net0`, `blk0`).
+        device: String,
+        /// `rate=` as `--net` or `--disk` takes it (`KIND:SIZE/TIME[:burst=N]` joined by
+        /// `+`), or `none`.
+        rate: String,
+    },
     /// The CPU limits and what they did.
     Groups {},
     /// The PPA page: what the guest published, decoded and checked.
@@ -187,7 +197,7 @@ pub enum Command {
 }
 
 /// Names of every command this version understands.
-pub const COMMANDS: [&str; 20] = [
+pub const COMMANDS: [&str; 21] = [
     "version",
     "stats",
     "vcpu",
@@ -198,6 +208,7 @@ pub const COMMANDS: [&str; 20] = [
     "threads",
     "set-limit",
     "set-pin",
+    "set-rate",
     "groups",
     "guest",
     "guest-reset",
@@ -242,6 +253,8 @@ pub enum ErrorKind {
     BadLimit,
     /// A placement rule (`set-pin`) names what the VM does not have, or CPUs it may not use.
     BadPin,
+    /// A `set-rate` value is malformed, or the device has no rate limiter.
+    BadRate,
     /// The server failed; the request had no effect.
     Internal,
 }

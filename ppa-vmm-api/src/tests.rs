@@ -58,6 +58,13 @@ fn parses_every_command() {
                 cpus: "0-3,6".into(),
             },
         ),
+        (
+            r#"{"cmd":"set-rate","device":"blk0","rate":"ops:1k/1s"}"#,
+            Command::SetRate {
+                device: "blk0".into(),
+                rate: "ops:1k/1s".into(),
+            },
+        ),
         (r#"{"cmd":"groups"}"#, Command::Groups {}),
         (r#"{"cmd":"guest"}"#, Command::Guest {}),
         (r#"{"cmd":"guest-reset"}"#, Command::GuestReset {}),

@@ -26,7 +26,7 @@ const fn row(name: &'static str, args: &'static str, about: &'static str) -> Com
 }
 
 /// Every command, in the order of the protocol's documentation (docs/control.md).
-pub const COMMANDS: [CommandHelp; 20] = [
+pub const COMMANDS: [CommandHelp; 21] = [
     row(
         "version",
         "",
@@ -69,6 +69,11 @@ pub const COMMANDS: [CommandHelp; 20] = [
         "key=KEY cpus=CPUS",
         "moves the threads KEY names (vcpus, vcpuN, a device, DEV-qpN, service) to CPUS at once",
     ),
+    row(
+        "set-rate",
+        "device=ID rate=BUCKETS|none",
+        "replaces a network device's or a disk's rate limiters (rate= of --net/--disk), full",
+    ),
     row("groups", "", "every CPU limit and what it did"),
     row(
         "guest",
@@ -108,7 +113,7 @@ pub const COMMANDS: [CommandHelp; 20] = [
 
 /// Argument keys whose values are always text (a limit, a group or histogram name): `ctl`
 /// sends `limit=150` as the string `"150"`, never as a number.
-pub const TEXT_ARGS: [&str; 5] = ["group", "limit", "name", "key", "cpus"];
+pub const TEXT_ARGS: [&str; 7] = ["group", "limit", "name", "key", "cpus", "device", "rate"];
 
 /// Width of the usage column of [`help`]; a longer usage puts its description on the next line.
 const USAGE_WIDTH: usize = 30;
@@ -163,6 +168,7 @@ mod tests {
             Command::Threads {} => "threads",
             Command::SetLimit { .. } => "set-limit",
             Command::SetPin { .. } => "set-pin",
+            Command::SetRate { .. } => "set-rate",
             Command::Groups {} => "groups",
             Command::Guest {} => "guest",
             Command::GuestReset {} => "guest-reset",
@@ -185,6 +191,7 @@ mod tests {
             "set-level" => &["level=full"],
             "set-limit" => &["group=vm", "limit=50%"],
             "set-pin" => &["key=vcpus", "cpus=0"],
+            "set-rate" => &["device=net0", "rate=tx-packets:1000/1s"],
             "device" => &["name=net0"],
             _ => &[],
         };

@@ -24,10 +24,10 @@ use super::http::{Method, Request, Response};
 use super::metrics::{MetricsError, MetricsState};
 use super::model::{
     ActionType, BootSource, Drive, InstanceActionInfo, InstanceInfo, Logger, MachineConfig,
-    MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface, VmPatch,
-    VmStateChange,
+    MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive, PartialNetworkInterface,
+    RateLimiter, VmPatch, VmStateChange,
 };
-use super::resources::{unsupported_why, ResourceError, Resources};
+use super::resources::{rate_buckets, unsupported_why, ResourceError, Resources};
 
 /// The version `GET /version` and `GET /` report.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-ppa-vmm");
@@ -81,6 +81,44 @@ pub enum RequestError {
     /// An endpoint of a Firecracker feature PPA-VMM does not have.
     #[error("{0} /{1} is not supported: {why}.", why = unsupported_why(.1))]
     Unsupported(&'static str, String),
+}
+
+/// The first 64 characters of an id, for messages.
+fn cut(id: &str) -> String {
+    id.chars().take(64).collect()
+}
+
+/// A limiter as Firecracker's `PATCH` leaves it: `patch` absent keeps `have`; each bucket
+/// `patch` leaves out keeps `have`'s (one of size or refill time 0 limits nothing).
+fn patch_limiter(have: Option<&RateLimiter>, patch: Option<RateLimiter>) -> Option<RateLimiter> {
+    let Some(p) = patch else {
+        return have.cloned();
+    };
+    Some(RateLimiter {
+        bandwidth: p
+            .bandwidth
+            .or_else(|| have.and_then(|h| h.bandwidth.clone())),
+        ops: p.ops.or_else(|| have.and_then(|h| h.ops.clone())),
+    })
+}
+
+/// Gives device `id` of `vm` the buckets `rate` (`rate=` parts; none: no limit), live
+/// (`set-rate`, docs/limits.md).
+fn set_rate(vm: &VmHandle, id: &str, rate: &[String]) -> Result<(), RequestError> {
+    let value = if rate.is_empty() {
+        ppa_vmm::devices::rate::NONE.to_string()
+    } else {
+        rate.join("+")
+    };
+    let refuse = |why: String| ResourceError::RateUpdate { id: cut(id), why };
+    let d = vm
+        .devices()
+        .iter()
+        .find(|d| d.id() == id)
+        .ok_or_else(|| refuse("the VM has no such device".into()))?;
+    d.set_rate(&value)
+        .map(|_| ())
+        .map_err(|e| refuse(ppa_vmm_api::describe(&e)).into())
 }
 
 /// Builds and starts the VM (the main thread, in the binary).
@@ -297,8 +335,32 @@ impl<S: Starter> Api<S> {
             (Method::Patch, "drives") => {
                 let d: PartialDrive = body(req)?;
                 mismatch(&d.drive_id).map_or(Ok(()), Err)?;
-                self.post_boot()?;
-                return Err(ResourceError::DriveSwap(d.drive_id.chars().take(64).collect()).into());
+                let vm = self.post_boot()?.clone();
+                let Some(have) = self
+                    .resources
+                    .drives
+                    .iter_mut()
+                    .find(|x| x.drive_id == d.drive_id)
+                else {
+                    return Err(ResourceError::NoSuchDrive(cut(&d.drive_id)).into());
+                };
+                if d.path_on_host
+                    .as_ref()
+                    .is_some_and(|p| Some(p) != have.path_on_host.as_ref())
+                {
+                    return Err(ResourceError::DriveSwap(cut(&d.drive_id)).into());
+                }
+                // Firecracker's update: a bucket left out keeps the one in force.
+                let patched = Drive {
+                    rate_limiter: patch_limiter(have.rate_limiter.as_ref(), d.rate_limiter),
+                    ..have.clone()
+                };
+                let rate = rate_buckets(patched.rate_limiter.as_ref(), "", "ops");
+                if rate != rate_buckets(have.rate_limiter.as_ref(), "", "ops") {
+                    super::resources::disk_spec(&patched)?;
+                    set_rate(&vm, &d.drive_id, &rate)?;
+                }
+                *have = patched;
             }
             (Method::Put, _) => {
                 let n: NetworkInterface = body(req)?;
@@ -309,20 +371,27 @@ impl<S: Starter> Api<S> {
             _ => {
                 let n: PartialNetworkInterface = body(req)?;
                 mismatch(&n.iface_id).map_or(Ok(()), Err)?;
-                self.post_boot()?;
+                let vm = self.post_boot()?.clone();
                 let Some(have) = self
                     .resources
                     .nets
-                    .iter()
+                    .iter_mut()
                     .find(|x| x.iface_id == n.iface_id)
                 else {
                     return Err(RequestError::NoSuchNet(n.iface_id));
                 };
-                // Checked as a PUT of the same interface with these limiters would be; a
-                // limiter left out keeps the one in force, one that differs is refused.
+                // Checked as a PUT of the same interface with these limiters would be, and
+                // applied as Firecracker's update: a limiter or a bucket left out keeps the one
+                // in force; the device's buckets are replaced, full, when they change.
                 let patched = NetworkInterface {
-                    rx_rate_limiter: n.rx_rate_limiter.or_else(|| have.rx_rate_limiter.clone()),
-                    tx_rate_limiter: n.tx_rate_limiter.or_else(|| have.tx_rate_limiter.clone()),
+                    rx_rate_limiter: patch_limiter(
+                        have.rx_rate_limiter.as_ref(),
+                        n.rx_rate_limiter,
+                    ),
+                    tx_rate_limiter: patch_limiter(
+                        have.tx_rate_limiter.as_ref(),
+                        n.tx_rate_limiter,
+                    ),
                     ..have.clone()
                 };
                 let (now, asked) = (
@@ -330,11 +399,15 @@ impl<S: Starter> Api<S> {
                     super::resources::net_spec(&patched)?,
                 );
                 if now != asked {
-                    return Err(ResourceError::RateLimiterSwap(
-                        n.iface_id.chars().take(64).collect(),
-                    )
-                    .into());
+                    let mut rate = rate_buckets(patched.rx_rate_limiter.as_ref(), "rx-", "packets");
+                    rate.extend(rate_buckets(
+                        patched.tx_rate_limiter.as_ref(),
+                        "tx-",
+                        "packets",
+                    ));
+                    set_rate(&vm, &n.iface_id, &rate)?;
                 }
+                *have = patched;
             }
         }
         Ok(Response::no_content())

@@ -84,9 +84,14 @@ pub enum ResourceError {
     /// A bad network interface.
     #[error("Network interface error: {0}.")]
     Net(String),
-    /// A rate limiter changed after the start.
-    #[error("Network interface error: {0}'s rate limiters cannot change after the start yet (PPA-VMM sets them at InstanceStart); send the ones in force, or none.")]
-    RateLimiterSwap(String),
+    /// A rate limiter update the device refused (`PATCH` after the start).
+    #[error("Rate limiter error: {id}: {why}.")]
+    RateUpdate {
+        /// The interface or drive.
+        id: String,
+        /// Why.
+        why: String,
+    },
     /// Two interfaces with one MAC.
     #[error("Network interface error: the guest MAC address {0} is already in use.")]
     MacInUse(String),
@@ -105,8 +110,11 @@ pub enum ResourceError {
     #[error("Drive config error: a root block device already exists (drive {0}); a VM has one.")]
     SecondRoot(String),
     /// `PATCH /drives` after the start.
-    #[error("Drive config error: drive {0}: PPA-VMM cannot swap a drive's file or limiter while the VM runs; stop the VM and start it with the new file.")]
+    #[error("Drive config error: drive {0}: PPA-VMM cannot swap a drive's file while the VM runs (its rate limiter it can); stop the VM and start it with the new file.")]
     DriveSwap(String),
+    /// A drive `PATCH` names none of the VM's.
+    #[error("Drive config error: the VM has no drive {0}.")]
+    NoSuchDrive(String),
     /// A config-file section PPA-VMM does not have.
     #[error("The config file's `{0}` section is not supported: {why}.", why = unsupported_why(.0))]
     Section(&'static str),

@@ -87,7 +87,8 @@ fn refuses_an_unknown_command_with_the_list() {
     let msg = e.to_string();
     assert!(msg.starts_with("unknown command `frobnicate`"), "{msg}");
     assert!(
-        msg.contains("version, stats,") && msg.contains("set-limit, set-pin, groups, guest,"),
+        msg.contains("version, stats,")
+            && msg.contains("set-limit, set-pin, set-rate, groups, guest,"),
         "{msg}"
     );
     assert!(msg.contains("ppa-vmm ctl --help"), "{msg}");

@@ -73,6 +73,7 @@ pub fn changes_state(cmd: &Command) -> bool {
             | Command::SetThresholds { .. }
             | Command::SetLimit { .. }
             | Command::SetPin { .. }
+            | Command::SetRate { .. }
             | Command::Pause {}
             | Command::Resume {}
             | Command::Shutdown {}
@@ -129,9 +130,16 @@ fn guest_reset(vm: &VmHandle) -> Result<Value, ErrorBody> {
 }
 
 fn device(vm: &VmHandle, id: &str) -> Result<Value, ErrorBody> {
-    match vm.devices().iter().find(|d| d.id() == id) {
-        Some(d) => to_value(&d.stats()),
-        None => Err(ErrorBody::new(
+    to_value(&find_device(vm, id)?.stats())
+}
+
+/// The device `id` of `vm`, or an error that lists the devices it has.
+fn find_device<'a>(
+    vm: &'a VmHandle,
+    id: &str,
+) -> Result<&'a Arc<dyn crate::devices::Device>, ErrorBody> {
+    vm.devices().iter().find(|d| d.id() == id).ok_or_else(|| {
+        ErrorBody::new(
             ErrorKind::NoSuchDevice,
             format!(
                 "the VM has no device {} (it has: {})",
@@ -146,8 +154,16 @@ fn device(vm: &VmHandle, id: &str) -> Result<Value, ErrorBody> {
                         .join(", ")
                 }
             ),
-        )),
-    }
+        )
+    })
+}
+
+/// `set-rate`: the device's rate limiters take `rate`'s buckets; answers its figures.
+fn set_rate(vm: &VmHandle, id: &str, rate: &str) -> Result<Value, ErrorBody> {
+    let d = find_device(vm, id)?;
+    d.set_rate(rate)
+        .map_err(|e| ErrorBody::new(ErrorKind::BadRate, e.to_string()))?;
+    to_value(&d.stats())
 }
 
 /// Every vCPU's overview and the VM's figures, taken now.
@@ -341,6 +357,7 @@ impl Handler {
             }
             Command::Threads {} => to_value(&vm.threads()),
             Command::Device { name } => device(&vm, &name),
+            Command::SetRate { device, rate } => set_rate(&vm, &device, &rate),
             Command::Pause {} | Command::Resume {} | Command::Shutdown {} if vm.finished() => Err(
                 ErrorBody::new(ErrorKind::InvalidState, "every vCPU has already ended"),
             ),

@@ -131,6 +131,13 @@ pub trait Device: Send + Sync {
     fn worker_meters(&self) -> &[crate::accounting::worker::WorkerMeter] {
         &[]
     }
+    /// `set-rate`: replaces its rate limiters' buckets with those of a `rate=` value as its
+    /// `--net` or `--disk` takes it (`none`: no buckets), full, and wakes its threads so that
+    /// a queue waiting for the old buckets asks the new ones. Returns the value in force. By
+    /// default the device has no rate limiter.
+    fn set_rate(&self, _rate: &str) -> Result<Option<String>, rate::RateSpecError> {
+        Err(rate::RateSpecError::NotLimited(self.id().to_string()))
+    }
 }
 
 /// Little-endian value of a guest write of 1 to 8 bytes (longer writes keep their first 8).

@@ -23,7 +23,7 @@
 //! [`ThrottleClock`], which readers read live without a lock.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
 
 use thiserror::Error;
@@ -60,7 +60,13 @@ pub enum RateSpecError {
     /// A bad refill time.
     #[error("`{0}` is not a refill time from 1ms to 1h (a number with ns, us, ms or s; `s` alone is 1s)")]
     Time(String),
+    /// `set-rate` named a device without rate limiters.
+    #[error("the device `{0}` has no rate limiter (network devices and disks have)")]
+    NotLimited(String),
 }
+
+/// The value of `set-rate` that takes every bucket away.
+pub const NONE: &str = "none";
 
 /// One bucket as configured: `size` tokens refilled at `size` per `refill_ns`, and a one-time
 /// `burst` spent first.
@@ -355,25 +361,52 @@ impl Limiter {
 }
 
 /// A limiter its device's queue threads share: a lock only they take (one per frame or
-/// request), never a reader.
+/// request), never a reader. Every limited device has one per direction from its start,
+/// limiting nothing until it has buckets, so `set-rate` can give it some, change them or take
+/// them away while the VM runs ([`SharedLimiter::set`]).
 #[derive(Debug)]
 pub struct SharedLimiter {
-    spec: RateSpec,
+    /// What it limits now, for the figures: taken by `set` and the readers, never by the
+    /// queue threads.
+    spec: Mutex<RateSpec>,
+    /// Whether it has a bucket: the queue threads ask it only then.
+    active: AtomicBool,
     state: Mutex<Limiter>,
 }
 
 impl SharedLimiter {
     /// Full buckets as `spec` says; None when it limits nothing.
     pub fn new(spec: &RateSpec) -> Option<Self> {
-        spec.limits().then(|| SharedLimiter {
-            spec: *spec,
-            state: Mutex::new(Limiter::new(spec, crate::sync::now_ns())),
-        })
+        spec.limits().then(|| Self::always(spec))
     }
 
-    /// What it was made from.
-    pub fn spec(&self) -> &RateSpec {
-        &self.spec
+    /// Full buckets as `spec` says, or none (it limits nothing until [`SharedLimiter::set`]).
+    pub fn always(spec: &RateSpec) -> Self {
+        SharedLimiter {
+            spec: Mutex::new(*spec),
+            active: AtomicBool::new(spec.limits()),
+            state: Mutex::new(Limiter::new(spec, crate::sync::now_ns())),
+        }
+    }
+
+    /// What it limits now.
+    pub fn spec(&self) -> RateSpec {
+        *self.spec.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether it has a bucket (the queue threads ask it only then).
+    pub fn limits(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Replaces the buckets with full ones as `spec` says (none: it limits nothing), as
+    /// Firecracker's rate-limiter update does. A queue waiting for the old buckets' tokens is
+    /// woken by its device to ask the new ones.
+    pub fn set(&self, spec: &RateSpec) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        *st = Limiter::new(spec, crate::sync::now_ns());
+        *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = *spec;
+        self.active.store(spec.limits(), Ordering::Release);
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Limiter, u64) -> T) -> T {

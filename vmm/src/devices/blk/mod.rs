@@ -21,7 +21,7 @@
 //! SECURE_ERASE, ZONED. GET_ID (not a feature bit) answers the device id.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -38,7 +38,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::virtio::{eventfds, read_config_bytes, VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
-use crate::devices::rate::SharedLimiter;
+use crate::devices::rate::{RateSpecError, SharedLimiter};
 use crate::devices::virtio::counters::QueueCounters;
 use crate::hypervisor::IrqLine;
 
@@ -177,8 +177,12 @@ pub struct BlkShared {
     pub requests: Vec<BlkCounters>,
     /// Set to stop the threads.
     pub stop: AtomicBool,
-    /// The rate limiter (`rate=`), shared by the queues' threads.
-    pub rate: Option<Arc<SharedLimiter>>,
+    /// The rate limiter (`rate=`), shared by the queues' threads (limiting nothing until it
+    /// has buckets: `set-rate`).
+    pub rate: Arc<SharedLimiter>,
+    /// Times `set-rate` changed the limiter: a thread that sees a new count ends its rate
+    /// wait and asks the new buckets.
+    pub rate_changes: AtomicU32,
     /// Whether the driver negotiated FLUSH in the last activation a thread served: the
     /// features read 0 after the reset a guest's shutdown makes, and the report is read after.
     pub flush_negotiated: AtomicBool,
@@ -217,8 +221,6 @@ pub struct BlkDevice {
     mem: Arc<GuestMemoryMmap>,
     config: [u8; CONFIG_LEN],
     mmio_base: u64,
-    /// The `rate=` value, for the figures.
-    rate: Option<String>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The figures at the last reset, which readers subtract (taken only by readers and
     /// `reset`: the device threads never touch it).
@@ -276,7 +278,8 @@ impl BlkDevice {
             stop: AtomicBool::new(false),
             flush_negotiated: AtomicBool::new(false),
             logged: Default::default(),
-            rate: SharedLimiter::new(&p.spec.rate).map(Arc::new),
+            rate: Arc::new(SharedLimiter::always(&p.spec.rate)),
+            rate_changes: AtomicU32::new(0),
             disk,
         });
         let virtio = Arc::new(
@@ -304,7 +307,6 @@ impl BlkDevice {
             virtio: Arc::clone(&virtio),
             mem: p.memory,
             mmio_base: p.mmio_base,
-            rate: p.spec.rate_value(),
             threads: Mutex::new(Vec::new()),
             baseline: Mutex::new(None),
         });
@@ -400,6 +402,14 @@ impl super::Device for BlkDevice {
     fn worker_meters(&self) -> &[WorkerMeter] {
         // What a CPU limit of scope `vm` charges and holds, as a network device's.
         &self.blk.meters
+    }
+
+    fn set_rate(&self, rate: &str) -> Result<Option<String>, RateSpecError> {
+        let r = spec::parse_rate(rate)?;
+        self.blk.rate.set(&r);
+        self.blk.rate_changes.fetch_add(1, Ordering::AcqRel);
+        self.virtio.wake_all();
+        Ok(spec::rate_value(&r))
     }
 
     fn reset(&self) {

@@ -284,7 +284,7 @@ pub fn req_pass<D: Disk>(
             o.fault = Some(QueueFault::Chain(e));
             return o;
         }
-        if let Some(r) = rq.rate.as_deref() {
+        if let Some(r) = rq.rate.as_deref().filter(|r| r.limits()) {
             if let Err(wait) = r.try_take(rq.segs.total().saturating_sub(REQ_OVERHEAD)) {
                 rq.dq.unpop(1);
                 o.throttled = Some(wait);

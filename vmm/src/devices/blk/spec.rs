@@ -112,15 +112,7 @@ impl DiskSpec {
                         .filter(|q| (1..=MAX_QUEUES).contains(q))
                         .ok_or_else(|| DiskSpecError::BadQueues(cut(v)))?;
                 }
-                "rate" => {
-                    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
-                        *(if kind == 0 {
-                            &mut spec.rate.bytes
-                        } else {
-                            &mut spec.rate.ops
-                        }) = Some(b);
-                    }
-                }
+                "rate" => spec.rate = parse_rate(v)?,
                 _ => return Err(DiskSpecError::UnknownKey(cut(k))),
             }
             seen.push(k);
@@ -133,9 +125,31 @@ impl DiskSpec {
 
     /// The `rate=` value that gives this disk's limits (None: it has none).
     pub fn rate_value(&self) -> Option<String> {
-        let v = self.rate.describe("", "ops");
-        (!v.is_empty()).then(|| v.join("+"))
+        rate_value(&self.rate)
     }
+}
+
+/// A disk's `rate=` value as its buckets; `none` (what `set-rate` takes to remove them;
+/// `--disk` takes it too) gives none.
+pub fn parse_rate(v: &str) -> Result<RateSpec, RateSpecError> {
+    let mut spec = RateSpec::default();
+    if v == rate::NONE {
+        return Ok(spec);
+    }
+    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
+        *(if kind == 0 {
+            &mut spec.bytes
+        } else {
+            &mut spec.ops
+        }) = Some(b);
+    }
+    Ok(spec)
+}
+
+/// The `rate=` value of a disk's buckets `r` (None: it has none).
+pub fn rate_value(r: &RateSpec) -> Option<String> {
+    let v = r.describe("", "ops");
+    (!v.is_empty()).then(|| v.join("+"))
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ impl BlkDevice {
             kind: DeviceKind::Blk,
             backend: blk.disk.path().display().to_string(),
             mac: None,
-            rate: self.rate.clone(),
+            rate: super::spec::rate_value(&blk.rate.spec()),
             mmio_base: self.mmio_base,
             gsi: self.virtio.gsi(),
             status,

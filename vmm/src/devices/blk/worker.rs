@@ -18,6 +18,7 @@
 //! timer says its tokens are there.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -50,8 +51,10 @@ pub struct Worker {
     epoch: u32,
     /// A budgeted pass left work, run again from the wake eventfd.
     again: bool,
-    /// The queue's wait for the rate limiter, when the disk has one.
+    /// The queue's wait for the rate limiter.
     waits: Option<Waits>,
+    /// The disk's `rate_changes` this thread has followed.
+    rate_seen: u32,
 }
 
 impl Worker {
@@ -63,16 +66,15 @@ impl Worker {
         mem: Arc<GuestMemoryMmap>,
         control: Arc<AccountingControl>,
     ) -> Self {
-        let waits = blk.rate.as_ref().and_then(|_| {
-            Waits::new()
-                .map_err(|e| {
-                    log::error!(
-                        "{}: cannot make the rate limiter's timer ({e}); queue {queue} runs unlimited",
-                        blk.id
-                    )
-                })
-                .ok()
-        });
+        // Every thread has its timer, so that `set-rate` can limit a disk started without.
+        let waits = Waits::new()
+            .map_err(|e| {
+                log::error!(
+                    "{}: cannot make the rate limiter's timer ({e}); queue {queue} runs unlimited",
+                    blk.id
+                )
+            })
+            .ok();
         Worker {
             queue,
             blk,
@@ -83,6 +85,7 @@ impl Worker {
             epoch: 0,
             again: false,
             waits,
+            rate_seen: 0,
         }
     }
 
@@ -129,7 +132,7 @@ impl Worker {
                         );
                     }
                     let mut rq = ReqQueue::new(dq, self.blk.limits(&self.virtio));
-                    rq.rate = self.blk.rate.clone().filter(|_| self.waits.is_some());
+                    rq.rate = Some(Arc::clone(&self.blk.rate)).filter(|_| self.waits.is_some());
                     self.q = Some(rq);
                     // A kick that came while this thread still held the old queue went to
                     // that one: the new epoch starts with a pass.
@@ -145,6 +148,16 @@ impl Worker {
     fn on_wake(&mut self, ops: &mut EventOps) {
         if let Some(w) = self.virtio.wake_fd(self.queue) {
             let _ = w.read();
+        }
+        let changes = self.blk.rate_changes.load(Ordering::Acquire);
+        if changes != self.rate_seen {
+            // `set-rate`: a queue waiting for the old buckets asks the new ones.
+            self.rate_seen = changes;
+            let q = &self.blk.queues[self.queue];
+            if let Some(waits) = self.waits.as_mut() {
+                waits.clear(crate::sync::now_ns(), |_| q);
+            }
+            self.again = true;
         }
         self.follow_epoch(ops);
         // A queue waiting for its tokens runs when its timer says so.

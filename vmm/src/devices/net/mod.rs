@@ -16,7 +16,7 @@
 //! space (read-only) is the MAC, the link status (up), the pairs and the MTU.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -33,7 +33,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::virtio::{eventfds, read_config_bytes, VirtioDevice, VirtioShared};
 use crate::accounting::worker::WorkerMeter;
 use crate::accounting::AccountingControl;
-use crate::devices::rate::SharedLimiter;
+use crate::devices::rate::{RateSpecError, SharedLimiter};
 use crate::hypervisor::IrqLine;
 
 pub mod batch;
@@ -143,10 +143,14 @@ pub struct NetShared {
     pub stop: AtomicBool,
     /// Whether the tap existed before the VMM opened it (false: the VMM created it).
     pub tap_existed: bool,
-    /// The receive rate limiter (`rate=rx-…`), shared by the pairs' threads.
-    pub rx_rate: Option<SharedLimiter>,
+    /// The receive rate limiter (`rate=rx-…`), shared by the pairs' threads (limiting
+    /// nothing until it has buckets: `set-rate`).
+    pub rx_rate: SharedLimiter,
     /// The transmit rate limiter (`rate=tx-…`).
-    pub tx_rate: Option<SharedLimiter>,
+    pub tx_rate: SharedLimiter,
+    /// Times `set-rate` changed the limiters: a thread that sees a new count ends its rate
+    /// waits and asks the new buckets.
+    pub rate_changes: AtomicU32,
 }
 
 /// Makes the tap carry the device's MTU: one this VMM created gets it exactly; an existing
@@ -226,8 +230,6 @@ pub struct NetDevice {
     config: [u8; 12],
     mmio_base: u64,
     tap_name: String,
-    /// The `rate=` value, for the figures.
-    rate: Option<String>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The figures at the last reset, which readers subtract (taken only by readers and
     /// `reset`: the device threads never touch it).
@@ -291,8 +293,9 @@ impl NetDevice {
             tap_errors: (0..pairs).map(|_| AtomicI32::new(0)).collect(),
             stop: AtomicBool::new(false),
             tap_existed: existed,
-            rx_rate: SharedLimiter::new(&p.spec.rx_rate),
-            tx_rate: SharedLimiter::new(&p.spec.tx_rate),
+            rx_rate: SharedLimiter::always(&p.spec.rx_rate),
+            tx_rate: SharedLimiter::always(&p.spec.tx_rate),
+            rate_changes: AtomicU32::new(0),
         });
         // The reset state: one pair, the other tap queues detached (each thread attaches its
         // own when the driver asks for it).
@@ -330,7 +333,6 @@ impl NetDevice {
             mem: p.memory,
             mmio_base: p.mmio_base,
             tap_name: p.spec.tap.clone(),
-            rate: p.spec.rate_value(),
             threads: Mutex::new(Vec::new()),
             baseline: Mutex::new(None),
         });
@@ -442,6 +444,15 @@ impl super::Device for NetDevice {
 
     fn worker_meters(&self) -> &[WorkerMeter] {
         &self.net.meters
+    }
+
+    fn set_rate(&self, rate: &str) -> Result<Option<String>, RateSpecError> {
+        let (rx, tx) = spec::parse_rate(rate)?;
+        self.net.rx_rate.set(&rx);
+        self.net.tx_rate.set(&tx);
+        self.net.rate_changes.fetch_add(1, Ordering::AcqRel);
+        self.virtio.wake_all();
+        Ok(spec::rate_value(&rx, &tx))
     }
 
     fn stats(&self) -> DeviceStats {

@@ -193,17 +193,7 @@ impl NetSpec {
                     }
                     spec.id = Some(v.to_string());
                 }
-                "rate" => {
-                    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
-                        let (way, bytes) = match kind {
-                            0 => (&mut spec.rx_rate, true),
-                            1 => (&mut spec.rx_rate, false),
-                            2 => (&mut spec.tx_rate, true),
-                            _ => (&mut spec.tx_rate, false),
-                        };
-                        *(if bytes { &mut way.bytes } else { &mut way.ops }) = Some(b);
-                    }
-                }
+                "rate" => (spec.rx_rate, spec.tx_rate) = parse_rate(v)?,
                 _ => return Err(NetSpecError::UnknownKey(cut(k))),
             }
             seen.push(k);
@@ -225,10 +215,34 @@ impl NetSpec {
 
     /// The `rate=` value that gives this device's limits (None: it has none).
     pub fn rate_value(&self) -> Option<String> {
-        let mut v = self.rx_rate.describe("rx-", "packets");
-        v.extend(self.tx_rate.describe("tx-", "packets"));
-        (!v.is_empty()).then(|| v.join("+"))
+        rate_value(&self.rx_rate, &self.tx_rate)
     }
+}
+
+/// A network device's `rate=` value as (receive, transmit) buckets; `none` (what `set-rate`
+/// takes to remove them; `--net` takes it too) gives none.
+pub fn parse_rate(v: &str) -> Result<(RateSpec, RateSpec), RateSpecError> {
+    let (mut rx, mut tx) = (RateSpec::default(), RateSpec::default());
+    if v == rate::NONE {
+        return Ok((rx, tx));
+    }
+    for (kind, b) in rate::parse(v, RATE_KINDS, RATE_EXAMPLE)? {
+        let (way, bytes) = match kind {
+            0 => (&mut rx, true),
+            1 => (&mut rx, false),
+            2 => (&mut tx, true),
+            _ => (&mut tx, false),
+        };
+        *(if bytes { &mut way.bytes } else { &mut way.ops }) = Some(b);
+    }
+    Ok((rx, tx))
+}
+
+/// The `rate=` value of receive buckets `rx` and transmit buckets `tx` (None: neither limits).
+pub fn rate_value(rx: &RateSpec, tx: &RateSpec) -> Option<String> {
+    let mut v = rx.describe("rx-", "packets");
+    v.extend(tx.describe("tx-", "packets"));
+    (!v.is_empty()).then(|| v.join("+"))
 }
 
 impl FromStr for NetSpec {
@@ -260,6 +274,12 @@ mod tests {
         assert_eq!(m.to_string(), "02:50:12:34:56:03");
         assert_eq!(m.to_string().parse::<Mac>().unwrap(), m);
         assert!(!d.rx_rate.limits() && !d.tx_rate.limits() && d.rate_value().is_none());
+        let n = NetSpec::parse("tap=t,rate=none").unwrap();
+        assert!(!n.rx_rate.limits() && !n.tx_rate.limits() && n.rate_value().is_none());
+        let (rx, tx) = parse_rate("tx-packets:10/1s").unwrap();
+        assert!(!rx.limits() && tx.ops.is_some());
+        assert_eq!(rate_value(&rx, &tx).as_deref(), Some("tx-packets:10/1s"));
+        assert!(parse_rate("nothing").is_err() && parse_rate("").is_err());
     }
 
     #[test]

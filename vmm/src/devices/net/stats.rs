@@ -141,7 +141,7 @@ impl NetDevice {
             kind: DeviceKind::Net,
             backend: self.tap_name.clone(),
             mac: Some(self.net.mac.to_string()),
-            rate: self.rate.clone(),
+            rate: super::spec::rate_value(&self.net.rx_rate.spec(), &self.net.tx_rate.spec()),
             mmio_base: self.mmio_base,
             gsi: self.virtio.gsi(),
             status,

@@ -78,6 +78,8 @@ pub struct Worker {
     tap_down_logged: bool,
     /// Work a budgeted pass left ([`AGAIN_TX`], [`AGAIN_CTRL`]).
     again: u8,
+    /// The device's `rate_changes` this thread has followed.
+    rate_seen: u32,
     /// The ways waiting for their rate limiter, when the device has one.
     waits: Option<Waits>,
 }
@@ -91,18 +93,15 @@ impl Worker {
         mem: Arc<GuestMemoryMmap>,
         control: Arc<AccountingControl>,
     ) -> Self {
-        let waits = if net.rx_rate.is_some() || net.tx_rate.is_some() {
-            Waits::new()
-                .map_err(|e| {
-                    log::error!(
-                        "{}: cannot make the rate limiter's timer ({e}); queue pair {pair} runs unlimited",
-                        net.id
-                    )
-                })
-                .ok()
-        } else {
-            None
-        };
+        // Every thread has its timer, so that `set-rate` can limit a device started without.
+        let waits = Waits::new()
+            .map_err(|e| {
+                log::error!(
+                    "{}: cannot make the rate limiter's timer ({e}); queue pair {pair} runs unlimited",
+                    net.id
+                )
+            })
+            .ok();
         Worker {
             pair,
             net,
@@ -117,6 +116,7 @@ impl Worker {
             tap_attached: pair == 0,
             tap_down_logged: false,
             again: 0,
+            rate_seen: 0,
             waits,
         }
     }
@@ -352,6 +352,14 @@ impl Worker {
         if let Some(w) = self.virtio.wake_fd(self.pair) {
             let _ = w.read();
         }
+        let changes = self.net.rate_changes.load(Ordering::Acquire);
+        if changes != self.rate_seen {
+            // `set-rate`: a way waiting for the old buckets asks the new ones (the tap is
+            // read again below; transmit runs its pass).
+            self.rate_seen = changes;
+            self.end_waits();
+            self.again |= AGAIN_TX;
+        }
         self.follow_epoch(ops);
         self.refresh_tap(ops);
         let again = std::mem::take(&mut self.again);
@@ -404,7 +412,7 @@ impl Worker {
             return 0;
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
-        let rate = net.rx_rate.as_ref().filter(|_| self.waits.is_some());
+        let rate = Some(&net.rx_rate).filter(|r| r.limits() && self.waits.is_some());
         let o = batch::rx_pass(
             &mut rxq,
             &self.mem,
@@ -439,7 +447,7 @@ impl Worker {
             return 0;
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
-        let rate = net.tx_rate.as_ref().filter(|_| self.waits.is_some());
+        let rate = Some(&net.tx_rate).filter(|r| r.limits() && self.waits.is_some());
         let o = batch::tx_pass(
             &mut txq,
             &self.mem,

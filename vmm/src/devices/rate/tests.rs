@@ -209,5 +209,33 @@ fn a_spec_says_what_it_limits() {
     let s = SharedLimiter::new(&r).unwrap();
     assert_eq!(s.try_take(10), Ok(()));
     assert!(s.try_take(1).is_err());
-    assert_eq!(s.spec(), &r);
+    assert_eq!(s.spec(), r);
+}
+
+/// `set-rate`: new buckets replace the old ones full; no buckets limit nothing; a limiter made
+/// without buckets is limited by a later `set`.
+#[test]
+fn set_replaces_the_buckets_full_and_none_limits_nothing() {
+    let one = RateSpec {
+        bytes: None,
+        ops: Some(spec(2, 1_000_000_000, 0)),
+    };
+    let s = SharedLimiter::always(&RateSpec::default());
+    assert!(!s.limits());
+    assert_eq!(s.try_take(1 << 40), Ok(()), "no bucket: nothing waits");
+    s.set(&one);
+    assert!(s.limits());
+    assert_eq!(s.spec(), one);
+    assert_eq!(s.try_take(1), Ok(()));
+    assert_eq!(s.try_take(1), Ok(()));
+    assert!(s.try_take(1).is_err(), "the bucket of 2 is spent");
+    // The same buckets again: full again, as Firecracker's update makes them.
+    s.set(&one);
+    assert_eq!(s.try_take(1), Ok(()));
+    s.set(&RateSpec::default());
+    assert!(!s.limits());
+    assert_eq!(s.spec(), RateSpec::default());
+    for _ in 0..10 {
+        assert_eq!(s.try_take(1), Ok(()));
+    }
 }
