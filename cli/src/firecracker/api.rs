@@ -356,8 +356,9 @@ impl<S: Starter> Api<S> {
                     ..have.clone()
                 };
                 let rate = rate_buckets(patched.rate_limiter.as_ref(), "", "ops");
+                // The device checks the value itself (`set-rate`); the drive's file is not
+                // opened again (a writable open from this thread is outside its seccomp filter).
                 if rate != rate_buckets(have.rate_limiter.as_ref(), "", "ops") {
-                    super::resources::disk_spec(&patched)?;
                     set_rate(&vm, &d.drive_id, &rate)?;
                 }
                 *have = patched;

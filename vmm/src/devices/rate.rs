@@ -15,8 +15,8 @@
 //! over the size).
 //!
 //! Data flow: the spec parser ([`parse`]) turns `rx-bytes:125M/1s+tx-packets:10k/1s` into
-//! [`BucketSpec`]s keyed by what they limit; a device makes a [`SharedLimiter`] per limited
-//! direction, shared by its queue threads (a lock only those threads take, never a reader);
+//! [`BucketSpec`]s keyed by what they limit; a device makes a [`SharedLimiter`] per direction
+//! (limiting nothing until it has buckets; `set-rate` replaces them), shared by its queue threads (a lock only those threads take, never a reader);
 //! a pass asks it before each frame or request ([`Limiter::try_take`], [`Limiter::admit`] and
 //! [`Limiter::charge`]) and, refused, stops and says how long to wait; the thread arms its
 //! timer and stops serving that queue meanwhile, the time stamped in the queue's

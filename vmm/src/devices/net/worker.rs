@@ -80,7 +80,7 @@ pub struct Worker {
     again: u8,
     /// The device's `rate_changes` this thread has followed.
     rate_seen: u32,
-    /// The ways waiting for their rate limiter, when the device has one.
+    /// The ways waiting for their rate limiter (None only when its timer could not be made).
     waits: Option<Waits>,
 }
 
