@@ -155,57 +155,95 @@ fn four_busy_vcpus_at(level: Level) {
     }
 }
 
+/// What one `periodic` run showed: guest_ns beyond the guest's own ran_ns, the time the
+/// guest lost inside its spins (its rdtsc gaps), its parks, and ran_ns.
+struct PeriodicRun {
+    excess: i64,
+    lost: i64,
+    parks: i64,
+    ran: i64,
+}
+
+fn periodic_run(run_us: u64, idle: &mut Vec<i64>) -> PeriodicRun {
+    let out = run_vm(
+        1,
+        &[&format!(
+            "periodic:run_us={run_us},period_us=3000,count=333"
+        )],
+    );
+    assert_all_exited_ok(&out.report);
+    let v = &out.report.vcpus[0];
+    let t = &v.times;
+    assert_identity(&out.report, v);
+    if run_us > 0 {
+        idle.push((t.idle_ns as f64 * 10_000.0 / t.wall_ns as f64) as i64);
+    }
+    // KVM counts every exit the guest made, those that reached the VMM and those handled in
+    // the kernel (host interrupts).
+    let kvm_exits = t.kvm_stats["exits"];
+    let user_exits: u64 = t.exits.values().sum();
+    assert!(
+        kvm_exits >= user_exits,
+        "KVM counts every exit: {kvm_exits} < {user_exits}"
+    );
+    let ran = reported(v, "ran_ns") as i64;
+    PeriodicRun {
+        excess: t.guest_ns as i64 - ran,
+        lost: reported(v, "lost_ns") as i64,
+        parks: t.parks as i64,
+        ran,
+    }
+}
+
+/// guest_ns of a vCPU that runs 300 µs of every 3 ms is the guest's own ran_ns, plus what
+/// the guest itself saw lost inside its spins (host interrupts and exits handled in the
+/// kernel, and the outer hypervisor's interruptions: host time charged to the running
+/// thread), plus the host's work around each park inside KVM_RUN (leaving for the VMM, and
+/// entering again after the wake-up). That last term is measured beside the runs: the same
+/// 333 parks with no work between them, before, between and after the runs, as guest_ns per
+/// park (their guest runs a few instructions a park). On the PVM development hosts it is
+/// 37-91 µs a park and moves with the outer host's load from one second to the next, far
+/// beyond the one after-park round trip measured at start (kvm_ns_estimate); what the runs
+/// have beyond it is held to the issue's 2 % of ran_ns plus the spread of the controls.
 #[test]
 fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
     let _g = serial();
     let mut idle = Vec::new();
-    let mut slack = Vec::new();
-    let mut excesses = Vec::new();
-    let mut guest = Vec::new();
-    let ((), platform) = common::beside_platform(|| {
-        for _ in 0..3 {
-            let out = run_vm(1, &["periodic:run_us=300,period_us=3000,count=333"]);
-            assert_all_exited_ok(&out.report);
-            let v = &out.report.vcpus[0];
-            let t = &v.times;
-            idle.push((t.idle_ns as f64 * 10_000.0 / t.wall_ns as f64) as i64);
-            assert_identity(&out.report, v);
-            // guest_ns = guest code + KVM's in-kernel exit handling, which this host cannot split
-            // out. The VM measured the cost of one exit round trip at start (hot, and after a
-            // park); KVM counted every exit the guest made, those that reached the VMM and those
-            // handled in the kernel (host interrupts).
-            let kvm_exits = t.kvm_stats["exits"];
-            let user_exits: u64 = t.exits.values().sum();
-            assert!(
-                kvm_exits >= user_exits,
-                "KVM counts every exit: {kvm_exits} < {user_exits}"
-            );
-            let in_kernel = t
-                .kvm_ns_estimate
-                .expect("exit cost measured and KVM stats present");
-            let ran = reported(v, "ran_ns") as i64;
-            let excess = t.guest_ns as i64 - ran;
-            excesses.push(excess);
-            // The issue's bound is 2 % of ran_ns + the in-kernel part. On the PVM development
-            // hosts every park adds host work charged inside KVM_RUN (the wake-up path) that one
-            // measured after-park round trip (after 200 µs asleep, these parks are 2.7 ms) does
-            // not capture: 5-25 µs when first measured, 30-40 µs on 2026-11-29 (6 runs, the
-            // median run failing the 30 µs this allowed then); it is allowed here, at 45 µs per
-            // park, and reported in docs/accounting.md.
-            slack.push(ran / 50 + in_kernel as i64 + 45_000 * t.parks as i64 - excess);
-            guest.push(t.guest_ns as i64);
-        }
-    });
-    // And the outer hypervisor's share of the time in the guest (see the busy test).
-    let slack: Vec<i64> = slack
-        .iter()
-        .zip(&guest)
-        .map(|(s, g)| s + (*g as f64 * platform) as i64)
-        .collect();
+    let mut runs = Vec::new();
+    let mut per_park = vec![];
+    let control = |idle: &mut Vec<i64>| {
+        let c = periodic_run(0, idle);
+        (c.excess - c.lost) / c.parks.max(1)
+    };
+    per_park.push(control(&mut idle));
+    for _ in 0..3 {
+        runs.push(periodic_run(300, &mut idle));
+        per_park.push(control(&mut idle));
+    }
     let idle = median(idle) as f64 / 100.0;
     assert!(
         (87.0..=93.0).contains(&idle),
         "idle {idle:.2} % of wall, not 90 ± 3"
+    );
+    let lo = per_park.iter().copied().min().unwrap_or(0);
+    let hi = per_park.iter().copied().max().unwrap_or(0);
+    let (mid, spread) = ((lo + hi) / 2, (hi - lo) / 2);
+    // The controls cannot hide time charged wrongly: a park's host work of a tenth of the
+    // 3 ms period would be a defect of its own, and idle time taken for guest time fails
+    // the idle check above.
+    assert!(
+        mid <= 300_000,
+        "each park adds {per_park:?} ns to guest_ns in the controls"
+    );
+    let excesses: Vec<i64> = runs.iter().map(|r| r.excess).collect();
+    let slack: Vec<i64> = runs
+        .iter()
+        .map(|r| r.ran / 50 + r.lost + (mid + spread) * r.parks - r.excess)
+        .collect();
+    eprintln!(
+        "periodic: guest_ns - ran_ns {excesses:?}, lost {:?}, host work per park in the \
+         controls {per_park:?} ns, slack {slack:?}",
+        runs.iter().map(|r| r.lost).collect::<Vec<_>>()
     );
     assert!(
         median(excesses.clone()) >= 0,
@@ -213,9 +251,8 @@ fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {
     );
     assert!(
         median(slack.clone()) >= 0,
-        "guest_ns - ran_ns {excesses:?} exceeds 2 % of ran_ns + the in-kernel part + the \
-         platform's {:.2} % of guest_ns by {slack:?}",
-        100.0 * platform
+        "guest_ns - ran_ns {excesses:?} exceeds 2 % of ran_ns + the guest's lost time + the \
+         host's work per park measured beside ({per_park:?} ns) by {slack:?}"
     );
 }
 
