@@ -372,6 +372,8 @@ pub struct SharedLimiter {
     /// Whether it has a bucket: the queue threads ask it only then.
     active: AtomicBool,
     state: Mutex<Limiter>,
+    /// The time its buckets refill by (ns): the monotonic clock, or a fuzzer model's own.
+    clock: fn() -> u64,
 }
 
 impl SharedLimiter {
@@ -382,10 +384,18 @@ impl SharedLimiter {
 
     /// Full buckets as `spec` says, or none (it limits nothing until [`SharedLimiter::set`]).
     pub fn always(spec: &RateSpec) -> Self {
+        Self::on_clock(spec, crate::sync::now_ns)
+    }
+
+    /// As [`SharedLimiter::always`], its buckets refilling by `clock` (ns) instead of the
+    /// monotonic clock: the fuzzer's models keep their own time, so that a wait for tokens
+    /// ends when the model says and an input replays the same.
+    pub fn on_clock(spec: &RateSpec, clock: fn() -> u64) -> Self {
         SharedLimiter {
             spec: Mutex::new(*spec),
             active: AtomicBool::new(spec.limits()),
-            state: Mutex::new(Limiter::new(spec, crate::sync::now_ns())),
+            state: Mutex::new(Limiter::new(spec, clock())),
+            clock,
         }
     }
 
@@ -404,14 +414,14 @@ impl SharedLimiter {
     /// woken by its device to ask the new ones.
     pub fn set(&self, spec: &RateSpec) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        *st = Limiter::new(spec, crate::sync::now_ns());
+        *st = Limiter::new(spec, (self.clock)());
         *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = *spec;
         self.active.store(spec.limits(), Ordering::Release);
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Limiter, u64) -> T) -> T {
         let mut l = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut l, crate::sync::now_ns())
+        f(&mut l, (self.clock)())
     }
 
     /// [`Limiter::try_take`] now.

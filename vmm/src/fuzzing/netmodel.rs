@@ -15,6 +15,11 @@
 //! reset, nothing written into the old rings, the status reading 0, the re-probe taken
 //! whether the device's thread has caught up or not, and the device never left stopped.
 //!
+//! With a rate limiter on receive or transmit (the setup's choice, small buckets on the
+//! model's own clock), a pass the limiter stops leaves the rest for its timer, as the real
+//! thread does: kicks and a readable tap of that way start nothing until the timer fires (the
+//! model's clock then jumps to its deadline), and at quiescence nothing may be left either.
+//!
 //! Data flow: [`run`] reads the configuration from the first bytes, then one action per byte
 //! (with arguments from the next ones) until the input ends, then drives both sides to
 //! quiescence and checks.
@@ -38,6 +43,7 @@ use crate::devices::net::rx::FrameSource;
 use crate::devices::net::tap::VNET_HDR_LEN;
 use crate::devices::net::tx::FrameSink;
 use crate::devices::net::{config_space, layout, offered_features, spec::Mac};
+use crate::devices::rate::{BucketSpec, RateSpec, SharedLimiter};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::status;
 use crate::devices::virtio::{VirtioDevice, VirtioShared};
@@ -55,6 +61,15 @@ const MTU: u16 = 1500;
 const QUIESCE_STEPS: usize = 200_000;
 /// Frames the host sends at most in one input.
 const MAX_FRAMES: u64 = 4096;
+
+thread_local! {
+    /// The model's clock (ns): it moves only when a rate timer fires.
+    static CLOCK: Cell<u64> = const { Cell::new(1_000_000_000) };
+}
+
+fn model_now() -> u64 {
+    CLOCK.with(Cell::get)
+}
 
 /// The host's side of the tap: frames for the guest, read as a tap reads (cut to the
 /// buffers, the bytes read returned).
@@ -148,6 +163,8 @@ struct Setup {
     features: u64,
     /// The device's thread follows the epoch only when the input says (otherwise at once).
     lag: bool,
+    /// Rate limits on receive and transmit.
+    rate: [Option<RateSpec>; 2],
 }
 
 /// The device's queue-pair thread, played by the model.
@@ -158,6 +175,9 @@ struct Thread {
     again: [bool; 2],
     /// Kicks not yet taken: rx, tx, ctrl.
     kicks: [bool; 3],
+    /// Receive and transmit waiting for their rate limiter's tokens: the model's time their
+    /// timer fires at.
+    throttled: [Option<u64>; 2],
 }
 
 /// The whole model.
@@ -172,6 +192,8 @@ struct Model {
     counters: Vec<QueueCounters>,
     tap: ModelTap,
     sink: ModelSink,
+    /// The rate limiters of receive and transmit, when the setup has them.
+    limiters: [Option<SharedLimiter>; 2],
     /// The driver's interrupt line: raised and not yet taken.
     irq: bool,
     /// The driver is polling: its interrupts are off until it finishes.
@@ -214,10 +236,14 @@ impl Model {
                 blocked: false,
                 again: [false; 2],
                 kicks: [false; 3],
+                throttled: [None; 2],
             },
             counters: (0..nq).map(|_| QueueCounters::default()).collect(),
             tap: ModelTap::default(),
             sink: ModelSink::default(),
+            limiters: setup
+                .rate
+                .map(|r| r.map(|r| SharedLimiter::on_clock(&r, model_now))),
             irq: false,
             polling: false,
             host_sent: Vec::new(),
@@ -318,6 +344,8 @@ impl Model {
         self.thread.q = Queues::default();
         self.thread.blocked = false;
         self.thread.again = [false; 2];
+        // A new epoch ends every rate wait, as the real thread's `end_waits`.
+        self.thread.throttled = [None; 2];
         self.thread.epoch = w.epoch();
         if w.active() && !self.virtio.stopped() {
             match batch::build(&self.virtio, 0, PAIRS, MTU, &self.mem) {
@@ -337,6 +365,22 @@ impl Model {
 
     fn listening(&self) -> bool {
         self.thread.q.rx.is_some() && self.virtio.serves(self.thread.epoch) && !self.thread.blocked
+    }
+
+    /// The limiter of way `way` (0 receive, 1 transmit) when it limits.
+    fn rate(&self, way: usize) -> Option<&SharedLimiter> {
+        self.limiters[way].as_ref().filter(|l| l.limits())
+    }
+
+    /// The pass of way `way` ended for want of tokens for `wait` more ns (or not).
+    fn throttle(&mut self, way: usize, wait: Option<u64>) {
+        if let Some(w) = wait {
+            assert!(
+                self.rate(way).is_some(),
+                "a pass without a limiter was throttled"
+            );
+            self.thread.throttled[way] = Some(model_now() + w);
+        }
     }
 
     /// Checks a pass's interrupt decision against what the driver asked, and raises it.
@@ -375,8 +419,10 @@ impl Model {
                     return;
                 };
                 let before = self.guest.rx.used_idx(&mem);
-                let o = batch::rx_pass(rxq, &mem, &self.tap, &self.counters[i], None, go_on);
+                let rate = self.limiters[0].as_ref().filter(|l| l.limits());
+                let o = batch::rx_pass(rxq, &mem, &self.tap, &self.counters[i], rate, go_on);
                 self.thread.blocked |= o.blocked;
+                self.throttle(0, o.throttled);
                 (o, self.guest.rx.wants_interrupt(&mem, before))
             }
             1 => {
@@ -384,8 +430,10 @@ impl Model {
                     return;
                 };
                 let before = self.guest.tx.used_idx(&mem);
-                let o = batch::tx_pass(txq, &mem, &self.sink, &self.counters[i], None, go_on);
+                let rate = self.limiters[1].as_ref().filter(|l| l.limits());
+                let o = batch::tx_pass(txq, &mem, &self.sink, &self.counters[i], rate, go_on);
                 self.thread.again[0] |= o.more;
+                self.throttle(1, o.throttled);
                 (o, self.guest.tx.wants_interrupt(&mem, before))
             }
             _ => {
@@ -427,21 +475,34 @@ impl Model {
         if self.thread.again[1] {
             pending.push(4);
         }
-        if self.listening() && !self.tap.frames.borrow().is_empty() {
+        let [rx_wait, tx_wait] = self.thread.throttled;
+        if self.listening() && rx_wait.is_none() && !self.tap.frames.borrow().is_empty() {
             pending.push(5);
+        }
+        if rx_wait.is_some() {
+            pending.push(6);
+        }
+        if tx_wait.is_some() {
+            pending.push(7);
         }
         if pending.is_empty() {
             return false;
         }
         match pending[usize::from(pick) % pending.len()] {
+            // A kick of a way that waits for its tokens is taken and starts nothing (its
+            // timer runs the pass), as in the real thread.
             0 => {
                 self.thread.kicks[0] = false;
                 self.thread.blocked = false;
-                self.pass(0);
+                if rx_wait.is_none() {
+                    self.pass(0);
+                }
             }
             1 => {
                 self.thread.kicks[1] = false;
-                self.pass(1);
+                if tx_wait.is_none() {
+                    self.pass(1);
+                }
             }
             2 => {
                 self.thread.kicks[2] = false;
@@ -449,11 +510,24 @@ impl Model {
             }
             3 => {
                 self.thread.again[0] = false;
-                self.pass(1);
+                if tx_wait.is_none() {
+                    self.pass(1);
+                }
             }
             4 => {
                 self.thread.again[1] = false;
                 self.pass(2);
+            }
+            // A rate timer fires: the model's time moves to its deadline, and the way runs
+            // (receive only while it listens to the tap, as the real thread).
+            w @ (6 | 7) => {
+                let way = usize::from(w - 6);
+                if let Some(at) = self.thread.throttled[way].take() {
+                    CLOCK.with(|c| c.set(c.get().max(at)));
+                }
+                if way == 1 || self.listening() {
+                    self.pass(way);
+                }
             }
             _ => self.pass(0),
         }
@@ -622,6 +696,22 @@ fn setup(data: &[u8]) -> Setup {
     let mq = ctrl && b & 8 != 0;
     let gso = b & 16 != 0;
     let lag = b & 32 != 0;
+    // Small buckets, so that a few frames use them up: 1-8 frames and 2-17 KiB a millisecond.
+    let bucket = |on: bool| {
+        on.then(|| RateSpec {
+            ops: (a & 0x40 == 0).then_some(BucketSpec {
+                size: 1 + u64::from(c % 8),
+                refill_ns: 1_000_000,
+                burst: 0,
+            }),
+            bytes: Some(BucketSpec {
+                size: 2048 + u64::from(c) * 64,
+                refill_ns: 1_000_000,
+                burst: u64::from(a & 0x80) * 16,
+            }),
+        })
+    };
+    let rate = [bucket(b & 64 != 0), bucket(b & 128 != 0)];
     let rx_buf = (u32::from(c) * 16).clamp(VNET_HDR_LEN as u32, guest::SLOT as u32);
     let rx_descs = (1 + u16::from(a >> 4) % 3).min(size);
     let mut features =
@@ -650,6 +740,7 @@ fn setup(data: &[u8]) -> Setup {
         },
         features,
         lag,
+        rate,
     }
 }
 
