@@ -13,12 +13,18 @@
 //! guest's buffers; and the disk holds exactly what the answered requests, applied in order,
 //! leave. A chain with no writable byte stops the queue (NEEDS_RESET), and nothing else does.
 //!
+//! With a rate limiter (the setup's choice: small buckets on the model's own clock), a pass
+//! it stops leaves the rest to its timer as the real thread does: kicks meanwhile start
+//! nothing, the timer's firing moves the model's clock to its deadline and runs the pass, and
+//! at quiescence nothing may be left either.
+//!
 //! Data flow: [`run`] reads the setup from the first bytes (queue size, EVENT_IDX, the disk's
 //! size and offers), then one action per byte (with arguments from the next ones) until the
 //! input ends (posting a request, the device's thread running, the driver's completion
 //! handler running, or starting with its callbacks off), then drives both sides to
 //! quiescence and checks.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 
 use std::sync::Arc;
@@ -31,6 +37,7 @@ use super::driver::{Buf, DriverRing};
 use crate::devices::blk::file::SECTOR;
 use crate::devices::blk::queue::{req_pass, BlkCounters, ReqQueue};
 use crate::devices::blk::request::{Limits, ID_BYTES, MAX_RANGES, MAX_RANGE_SECTORS};
+use crate::devices::rate::{BucketSpec, RateSpec, SharedLimiter};
 use crate::devices::virtio::counters::QueueCounters;
 use crate::devices::virtio::pass::Irq;
 use crate::devices::virtio::queue::QueueFault;
@@ -48,6 +55,31 @@ const DATA: u64 = 0x1_0000;
 const SLOT: u64 = 0x4000;
 /// Steps at quiescence before the model calls it a livelock.
 const QUIESCE_STEPS: usize = 10_000;
+
+thread_local! {
+    /// The model's clock (ns): it moves only when the rate timer fires.
+    static CLOCK: Cell<u64> = const { Cell::new(1_000_000_000) };
+}
+
+fn model_now() -> u64 {
+    CLOCK.with(Cell::get)
+}
+
+/// A rate limit of 1-4 requests and 4-16 KiB a millisecond (`v` picks), or none.
+fn rate_of(on: bool, v: u8) -> Option<RateSpec> {
+    on.then(|| RateSpec {
+        ops: Some(BucketSpec {
+            size: 1 + u64::from(v % 4),
+            refill_ns: 1_000_000,
+            burst: 0,
+        }),
+        bytes: Some(BucketSpec {
+            size: 4096 * (1 + u64::from(v / 4 % 4)),
+            refill_ns: 1_000_000,
+            burst: 0,
+        }),
+    })
+}
 
 /// One request as the driver posted it.
 #[derive(Debug, Clone)]
@@ -189,13 +221,16 @@ struct Model {
     may_fault: bool,
     stopped: bool,
     seq: u8,
+    /// The queue waits for its rate limiter's tokens: the model's time its timer fires at.
+    throttled: Option<u64>,
 }
 
 impl Model {
-    fn new(size: u16, event_idx: bool, limits: Limits) -> Option<Model> {
+    fn new(size: u16, event_idx: bool, limits: Limits, rate: Option<RateSpec>) -> Option<Model> {
         let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).ok()?);
         let ring = DriverRing::new(&mem, RINGS, size, event_idx);
-        let rq = ReqQueue::new(ring.device_queue(&mem), limits);
+        let mut rq = ReqQueue::new(ring.device_queue(&mem), limits);
+        rq.rate = rate.map(|r| Arc::new(SharedLimiter::on_clock(&r, model_now)));
         Some(Model {
             disk: Checked::new(limits.sectors, limits.readonly),
             shadow: vec![0; (limits.sectors * SECTOR) as usize],
@@ -211,6 +246,7 @@ impl Model {
             may_fault: false,
             stopped: false,
             seq: 0,
+            throttled: None,
         })
     }
 
@@ -289,6 +325,10 @@ impl Model {
             return;
         }
         self.woken = false;
+        if self.throttled.is_some() {
+            // A kick while the queue waits for tokens starts nothing: its timer runs it.
+            return;
+        }
         let old = self.ring.used_idx(&self.mem);
         let (qc, bc) = (&self.counters.0, &self.counters.1);
         let o = req_pass(&mut self.rq, &self.mem, &self.disk, qc, bc, || true);
@@ -307,8 +347,25 @@ impl Model {
             Irq::None => assert_eq!(o.handled, 0, "requests answered without a decision"),
         }
         self.woken |= o.more;
+        if let Some(w) = o.throttled {
+            assert!(
+                self.rq.rate.is_some(),
+                "a pass without a limiter was throttled"
+            );
+            self.throttled = Some(model_now() + w);
+        }
         if o.irq == Irq::Wanted {
             self.done();
+        }
+    }
+
+    /// The rate timer fires (when the queue waits): the model's time moves to its deadline
+    /// and the queue runs.
+    fn timer(&mut self) {
+        if let Some(at) = self.throttled.take() {
+            CLOCK.with(|c| c.set(c.get().max(at)));
+            self.woken = true;
+            self.device();
         }
     }
 
@@ -424,7 +481,8 @@ pub fn run(data: &[u8]) {
     };
     let size = 1u16 << (a % 9);
     let limits = limits_of(b, u64::from(a >> 4) * 8 + 8);
-    let Some(mut m) = Model::new(size, b & 0x10 != 0, limits) else {
+    let rate = rate_of(b & 0x01 != 0, a);
+    let Some(mut m) = Model::new(size, b & 0x10 != 0, limits, rate) else {
         return;
     };
     let mut i = 0;
@@ -437,7 +495,9 @@ pub fn run(data: &[u8]) {
                 i += 13;
                 continue;
             }
-            6 | 7 => m.device(),
+            6 => m.device(),
+            7 if m.throttled.is_some() => m.timer(),
+            7 => m.device(),
             8 => m.done(),
             // The driver is in its completion handler: callbacks off until it finishes.
             _ => m.ring.disable_cb(&m.mem),
@@ -452,15 +512,24 @@ fn quiesce(m: &mut Model) {
     // A completion handler in progress finishes (it takes what is there, callbacks on).
     m.done();
     for _ in 0..QUIESCE_STEPS {
-        if !m.woken || m.stopped {
+        if m.stopped {
             break;
         }
-        m.device();
+        if m.throttled.is_some() {
+            m.timer();
+        } else if m.woken {
+            m.device();
+        } else {
+            break;
+        }
     }
     if m.stopped {
         return;
     }
-    assert!(!m.woken, "the device never settles");
+    assert!(
+        !m.woken && m.throttled.is_none(),
+        "the device never settles"
+    );
     assert!(
         m.pending.is_empty(),
         "{} requests left without a kick or an interrupt (event_idx {}): {:?}",
@@ -480,7 +549,7 @@ fn quiesce(m: &mut Model) {
 mod tests {
     use super::*;
 
-    /// Setup bytes: queue size 2^a%9, the disk's offers in b.
+    /// Setup bytes: queue size 2^a%9, the disk's offers in b (0x01: a rate limit, sized by a).
     fn input(a: u8, b: u8, actions: &[u8]) -> Vec<u8> {
         let mut v = vec![a, b];
         v.extend_from_slice(actions);
@@ -542,6 +611,26 @@ mod tests {
     fn a_chain_without_a_status_byte_stops_the_queue_and_nothing_else_does() {
         let actions = req(5, [0, 0, 0, 0, 0, 0, 0xff, 0, 0, 0, 0, 0]);
         run(&input(0x74, 0, &actions));
+    }
+
+    #[test]
+    fn a_rate_limited_queue_waits_for_its_timer_and_leaves_nothing() {
+        // Writes and reads past small buckets: the pass stops for tokens (the model's clock
+        // moves only when the timer fires), kicks meanwhile start nothing, and at quiescence
+        // every request was answered all the same.
+        for (a, b) in [(0x74, 0x01), (0x73, 0x11), (0xf6, 0xc1)] {
+            let mut actions = Vec::new();
+            for i in 0..30u8 {
+                actions.extend(req(i % 3, [i, 1 + i % 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+                actions.push(if i % 4 == 0 { 7 } else { 6 });
+            }
+            let t0 = model_now();
+            run(&input(a, b, &actions));
+            assert!(
+                model_now() > t0,
+                "({a:#x}, {b:#x}): no pass waited for tokens"
+            );
+        }
     }
 
     #[test]
