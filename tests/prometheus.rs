@@ -124,8 +124,17 @@ fn prometheus_scrapes_per_vcpu_series() {
             .spawn()
             .unwrap(),
     );
-    // Our own endpoint first: status, content type, and content.
-    let (status, body) = prom::metrics_when_up(vmm_port);
+    // Our own endpoint first: status, content type, and content. The guest's families come
+    // with its first publication into the PPA page, which can follow the endpoint's start
+    // (CI, on a loaded host, scraped before it once): wait for it, 10 s at most.
+    let (mut status, mut body) = prom::metrics_when_up(vmm_port);
+    let waited = Instant::now();
+    while !body.contains("ppa_guest_thread_cpu_seconds_total{")
+        && waited.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+        (status, body) = prom::metrics_when_up(vmm_port);
+    }
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(
         body.contains("ppa_vcpu_used_seconds_total{vm=\"prom-test\",vcpu=\"1\"}"),
