@@ -92,8 +92,10 @@ pub struct LimitStops {
     /// clock's notice, re-arming the timer), measured by the threads' CPU clocks.
     pub cpu_ns: u64,
     /// **Estimate**: the KVM round trips those stops forced (an exit out of the guest and
-    /// the entry back), each the VM's measured `kvm_exit_cost_ns`, or
-    /// `kvm_exit_cost_after_park_ns` after a park.
+    /// the entry back), each the VM's measured `kvm_exit_cost_ns`, or after a park the cold
+    /// round trip of a park that long (between `kvm_exit_cost_after_park_ns` and
+    /// `kvm_exit_cost_after_long_park_ns`); for a stop that parked without a forced exit, the
+    /// cold entry's cost beyond a warm one.
     pub kvm_ns_estimate: u64,
 }
 

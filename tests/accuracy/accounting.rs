@@ -202,8 +202,8 @@ fn periodic_run(run_us: u64, idle: &mut Vec<i64>) -> PeriodicRun {
 /// entering again after the wake-up). That last term is measured beside the runs: the same
 /// 333 parks with no work between them, before, between and after the runs, as guest_ns per
 /// park (their guest runs a few instructions a park). On the PVM development hosts it is
-/// 37-91 µs a park and moves with the outer host's load from one second to the next, far
-/// beyond the one after-park round trip measured at start (kvm_ns_estimate); what the runs
+/// 37-91 µs a park and moves with the outer host's load from one second to the next, beyond
+/// what the calibration at start can hold (kvm_ns_estimate's); what the runs
 /// have beyond it is held to the 2 % of ran_ns plus the spread of the controls.
 #[test]
 fn periodic_vcpu_is_ninety_percent_idle_and_guest_time_is_explained() {

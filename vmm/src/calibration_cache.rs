@@ -41,6 +41,9 @@ pub struct Cached {
     pub hot_ns: u64,
     /// [`ExitCost::after_park_ns`].
     pub after_park_ns: u64,
+    /// [`ExitCost::after_long_park_ns`] (a file without it, from before it was measured, is
+    /// not read: measured again and replaced).
+    pub after_long_park_ns: u64,
 }
 
 fn uname() -> String {
@@ -104,6 +107,7 @@ pub fn read(file: &Path, key: &HostKey) -> Option<ExitCost> {
     (c.key == *key && c.hot_ns > 0).then_some(ExitCost {
         hot_ns: c.hot_ns,
         after_park_ns: c.after_park_ns,
+        after_long_park_ns: c.after_long_park_ns,
     })
 }
 
@@ -113,6 +117,7 @@ pub fn write(file: &Path, key: &HostKey, cost: ExitCost) -> std::io::Result<()> 
         key: key.clone(),
         hot_ns: cost.hot_ns,
         after_park_ns: cost.after_park_ns,
+        after_long_park_ns: cost.after_long_park_ns,
     };
     let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
@@ -161,12 +166,24 @@ mod tests {
             Some(ExitCost {
                 hot_ns: 18_000,
                 after_park_ns: 26_000,
+                after_long_park_ns: 75_000,
             })
         };
         let a = exit_cost(&file, measure).unwrap();
         let b = exit_cost(&file, measure).unwrap();
         assert_eq!((a, measured.get()), (b, 1), "the second VM reads the file");
-        assert_eq!(b.after_park_ns, 26_000);
+        assert_eq!((b.after_park_ns, b.after_long_park_ns), (26_000, 75_000));
+        // A file of before the long park was measured: not read, measured again.
+        let old = format!(
+            "{{\"key\":{},\"hot_ns\":18000,\"after_park_ns\":26000}}",
+            serde_json::to_string(&host_key()).unwrap()
+        );
+        fs::write(&file, old).unwrap();
+        assert_eq!(read(&file, &host_key()), None);
+        exit_cost(&file, measure).unwrap();
+        assert_eq!(measured.get(), 2, "measured again");
+        assert!(read(&file, &host_key()).is_some(), "and replaced");
+        measured.set(1);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
             fs::metadata(&file).unwrap().permissions().mode() & 0o777,
@@ -213,6 +230,7 @@ mod tests {
         let cost = ExitCost {
             hot_ns: 18_000,
             after_park_ns: 26_000,
+            after_long_park_ns: 75_000,
         };
         write(&target, &host_key(), cost).unwrap();
         assert_eq!(read(&target, &host_key()), Some(cost));

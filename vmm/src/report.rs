@@ -198,6 +198,9 @@ pub struct VmInfo {
     pub kvm_exit_cost_ns: Option<u64>,
     /// The same for the first KVM_RUN after a park (measured after a 200 µs sleep).
     pub kvm_exit_cost_after_park_ns: Option<u64>,
+    /// The same after an 8 ms sleep: the cold cost grows with the park where the host's CPU
+    /// idles meanwhile; a park between the two costs what lies on the line between them.
+    pub kvm_exit_cost_after_long_park_ns: Option<u64>,
     /// What backs guest RAM.
     pub memory: MemoryInfo,
     /// The placement rules the run ended with (`--pin` and `set-pin`, `KEY=CPUS`).

@@ -10,7 +10,9 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use super::{ExitCost, ExitEvent, Hypervisor, MemorySlot, Vcpu, Vm, WarmUpStub};
+use super::{
+    ExitCost, ExitEvent, Hypervisor, MemorySlot, Vcpu, Vm, WarmUpStub, LONG_PARK_NS, SHORT_PARK_NS,
+};
 use crate::arch::x86_64::cpl3::{entry_regs, tss, Cpl3Layout};
 use crate::arch::x86_64::regs::Fpu;
 use crate::sync::now_ns;
@@ -68,11 +70,18 @@ pub fn exit_cost<H: Hypervisor>(hv: &H, rounds: usize) -> Option<ExitCost> {
     let after_park_ns = median_run_ns(
         &mut vcpu,
         (rounds / 10).max(1),
-        Some(std::time::Duration::from_micros(200)),
+        Some(std::time::Duration::from_nanos(SHORT_PARK_NS)),
+    )?;
+    // Five long sleeps (40 ms, once per host: the run directory keeps the figures).
+    let after_long_park_ns = median_run_ns(
+        &mut vcpu,
+        (rounds / 40).max(1),
+        Some(std::time::Duration::from_nanos(LONG_PARK_NS)),
     )?;
     Some(ExitCost {
         hot_ns,
         after_park_ns,
+        after_long_park_ns,
     })
 }
 

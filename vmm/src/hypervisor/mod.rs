@@ -231,9 +231,35 @@ pub struct WarmUpStub {
 pub struct ExitCost {
     /// Median over back-to-back round trips.
     pub hot_ns: u64,
-    /// Median over round trips that follow a 200 µs sleep of the thread, like the first run
-    /// after a park (cold caches, state reloaded).
+    /// Median over round trips that follow a [`SHORT_PARK_NS`] sleep of the thread, like the
+    /// first run after a park (cold caches, state reloaded).
     pub after_park_ns: u64,
+    /// Median over round trips that follow a [`LONG_PARK_NS`] sleep: the first run after a
+    /// long park costs more where the host's own CPU idles meanwhile (on the PVM development
+    /// hosts 75-79 µs after 9 ms against 28-30 µs after 200 µs; see [`ExitCost::after_park_of`]).
+    pub after_long_park_ns: u64,
+}
+
+/// The sleep before [`ExitCost::after_park_ns`]'s round trips.
+pub const SHORT_PARK_NS: u64 = 200_000;
+/// The sleep before [`ExitCost::after_long_park_ns`]'s round trips.
+pub const LONG_PARK_NS: u64 = 8_000_000;
+
+impl ExitCost {
+    /// The round trip after a park of `park_ns`: the short park's cost up to
+    /// [`SHORT_PARK_NS`], the long one's from [`LONG_PARK_NS`] on, and on the line between
+    /// them in between (measured on the PVM development hosts, 2026-11-29, one sleep length a
+    /// run: 28-30 µs after 200 µs, 31 µs after 1 ms, 38-59 µs after 3 ms, 75-79 µs after
+    /// 9 ms). An estimate; never below the short park's cost.
+    pub fn after_park_of(&self, park_ns: u64) -> u64 {
+        let (short, long) = (
+            self.after_park_ns,
+            self.after_long_park_ns.max(self.after_park_ns),
+        );
+        let at = park_ns.clamp(SHORT_PARK_NS, LONG_PARK_NS) - SHORT_PARK_NS;
+        let span = LONG_PARK_NS - SHORT_PARK_NS;
+        short + ((u128::from(long - short) * u128::from(at)) / u128::from(span)) as u64
+    }
 }
 
 /// A range of host memory mapped into the guest.

@@ -40,14 +40,15 @@ pub(super) fn consistent_stamp(shared: &VcpuShared) -> ParkStamp {
 /// Parks as `kind` until `deadline_ns` (or forever with `None`) or until released: a
 /// pause park ends when the pause request is cleared or a stop arrives; a limited park when
 /// every limit bit is cleared and the kick timer holds no more, or a stop or pause arrives; an idle park at a stop or pause
-/// (a limit that stops an idle vCPU takes effect when the idle park ends).
+/// (a limit that stops an idle vCPU takes effect when the idle park ends). Returns the park's
+/// wall time, ns.
 pub(super) fn park<V: Vcpu>(
     vcpu: &V,
     shared: &VcpuShared,
     rec: &mut Recorder,
     kind: ParkKind,
     deadline_ns: Option<u64>,
-) {
+) -> u64 {
     shared.set_state(ThreadState::Parked);
     let begin = consistent_stamp(shared);
     if kind == ParkKind::Limited {
@@ -77,7 +78,8 @@ pub(super) fn park<V: Vcpu>(
         }
         futex_wait(&shared.wake, seen, deadline_ns);
     };
-    rec.park_end(consistent_stamp(shared), release);
+    let end = consistent_stamp(shared);
+    rec.park_end(end, release);
     if matches!(kind, ParkKind::Paused | ParkKind::Limited) {
         // The guest did not ask for this stop: tell its paravirtual clock before it runs
         // again, so its watchdogs do not report the parked time as a soft lockup. At the end,
@@ -86,4 +88,5 @@ pub(super) fn park<V: Vcpu>(
         vcpu.pause_notify();
     }
     shared.set_state(ThreadState::Running);
+    end.now.saturating_sub(begin.now)
 }

@@ -186,8 +186,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             if shared.stops.begin(thread_cpu_ns()) {
                 stop.begun(&shared, last_exit);
             }
-            stop.parked = true;
-            park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
+            stop.parked = Some(park(&v.vcpu, &shared, rec, ParkKind::Limited, None));
             continue;
         }
         let prepared = kick_timer.prepare(&shared);
@@ -195,8 +194,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         match prepared {
             Prepared::Enter => {}
             Prepared::Hold => {
-                stop.parked = true;
-                park(&v.vcpu, &shared, rec, ParkKind::Limited, None);
+                stop.parked = Some(park(&v.vcpu, &shared, rec, ParkKind::Limited, None));
                 continue;
             }
             Prepared::Again => continue,
@@ -257,14 +255,15 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
 }
 
 /// The run loop's side of a stop in progress ([`super::stops`]): whether the exit before it
-/// was one the stop forced (a kick's `intr` exit) and whether it parked, which decide the KVM
-/// round trip it is said to have cost.
+/// was one the stop forced (a kick's `intr` exit) and whether it parked (for how long), which
+/// decide the KVM round trip it is said to have cost.
 #[derive(Debug, Default)]
 struct StopTrack {
     /// The stop seen begin (its number: `StopTotals::stops` once it began).
     seen: u64,
     forced: bool,
-    parked: bool,
+    /// The wall time of its last park, ns, when it parked.
+    parked: Option<u64>,
 }
 
 impl StopTrack {
@@ -272,7 +271,7 @@ impl StopTrack {
     fn begun(&mut self, shared: &VcpuShared, last_exit: Option<LastExit>) {
         self.seen = shared.stops.count();
         self.forced = last_exit.is_some_and(|e| e.reason == crate::exit::ExitReason::Intr);
-        self.parked = false;
+        self.parked = None;
     }
 
     /// After the kick timer's turn: a stop it began (a firing) is noted.
@@ -288,6 +287,6 @@ impl StopTrack {
         let kvm = super::stops::kvm_round_trip(shared.acct.exit_cost, self.forced, self.parked);
         shared.stops.end(cpu, kvm);
         self.forced = false;
-        self.parked = false;
+        self.parked = None;
     }
 }

@@ -7,10 +7,12 @@
 //! turn that finds a limit's request. It ends at the next entry into the guest (or at the
 //! thread's end). The vCPU thread, the one writer, measures what lies between with its CPU
 //! clock (the park path, the futex wait and wake-up, the paravirtual clock's notice, the
-//! timer's re-arming) and, for a stop that began after an exit the kick forced (`intr`), adds
-//! the KVM round trip that exit and the entry after it cost: an **estimate**, the VM's
-//! measured round trip (after a park, the cold one; `hypervisor::ExitCost`), since KVM's
-//! part happens inside KVM_RUN where the VMM's clocks cannot split it on every host.
+//! timer's re-arming) and adds KVM's part: for a stop that began after an exit the kick forced
+//! (`intr`), the round trip that exit and the entry after it cost; for one that parked
+//! without, what the entry after the park costs beyond a warm one. An **estimate**: the VM's
+//! measured round trips (after a park, the cold one of a park that long:
+//! `hypervisor::ExitCost::after_park_of`), since KVM's part happens inside KVM_RUN where the
+//! VMM's clocks cannot split it on every host.
 //! [`StopAccount`] keeps the totals and the stop in progress behind a sequence counter;
 //! readers ([`StopAccount::charged`]) take the thread's CPU clock inside one consistent read,
 //! so a stop in progress never counts towards the charge. The limiter (`limits::limiter`)
@@ -39,13 +41,17 @@ impl StopTotals {
     }
 }
 
-/// The KVM round trip a stop added: none when no exit was forced for it (the vCPU was parked
-/// or outside the guest when the stop began), the cold round trip when it parked, else the
-/// hot one. An estimate (the calibration's median), 0 where the VM has no exit cost.
-pub fn kvm_round_trip(cost: Option<ExitCost>, forced_exit: bool, parked: bool) -> u64 {
-    match (cost, forced_exit) {
-        (Some(c), true) if parked => c.after_park_ns,
-        (Some(c), true) => c.hot_ns,
+/// The KVM round trip a stop added. With an exit forced for it (a kick's `intr`): the cold
+/// round trip after a park of that length when it parked (`parked`: the park's wall time,
+/// ns), else the hot one. Without (the vCPU was parked or outside the guest when the stop
+/// began): what the entry after its park costs beyond a warm one (the cold round trip less the
+/// hot), and nothing when it did not park. An estimate (the calibration's medians,
+/// [`ExitCost::after_park_of`]), 0 where the VM has no exit cost.
+pub fn kvm_round_trip(cost: Option<ExitCost>, forced_exit: bool, parked: Option<u64>) -> u64 {
+    match (cost, forced_exit, parked) {
+        (Some(c), true, Some(park_ns)) => c.after_park_of(park_ns),
+        (Some(c), true, None) => c.hot_ns,
+        (Some(c), false, Some(park_ns)) => c.after_park_of(park_ns).saturating_sub(c.hot_ns),
         _ => 0,
     }
 }
@@ -161,14 +167,34 @@ mod tests {
     const COST: ExitCost = ExitCost {
         hot_ns: 20_000,
         after_park_ns: 27_000,
+        after_long_park_ns: 75_000,
     };
 
     #[test]
-    fn the_round_trip_counts_only_for_an_exit_the_stop_forced() {
-        assert_eq!(kvm_round_trip(Some(COST), true, true), 27_000);
-        assert_eq!(kvm_round_trip(Some(COST), true, false), 20_000);
-        assert_eq!(kvm_round_trip(Some(COST), false, true), 0);
-        assert_eq!(kvm_round_trip(None, true, true), 0);
+    fn the_round_trip_counts_a_forced_exit_and_a_cold_entry_after_a_park() {
+        assert_eq!(kvm_round_trip(Some(COST), true, Some(100_000)), 27_000);
+        assert_eq!(kvm_round_trip(Some(COST), true, Some(9_000_000)), 75_000);
+        assert_eq!(kvm_round_trip(Some(COST), true, None), 20_000);
+        // A park without a forced exit: the cold entry's cost beyond a warm one.
+        assert_eq!(kvm_round_trip(Some(COST), false, Some(9_000_000)), 55_000);
+        assert_eq!(kvm_round_trip(Some(COST), false, None), 0);
+        assert_eq!(kvm_round_trip(None, true, Some(100_000)), 0);
+    }
+
+    #[test]
+    fn the_round_trip_after_a_park_grows_with_the_park_between_the_two_measured() {
+        // 27 µs up to 200 µs, 75 µs from 8 ms on, the line between: half-way at 4.1 ms.
+        assert_eq!(COST.after_park_of(0), 27_000);
+        assert_eq!(COST.after_park_of(200_000), 27_000);
+        assert_eq!(COST.after_park_of(4_100_000), 51_000);
+        assert_eq!(COST.after_park_of(8_000_000), 75_000);
+        assert_eq!(COST.after_park_of(u64::MAX), 75_000);
+        // A long park measured below the short one (noise): never below the short one.
+        let odd = ExitCost {
+            after_long_park_ns: 10_000,
+            ..COST
+        };
+        assert_eq!(odd.after_park_of(8_000_000), 27_000);
     }
 
     #[test]

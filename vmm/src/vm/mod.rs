@@ -390,6 +390,7 @@ impl<H: Hypervisor> Vm<H> {
                 tsc_khz,
                 kvm_exit_cost_ns: exit_cost.map(|c| c.hot_ns),
                 kvm_exit_cost_after_park_ns: exit_cost.map(|c| c.after_park_ns),
+                kvm_exit_cost_after_long_park_ns: exit_cost.map(|c| c.after_long_park_ns),
                 memory: crate::report::MemoryInfo {
                     page_size: config.memory_backing.page,
                     numa_node: config.memory_backing.numa_node,

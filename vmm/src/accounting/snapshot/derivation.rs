@@ -144,17 +144,20 @@ fn host_cpus(m: &MeterReading, bm: &MeterReading, guest: u64, detail: bool) -> V
 }
 
 /// KVM's exit-handling estimate: every exit KVM counted (those handled in the kernel
-/// included) paid about one measured round trip, the first after a park the cold one.
+/// included) paid about one measured round trip, the first after a park the cold one of a
+/// park as long as these parks were on average (`parked_ns` over `parks`; the cold cost is
+/// on a line between the two park lengths measured, so the mean park gives the sum).
 fn kvm_ns_estimate(
     kvm_exits: Option<u64>,
     exit_cost: Option<ExitCost>,
-    parks: u64,
+    (parks, parked_ns): (u64, u64),
     used: u64,
 ) -> Option<u64> {
     match (kvm_exits, exit_cost) {
         (Some(exits), Some(c)) => {
             let cold = parks.min(exits);
-            Some(((exits - cold) * c.hot_ns + cold * c.after_park_ns).min(used))
+            let after_park = c.after_park_of(parked_ns / parks.max(1));
+            Some(((exits - cold) * c.hot_ns + cold * after_park).min(used))
         }
         _ => None,
     }
@@ -215,7 +218,7 @@ pub fn derive(
     let kvm_ns_estimate = kvm_ns_estimate(
         since.kvm_stat(KnownStat::Exits),
         exit_cost,
-        parks,
+        (parks, time.idle_ns + time.limited_ns + time.paused_ns),
         time.used_ns,
     );
     let (exits, exit_ns) = exit_maps(m, bm, detail);
