@@ -198,8 +198,7 @@ pub struct VmInfo {
     pub kvm_exit_cost_ns: Option<u64>,
     /// The same for the first KVM_RUN after a park (measured after a 200 µs sleep).
     pub kvm_exit_cost_after_park_ns: Option<u64>,
-    /// The same after an 8 ms sleep: the cold cost grows with the park where the host's CPU
-    /// idles meanwhile; a park between the two costs what lies on the line between them.
+    /// The same after an 8 ms sleep (a park between the two costs what lies between them).
     pub kvm_exit_cost_after_long_park_ns: Option<u64>,
     /// What backs guest RAM.
     pub memory: MemoryInfo,
@@ -291,8 +290,7 @@ pub struct VmReport {
     pub started_realtime_ns: u64,
     /// `ended_at` as CLOCK_REALTIME ns since the Unix epoch.
     pub ended_realtime_ns: u64,
-    /// The signal that ended the run the way `shutdown` does (`SIGTERM`, `SIGINT` or
-    /// `SIGHUP`), when one did.
+    /// The signal that ended the run as `shutdown` does (SIGTERM, SIGINT, SIGHUP), if any.
     pub signal: Option<String>,
     /// Build-time facts.
     #[serde(flatten)]
