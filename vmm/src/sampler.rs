@@ -31,7 +31,7 @@ use crate::handle::VmHandle;
 use crate::limits::overload::{Action, Detector, Fired, OverloadConfig, WINDOW_NS};
 use crate::ppa_page::alarms::AlarmReader;
 use crate::ppa_page::{HostWriter, PpaPage};
-use crate::pressure::reader::VcpuReader;
+use crate::pressure::reader::{Gathered, VcpuReader};
 use crate::pressure::timeline::Seg;
 use crate::pressure::Tracker;
 use crate::sync::{futex_wait, futex_wake, now_ns};
@@ -359,11 +359,36 @@ fn busy_ns(summaries: &[Option<VcpuSummary>]) -> u64 {
         .sum()
 }
 
+/// For each vCPU (thread ids `tids`, 0 before its thread starts), the instants the kernel
+/// picked its thread (`pressure::timeline::picked_at`): the `handoffs` (when, next thread) of
+/// this look's records that name it, and the latest of earlier looks (`last`, updated here),
+/// which a wait that began before this window and ends in it needs. Handoffs to threads that
+/// are not this VM's vCPUs are left out.
+fn picks(
+    tids: &[i32],
+    handoffs: impl Iterator<Item = (u64, u32)>,
+    last: &mut [u64],
+) -> Vec<Vec<u64>> {
+    let mut picked: Vec<Vec<u64>> = last
+        .iter()
+        .map(|&l| if l == 0 { Vec::new() } else { vec![l] })
+        .collect();
+    for (time, next) in handoffs {
+        if let Some(i) = tids.iter().position(|&t| t > 0 && t as u32 == next) {
+            picked[i].push(time);
+            last[i] = last[i].max(time);
+        }
+    }
+    picked
+}
+
 /// What the refreshes keep between them.
 struct Refresh {
     tracker: Tracker,
     /// One per vCPU: its state intervals for exact pressure.
     readers: Vec<VcpuReader>,
+    /// One per vCPU: the latest instant another vCPU's handoff picked it ([`picks`]).
+    last_pick: Vec<u64>,
     /// A vCPU thread asleep inside KVM_RUN is halted (see [`Sampler::start`]).
     halts: bool,
     count: u64,
@@ -401,22 +426,28 @@ fn refresh(vm: &VmHandle, r: &mut Refresh, page: Option<&mut HostWriter<'_>>, no
         .map(|(t, v)| t.as_ref().filter(|_| v.acct.finals.get().is_none()))
         .collect();
     let from = r.tracker.window_start();
-    let timelines: Vec<Option<Vec<Seg>>> = vcpus
+    let gathered: Vec<Option<Gathered>> = vcpus
         .iter()
         .zip(r.readers.iter_mut())
         .zip(&live)
         .map(|((v, reader), l)| match l {
             Some(_) => {
                 let started = v.acct.started_ns.load(Ordering::Acquire);
-                reader
-                    .look(&v.acct.meter, started, (from, now), r.halts)
-                    .ok()
+                reader.gather(&v.acct.meter, started, (from, now)).ok()
             }
             None => {
                 *reader = VcpuReader::default();
                 None
             }
         })
+        .collect();
+    let tids: Vec<i32> = vcpus.iter().map(|v| v.host_tid()).collect();
+    let handoffs = gathered.iter().flatten().flat_map(Gathered::handoffs);
+    let picked = picks(&tids, handoffs, &mut r.last_pick);
+    let timelines: Vec<Option<Vec<Seg>>> = gathered
+        .iter()
+        .zip(&picked)
+        .map(|(g, p)| g.as_ref().map(|g| g.segments(p, r.halts, from, now)))
         .collect();
     let known: Vec<Option<&[Seg]>> = timelines.iter().map(Option::as_deref).collect();
     r.tracker.tick(now, live, &known);
@@ -452,6 +483,7 @@ fn run(
     let mut refresher = Refresh {
         tracker: Tracker::new(vcpus.len(), groups, now_ns()),
         readers: (0..vcpus.len()).map(|_| VcpuReader::default()).collect(),
+        last_pick: vec![0; vcpus.len()],
         halts,
         latest: (0, Vec::new()),
         alarms: AlarmReader::default(),
@@ -553,6 +585,23 @@ mod runaway;
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn handoffs_pick_the_vcpus_they_name_and_the_latest_is_kept_for_the_next_look() {
+        let tids = [100, 0, 102];
+        let mut last = vec![0, 0, 5];
+        let got = picks(
+            &tids,
+            [(10, 102), (20, 100), (30, 999), (40, 0), (50, 102)].into_iter(),
+            &mut last,
+        );
+        // vCPU 1 has no thread yet (tid 0), and 999 is not a vCPU: both are left out.
+        assert_eq!(got, vec![vec![20], vec![], vec![5, 10, 50]]);
+        assert_eq!(last, vec![20, 0, 50]);
+        // The next look, with no handoff: the latest picks are still there.
+        let got = picks(&tids, std::iter::empty(), &mut last);
+        assert_eq!(got, vec![vec![20], vec![], vec![50]]);
+    }
 
     #[test]
     fn a_quiet_vm_is_refreshed_less_often_and_a_busy_one_or_a_page_every_8_ms() {

@@ -35,6 +35,10 @@ pub enum EpisodeKind {
     Limited = 5,
     /// Parked by an operator's pause.
     Paused = 6,
+    /// Not an interval: at `start` (= `end`) the kernel picked the thread whose id is `wait`
+    /// to run in this vCPU's place on its CPU (`sched:sched_switch`); if that thread is another
+    /// vCPU of the VM, its wait for a CPU ended then.
+    Handoff = 7,
 }
 
 impl EpisodeKind {
@@ -46,6 +50,7 @@ impl EpisodeKind {
             4 => EpisodeKind::Idle,
             5 => EpisodeKind::Limited,
             6 => EpisodeKind::Paused,
+            7 => EpisodeKind::Handoff,
             _ => return None,
         })
     }

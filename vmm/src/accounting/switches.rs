@@ -317,8 +317,14 @@ impl SwitchRing {
                 fds: TraceFds::default(),
                 kvm: Some(TraceError::Disabled),
                 irq: Some(TraceError::Disabled),
+                sched: Some(TraceError::Disabled),
             },
         };
+        // Without it level full still measures; only pressure's handoffs are missing
+        // (docs/accounting.md, "Pressure").
+        if let (Some(e), Some(_)) = (&opened.sched, trace) {
+            log::debug!("no handoffs for pressure: {}", e.sentence());
+        }
         Ok(OpenedRing {
             ring: SwitchRing {
                 view: Arc::new(view),

@@ -288,3 +288,44 @@ fn disabled_records_are_not_kept() {
     assert_eq!(ring.drain(ALL_ON_SIDE_1).episodes, 0);
     assert!(ring.capacity() >= 4096);
 }
+
+#[test]
+fn the_catalog_finds_sched_switch_and_its_next_pid_alone() {
+    let root = std::env::temp_dir().join(format!("ppa-events-{}", std::process::id()));
+    let dir = root.join("sched/sched_switch");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("id"), "372\n").unwrap();
+    let format = "name: sched_switch\nID: 372\nformat:\n\
+        \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+        \tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;\n\
+        \tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;\n";
+    std::fs::write(dir.join("format"), format).unwrap();
+    let c = events::TraceCatalog::discover_in(&root);
+    assert!(c.sched_error().is_none(), "{:?}", c.sched_error());
+    assert!(c.kvm_error().is_some() && c.irq_error().is_some());
+    assert!(c.any(), "sched_switch alone is a tracepoint to open");
+    let l = c.layout();
+    assert_eq!(l.next_pid, 56);
+    let mut raw = vec![0u8; 64];
+    raw[..2].copy_from_slice(&372u16.to_le_bytes());
+    raw[56..60].copy_from_slice(&77u32.to_le_bytes());
+    let mut bytes = 9u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&raw);
+    bytes.extend_from_slice(&[0; 4]);
+    let mut words = vec![9 | ((bytes.len() as u64 + 8) << 48)];
+    words.extend(
+        bytes
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+    );
+    let (r, _) = decode(&l, |i| words[i as usize]);
+    assert_eq!(r, Record::Handoff { time: 9, next: 77 });
+    // A format without next_pid: no handoffs, and the reason says which field.
+    std::fs::write(dir.join("format"), "format:\n").unwrap();
+    let c = events::TraceCatalog::discover_in(&root);
+    let why = c.sched_error().map(ToString::to_string).unwrap_or_default();
+    assert!(why.contains("next_pid"), "{why}");
+    assert!(!c.any());
+    std::fs::remove_dir_all(&root).unwrap();
+}

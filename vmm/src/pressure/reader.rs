@@ -9,14 +9,17 @@
 //! the ring's consumer position and open switch-out), the episode log from its own cursor, then
 //! the ring from where its previous look stopped (or from the consumer's position, when the
 //! vCPU thread drained since), and checks the consumer did not drain meanwhile (else it tries
-//! again, a few times). It never waits for the vCPU thread and takes no lock it takes.
+//! again, a few times). It never waits for the vCPU thread and takes no lock it takes. A look
+//! is gathered first ([`VcpuReader::gather`]) and placed in time after the tracker has every
+//! vCPU's ([`Gathered::segments`]): the handoffs in one vCPU's records (`sched_switch`: whom
+//! the kernel picked in its place) say when another vCPU's wait for a CPU ended.
 
 use crate::accounting::episodes::{Episode, EpisodeKind};
 use crate::accounting::meter::{MeterPosition, MicroState, VcpuMeter};
 use crate::accounting::switches::pairing::ExitCode;
 use crate::accounting::switches::{Pairing, TraceSink};
 
-use super::timeline::{segments, Now, Seg};
+use super::timeline::{picked_at, segments, Now, Seg};
 
 /// Tries of one look before it gives up for this tick (the vCPU thread drained the ring, or
 /// was inside a write section, each time).
@@ -74,6 +77,40 @@ impl TraceSink for Collect {
             wait: 0,
         });
     }
+    fn handoff(&mut self, time: u64, next: u32) {
+        self.out.push(Episode {
+            start: time,
+            end: time,
+            kind: EpisodeKind::Handoff,
+            wait: u64::from(next),
+        });
+    }
+}
+
+/// One vCPU's look at a window, before its phases are placed: its episodes (with the
+/// handoffs its records show) and what it is doing at the window's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gathered {
+    eps: Vec<Episode>,
+    now: Option<Now>,
+}
+
+impl Gathered {
+    /// The handoffs in this vCPU's records: (when, the thread the kernel picked in its place).
+    pub fn handoffs(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.eps
+            .iter()
+            .filter(|e| e.kind == EpisodeKind::Handoff)
+            .map(|e| (e.start, e.wait as u32))
+    }
+
+    /// The vCPU's phases in `[from, to)`; `picked`: the instants the kernel picked this vCPU's
+    /// thread to run (other vCPUs' handoffs to it), each wait for a CPU ending at the
+    /// latest of them inside it ([`picked_at`]); `halts` as in [`segments`].
+    pub fn segments(&self, picked: &[u64], halts: bool, from: u64, to: u64) -> Vec<Seg> {
+        let (eps, now) = picked_at(&self.eps, self.now, picked);
+        segments(&eps, now, halts, from, to)
+    }
 }
 
 /// Whether a switch-out at `out` was inside KVM_RUN, for a thread in `state` since `since`:
@@ -89,9 +126,8 @@ fn in_run(state: MicroState, since: u64, out: u64) -> bool {
 }
 
 impl VcpuReader {
-    /// The vCPU's phases in `[from, to)`, or why they are not known exactly. `started`: when
-    /// its clocks started (before, it did not exist: idle); `halts`: a sleep inside KVM_RUN is
-    /// the guest's HLT (see [`segments`]).
+    /// The vCPU's phases in `[from, to)`, or why they are not known exactly, with no other
+    /// vCPU's handoffs ([`VcpuReader::gather`], then [`Gathered::segments`]).
     pub fn look(
         &mut self,
         meter: &VcpuMeter,
@@ -99,6 +135,18 @@ impl VcpuReader {
         (from, to): (u64, u64),
         halts: bool,
     ) -> Result<Vec<Seg>, NotKnown> {
+        self.gather(meter, started, (from, to))
+            .map(|g| g.segments(&[], halts, from, to))
+    }
+
+    /// The vCPU's episodes and state for the window `[from, to)`, or why they are not known
+    /// exactly. `started`: when its clocks started (before, it did not exist: idle).
+    pub fn gather(
+        &mut self,
+        meter: &VcpuMeter,
+        started: u64,
+        (from, to): (u64, u64),
+    ) -> Result<Gathered, NotKnown> {
         if started == 0 {
             // Its clocks have not started, and the caller read that after taking `to`: the
             // vCPU did not exist in the window (idle), whatever its records say. The log and
@@ -109,7 +157,10 @@ impl VcpuReader {
                 kind: EpisodeKind::Paused,
                 wait: 0,
             };
-            return Ok(segments(&[absent], None, halts, from, to));
+            return Ok(Gathered {
+                eps: vec![absent],
+                now: None,
+            });
         }
         let mut eps = std::mem::take(&mut self.carry);
         let mut lost = false;
@@ -168,17 +219,14 @@ impl VcpuReader {
             Some((_, switches)) if switches != marks.1 => Err(NotKnown::NoRecords),
             Some((lost_before, _)) if lost_before != marks.0 || lost => Err(NotKnown::Lost),
             None if marks.0 != 0 || lost => Err(NotKnown::Lost),
-            _ => Ok(segments(
-                &eps,
-                Some(Now {
+            _ => Ok(Gathered {
+                eps,
+                now: Some(Now {
                     state: pos.state,
                     since: pos.since,
                     out: pairing.pending(),
                 }),
-                halts,
-                from,
-                to,
-            )),
+            }),
         }
     }
 

@@ -257,3 +257,85 @@ fn what_the_vcpu_does_now_runs_to_the_end_of_the_window() {
         vec![seg(70, 100, Phase::Idle)]
     );
 }
+
+#[test]
+fn a_wait_ends_where_the_kernel_picked_the_vcpu_not_at_its_switch_in_record() {
+    use EpisodeKind::Preempted;
+    // Two CPUs switch between vCPUs at one tick (500): a's and c's switch-outs at 500, b's and
+    // d's switch-in records 30 later (the context switch), though the kernel picked b and d at
+    // 500 (a's and c's handoffs).
+    let a = [ep(500, 1000, Preempted, 0)];
+    let b = [ep(0, 530, Preempted, 0)];
+    let c = [ep(501, 1000, Preempted, 0)];
+    let d = [ep(0, 531, Preempted, 0)];
+    let place = |eps: &[Episode], picked: &[u64]| {
+        let (eps, now) = picked_at(eps, None, picked);
+        segments(&eps, now, false, 0, 1000)
+    };
+    let records = [&a[..], &b, &c, &d].map(|e| place(e, &[]));
+    let refs: Vec<&[Seg]> = records.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        measure(0, 1000, &refs),
+        Stall {
+            some: 1000,
+            full: 29
+        }
+    );
+    let picked = [
+        place(&a, &[]),
+        place(&b, &[500]),
+        place(&c, &[]),
+        place(&d, &[501]),
+    ];
+    let refs: Vec<&[Seg]> = picked.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        measure(0, 1000, &refs),
+        Stall {
+            some: 1000,
+            full: 0
+        }
+    );
+    assert_eq!(picked[1], vec![seg(0, 500, Phase::Stall)]);
+
+    // The latest pick inside the wait ends it; picks outside it change nothing; other
+    // episodes keep their ends.
+    let eps = [
+        ep(100, 200, Preempted, 0),
+        ep(300, 400, EpisodeKind::Slept, 0),
+        ep(500, 600, EpisodeKind::Limited, 0),
+    ];
+    let (got, _) = picked_at(&eps, None, &[50, 150, 170, 350, 550, 700]);
+    assert_eq!(got[0], ep(100, 170, Preempted, 0));
+    assert_eq!(&got[1..], &eps[1..]);
+    // A pick at the switch-out itself leaves a wait of no length.
+    let (got, _) = picked_at(&eps[..1], None, &[100]);
+    assert_eq!(got[0], ep(100, 100, Preempted, 0));
+
+    // Picked while still off its CPU (no switch-in record yet): the wait ends at the pick.
+    let now = Now {
+        state: MicroState::Guest,
+        since: 10,
+        out: Some((800, true)),
+    };
+    let (eps, n) = picked_at(&[], Some(now), &[790, 820]);
+    assert_eq!(
+        segments(&eps, n, false, 0, 1000),
+        vec![seg(800, 820, Phase::Stall)]
+    );
+    // Not picked since: waiting to the end of the window.
+    let (eps, n) = picked_at(&[], Some(now), &[790]);
+    assert_eq!(
+        segments(&eps, n, false, 0, 1000),
+        vec![seg(800, 1000, Phase::Stall)]
+    );
+    // Asleep (not preempted): a pick does not make it a wait.
+    let asleep = Now {
+        out: Some((800, false)),
+        ..now
+    };
+    let (eps, n) = picked_at(&[], Some(asleep), &[820]);
+    assert_eq!(
+        segments(&eps, n, true, 0, 1000),
+        vec![seg(800, 1000, Phase::Idle)]
+    );
+}

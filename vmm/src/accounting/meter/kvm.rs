@@ -155,4 +155,15 @@ impl TraceSink for TraceAcc {
             wait: 0,
         });
     }
+
+    /// Each handoff too (`wait` holds the next thread's id).
+    #[inline]
+    fn handoff(&mut self, time: u64, next: u32) {
+        self.meter.episodes.push(Episode {
+            start: time,
+            end: time,
+            kind: EpisodeKind::Handoff,
+            wait: u64::from(next),
+        });
+    }
 }

@@ -1,7 +1,9 @@
 //! The kernel tracepoints level full adds to a vCPU thread's ring: KVM's `kvm_entry` and
 //! `kvm_exit` (where the guest runs and why it left), and the host's interrupts (`irq:*` and,
 //! on x86, `irq_vectors:*`: the local timer and the IPIs are system vectors that
-//! `irq:irq_handler_entry` never sees).
+//! `irq:irq_handler_entry` never sees), and the scheduler's `sched_switch` (which thread the
+//! kernel picked when this one left its CPU: where the next vCPU's wait ended, for exact
+//! pressure).
 //!
 //! Data flow: the main thread finds the events once per VM ([`TraceCatalog::discover`]:
 //! their ids and the offsets of the fields read, from tracefs' `format` files, before any
@@ -119,6 +121,7 @@ pub struct TraceCatalog {
     layout: Layout,
     kvm: Result<[Event; 2], TraceError>,
     irq: Result<Vec<Event>, TraceError>,
+    sched: Result<[Event; 1], TraceError>,
     backend: Option<&'static str>,
 }
 
@@ -135,6 +138,7 @@ impl TraceCatalog {
             layout: Layout::default(),
             kvm: Err(why()),
             irq: Err(why()),
+            sched: Err(why()),
             backend: kvm_backend(),
         }
     }
@@ -197,10 +201,20 @@ impl TraceCatalog {
                 })
                 .collect()
         });
+        let sched = (|| {
+            let switch = find(events, "sched:sched_switch")?;
+            let format = read(&events.join("sched/sched_switch/format"))?;
+            layout.next_pid = field(&format, "sched:sched_switch", "next_pid")?;
+            Ok([switch])
+        })();
+        if let Ok([switch]) = &sched {
+            layout.push(switch.id, EventKind::Switch);
+        }
         TraceCatalog {
             layout,
             kvm,
             irq,
+            sched,
             backend: kvm_backend(),
         }
     }
@@ -220,9 +234,14 @@ impl TraceCatalog {
         self.irq.as_ref().err()
     }
 
+    /// Why the scheduler's `sched_switch` cannot be had (None: it can be opened).
+    pub fn sched_error(&self) -> Option<&TraceError> {
+        self.sched.as_ref().err()
+    }
+
     /// Whether any tracepoint is to be opened.
     pub fn any(&self) -> bool {
-        self.kvm.is_ok() || self.irq.is_ok()
+        self.kvm.is_ok() || self.irq.is_ok() || self.sched.is_ok()
     }
 
     /// The KVM backend module loaded here (`kvm_intel`, `kvm_amd`, `kvm_pvm`), if known.
@@ -380,6 +399,9 @@ pub fn signal_on_wakeup(fd: &OwnedFd, sig: libc::c_int, tid: libc::pid_t) {
 pub struct TraceFds {
     kvm: Vec<OwnedFd>,
     irq: Vec<OwnedFd>,
+    /// `sched:sched_switch` (no kicker: at most one sample per context switch of the thread,
+    /// and the ring's half-full signal drains it).
+    sched: Vec<OwnedFd>,
     /// KVM's events found silent: off, and kept open until the thread's records are dropped
     /// ([`TraceFds::drop_kvm`]).
     silenced: Vec<OwnedFd>,
@@ -394,6 +416,8 @@ pub struct Opened {
     pub kvm: Option<TraceError>,
     /// Why the interrupt tracepoints are not there (None: opened).
     pub irq: Option<TraceError>,
+    /// Why `sched:sched_switch` is not there (None: opened).
+    pub sched: Option<TraceError>,
 }
 
 impl TraceFds {
@@ -420,16 +444,25 @@ impl TraceFds {
                 IRQ_KICK_PERIOD,
             ),
         );
+        let sched = open_group(
+            catalog.sched.as_ref().map(|e| &e[..]),
+            leader,
+            None,
+            (&[], 0),
+        );
         let (kvm, kvm_err) = split(kvm);
         let (irq, irq_err) = split(irq);
+        let (sched, sched_err) = split(sched);
         Opened {
             fds: TraceFds {
                 kvm,
                 irq,
+                sched,
                 silenced: Vec::new(),
             },
             kvm: kvm_err,
             irq: irq_err,
+            sched: sched_err,
         }
     }
 
@@ -443,9 +476,14 @@ impl TraceFds {
         !self.irq.is_empty()
     }
 
+    /// Whether `sched:sched_switch` is open.
+    pub fn has_sched(&self) -> bool {
+        !self.sched.is_empty()
+    }
+
     /// Turns every event on or off (a system call each, only when the level changes).
     pub fn set_enabled(&self, on: bool) -> io::Result<()> {
-        for fd in self.kvm.iter().chain(&self.irq) {
+        for fd in self.kvm.iter().chain(&self.irq).chain(&self.sched) {
             ioctl_enable(fd, on)?;
         }
         Ok(())

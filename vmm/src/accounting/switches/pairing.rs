@@ -97,6 +97,15 @@ pub enum Record {
         /// CLOCK_MONOTONIC ns.
         time: u64,
     },
+    /// The kernel picked thread `next` to run on the thread's CPU in its place
+    /// (`sched:sched_switch`, just before the switch-out record): the instant `next`'s wait
+    /// for that CPU ended.
+    Handoff {
+        /// CLOCK_MONOTONIC ns.
+        time: u64,
+        /// The next thread's id (0: the CPU goes idle).
+        next: u32,
+    },
     /// The kernel dropped records.
     Lost,
     /// Anything else (skipped).
@@ -117,6 +126,8 @@ pub enum EventKind {
     SoftirqEnter,
     /// An interrupt's exit (hard or soft).
     IrqExit,
+    /// `sched:sched_switch`: the thread leaves its CPU and the kernel picked the next one.
+    Switch,
 }
 
 /// Most tracepoints a ring carries.
@@ -137,6 +148,8 @@ pub struct Layout {
     pub isa: u16,
     /// Byte offset in `softirq_entry`'s raw data of `vec` (u32).
     pub vec: u16,
+    /// Byte offset in `sched_switch`'s raw data of `next_pid` (u32).
+    pub next_pid: u16,
 }
 
 impl Layout {
@@ -247,6 +260,13 @@ fn decode_sample(layout: &Layout, word: &impl Fn(u64) -> u64, size: u64) -> Reco
             None => Record::Other,
         },
         EventKind::IrqExit => Record::IrqExit { time },
+        EventKind::Switch => match field(layout.next_pid, 4) {
+            Some(next) => Record::Handoff {
+                time,
+                next: next as u32,
+            },
+            None => Record::Other,
+        },
     }
 }
 
@@ -330,6 +350,11 @@ pub trait TraceSink {
     /// the bounds frame). The default drops it.
     fn episode(&mut self, out: u64, back: u64, preempted: bool, side: usize) {
         let _ = (out, back, preempted, side);
+    }
+    /// At `time` the kernel picked thread `next` (not 0) to run on this thread's CPU in its
+    /// place. The default drops it.
+    fn handoff(&mut self, time: u64, next: u32) {
+        let _ = (time, next);
     }
 }
 
@@ -436,6 +461,8 @@ impl Pairing {
                 sink.interrupt(kind);
             }
             Record::IrqExit { time } => self.irq_exit(time, bounds, t),
+            Record::Handoff { time, next } if next != 0 => sink.handoff(time, next),
+            Record::Handoff { .. } => {}
             Record::Lost => t.lost = true,
             Record::Other => {}
         }

@@ -364,3 +364,53 @@ fn irq_kind_names_cover_every_softirq_vector() {
     assert_eq!(IRQ_KIND_NAMES[usize::from(SOFTIRQ_TIMER)], "softirq_timer");
     assert_eq!(IRQ_KIND_NAMES[IRQ_KINDS - 1], "softirq_other");
 }
+
+/// Handoffs seen by a sink.
+#[derive(Debug, Default)]
+struct Handoffs(Vec<(u64, u32)>);
+
+impl TraceSink for Handoffs {
+    fn kvm_exit(&mut self, _: ExitCode, _: u64) {}
+    fn interrupt(&mut self, _: u8) {}
+    fn handoff(&mut self, time: u64, next: u32) {
+        self.0.push((time, next));
+    }
+}
+
+#[test]
+fn sched_switch_samples_are_handoffs_to_the_next_thread_and_go_to_the_sink() {
+    // sched_switch as this kernel prints it: next_pid at 56 of 64 bytes of raw data.
+    let mut l = layout();
+    l.next_pid = 56;
+    l.push(372, EventKind::Switch);
+    let dec = |w: Vec<u64>| decode(&l, move |i| w[i as usize]).0;
+    let r = dec(sample(40, &raw(372, &[(56, 4321)], 64)));
+    assert_eq!(
+        r,
+        Record::Handoff {
+            time: 40,
+            next: 4321
+        }
+    );
+    // Raw data that stops before next_pid is not read.
+    assert_eq!(dec(sample(41, &raw(372, &[], 58))), Record::Other);
+    // Fed: a handoff to a thread reaches the sink and changes no figure; one to the idle
+    // task (0) does not reach it; the switch-out after it pairs as before.
+    let mut p = Pairing::default();
+    let mut t = Tally::default();
+    let mut sink = Handoffs::default();
+    for r in [
+        Record::Handoff { time: 100, next: 7 },
+        Record::Out {
+            time: 101,
+            preempted: true,
+        },
+        Record::Handoff { time: 150, next: 0 },
+        Record::In { time: 200 },
+    ] {
+        p.feed_to(r, ALL_ON_SIDE_1, &mut t, &mut sink);
+    }
+    assert_eq!(sink.0, vec![(100, 7)]);
+    assert_eq!((t.off[1], t.preempted[1], t.episodes), (99, 99, 1));
+    assert!(!t.lost, "{t:?}");
+}
