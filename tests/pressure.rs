@@ -448,6 +448,16 @@ fn four_busy_vcpus_on_two_cpus_have_no_full_pressure_at_level_full_and_say_so_at
     assert!(!quiet || w.some >= 0.995, "{w:?}");
     let others = ((2.0 - w.used) / 2.0).max(0.0);
     assert!(!quiet || w.full <= 0.005 + others, "{w:?}");
+    // Where the kernel names the thread it picks at each switch (`sched:sched_switch`), a
+    // vCPU's wait ends there, not at its switch-in record written after the switch: the two
+    // CPUs' switches between vCPUs at each scheduler tick no longer read as every vCPU
+    // waiting (before, 0.25-0.52 % of the window here; since, 0.008-0.017 %), and `full` stays
+    // well under the 0.5 % issue 37 asks for where other work took under a twentieth of the
+    // CPUs.
+    let handoffs = std::path::Path::new("/sys/kernel/tracing/events/sched/sched_switch").exists();
+    if handoffs && w.used >= 1.9 {
+        assert!(w.full < 0.003, "{w:?}");
+    }
     if let Some((ksome, _)) = w.kernel {
         // The kernel's `some` of a cgroup is, per CPU, a task of the group waiting there,
         // averaged over the CPUs (weighted by their non-idle time). Ours is a vCPU waiting
