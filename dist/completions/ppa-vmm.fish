@@ -57,7 +57,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l max-runtime -d '
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l kvm-device -d 'KVM device node' -r -F
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l accounting -d 'Accounting level at start: off, basic or full (switchable at run time)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l histogram-bits -d 'Fractional bits of the log-linear histograms (0..=5)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l kernel-trace -d 'At level full, also open the kernel\'s tracepoints on each vCPU thread (KVM\'s exits, host interrupts: kvm_ns, interrupted_ns) where the host allows (default true)' -r -f -a "true\t''
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l kernel-trace -d 'At level full, also open the kernel\'s tracepoints on each vCPU thread (KVM\'s exits, host interrupts, sched_switch: kvm_ns, interrupted_ns, pressure) where allowed (default true)' -r -f -a "true\t''
 false\t''"
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l threshold -d 'A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns, steal_window_ns); repeatable' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand run" -l name -d 'The VM\'s name: the `vm` label of the metrics (default `ppa-vmm-PID`). With a name the VM registers in the run directory (docs/operations.md, "Many VMs on one host")' -r

@@ -205,8 +205,8 @@ pub struct VmConfig {
     pub thresholds: Thresholds,
     /// Fractional bits of the histograms (0..=5).
     pub histogram_bits: u8,
-    /// Level full also opens the kernel's tracepoints (KVM's exits, host interrupts) on each
-    /// vCPU thread.
+    /// Level full also opens the kernel's tracepoints (KVM's exits, host interrupts, the
+    /// scheduler's switches) on each vCPU thread.
     pub kernel_trace: bool,
     /// The VM's name (the `vm` label of the metrics); `ppa-vmm-PID` when absent.
     pub name: Option<String>,
@@ -385,8 +385,8 @@ pub struct RunOptions {
     /// Fractional bits of the log-linear histograms (0..=5).
     #[arg(long, value_name = "BITS")]
     pub histogram_bits: Option<u8>,
-    /// At level full, also open the kernel's tracepoints on each vCPU thread (KVM's exits,
-    /// host interrupts: kvm_ns, interrupted_ns) where the host allows (default true).
+    /// At level full, also open the kernel's tracepoints on each vCPU thread (KVM's exits, host
+    /// interrupts, sched_switch: kvm_ns, interrupted_ns, pressure) where allowed (default true).
     #[arg(long, value_name = "true|false")]
     pub kernel_trace: Option<bool>,
     /// A threshold counter, NAME=NS (exit_handling_ns, guest_run_ns, wakeup_latency_ns,
