@@ -163,10 +163,14 @@ fn open() -> SwitchRing {
 }
 
 #[test]
-fn a_sleep_is_one_blocked_episode_and_a_drain_without_switches_finds_nothing() {
+fn a_sleep_is_one_blocked_episode_and_is_drained_once() {
     let mut ring = open();
     ring.set_enabled(true).unwrap();
-    assert_eq!(ring.drain(ALL_ON_SIDE_1), Tally::default());
+    // The first drain may already find an episode: the thread can sleep on its way here (a
+    // page fault on the new ring while another test thread holds the address space's lock;
+    // seen in a CI rehearsal, 2026-11-29: one 23 µs sleep). What it finds is not the sleep
+    // below.
+    assert!(!ring.drain(ALL_ON_SIDE_1).lost);
     let before = crate::sync::now_ns();
     std::thread::sleep(std::time::Duration::from_millis(3));
     let after = crate::sync::now_ns();
@@ -179,7 +183,12 @@ fn a_sleep_is_one_blocked_episode_and_a_drain_without_switches_finds_nothing() {
         t.preempted[1] < t.off[1],
         "a sleep is not a preemption: {t:?}"
     );
-    assert_eq!(ring.drain(ALL_ON_SIDE_1), Tally::default(), "drained once");
+    // Drained once: a drain right after finds at most a stray switch, never the sleep again.
+    let again = ring.drain(ALL_ON_SIDE_1);
+    assert!(
+        !again.lost && again.off[1] < 3_000_000,
+        "drained once: {again:?}"
+    );
 }
 
 #[test]
