@@ -71,6 +71,19 @@ pub struct Episode {
     pub wait: u64,
 }
 
+impl Episode {
+    /// A [`EpisodeKind::Handoff`]: at `time` the kernel picked thread `next` in the vCPU's
+    /// place.
+    pub fn handoff(time: u64, next: u32) -> Episode {
+        Episode {
+            start: time,
+            end: time,
+            kind: EpisodeKind::Handoff,
+            wait: u64::from(next),
+        }
+    }
+}
+
 /// The ring of a vCPU's episodes (one writer, one reader).
 #[derive(Debug)]
 pub struct EpisodeLog {

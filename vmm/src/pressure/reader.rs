@@ -78,12 +78,7 @@ impl TraceSink for Collect {
         });
     }
     fn handoff(&mut self, time: u64, next: u32) {
-        self.out.push(Episode {
-            start: time,
-            end: time,
-            kind: EpisodeKind::Handoff,
-            wait: u64::from(next),
-        });
+        self.out.push(Episode::handoff(time, next));
     }
 }
 

@@ -159,11 +159,6 @@ impl TraceSink for TraceAcc {
     /// Each handoff too (`wait` holds the next thread's id).
     #[inline]
     fn handoff(&mut self, time: u64, next: u32) {
-        self.meter.episodes.push(Episode {
-            start: time,
-            end: time,
-            kind: EpisodeKind::Handoff,
-            wait: u64::from(next),
-        });
+        self.meter.episodes.push(Episode::handoff(time, next));
     }
 }
