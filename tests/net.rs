@@ -344,6 +344,23 @@ fn a_device_threads_cpu_is_its_own_schedstat() {
         used + slack >= before && used <= after + slack,
         "used_ns {used} against schedstat {before}..{after}"
     );
+    // The frames go through the thread's io_uring (where the kernel gives one), and none of
+    // its writes went to an io_uring worker thread, whose CPU the device's figures would miss.
+    let pid = vmm.pid();
+    let rings = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+        .count();
+    let uring_off = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .is_ok_and(|s| s.trim() != "0");
+    assert!(rings == 1 || uring_off, "{rings} io_urings for one queue pair");
+    let workers: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("iou-"))
+        .collect();
+    assert!(workers.is_empty(), "io_uring workers: {workers:?}");
     vmm.shutdown();
 }
 

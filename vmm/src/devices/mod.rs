@@ -31,6 +31,7 @@ pub mod net;
 pub mod rate;
 pub mod serial;
 pub mod tiny;
+pub mod uring;
 pub mod virtio;
 
 pub use bus::{BusError, Buses};

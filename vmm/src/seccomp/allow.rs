@@ -102,6 +102,8 @@ mod sys {
     pub const pread64: i64 = libc::SYS_pread64;
     pub const read: i64 = libc::SYS_read;
     pub const readv: i64 = libc::SYS_readv;
+    pub const io_uring_enter: i64 = libc::SYS_io_uring_enter;
+    pub const io_uring_register: i64 = libc::SYS_io_uring_register;
     pub const preadv: i64 = libc::SYS_preadv;
     pub const pwritev: i64 = libc::SYS_pwritev;
     pub const fallocate: i64 = libc::SYS_fallocate;
@@ -415,6 +417,16 @@ pub const DEVICE: &[Allow] = &[
         readv,
         Args::Any,
         "a frame from the tap straight into the guest's receive buffers"
+    ),
+    allow!(
+        io_uring_enter,
+        Args::Any,
+        "a batch of frames to the tap with one call (the ring, made before the filter, may only write its tap, never blocking)"
+    ),
+    allow!(
+        io_uring_register,
+        Args::Any,
+        "the ring lets go of its tap as the thread ends (the ring refuses every other registration)"
     ),
     allow!(
         timerfd_settime,

@@ -3,20 +3,26 @@
 //!
 //! Data flow: on a kick the queue pair's thread calls [`TxQueue::run`]: with the driver's
 //! notifications off, it takes each available chain, checks it ([`Segments::load`]: readable
-//! buffers, inside RAM, ending, at least the 12-byte header), gathers its buffers into an
-//! `iovec` list and writes it to the tap with one `writev` (the header goes first, as the tap
-//! expects with `IFF_VNET_HDR`), gives the chain back, and counts the frame or the drop and
-//! its reason. When the ring is empty [`DeviceQueue::pop`] turns notifications back on and
+//! buffers, inside RAM, ending, at least the 12-byte header) and gathers its buffers into the
+//! batch's `iovec` list (the header goes first, as the tap expects with `IFF_VNET_HDR`). A
+//! batch of up to [`BATCH`] frames goes to the sink in one [`FrameSink::write_frames`] call:
+//! on the tap, one `io_uring_enter` for the batch ([`RingSink`], [`crate::devices::uring`]),
+//! or one `writev` a frame where the kernel gives no ring. Only then are the batch's chains
+//! given back, in the order they were taken, each frame counted or its drop and reason. A
+//! pass writes what it took before it returns, for whatever reason it ends.
+//! When the ring is empty [`DeviceQueue::pop`] turns notifications back on and
 //! looks once more, so a frame made available meanwhile is not left behind. A pass stops at
 //! its budget (so receive and the other queues get their turn) and says `more` when chains
 //! are left: the thread runs it again without waiting for a kick the driver will not send.
-//! The epoch is checked before each chain: a reset ends the pass at once. With a transmit
+//! The epoch is checked before each chain: a reset ends the pass at once (the batch taken
+//! goes out first). With a transmit
 //! rate limiter (`--net …,rate=tx-…`) each frame takes its tokens before it goes; a frame the
 //! buckets cannot pay for yet is put back (popped again next pass) and the pass ends saying
 //! how long to wait (`throttled`), with the driver's notifications still off: the thread's
 //! timer, not a kick, runs the next pass.
 
 use std::io;
+use std::ops::Range;
 
 use ppa_vmm_api::DropReason;
 use vm_memory::GuestMemoryMmap;
@@ -24,6 +30,7 @@ use vm_memory::GuestMemoryMmap;
 use super::queues::QueueCounters;
 use super::tap::VNET_HDR_LEN;
 use crate::devices::rate::SharedLimiter;
+use crate::devices::uring::Ring;
 use crate::devices::virtio::chain::{Direction, Segment, Segments};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
@@ -37,6 +44,25 @@ pub trait FrameSink {
     /// # Safety
     /// Every `iovec` must describe memory valid for reads of its length during the call.
     unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize>;
+
+    /// Writes frame `i` from `iov[spans[i]]` for each span, in order, and pushes each one's
+    /// result to `out` (one result a span). By default one [`Self::write_frame`] each; the
+    /// tap's worker batches them into one system call ([`crate::devices::uring`]).
+    ///
+    /// # Safety
+    /// Every `iovec` in `iov` must describe memory valid for reads of its length during the
+    /// call.
+    unsafe fn write_frames(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) {
+        for span in spans {
+            // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
+            out.push(unsafe { self.write_frame(&iov[span.clone()]) });
+        }
+    }
 }
 
 impl FrameSink for super::tap::Tap {
@@ -44,6 +70,60 @@ impl FrameSink for super::tap::Tap {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.writev(iov) }
     }
+}
+
+/// A queue pair's tap with its thread's ring: a batch's frames go out with one system call
+/// while the ring works, one `writev` each after it failed or where there is none.
+pub struct RingSink<'a> {
+    /// The tap queue.
+    pub tap: &'a super::tap::Tap,
+    /// Its ring, made by the queue pair's thread; None where the kernel gave none.
+    pub ring: Option<&'a Ring>,
+    /// The thread's name, for the log.
+    pub name: &'a str,
+}
+
+impl FrameSink for RingSink<'_> {
+    unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.tap.writev(iov) }
+    }
+
+    unsafe fn write_frames(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) {
+        let base = out.len();
+        if let Some(ring) = self.ring.filter(|r| r.usable()) {
+            // SAFETY: forwarded from this function's contract.
+            match unsafe { ring.writev_each(iov, spans, out) } {
+                Ok(()) if !out[base..].iter().any(refused) => return,
+                Ok(()) => {
+                    log::warn!(
+                        "{}: the tap refuses writes that must not block; frames go by writev from now on",
+                        self.name
+                    );
+                    out.truncate(base);
+                }
+                Err(e) => log::warn!(
+                    "{}: the tap's io_uring failed ({e}); frames go by writev from now on",
+                    self.name
+                ),
+            }
+            ring.give_up();
+        }
+        for span in &spans[out.len() - base..] {
+            // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
+            out.push(unsafe { self.tap.writev(&iov[span.clone()]) });
+        }
+    }
+}
+
+/// A write the file cannot make without blocking: io_uring's way of saying "not here".
+fn refused(r: &io::Result<usize>) -> bool {
+    matches!(r, Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP))
 }
 
 /// Why the tap refused a frame, as a drop reason.
@@ -57,13 +137,31 @@ pub fn drop_reason(e: &io::Error) -> DropReason {
     }
 }
 
-/// A transmit queue and its scratch (made once; nothing allocates per frame).
+/// Frames a pass gathers before it writes them with one [`FrameSink::write_frames`] call.
+pub const BATCH: usize = crate::devices::uring::DEPTH as usize;
+
+/// A chain taken into the batch, waiting for its write.
+#[derive(Debug, Clone, Copy)]
+struct Staged {
+    head: u16,
+    frame: u64,
+    /// False: too large to send, dropped as oversized.
+    send: bool,
+}
+
+/// A transmit queue and its scratch (made once; nothing allocates per frame: the lists keep
+/// their capacity from batch to batch).
 #[derive(Debug)]
 pub struct TxQueue {
     /// The queue.
     pub dq: DeviceQueue,
     segs: Segments,
+    /// Every buffer of the batch's frames, in order.
     iov: Vec<libc::iovec>,
+    /// Each frame's buffers in `iov`.
+    spans: Vec<Range<usize>>,
+    staged: Vec<Staged>,
+    results: Vec<io::Result<usize>>,
 }
 
 /// How far a transmit pass may go.
@@ -107,10 +205,14 @@ impl TxQueue {
     /// `dq` with its scratch.
     pub fn new(dq: DeviceQueue) -> Self {
         let n = usize::from(dq.size());
+        let batch = n.min(BATCH);
         TxQueue {
             dq,
             segs: Segments::with_capacity(n),
             iov: Vec::with_capacity(n),
+            spans: Vec::with_capacity(batch),
+            staged: Vec::with_capacity(batch),
+            results: Vec::with_capacity(batch),
         }
     }
 
@@ -134,10 +236,17 @@ impl TxQueue {
         }
         loop {
             if !go_on() {
+                // What was taken goes out and is given back (a reset drops the rings anyway;
+                // this keeps every frame taken counted once).
+                self.flush(sink, c, &mut pass);
                 pass.abandoned = true;
                 return pass;
             }
-            if pass.chains >= budget.chains {
+            if pass.chains + self.staged.len() as u64 >= budget.chains {
+                self.flush(sink, c, &mut pass);
+                if pass.fault.is_some() {
+                    return pass;
+                }
                 // Chains may be left: if so, say so (the thread runs the pass again); if not,
                 // `pop` has turned notifications on, so the driver's next frame kicks.
                 match self.dq.pop(mem) {
@@ -152,8 +261,12 @@ impl TxQueue {
             }
             let chain = match self.dq.pop(mem) {
                 Ok(Some(chain)) => chain,
-                Ok(None) => return pass,
+                Ok(None) => {
+                    self.flush(sink, c, &mut pass);
+                    return pass;
+                }
                 Err(f) => {
+                    self.flush(sink, c, &mut pass);
                     pass.fault = Some(f);
                     return pass;
                 }
@@ -162,6 +275,7 @@ impl TxQueue {
                 .segs
                 .load(chain, mem, Direction::Read, VNET_HDR_LEN as u64)
             {
+                self.flush(sink, c, &mut pass);
                 c.chains.add(1);
                 c.drop_one(DropReason::BadChain);
                 pass.frames += 1;
@@ -172,51 +286,83 @@ impl TxQueue {
             if let Some(rate) = budget.rate.filter(|_| frame <= MAX_TX_FRAME) {
                 if let Err(wait) = rate.try_take(frame) {
                     self.dq.unpop(1);
+                    self.flush(sink, c, &mut pass);
                     pass.throttled = Some(wait);
                     return pass;
                 }
             }
             c.chains.add(1);
-            if let Err(e) = self.send(sink, c) {
-                if drop_reason(&e) == DropReason::TapDown {
-                    pass.tap_down = e.raw_os_error();
+            self.stage(frame);
+            if self.staged.len() >= BATCH {
+                self.flush(sink, c, &mut pass);
+                if pass.fault.is_some() {
+                    return pass;
                 }
             }
-            pass.frames += 1;
-            if let Err(f) = self.dq.add_used(self.segs.head(), 0) {
-                pass.fault = Some(f);
-                return pass;
-            }
-            pass.chains += 1;
         }
     }
 
-    /// Writes the chain loaded last to `sink`; counts the frame or its drop. The tap's error,
-    /// when it refused the frame.
-    fn send(&mut self, sink: &impl FrameSink, c: &QueueCounters) -> io::Result<()> {
-        let frame = self.segs.total() - VNET_HDR_LEN as u64;
-        if frame > MAX_TX_FRAME {
-            c.drop_one(DropReason::OversizedFrame);
-            return Ok(());
+    /// Takes the chain loaded last into the batch: its buffers go out at the next
+    /// [`Self::flush`] (an oversized frame is only counted there).
+    fn stage(&mut self, frame: u64) {
+        let send = frame <= MAX_TX_FRAME;
+        if send {
+            let from = self.iov.len();
+            self.iov.extend(self.segs.list().iter().map(Segment::iovec));
+            self.spans.push(from..self.iov.len());
         }
-        self.iov.clear();
-        self.iov.extend(self.segs.list().iter().map(Segment::iovec));
-        // SAFETY: each iovec points into a guest memory region, checked when the chain was
+        self.staged.push(Staged {
+            head: self.segs.head(),
+            frame,
+            send,
+        });
+    }
+
+    /// Writes the batch to `sink` (one call for all its frames), then counts each frame or
+    /// its drop and gives its chain back, in the order they were taken.
+    fn flush(&mut self, sink: &impl FrameSink, c: &QueueCounters, pass: &mut TxPass) {
+        if self.staged.is_empty() {
+            return;
+        }
+        self.results.clear();
+        // SAFETY: each iovec points into a guest memory region, checked when its chain was
         // loaded this pass; guest memory stays mapped for the VM's life (the caller's `mem`,
-        // borrowed for the whole pass, is that memory).
-        let r = unsafe { sink.write_frame(&self.iov) };
-        self.iov.clear();
-        match r {
-            Ok(_) => {
-                c.packets.add(1);
-                c.bytes.add(frame);
-                Ok(())
+        // borrowed for the whole pass, is that memory), and no chain of the batch is given
+        // back to the guest before this call returns.
+        unsafe { sink.write_frames(&self.iov, &self.spans, &mut self.results) };
+        let mut results = self.results.drain(..);
+        let mut given = 0;
+        for s in &self.staged {
+            if !s.send {
+                c.drop_one(DropReason::OversizedFrame);
+            } else {
+                match results.next() {
+                    Some(Ok(_)) => {
+                        c.packets.add(1);
+                        c.bytes.add(s.frame);
+                    }
+                    Some(Err(e)) => {
+                        let reason = drop_reason(&e);
+                        if reason == DropReason::TapDown {
+                            pass.tap_down = e.raw_os_error();
+                        }
+                        c.drop_one(reason);
+                    }
+                    None => c.drop_one(DropReason::TapError),
+                }
             }
-            Err(e) => {
-                c.drop_one(drop_reason(&e));
-                Err(e)
+            pass.frames += 1;
+            if let Err(f) = self.dq.add_used(s.head, 0) {
+                pass.fault = Some(f);
+                break;
             }
+            given += 1;
         }
+        drop(results);
+        pass.chains += given;
+        self.staged.clear();
+        self.spans.clear();
+        self.iov.clear();
     }
 }
 

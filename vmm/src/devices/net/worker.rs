@@ -34,9 +34,11 @@ use vm_memory::GuestMemoryMmap;
 use super::batch::{self, Outcome, Queues};
 use super::layout;
 use super::rx::RxQueue;
+use super::tx::RingSink;
 use super::NetShared;
 use crate::accounting::{AccountingControl, Level};
 use crate::devices::rate::wait::Waits;
+use crate::devices::uring::Ring;
 use crate::devices::virtio::pass::signal;
 use crate::devices::virtio::queue::QueueFault;
 use crate::devices::virtio::{kicks, VirtioShared};
@@ -82,6 +84,11 @@ pub struct Worker {
     rate_seen: u32,
     /// The ways waiting for their rate limiter (None only when its timer could not be made).
     waits: Option<Waits>,
+    /// The tap queue's io_uring, which sends a pass's frames in batches (None where the
+    /// kernel gives none: one `writev` a frame).
+    ring: Option<Ring>,
+    /// The thread's name (`net0-qp1`), for the log.
+    name: String,
 }
 
 impl Worker {
@@ -102,6 +109,13 @@ impl Worker {
                 )
             })
             .ok();
+        let name = format!("{}-qp{pair}", net.id);
+        // Made here, before the thread's seccomp filter, which allows only io_uring_enter.
+        let ring = Ring::new(net.taps[pair].as_raw_fd())
+            .map_err(|e| {
+                log::info!("{name}: no io_uring for the tap ({e}); one writev a frame");
+            })
+            .ok();
         Worker {
             pair,
             net,
@@ -118,6 +132,8 @@ impl Worker {
             again: 0,
             rate_seen: 0,
             waits,
+            ring,
+            name,
         }
     }
 
@@ -448,14 +464,14 @@ impl Worker {
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
         let rate = Some(&net.tx_rate).filter(|r| r.limits() && self.waits.is_some());
-        let o = batch::tx_pass(
-            &mut txq,
-            &self.mem,
-            &net.taps[self.pair],
-            &net.queues[index],
-            rate,
-            || virtio.serves(epoch),
-        );
+        let sink = RingSink {
+            tap: &net.taps[self.pair],
+            ring: self.ring.as_ref(),
+            name: &self.name,
+        };
+        let o = batch::tx_pass(&mut txq, &self.mem, &sink, &net.queues[index], rate, || {
+            virtio.serves(epoch)
+        });
         self.q.tx = Some(txq);
         if let Some(wait) = o.throttled {
             self.throttle(WAY_TX, wait);
@@ -564,7 +580,7 @@ impl MutEventSubscriber for Worker {
 pub fn run(worker: Worker) {
     let net = Arc::clone(&worker.net);
     let pair = worker.pair;
-    let name = format!("{}-qp{pair}", net.id);
+    let name = worker.name.clone();
     crate::devices::virtio::thread::run(
         crate::devices::virtio::thread::ThreadParams {
             name: &name,

@@ -1,6 +1,7 @@
 //! Frames sent from mock transmit queues into a sink that records them or fails as a tap can.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Arc;
 
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -268,4 +269,118 @@ fn a_frame_the_rate_cannot_pay_for_is_put_back_and_goes_when_tokens_are_there() 
         .collect();
     assert_eq!(heads, vec![0, 1, 2, 3]);
     assert_eq!((c.packets.get(), sink.frames.borrow().len()), (4, 4));
+}
+
+/// Records frames like [`Sink`], counts the batch calls, and refuses frame `fail` (counted
+/// from the first frame it is given) with EINVAL.
+#[derive(Default)]
+struct BatchSink {
+    inner: Sink,
+    calls: std::cell::Cell<usize>,
+    offered: std::cell::Cell<usize>,
+    fail: Option<usize>,
+}
+
+impl FrameSink for BatchSink {
+    unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.inner.write_frame(iov) }
+    }
+
+    unsafe fn write_frames(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) {
+        self.calls.set(self.calls.get() + 1);
+        for span in spans {
+            let seen = self.offered.replace(self.offered.get() + 1);
+            out.push(if Some(seen) == self.fail {
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            } else {
+                // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
+                unsafe { self.inner.write_frame(&iov[span.clone()]) }
+            });
+        }
+    }
+}
+
+#[test]
+fn frames_go_out_in_batches_in_order_and_a_refused_one_is_dropped_alone() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 256);
+    // 100 frames, frame i filled with byte i; every third in two buffers.
+    let mut descs = Vec::new();
+    for i in 0..100u64 {
+        let at = 0x1_0000 + i * 0x200;
+        m.write_slice(&[i as u8; 12 + 20], GuestAddress(at))
+            .unwrap();
+        if i % 3 == 0 {
+            let next = descs.len() as u16 + 1;
+            descs.push(d(at, 12, NEXT, next));
+            descs.push(d(at + 12, 20, 0, 0));
+        } else {
+            descs.push(d(at, 12 + 20, 0, 0));
+        }
+    }
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
+    // The 70th frame (index 69, in the second batch) is refused.
+    let sink = BatchSink {
+        fail: Some(69),
+        ..Default::default()
+    };
+    let c = QueueCounters::default();
+    let pass = tx.run(&m, &sink, &c, 1000u64, || true);
+    assert_eq!((pass.chains, pass.frames), (100, 100));
+    assert_eq!(
+        sink.calls.get(),
+        100usize.div_ceil(BATCH),
+        "one call a batch of {BATCH}"
+    );
+    let frames = sink.inner.frames.borrow();
+    assert_eq!(frames.len(), 99);
+    let order: Vec<u8> = frames.iter().map(|f| f[0]).collect();
+    let want: Vec<u8> = (0..100u8).filter(|&i| i != 69).collect();
+    assert_eq!(
+        order, want,
+        "sent in the guest's order, the refused one left out"
+    );
+    assert!(frames
+        .iter()
+        .all(|f| f.len() == 32 && f.iter().all(|&b| b == f[0])));
+    assert_eq!(
+        (
+            c.packets.get(),
+            c.drops(DropReason::TapError),
+            c.bytes.get()
+        ),
+        (99, 1, 99 * 20)
+    );
+    assert_eq!(vq.used().idx().load(), 100, "every chain given back");
+}
+
+#[test]
+fn a_batch_taken_before_a_reset_or_the_budget_still_goes_out_whole() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 256);
+    let descs: Vec<_> = (0..10).map(|i| d(0x1_0000 + i * 0x100, 80, 0, 0)).collect();
+    vq.add_desc_chains(&descs, 0).unwrap();
+    let mut tx = TxQueue::new(DeviceQueue::new(vq.create_queue().unwrap(), &m).unwrap());
+    let (sink, c) = (BatchSink::default(), QueueCounters::default());
+    // Budget 4: four frames in one call, and more left.
+    let pass = tx.run(&m, &sink, &c, 4u64, || true);
+    assert_eq!((pass.chains, pass.more, sink.calls.get()), (4, true, 1));
+    assert_eq!(vq.used().idx().load(), 4);
+    // A reset after three chains were taken: those three go and are given back, no more.
+    let left = std::cell::Cell::new(4);
+    let pass = tx.run(&m, &sink, &c, 1000u64, || {
+        left.set(left.get() - 1);
+        left.get() > 0
+    });
+    assert_eq!((pass.chains, pass.abandoned), (3, true));
+    assert_eq!(sink.inner.frames.borrow().len(), 7);
+    assert_eq!(vq.used().idx().load(), 7);
+    assert_eq!(c.packets.get() + c.drops(DropReason::TapError), 7);
 }
