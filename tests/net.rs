@@ -354,7 +354,10 @@ fn a_device_threads_cpu_is_its_own_schedstat() {
         .count();
     let uring_off = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .is_ok_and(|s| s.trim() != "0");
-    assert!(rings == 1 || uring_off, "{rings} io_urings for one queue pair");
+    assert!(
+        rings == 1 || uring_off,
+        "{rings} io_urings for one queue pair"
+    );
     let workers: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())

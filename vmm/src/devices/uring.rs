@@ -1,5 +1,6 @@
-//! Batched, never-blocking writes to one file through an io_uring: a device thread's way to
-//! give the kernel many frames with one system call instead of one `writev` each.
+//! Batched, never-blocking reads and writes of one file through an io_uring: a device thread's
+//! way to give the kernel many frames with one system call instead of one `writev` or `readv`
+//! each.
 //!
 //! Why: on the development host a system call's entry and exit alone cost ~280 ns (a bare
 //! `getppid`), a fifth to a sixth of what a 64-byte frame costs the tap's `writev` in all; a
@@ -9,21 +10,23 @@
 //!
 //! Data flow: the thread that owns a device's file makes its [`Ring`] once, before its
 //! seccomp filter (set-up needs `io_uring_setup` and `io_uring_register`, which the filter
-//! does not allow). [`Ring::writev_each`] queues one `WRITEV` a frame and enters the kernel
-//! once for a batch of up to [`DEPTH`], waiting for every completion before it returns, so
-//! no buffer is still in the kernel's hands when the caller gives it back to the guest.
+//! does not allow). [`Ring::writev_each`] queues one `WRITEV` a frame ([`Ring::readv_each`]
+//! one `READV`) and enters the kernel once for a batch of up to [`DEPTH`], waiting for every
+//! completion before it returns, so no buffer is still in the kernel's hands when the caller
+//! gives it back to the guest.
 //!
 //! What keeps it exact and safe:
-//! - Every write carries `RWF_NOWAIT`: a write that would block fails with `EAGAIN` instead of
-//!   going to one of io_uring's worker threads. The work is therefore done inside the
-//!   calling thread's `io_uring_enter`, on its own CPU clock, where the device's thread
-//!   accounting finds it; a file that cannot honour `RWF_NOWAIT` fails every write with
-//!   `EOPNOTSUPP`, which the caller takes as "use `writev`".
+//! - Every read and write carries `RWF_NOWAIT`: one that would block fails with `EAGAIN`
+//!   (a read of an empty tap, a write to a full one) instead of being parked on a poll or
+//!   given to one of io_uring's worker threads. The work is therefore done inside the calling
+//!   thread's `io_uring_enter`, on its own CPU clock, where the device's thread accounting
+//!   finds it; a file that cannot honour `RWF_NOWAIT` fails every one with `EOPNOTSUPP`,
+//!   which the caller takes as "use `writev`/`readv`".
 //! - The ring is made disabled, and before it is enabled it is restricted
-//!   (`IORING_REGISTER_RESTRICTIONS`) to `WRITEV` on its one registered file: no other
-//!   operation, no other file, no later registration. io_uring's operations do not pass the
-//!   seccomp filter, so the restriction is what holds a compromised device thread to the
-//!   file it already writes.
+//!   (`IORING_REGISTER_RESTRICTIONS`) to `READV` and `WRITEV` on its one registered file: no
+//!   other operation, no other file, no later registration but letting go of that file.
+//!   io_uring's operations do not pass the seccomp filter, so the restriction is what holds a
+//!   compromised device thread to the file it already reads and writes.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -39,10 +42,17 @@ pub const DEPTH: u32 = 64;
 /// does not export the kernel's opcodes).
 const UNREGISTER_FILES: u8 = 3;
 
-/// An io_uring that may only write, without blocking, to one file.
+/// Which way a batch goes.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Read,
+    Write,
+}
+
+/// An io_uring that may only read and write, without blocking, one file.
 pub struct Ring {
     ring: RefCell<IoUring>,
-    /// The ring failed once, or the file refused a write it makes: its owner writes without it.
+    /// The ring failed once, or the file refused what it asked: its owner goes without it.
     given_up: Cell<bool>,
 }
 
@@ -64,7 +74,7 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// A ring restricted to writing `fd`. Fails where the kernel has no io_uring, refuses it
+    /// A ring restricted to reading and writing `fd`. Fails where the kernel has no io_uring, refuses it
     /// (`kernel.io_uring_disabled`, a container's seccomp profile) or lacks restrictions
     /// (Linux before 5.10).
     pub fn new(fd: RawFd) -> io::Result<Ring> {
@@ -75,6 +85,7 @@ impl Ring {
         sub.register_restrictions(&mut [
             Restriction::register_op(UNREGISTER_FILES),
             Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_op(opcode::Readv::CODE),
             Restriction::sqe_flags_required(fixed),
         ])?;
         sub.register_enable_rings()?;
@@ -109,19 +120,57 @@ impl Ring {
         spans: &[Range<usize>],
         out: &mut Vec<io::Result<usize>>,
     ) -> io::Result<()> {
+        // SAFETY: forwarded from this function's contract (the kernel only reads the buffers).
+        unsafe { self.each(Op::Write, iov, spans, out) }
+    }
+
+    /// Reads into `iov[spans[i]]` for each span, in order, one read each (on a tap: one frame
+    /// each), and pushes each read's result to `out`: `EAGAIN` for a read that found nothing.
+    /// The reads are issued one after another in one call, so a frame that comes while they
+    /// run may land in a later span than one that found nothing. Errors as
+    /// [`Self::writev_each`].
+    ///
+    /// # Safety
+    /// Every `iovec` in `iov` must describe memory valid for writes of its length until this
+    /// call returns, and not otherwise accessed by this thread meanwhile.
+    pub unsafe fn readv_each(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) -> io::Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.each(Op::Read, iov, spans, out) }
+    }
+
+    /// One `op` a span, in batches of [`DEPTH`], every batch waited for.
+    ///
+    /// # Safety
+    /// As [`Self::readv_each`] for reads, [`Self::writev_each`] for writes.
+    unsafe fn each(
+        &self,
+        op: Op,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) -> io::Result<()> {
         let mut ring = self.ring.borrow_mut();
         for batch in spans.chunks(DEPTH as usize) {
             let base = out.len();
             for (k, span) in batch.iter().enumerate() {
                 let list = &iov[span.clone()];
                 let len = u32::try_from(list.len()).unwrap_or(u32::MAX);
-                let sqe = opcode::Writev::new(types::Fixed(0), list.as_ptr(), len)
-                    .rw_flags(libc::RWF_NOWAIT)
-                    .build()
-                    .flags(squeue::Flags::FIXED_FILE)
-                    .user_data(k as u64);
+                let entry = match op {
+                    Op::Write => opcode::Writev::new(types::Fixed(0), list.as_ptr(), len)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build(),
+                    Op::Read => opcode::Readv::new(types::Fixed(0), list.as_ptr(), len)
+                        .rw_flags(libc::RWF_NOWAIT)
+                        .build(),
+                };
+                let sqe = entry.flags(squeue::Flags::FIXED_FILE).user_data(k as u64);
                 // SAFETY: the entry names `list`, a slice of `iov`, whose iovecs the caller
-                // keeps valid until this call returns; the loop below does not return before
+                // keeps valid (for reads or writes, as `op` needs) until this call returns; the loop below does not return before
                 // every entry of the batch has completed. The queue has room: it holds DEPTH
                 // entries and a batch is at most DEPTH, pushed into a queue left empty by the
                 // previous batch's submission.

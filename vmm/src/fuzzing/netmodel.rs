@@ -475,6 +475,9 @@ impl Model {
             self.host_sent.push((seq, len));
             self.tap.frames.borrow_mut().push_back(f);
         }
+        // Which reads of the next batch find the tap empty while frames wait: from the input.
+        let late = (len as u64 ^ n.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.tap.late.set(late & late >> 7);
     }
 
     /// A reset and the driver's re-probe on fresh rings elsewhere.

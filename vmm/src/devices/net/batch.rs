@@ -154,7 +154,8 @@ pub fn rx_pass(
         o.fault = Some(f);
         return o;
     }
-    for _ in 0..RX_BUDGET {
+    let mut left = RX_BUDGET;
+    while left > 0 {
         if !go_on() {
             o.abandoned = true;
             return o;
@@ -163,48 +164,101 @@ pub fn rx_pass(
             o.throttled = Some(wait);
             break;
         }
-        match rxq.receive(mem, src) {
-            Step::Delivered {
-                chains,
-                bytes,
-                copied,
-            } => {
-                if let Some(r) = rate {
-                    r.charge(bytes.saturating_sub(VNET_HDR_LEN) as u64);
-                }
-                c.chains.add(u64::from(chains));
-                c.packets.add(1);
-                c.bytes.add(bytes.saturating_sub(VNET_HDR_LEN) as u64);
-                if copied {
-                    c.copied.add(1);
-                }
-                o.handled += 1;
-                o.tap_ok = true;
+        // Without a rate limiter (which admits frame by frame) frames come in batches, one
+        // system call each on the tap; otherwise, or where a batch does not apply, one by one.
+        let batch = match rate {
+            None => {
+                let o = &mut o;
+                rxq.receive_batch(mem, src, left, |s| {
+                    tally(s, c, o, None, false);
+                })
             }
-            Step::Dropped(why) => {
-                c.drop_one(why);
-                o.handled += 1;
+            Some(_) => None,
+        };
+        let step = match batch {
+            Some((frames, end)) => {
+                left = left.saturating_sub(frames.max(1));
+                end
             }
-            Step::Idle => break,
-            Step::NoRoom => {
-                o.blocked = true;
-                break;
+            None => {
+                left -= 1;
+                Some(rxq.receive(mem, src))
             }
-            Step::TapFailed(e) => {
-                o.tap_error = Some(e);
-                break;
-            }
-            Step::Fault(f) => {
-                if rxq.has_pending() {
-                    c.drop_one(DropReason::BadChain);
-                }
-                o.fault = Some(f);
-                return o;
-            }
+        };
+        let Some(step) = step else {
+            continue;
+        };
+        let pending = rxq.has_pending();
+        match tally(step, c, &mut o, rate, pending) {
+            Flow::Go => {}
+            Flow::Stop => break,
+            Flow::Fault => return o,
         }
     }
     o.irq = end_pass(&mut rxq.dq);
     o
+}
+
+/// What a receive pass does after a step.
+enum Flow {
+    /// Takes the next frame.
+    Go,
+    /// Ends, with the interrupt decision.
+    Stop,
+    /// Ends at once: the queue is broken.
+    Fault,
+}
+
+/// Counts one receive step into `c` and `o` (charging `rate` a delivered frame's bytes);
+/// `pending`: a frame waited in the host buffer when the step was taken.
+fn tally(
+    step: Step,
+    c: &QueueCounters,
+    o: &mut Outcome,
+    rate: Option<&SharedLimiter>,
+    pending: bool,
+) -> Flow {
+    match step {
+        Step::Delivered {
+            chains,
+            bytes,
+            copied,
+        } => {
+            if let Some(r) = rate {
+                r.charge(bytes.saturating_sub(VNET_HDR_LEN) as u64);
+            }
+            c.chains.add(u64::from(chains));
+            c.packets.add(1);
+            c.bytes.add(bytes.saturating_sub(VNET_HDR_LEN) as u64);
+            if copied {
+                c.copied.add(1);
+            }
+            o.handled += 1;
+            o.tap_ok = true;
+            Flow::Go
+        }
+        Step::Dropped(why) => {
+            c.drop_one(why);
+            o.handled += 1;
+            Flow::Go
+        }
+        Step::Idle => Flow::Stop,
+        Step::NoRoom => {
+            o.blocked = true;
+            Flow::Stop
+        }
+        Step::TapFailed(e) => {
+            o.tap_error = Some(e);
+            Flow::Stop
+        }
+        Step::Fault(f) => {
+            if pending {
+                c.drop_one(DropReason::BadChain);
+            }
+            o.fault = Some(f);
+            Flow::Fault
+        }
+    }
 }
 
 /// Sends what the guest made available in `txq`, up to [`TX_BUDGET`] chains and what `rate`

@@ -26,6 +26,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::ops::Range;
 
 use ppa_vmm_api::DropReason;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -41,6 +42,8 @@ pub const IOV_MAX: usize = 1024;
 pub const MAX_GSO_FRAME: usize = 65_562;
 /// The Ethernet header and one VLAN tag, on top of the MTU.
 pub const ETH_OVERHEAD: usize = 14 + 4;
+/// Frames one batched receive ([`RxQueue::receive_batch`]) reads at most.
+pub const RX_BATCH: usize = crate::devices::uring::DEPTH as usize;
 /// Offset of `num_buffers` in the header.
 const NUM_BUFFERS_AT: u64 = 10;
 /// Offset of `gso_type` in the header.
@@ -55,6 +58,32 @@ pub trait FrameSource {
     /// # Safety
     /// Every `iovec` must describe memory valid for writes of its length for the call.
     unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize>;
+
+    /// Reads one frame into `iov[spans[i]]` for each span, in order, and pushes each read's
+    /// result to `out`. By default one [`Self::read_frame`] each, stopping after the first that
+    /// fails (nothing waits, or the tap failed); the tap's worker batches them into one system
+    /// call ([`super::tap::ring::TapRing`]), which answers every span, so a read that found
+    /// nothing may come before one that found a frame that came meanwhile.
+    ///
+    /// # Safety
+    /// Every `iovec` in `iov` must describe memory valid for writes of its length during the
+    /// call.
+    unsafe fn read_frames(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) {
+        for span in spans {
+            // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
+            let r = unsafe { self.read_frame(&iov[span.clone()]) };
+            let stop = r.is_err();
+            out.push(r);
+            if stop {
+                break;
+            }
+        }
+    }
 }
 
 impl FrameSource for super::tap::Tap {
@@ -212,6 +241,42 @@ impl Window {
         } else {
             (0, 0, 0)
         };
+        self.extend_cover(max_frame);
+    }
+
+    /// Drops the chain at `pos` (given back to the guest ahead of those before it, which stay
+    /// held) and computes the cover again. Moves at most the window's buffers.
+    fn take(&mut self, pos: usize, max_frame: u64) {
+        let from = self.start + self.bufs_before(pos);
+        let Some(c) = self.chains.remove(pos) else {
+            return;
+        };
+        let to = from + usize::from(c.bufs);
+        self.iov.drain(from..to);
+        self.segs.drain(from..to);
+        self.bytes -= u64::from(c.bytes);
+        self.cover = (0, 0, 0);
+        self.extend_cover(max_frame);
+    }
+
+    /// Buffers of the chains before `pos`.
+    fn bufs_before(&self, pos: usize) -> usize {
+        self.chains
+            .iter()
+            .take(pos)
+            .map(|c| usize::from(c.bufs))
+            .sum()
+    }
+
+    /// The buffers of the chain at `pos`.
+    fn segs_of(&self, pos: usize) -> &[Segment] {
+        let from = self.start + self.bufs_before(pos);
+        let n = self.chains.get(pos).map_or(0, |c| usize::from(c.bufs));
+        &self.segs[from..from + n]
+    }
+
+    /// Extends the cover over the chains after it until it holds `max_frame` bytes.
+    fn extend_cover(&mut self, max_frame: u64) {
         while self.cover.2 < max_frame {
             let Some(c) = self.chains.get(self.cover.0) else {
                 break;
@@ -248,6 +313,9 @@ pub struct RxQueue {
     /// The window refused a chain (it holds as many buffers as one read takes).
     window_full: bool,
     used: Vec<(u16, u32)>,
+    /// A batch's reads: each one chain's buffers in the window's `iov`.
+    spans: Vec<Range<usize>>,
+    results: Vec<io::Result<usize>>,
 }
 
 /// Writes `bytes` at `offset` of the chain whose buffers are `segs` (across buffers).
@@ -319,6 +387,8 @@ impl RxQueue {
             iov: Vec::with_capacity(IOV_MAX),
             window_full: false,
             used: Vec::with_capacity(n),
+            spans: Vec::with_capacity(RX_BATCH),
+            results: Vec::with_capacity(RX_BATCH),
         }
     }
 
@@ -417,17 +487,9 @@ impl RxQueue {
                 Err(e) => return Step::TapFailed(e),
             }
         };
-        if n < VNET_HDR_LEN {
-            return Step::Dropped(DropReason::TapError);
-        }
         let gso = byte_in(mem, self.held.first(), GSO_TYPE_AT as u64);
-        if self.p.over_mtu(n, gso) {
-            return Step::Dropped(DropReason::OverMtu);
-        }
-        // The buffers hold one byte more than the largest frame: one that reaches past it was
-        // longer (and cut there).
-        if n > self.p.max_frame() {
-            return Step::Dropped(DropReason::OversizedFrame);
+        if let Some(why) = self.dropped(n, gso) {
+            return Step::Dropped(why);
         }
         if n as u64 <= cap {
             return self.commit(mem, n, None);
@@ -465,6 +527,138 @@ impl RxQueue {
         self.pending = None;
         debug_assert!(self.held.chains.len() >= p.chains);
         self.commit(mem, p.len, Some(p.in_chains))
+    }
+
+    /// Takes up to `max` frames from `src` with one [`FrameSource::read_frames`] call, each read
+    /// into one held chain that alone takes the largest frame (so no frame needs the host
+    /// buffer or a second chain), and hands each frame's step (delivered or dropped) to `each`.
+    /// Returns how many frames it handled and, when it stopped for a reason the caller must act
+    /// on, that step (`Idle` when its last read found nothing, `TapFailed`, `Fault`). None when
+    /// it does not apply (a frame waits in the host buffer, or fewer than two such chains are
+    /// held or available): [`Self::receive`] takes the next frame.
+    ///
+    /// A read that found nothing may come before one that found a frame that arrived
+    /// meanwhile: that frame's chain is given back ahead of the empty one, which stays held,
+    /// as does the chain of a frame dropped. Frames reach the guest in the tap's order.
+    pub fn receive_batch(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        src: &impl FrameSource,
+        max: usize,
+        mut each: impl FnMut(Step),
+    ) -> Option<(usize, Option<Step>)> {
+        if self.pending.is_some() || max < 2 {
+            return None;
+        }
+        let want = max.min(RX_BATCH);
+        if let Err(f) = self.fill_chains(mem, want) {
+            return Some((0, Some(Step::Fault(f))));
+        }
+        let need = self.need();
+        let k = self
+            .held
+            .chains
+            .iter()
+            .take(want)
+            .take_while(|c| u64::from(c.bytes) >= need)
+            .count();
+        if k < 2 {
+            return None;
+        }
+        self.spans.clear();
+        let mut at = self.held.start;
+        for c in self.held.chains.iter().take(k) {
+            let n = usize::from(c.bufs);
+            self.spans.push(at..at + n);
+            at += n;
+        }
+        let mut results = std::mem::take(&mut self.results);
+        results.clear();
+        // SAFETY: each held iovec points into guest memory that `mem` maps for the VM's life
+        // (checked when its chain was loaded; the regions never change), given to the device
+        // by the driver to write; the spans lie inside the window's list.
+        unsafe { src.read_frames(&self.held.iov, &self.spans, &mut results) };
+        let (mut kept, mut frames, mut end, mut idle) = (0, 0, None, false);
+        for r in results.drain(..) {
+            let n = match r {
+                Ok(n) => n,
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::WouldBlock {
+                        idle = true;
+                    } else if end.is_none() {
+                        end = Some(Step::TapFailed(e));
+                    }
+                    kept += 1;
+                    continue;
+                }
+            };
+            idle = false;
+            frames += 1;
+            let segs = self.held.segs_of(kept);
+            if let Some(why) = self.dropped(n, byte_in(mem, segs, GSO_TYPE_AT as u64)) {
+                kept += 1;
+                each(Step::Dropped(why));
+                continue;
+            }
+            write_in(mem, segs, NUM_BUFFERS_AT, &1u16.to_le_bytes());
+            let head = self.held.chains[kept].head;
+            if let Err(f) = self.dq.add_used(head, n as u32) {
+                end = Some(Step::Fault(f));
+                idle = false;
+                break;
+            }
+            if kept == 0 {
+                self.held.consume(1, need);
+            } else {
+                self.held.take(kept, need);
+            }
+            self.window_full = false;
+            each(Step::Delivered {
+                chains: 1,
+                bytes: n,
+                copied: false,
+            });
+        }
+        self.results = results;
+        if end.is_none() && idle {
+            end = Some(Step::Idle);
+        }
+        Some((frames, end))
+    }
+
+    /// Why a frame of `n` bytes (header included) read into chains that take the largest
+    /// frame and one byte more, whose header says `gso_type`, is dropped, if it is.
+    fn dropped(&self, n: usize, gso_type: u8) -> Option<DropReason> {
+        if n < VNET_HDR_LEN {
+            Some(DropReason::TapError)
+        } else if self.p.over_mtu(n, gso_type) {
+            Some(DropReason::OverMtu)
+        } else if n > self.p.max_frame() {
+            // The buffers hold one byte more than the largest frame: one that reaches past it
+            // was longer (and cut there).
+            Some(DropReason::OversizedFrame)
+        } else {
+            None
+        }
+    }
+
+    /// Pops chains until `want` are held; stops when the ring is empty (notifications then on)
+    /// or the window is full.
+    fn fill_chains(&mut self, mem: &GuestMemoryMmap, want: usize) -> Result<(), QueueFault> {
+        while self.held.chains.len() < want {
+            let Some(chain) = self.dq.pop(mem)? else {
+                break;
+            };
+            self.load
+                .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
+                .map_err(QueueFault::Chain)?;
+            if !self.held.push(&self.load, self.need()) {
+                self.dq.unpop(1);
+                self.window_full = true;
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Gives back the chains a frame of `len` bytes fills, with `num_buffers` written; with

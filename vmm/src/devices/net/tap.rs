@@ -17,6 +17,7 @@ use std::path::Path;
 use thiserror::Error;
 
 mod link;
+pub mod ring;
 
 /// Length of the virtio 1.x network header in front of every frame.
 pub const VNET_HDR_LEN: usize = 12;

@@ -6,7 +6,7 @@
 //! buffers, inside RAM, ending, at least the 12-byte header) and gathers its buffers into the
 //! batch's `iovec` list (the header goes first, as the tap expects with `IFF_VNET_HDR`). A
 //! batch of up to [`BATCH`] frames goes to the sink in one [`FrameSink::write_frames`] call:
-//! on the tap, one `io_uring_enter` for the batch ([`RingSink`], [`crate::devices::uring`]),
+//! on the tap, one `io_uring_enter` for the batch ([`super::tap::ring::TapRing`]),
 //! or one `writev` a frame where the kernel gives no ring. Only then are the batch's chains
 //! given back, in the order they were taken, each frame counted or its drop and reason. A
 //! pass writes what it took before it returns, for whatever reason it ends.
@@ -30,7 +30,6 @@ use vm_memory::GuestMemoryMmap;
 use super::queues::QueueCounters;
 use super::tap::VNET_HDR_LEN;
 use crate::devices::rate::SharedLimiter;
-use crate::devices::uring::Ring;
 use crate::devices::virtio::chain::{Direction, Segment, Segments};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 
@@ -70,60 +69,6 @@ impl FrameSink for super::tap::Tap {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.writev(iov) }
     }
-}
-
-/// A queue pair's tap with its thread's ring: a batch's frames go out with one system call
-/// while the ring works, one `writev` each after it failed or where there is none.
-pub struct RingSink<'a> {
-    /// The tap queue.
-    pub tap: &'a super::tap::Tap,
-    /// Its ring, made by the queue pair's thread; None where the kernel gave none.
-    pub ring: Option<&'a Ring>,
-    /// The thread's name, for the log.
-    pub name: &'a str,
-}
-
-impl FrameSink for RingSink<'_> {
-    unsafe fn write_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.tap.writev(iov) }
-    }
-
-    unsafe fn write_frames(
-        &self,
-        iov: &[libc::iovec],
-        spans: &[Range<usize>],
-        out: &mut Vec<io::Result<usize>>,
-    ) {
-        let base = out.len();
-        if let Some(ring) = self.ring.filter(|r| r.usable()) {
-            // SAFETY: forwarded from this function's contract.
-            match unsafe { ring.writev_each(iov, spans, out) } {
-                Ok(()) if !out[base..].iter().any(refused) => return,
-                Ok(()) => {
-                    log::warn!(
-                        "{}: the tap refuses writes that must not block; frames go by writev from now on",
-                        self.name
-                    );
-                    out.truncate(base);
-                }
-                Err(e) => log::warn!(
-                    "{}: the tap's io_uring failed ({e}); frames go by writev from now on",
-                    self.name
-                ),
-            }
-            ring.give_up();
-        }
-        for span in &spans[out.len() - base..] {
-            // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
-            out.push(unsafe { self.tap.writev(&iov[span.clone()]) });
-        }
-    }
-}
-
-/// A write the file cannot make without blocking: io_uring's way of saying "not here".
-fn refused(r: &io::Result<usize>) -> bool {
-    matches!(r, Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP))
 }
 
 /// Why the tap refused a frame, as a drop reason.

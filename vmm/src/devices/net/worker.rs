@@ -34,7 +34,7 @@ use vm_memory::GuestMemoryMmap;
 use super::batch::{self, Outcome, Queues};
 use super::layout;
 use super::rx::RxQueue;
-use super::tx::RingSink;
+use super::tap::ring::TapRing;
 use super::NetShared;
 use crate::accounting::{AccountingControl, Level};
 use crate::devices::rate::wait::Waits;
@@ -429,14 +429,14 @@ impl Worker {
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
         let rate = Some(&net.rx_rate).filter(|r| r.limits() && self.waits.is_some());
-        let o = batch::rx_pass(
-            &mut rxq,
-            &self.mem,
-            &net.taps[self.pair],
-            &net.queues[index],
-            rate,
-            || virtio.serves(epoch),
-        );
+        let src = TapRing {
+            tap: &net.taps[self.pair],
+            ring: self.ring.as_ref(),
+            name: &self.name,
+        };
+        let o = batch::rx_pass(&mut rxq, &self.mem, &src, &net.queues[index], rate, || {
+            virtio.serves(epoch)
+        });
         self.q.rx = Some(rxq);
         if let Some(wait) = o.throttled {
             self.throttle(WAY_RX, wait);
@@ -464,7 +464,7 @@ impl Worker {
         };
         let (virtio, epoch, net) = (Arc::clone(&self.virtio), self.epoch, Arc::clone(&self.net));
         let rate = Some(&net.tx_rate).filter(|r| r.limits() && self.waits.is_some());
-        let sink = RingSink {
+        let sink = TapRing {
             tap: &net.taps[self.pair],
             ring: self.ring.as_ref(),
             name: &self.name,

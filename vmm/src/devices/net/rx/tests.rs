@@ -3,6 +3,7 @@
 //! drops over the MTU and past the largest frame, and what a hostile driver can put in the
 //! ring.
 
+use std::ops::Range;
 use std::sync::Arc;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
@@ -308,4 +309,144 @@ fn receive_goes_on_a_token_is_charged_each_frames_length_and_then_waits() {
     // Without a limiter the rest comes in.
     let o = rx_pass(&mut rx, &m, &tap, &c, None, || true);
     assert_eq!((o.handled, o.throttled), (3, None));
+}
+
+/// A tap read the way io_uring reads it: every span of a batch is answered, and the reads
+/// listed in `empty` find nothing although frames wait (as when a frame comes just after a
+/// read found the tap empty).
+struct RingTap {
+    tap: ModelTap,
+    empty: std::cell::RefCell<Vec<usize>>,
+    batches: std::cell::Cell<usize>,
+}
+
+impl FrameSource for RingTap {
+    unsafe fn read_frame(&self, iov: &[libc::iovec]) -> io::Result<usize> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.tap.read_frame(iov) }
+    }
+
+    unsafe fn read_frames(
+        &self,
+        iov: &[libc::iovec],
+        spans: &[Range<usize>],
+        out: &mut Vec<io::Result<usize>>,
+    ) {
+        self.batches.set(self.batches.get() + 1);
+        let empty = std::mem::take(&mut *self.empty.borrow_mut());
+        for (i, span) in spans.iter().enumerate() {
+            out.push(if empty.contains(&i) {
+                Err(io::Error::from(io::ErrorKind::WouldBlock))
+            } else {
+                // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
+                unsafe { self.tap.read_frame(&iov[span.clone()]) }
+            });
+        }
+    }
+}
+
+/// The bytes of chain `at` as far as its frame of `len` bytes.
+fn read_back(m: &GuestMemoryMmap, at: u64, len: usize) -> Vec<u8> {
+    let mut got = vec![0u8; len];
+    m.read_slice(&mut got, GuestAddress(at)).unwrap();
+    got
+}
+
+#[test]
+fn a_batch_reads_each_frame_into_its_own_chain_in_one_call_and_ends_idle() {
+    for mergeable in [false, true] {
+        let m = mem();
+        let vq = MockSplitQueue::new(&*m, 16);
+        let chains: Vec<_> = (0..5).map(|i| d(0x1_0000 * (i + 1), 2048, WRITE)).collect();
+        vq.add_desc_chains(&chains, 0).unwrap();
+        let mut rx = rxq(&m, &vq, mergeable, 1500);
+        let tap = RingTap {
+            tap: ModelTap::default(),
+            empty: Default::default(),
+            batches: Default::default(),
+        };
+        let frames: Vec<_> = (0..3).map(|i| frame(60 + i * 10, false)).collect();
+        for f in &frames {
+            tap.tap.push(f.clone());
+        }
+        let mut steps = Vec::new();
+        let (n, end) = rx
+            .receive_batch(&m, &tap, 256, |s| steps.push(delivered(s)))
+            .expect("five chains that each take the largest frame");
+        assert_eq!(n, 3);
+        assert!(matches!(end, Some(Step::Idle)), "{end:?}");
+        assert_eq!(tap.batches.get(), 1, "one call for the batch");
+        assert_eq!(steps, vec![(1, 72, false), (1, 82, false), (1, 92, false)]);
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(used(&vq, i), (i as u32, f.len() as u32));
+            let got = read_back(&m, 0x1_0000 * (i as u64 + 1), f.len());
+            assert_eq!(&got[12..], &f[12..]);
+            assert_eq!(u16::from_le_bytes([got[10], got[11]]), 1, "num_buffers");
+        }
+        assert_eq!(vq.used().idx().load(), 3);
+        assert_eq!(rx.held_chains(), 2, "the two chains left stay held");
+    }
+}
+
+#[test]
+fn a_frame_read_after_an_empty_read_is_given_back_ahead_of_the_empty_chain() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 16);
+    let chains: Vec<_> = (0..4).map(|i| d(0x1_0000 * (i + 1), 2048, WRITE)).collect();
+    vq.add_desc_chains(&chains, 0).unwrap();
+    let mut rx = rxq(&m, &vq, true, 1500);
+    let tap = RingTap {
+        tap: ModelTap::default(),
+        // The second read finds nothing; the third finds the frame that came meanwhile; the
+        // third frame is over the MTU: its chain stays held too.
+        empty: std::cell::RefCell::new(vec![1]),
+        batches: Default::default(),
+    };
+    let (a, b, big) = (frame(100, false), frame(200, false), frame(1600, false));
+    tap.tap.push(a.clone());
+    tap.tap.push(b.clone());
+    tap.tap.push(big);
+    let mut steps = Vec::new();
+    let (n, end) = rx
+        .receive_batch(&m, &tap, 256, |s| steps.push(format!("{s:?}")))
+        .unwrap();
+    assert_eq!(n, 3, "{steps:?}");
+    assert!(end.is_none(), "the last read found a frame: {end:?}");
+    assert!(steps[2].contains("OverMtu"), "{steps:?}");
+    // Chain 0 took a, chain 2 took b; chains 1 (empty read) and 3 (dropped) stay held.
+    assert_eq!(vq.used().idx().load(), 2);
+    assert_eq!(used(&vq, 0), (0, a.len() as u32));
+    assert_eq!(used(&vq, 1), (2, b.len() as u32));
+    assert_eq!(&read_back(&m, 0x3_0000, b.len())[12..], &b[12..]);
+    assert_eq!(rx.held_chains(), 2);
+    // The next frame goes into the first chain still held (1), then the one after it (3).
+    let c = frame(300, false);
+    let d2 = frame(40, false);
+    tap.tap.push(c.clone());
+    tap.tap.push(d2.clone());
+    let (n, end) = rx.receive_batch(&m, &tap, 256, |_| {}).unwrap();
+    assert_eq!(n, 2);
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(used(&vq, 2), (1, c.len() as u32));
+    assert_eq!(used(&vq, 3), (3, d2.len() as u32));
+    assert_eq!(&read_back(&m, 0x2_0000, c.len())[12..], &c[12..]);
+    assert_eq!(&read_back(&m, 0x4_0000, d2.len())[12..], &d2[12..]);
+    assert_eq!(rx.held_chains(), 0);
+    // Nothing held and the ring empty: no batch; the single path says there is no room.
+    assert!(rx.receive_batch(&m, &tap, 256, |_| {}).is_none());
+}
+
+#[test]
+fn no_batch_where_a_chain_cannot_take_the_largest_frame_alone() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&*m, 16);
+    // Mergeable 1,024-byte buffers: a 1,500-byte MTU frame may need two.
+    let chains: Vec<_> = (0..4).map(|i| d(0x1_0000 * (i + 1), 1024, WRITE)).collect();
+    vq.add_desc_chains(&chains, 0).unwrap();
+    let mut rx = rxq(&m, &vq, true, 1500);
+    let tap = ModelTap::default();
+    tap.push(frame(100, false));
+    assert!(rx.receive_batch(&m, &tap, 256, |_| {}).is_none());
+    assert_eq!(tap.len(), 1, "nothing read");
+    assert_eq!(delivered(rx.receive(&m, &tap)), (1, 112, false));
 }
