@@ -24,6 +24,9 @@ use ppa_vmm::config::RunOptions;
 /// takes ~1.5 µs a frame here; 200,000 frames need ~0.3 s).
 const WAIT_MS: u64 = 3000;
 
+/// How often the device's run polls for its first and last frame delivered.
+const POLL: Duration = Duration::from_millis(2);
+
 /// Raises the tap's queue so that `packets` frames wait there, and sends them.
 fn fill(packets: u64) -> Result<u64, NetBenchError> {
     tap::set_txqueuelen(TAP, (packets + 1024).min(u64::from(u32::MAX)) as u32)
@@ -76,7 +79,10 @@ pub fn device_run(packets: u64) -> Result<(f64, u64, u64), NetBenchError> {
                 "the frames took longer to send than the guest waits",
             ));
         }
-        // The first and the last frame delivered, polled every 200 µs.
+        // The first and the last frame delivered, polled every 2 ms: each poll builds the
+        // device's figures, and on a 2-CPU host polls every 200 µs took CPU the device thread
+        // needed (the loop has no poller). Each end is late by at most a poll, so the window
+        // (~400 ms for 200,000 frames here) is off by at most ±2 ms, 0.5 %.
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut first = None;
         let mut last = None;
@@ -89,7 +95,7 @@ pub fn device_run(packets: u64) -> Result<(f64, u64, u64), NetBenchError> {
                 last = Some(Instant::now());
                 break;
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(POLL);
         }
         Ok((sent, first, last))
     } else {

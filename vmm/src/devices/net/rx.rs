@@ -10,6 +10,10 @@
 //! mergeable buffers (`VIRTIO_NET_F_MRG_RXBUF`) into as many as it fills, each filled before
 //! the next, as Linux posts them; the device writes `num_buffers` and gives those chains back.
 //! The chains the frame did not reach stay held for the next frame. No host buffer, no copy.
+//! Where each held chain takes the largest frame alone, [`RxQueue::receive_batch`] reads up to
+//! [`RX_BATCH`] frames with one [`FrameSource::read_frames`] call (one io_uring_enter on the
+//! tap), one read a chain; a read that found nothing while a later one found a frame leaves
+//! its chain held, and the frame's chain is given back ahead of it.
 //!
 //! When the guest has made too few buffers available for the largest frame (a burst that
 //! outran the driver's refill), the read goes into the chains held and, past them, into a host
