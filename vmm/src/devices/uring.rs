@@ -74,9 +74,9 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// A ring restricted to reading and writing `fd`. Fails where the kernel has no io_uring, refuses it
-    /// (`kernel.io_uring_disabled`, a container's seccomp profile) or lacks restrictions
-    /// (Linux before 5.10).
+    /// A ring restricted to reading and writing `fd`. Fails where the kernel has no io_uring,
+    /// refuses it (`kernel.io_uring_disabled`, a container's seccomp profile) or lacks
+    /// restrictions (Linux before 5.10).
     pub fn new(fd: RawFd) -> io::Result<Ring> {
         let ring = IoUring::builder().setup_r_disabled().build(DEPTH)?;
         let sub = ring.submitter();
@@ -95,12 +95,12 @@ impl Ring {
         })
     }
 
-    /// Whether the owner should still write through the ring.
+    /// Whether the owner should still go through the ring.
     pub fn usable(&self) -> bool {
         !self.given_up.get()
     }
 
-    /// The owner stops writing through the ring (it failed, or the file cannot write without
+    /// The owner stops going through the ring (it failed, or the file cannot serve it without
     /// blocking).
     pub fn give_up(&self) {
         self.given_up.set(true);
