@@ -424,22 +424,28 @@ impl RxQueue {
             } else {
                 !self.held.chains.is_empty()
             };
-            if enough {
-                break;
-            }
-            let Some(chain) = self.dq.pop(mem)? else {
-                break;
-            };
-            self.load
-                .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
-                .map_err(QueueFault::Chain)?;
-            if !self.held.push(&self.load, self.need()) {
-                self.dq.unpop(1);
-                self.window_full = true;
+            if enough || !self.hold_next(mem)? {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Pops the next chain and holds it: false when the ring is empty (notifications then on)
+    /// or the window has no room for it (it is put back).
+    fn hold_next(&mut self, mem: &GuestMemoryMmap) -> Result<bool, QueueFault> {
+        let Some(chain) = self.dq.pop(mem)? else {
+            return Ok(false);
+        };
+        self.load
+            .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
+            .map_err(QueueFault::Chain)?;
+        if !self.held.push(&self.load, self.need()) {
+            self.dq.unpop(1);
+            self.window_full = true;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Whether the device holds as much as the guest can ever give it: every entry of the
@@ -649,19 +655,7 @@ impl RxQueue {
     /// Pops chains until `want` are held; stops when the ring is empty (notifications then on)
     /// or the window is full.
     fn fill_chains(&mut self, mem: &GuestMemoryMmap, want: usize) -> Result<(), QueueFault> {
-        while self.held.chains.len() < want {
-            let Some(chain) = self.dq.pop(mem)? else {
-                break;
-            };
-            self.load
-                .load(chain, mem, Direction::Write, VNET_HDR_LEN as u64)
-                .map_err(QueueFault::Chain)?;
-            if !self.held.push(&self.load, self.need()) {
-                self.dq.unpop(1);
-                self.window_full = true;
-                break;
-            }
-        }
+        while self.held.chains.len() < want && self.hold_next(mem)? {}
         Ok(())
     }
 

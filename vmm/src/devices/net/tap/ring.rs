@@ -36,6 +36,24 @@ impl TapRing<'_> {
         self.ring.filter(|r| r.usable())
     }
 
+    /// Sends a batch through the ring with `f` when there is a usable one. Returns None when
+    /// every span was answered, else the index of the first span left to one system call each
+    /// (all of them without a ring, or after it failed or was refused).
+    fn through_ring(
+        &self,
+        out: &mut Vec<io::Result<usize>>,
+        f: impl FnOnce(&Ring, &mut Vec<io::Result<usize>>) -> io::Result<()>,
+    ) -> Option<usize> {
+        let base = out.len();
+        if let Some(ring) = self.ring() {
+            let done = f(ring, out);
+            if self.stands(ring, done, out, base) {
+                return None;
+            }
+        }
+        Some(out.len() - base)
+    }
+
     /// After a batch through the ring: true when its results stand; false when the ring failed
     /// (`done`'s error) or the tap refused it, and it is given up (the results from `base` on
     /// are dropped, the caller goes on without the ring).
@@ -77,15 +95,12 @@ impl FrameSink for TapRing<'_> {
         spans: &[Range<usize>],
         out: &mut Vec<io::Result<usize>>,
     ) {
-        let base = out.len();
-        if let Some(ring) = self.ring() {
-            // SAFETY: forwarded from this function's contract.
-            let done = unsafe { ring.writev_each(iov, spans, out) };
-            if self.stands(ring, done, out, base) {
-                return;
-            }
-        }
-        for span in &spans[out.len() - base..] {
+        // SAFETY: forwarded from this function's contract.
+        let Some(left) = self.through_ring(out, |r, out| unsafe { r.writev_each(iov, spans, out) })
+        else {
+            return;
+        };
+        for span in &spans[left..] {
             // SAFETY: forwarded from this function's contract; `span` is inside `iov`.
             out.push(unsafe { self.tap.writev(&iov[span.clone()]) });
         }
@@ -104,15 +119,12 @@ impl FrameSource for TapRing<'_> {
         spans: &[Range<usize>],
         out: &mut Vec<io::Result<usize>>,
     ) {
-        let base = out.len();
-        if let Some(ring) = self.ring() {
-            // SAFETY: forwarded from this function's contract.
-            let done = unsafe { ring.readv_each(iov, spans, out) };
-            if self.stands(ring, done, out, base) {
-                return;
-            }
-        }
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.tap.read_frames(iov, &spans[out.len() - base..], out) }
+        let Some(left) = self.through_ring(out, |r, out| unsafe { r.readv_each(iov, spans, out) })
+        else {
+            return;
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.tap.read_frames(iov, &spans[left..], out) }
     }
 }
