@@ -44,7 +44,8 @@ use crate::sync::now_ns;
 pub const SLOTS: usize = LimitKind::ALL.len();
 
 /// With less CPU than this left when the timer fires, the vCPU stops rather than re-arms for
-/// a moment shorter than an exit (the least lead [`on_fire`] is given).
+/// a moment shorter than an exit (the least lead [`on_fire`] is given); and a re-arm never
+/// fires sooner than this after its firing.
 pub const REARM_MIN_NS: u64 = 10_000;
 
 /// The longest wall time a vCPU spins to its CPU target. A spin needs at most [`MAX_LEAD_NS`]
@@ -94,7 +95,8 @@ pub enum OnFire {
 
 /// The decision at a firing with the charged CPU clock at `cpu_ns` and a timer lead of
 /// `lead_ns` (at least [`REARM_MIN_NS`] is taken): the slot with the least CPU left decides
-/// (the earliest deadline wins). A re-arm waits `firing_ns` longer than the CPU left less the
+/// (the earliest deadline wins); it stops when that is within the lead, or when a re-arm would
+/// come less than [`REARM_MIN_NS`] later. A re-arm waits `firing_ns` longer than the CPU left less the
 /// lead: the firing's own exit and entry (a KVM round trip) are a stop's cost, not charged, so
 /// the guest gets that much less than the wall time that passes (without it, a vCPU a few µs
 /// short of its target re-armed again and again, each firing costing more than the guest got
@@ -113,7 +115,15 @@ pub fn on_fire(
         .min_by_key(|&(left, k)| (left, k.slot()));
     match least {
         None => OnFire::Idle,
-        Some((left, kind)) if left <= lead_ns => OnFire::Stop(kind),
+        // Within the lead, or so near it that the re-arm would fire less than REARM_MIN_NS
+        // after it is set: stop. A re-arm that short fired before the loop could enter the
+        // guest (the timer set for a time already past), its stop still open froze the
+        // charged clock, and the same decision came again: a vCPU stuck re-arming in the VMM,
+        // 250,000 times in 3 s, until the limiter's next period (a test of the fake
+        // hypervisor caught it on a loaded host).
+        Some((left, kind)) if left <= lead_ns || left - lead_ns + firing_ns < REARM_MIN_NS => {
+            OnFire::Stop(kind)
+        }
         Some((left, limit)) => OnFire::Rearm {
             after_ns: left - lead_ns + firing_ns,
             limit,
