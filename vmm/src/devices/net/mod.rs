@@ -153,6 +153,14 @@ pub struct NetShared {
     pub rate_changes: AtomicU32,
 }
 
+impl NetShared {
+    /// The name of queue pair `pair`'s thread (`net0-qp1`): the OS thread's, the log's and the
+    /// figures'.
+    pub fn thread_name(&self, pair: usize) -> String {
+        format!("{}-qp{pair}", self.id)
+    }
+}
+
 /// Makes the tap carry the device's MTU: one this VMM created gets it exactly; an existing
 /// tap below it is raised, or the device refused with a sentence when that is not allowed; an
 /// existing tap above it is left (the operator's), and frames over the device's MTU are
@@ -353,7 +361,7 @@ impl NetDevice {
     }
 
     fn thread_name(&self, pair: usize) -> String {
-        format!("{}-qp{pair}", self.net.id)
+        self.net.thread_name(pair)
     }
 }
 

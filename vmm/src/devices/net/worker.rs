@@ -109,7 +109,7 @@ impl Worker {
                 )
             })
             .ok();
-        let name = format!("{}-qp{pair}", net.id);
+        let name = net.thread_name(pair);
         // Made here, before the thread's seccomp filter, which allows only io_uring_enter.
         let ring = Ring::new(net.taps[pair].as_raw_fd())
             .map_err(|e| {
