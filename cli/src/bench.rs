@@ -31,7 +31,7 @@ use ppa_vmm::accounting::host::host_steal_ns;
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
 use ppa_vmm::sync::now_ns;
-use ppa_vmm::vm::{Vm, VmError};
+use ppa_vmm::vm::{RunOutcome, Vm, VmError};
 
 /// Exits per run of `bench overhead` by default: short runs, many of them.
 pub const OVERHEAD_EXITS: u64 = 8_000;
@@ -109,6 +109,9 @@ pub struct OverheadResult {
     /// The CPU every measured vCPU ran on: the least busy of the allowed ones when the bench
     /// began (null: none could be read, and they ran where the scheduler put them).
     pub cpu: Option<usize>,
+    /// The CPU the VMM's service threads ran on: the least busy of the others (null: there
+    /// was no other, and they ran where the scheduler put them).
+    pub service_cpu: Option<usize>,
     /// Raw KVM_RUN loop (median over the rounds).
     pub raw_exits_per_s: f64,
     /// ppa-vmm, accounting off (median).
@@ -160,12 +163,37 @@ pub struct OverheadSpread {
     pub full_notrace_over_off: Spread,
 }
 
-/// A one-vCPU VM of `workload` at `level`, with the kernel's tracepoints or not, its vCPU
-/// pinned to `cpu` when given.
-fn vm_of(workload: String, level: Level, trace: bool, cpu: Option<usize>) -> Result<Vm, VmError> {
+/// Where a bench VM's threads go: its vCPUs on `vcpus`, its service threads (sampler, limiter,
+/// api) on `service`, each where given.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Place {
+    vcpus: Option<usize>,
+    service: Option<usize>,
+}
+
+impl Place {
+    /// The `--pin` rules.
+    fn pins(self) -> Vec<String> {
+        let vcpus = self.vcpus.map(|c| format!("vcpus={c}"));
+        let service = self.service.map(|c| format!("service={c}"));
+        vcpus.into_iter().chain(service).collect()
+    }
+}
+
+/// Runs a built VM on a thread of its own: a VM pins its calling thread with its service
+/// threads, and a bench's thread must keep every CPU for the VMs and loops after it.
+pub(crate) fn run_apart(vm: Vm) -> Result<RunOutcome, VmError> {
+    std::thread::spawn(move || vm.run())
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// A one-vCPU VM of `workload` at `level`, with the kernel's tracepoints or not, its threads
+/// placed as `place` says.
+fn vm_of(workload: String, level: Level, trace: bool, place: Place) -> Result<Vm, VmError> {
     let opts = RunOptions {
         vcpus: Some(1),
-        pin: cpu.map(|c| vec![format!("vcpus={c}")]).unwrap_or_default(),
+        pin: place.pins(),
         workload: vec![workload],
         accounting: Some(level),
         kernel_trace: Some(trace),
@@ -175,12 +203,12 @@ fn vm_of(workload: String, level: Level, trace: bool, cpu: Option<usize>) -> Res
     Vm::try_from(config)
 }
 
-fn vm(exits: u64, level: Level, trace: bool, cpu: Option<usize>) -> Result<Vm, VmError> {
-    vm_of(format!("exits:n={exits},kind=mmio"), level, trace, cpu)
+fn vm(exits: u64, level: Level, trace: bool, place: Place) -> Result<Vm, VmError> {
+    vm_of(format!("exits:n={exits},kind=mmio"), level, trace, place)
 }
 
-fn ppa_rate(exits: u64, level: Level, trace: bool, cpu: Option<usize>) -> Result<f64, VmError> {
-    let out = vm(exits, level, trace, cpu)?.run()?;
+fn ppa_rate(exits: u64, level: Level, trace: bool, place: Place) -> Result<f64, VmError> {
+    let out = run_apart(vm(exits, level, trace, place)?)?;
     let v = &out.report.vcpus[0];
     let total: u64 = v.times.exits.values().sum();
     Ok(total as f64 * 1e9 / v.times.wall_ns.max(1) as f64)
@@ -192,18 +220,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One run's exits per second: the raw loop (`None`) or ppa-vmm at a level, with the kernel's
-/// tracepoints or not; on `cpu` when given (the raw loop runs on the calling thread, pinned
-/// for the run; ppa-vmm's vCPU by `--pin vcpus=CPU`).
-fn rate(exits: u64, config: Option<(Level, bool)>, cpu: Option<usize>) -> Result<f64, VmError> {
+/// tracepoints or not; on `place.vcpus` when given (the raw loop runs on the calling thread,
+/// pinned for the run; ppa-vmm's vCPU by `--pin vcpus=CPU`, its service threads by `--pin
+/// service=CPU`).
+fn rate(exits: u64, config: Option<(Level, bool)>, place: Place) -> Result<f64, VmError> {
     match config {
         None => {
             let exit_gpa = ppa_guest_abi::DOORBELL_GPA + ppa_guest_abi::doorbell::EXIT;
-            let vm = vm(exits, Level::Off, false, None)?;
-            let _pinned = quiet::Pinned::to(cpu);
+            let vm = vm(exits, Level::Off, false, Place::default())?;
+            let _pinned = quiet::Pinned::to(place.vcpus);
             let (n, ns) = vm.run_raw(exit_gpa)?;
             Ok(n as f64 * 1e9 / ns.max(1) as f64)
         }
-        Some((level, trace)) => ppa_rate(exits, level, trace, cpu),
+        Some((level, trace)) => ppa_rate(exits, level, trace, place),
     }
 }
 
@@ -219,8 +248,16 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
     ];
     let load_start = limit::load_avg();
     // One quiet CPU for every measured vCPU (the raw loop's and each level's), so that rounds
-    // differ by what the VMM does, not by where the scheduler put them.
-    let cpu = quiet::pick(&quiet::busy_ticks(200));
+    // differ by what the VMM does, not by where the scheduler put them; the VMM's service
+    // threads on another where there is one, so that they take nothing from the measured vCPU
+    // (the raw loop has none).
+    let busy = quiet::busy_ticks(200);
+    let cpu = quiet::pick(&busy);
+    let service = quiet::Layout::of(&busy).map(|l| l.rest);
+    let place = Place {
+        vcpus: cpu,
+        service,
+    };
     let (t0, s0) = (now_ns(), host_steal_ns());
     let mut rounds = Vec::new();
     for round in 0..o.rounds.max(1) {
@@ -232,7 +269,7 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
         for k in 0..configs.len() {
             let i = (round + k) % configs.len();
             std::thread::sleep(std::time::Duration::from_millis(50));
-            rates[i] = rate(o.exits, configs[i], cpu)?;
+            rates[i] = rate(o.exits, configs[i], place)?;
         }
         let [raw, off, basic, full, full_notrace] = rates;
         rounds.push(OverheadRound {
@@ -272,6 +309,7 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
         exits_per_run: o.exits,
         rounds: o.rounds,
         cpu,
+        service_cpu: service,
         raw_exits_per_s: rate_of(0),
         off_exits_per_s: rate_of(1),
         basic_exits_per_s: rate_of(2),
@@ -306,7 +344,7 @@ impl OverheadResult {
             )
         };
         format!(
-            "MMIO exit throughput, {} exits per run, {} alternated rounds, each ratio the median round's, every vCPU on {}\n\
+            "MMIO exit throughput, {} exits per run, {} alternated rounds, each ratio the median round's, every vCPU on {}, the VMM's service threads on {}\n\
              {:<28} {:>12.0} exits/s\n\
              {:<28} {:>12.0} exits/s   off/raw   {:.4} (>= 0.95)  {}\n\
              {:<28} {:>12.0} exits/s   basic/off {:.4} (>= 0.985) {}\n\
@@ -317,6 +355,8 @@ impl OverheadResult {
             self.exits_per_run,
             self.rounds,
             self.cpu
+                .map_or("the CPUs the scheduler chose".to_string(), |c| format!("CPU {c}")),
+            self.service_cpu
                 .map_or("the CPUs the scheduler chose".to_string(), |c| format!("CPU {c}")),
             "raw KVM_RUN loop",
             self.raw_exits_per_s,

@@ -61,7 +61,13 @@ impl KernelExits {
 /// The guest's CPUID rate in one run, or None when CPUID did not exit to KVM (its `exits`
 /// statistic grew by less than the CPUIDs made).
 fn rate(n: u64, level: Level, trace: bool) -> Result<Option<f64>, VmError> {
-    let out = vm_of(format!("exits:n={n},kind=cpuid"), level, trace, None)?.run()?;
+    let out = vm_of(
+        format!("exits:n={n},kind=cpuid"),
+        level,
+        trace,
+        super::Place::default(),
+    )?
+    .run()?;
     let v = &out.report.vcpus[0];
     let kvm_exits = v.times.kvm_stats.get("exits").copied().unwrap_or(0);
     if kvm_exits < n {

@@ -15,6 +15,13 @@
 //! medians of the rounds' ratios with the lowest and highest round beside them, and the host's
 //! steal over the run. The goals (issue 34): at least 0.9 of the loop's frames per second and
 //! at most 1.1 times its CPU a frame, each way.
+//!
+//! Placement ([`Layout`]): where the process may use two CPUs or more, the bench places the
+//! threads as an NFV host does with `--pin` (issue 36): the device's threads alone on the least
+//! busy CPU (the data path), where the host loops also run; the vCPU, the VMM's service
+//! threads and the bench's thread while it polls a receive run on another. Unpinned on the 2-CPU development host, the
+//! vCPU's polling, the service threads and the bench shared the device thread's CPU, which the
+//! loop, alone, never did (docs/design.md, "Batched through io_uring").
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -26,10 +33,12 @@ use ppa_vmm::accounting::host::host_steal_ns;
 use ppa_vmm::accounting::Level;
 use ppa_vmm::config::RunOptions;
 use ppa_vmm::devices::net::tap::{self, Tap, TapError, VNET_HDR_LEN};
-use ppa_vmm::vm::{Vm, VmError};
+use ppa_vmm::vm::{RunOutcome, Vm, VmError};
 
 pub mod packet;
 pub mod rx;
+
+use super::quiet::{self, Layout};
 
 use packet::{test_frame, PacketSocket};
 
@@ -118,8 +127,37 @@ pub struct NetResult {
     pub idle_device_overhead_ratio: f64,
     /// Time this host lost to its own hypervisor during the bench, all CPUs.
     pub host_steal_ns: Option<u64>,
+    /// Where the threads ran: `measured`, the device's threads and the host loops; `rest`, the
+    /// vCPU, the VMM's service threads and the bench's poller. Null when nothing was pinned.
+    pub layout: Option<Layout>,
     /// `pass`, or `fail: ...`.
     pub verdict: String,
+}
+
+/// The `--pin` rules of a bench VM, with its one network device (`net0`) or none: the
+/// device's threads on the measured CPU, the vCPU and the service threads on the other.
+fn pins(layout: Option<Layout>, device: bool) -> Vec<String> {
+    layout.map_or_else(Vec::new, |l| {
+        let mut pins = vec![format!("vcpus={}", l.rest), format!("service={}", l.rest)];
+        if device {
+            pins.push(format!("net0={}", l.measured));
+        }
+        pins
+    })
+}
+
+/// The layout in words, for the text report.
+fn describe(layout: Option<Layout>) -> String {
+    layout.map_or_else(
+        || "not pinned (the process may use one CPU)".to_string(),
+        |l| {
+            format!(
+                "the device's threads and the host loops on CPU {}, the vCPU, the VMM's \
+                 service threads and the bench's poller on CPU {}",
+                l.measured, l.rest
+            )
+        },
+    )
 }
 
 /// What each way's rounds gave.
@@ -160,15 +198,20 @@ pub(crate) fn vm(opts: RunOptions) -> Result<Vm, VmError> {
     Vm::try_from(config)
 }
 
+/// Builds a VM and runs it on a thread of its own ([`super::run_apart`]).
+fn run_apart(opts: RunOptions) -> Result<RunOutcome, NetBenchError> {
+    Ok(super::run_apart(vm(opts)?)?)
+}
+
 /// One transmit run through the device: (frames per second, device CPU per frame).
-fn device_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
-    let out = vm(RunOptions {
+fn device_run(packets: u64, layout: Option<Layout>) -> Result<(f64, u64), NetBenchError> {
+    let out = run_apart(RunOptions {
         vcpus: Some(1),
+        pin: pins(layout, true),
         net: vec![format!("tap={TAP}")],
         workload: vec![format!("net-tx:packets={packets},size=64")],
         ..Default::default()
-    })?
-    .run()?;
+    })?;
     let r = &out.report;
     let dev = r.devices.first().ok_or(NetBenchError::NoDriver)?;
     let sent: u64 = dev
@@ -182,9 +225,11 @@ fn device_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
     Ok((sent as f64 * 1e9 / wall as f64, per))
 }
 
-/// One host loop writing `packets` frames into the tap: (frames per second, CPU per frame).
-fn raw_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
+/// One host loop writing `packets` frames into the tap, on the data path's CPU: (frames per
+/// second, CPU per frame).
+fn raw_run(packets: u64, layout: Option<Layout>) -> Result<(f64, u64), NetBenchError> {
     let t = Tap::open(TAP, 1)?.remove(0);
+    let _pinned = quiet::Pinned::to(layout.map(|l| l.measured));
     let mut buf = vec![0u8; VNET_HDR_LEN];
     buf.extend(test_frame([0xff; 6], [2, 0, 0, 0, 0, 1], 64, 0));
     let iov = [libc::iovec {
@@ -206,9 +251,10 @@ fn raw_run(packets: u64) -> Result<(f64, u64), NetBenchError> {
 }
 
 /// Exit throughput at accounting basic, with or without an idle network device.
-fn exits_run(exits: u64, device: bool) -> Result<f64, NetBenchError> {
-    let out = vm(RunOptions {
+fn exits_run(exits: u64, device: bool, layout: Option<Layout>) -> Result<f64, NetBenchError> {
+    let out = run_apart(RunOptions {
         vcpus: Some(1),
+        pin: pins(layout, device),
         workload: vec![format!("exits:n={exits},kind=mmio")],
         accounting: Some(Level::Basic),
         net: if device {
@@ -217,17 +263,17 @@ fn exits_run(exits: u64, device: bool) -> Result<f64, NetBenchError> {
             Vec::new()
         },
         ..Default::default()
-    })?
-    .run()?;
+    })?;
     let v = &out.report.vcpus[0];
     let total: u64 = v.times.exits.values().sum();
     Ok(total as f64 * 1e9 / v.times.wall_ns.max(1) as f64)
 }
 
 /// One `net-echo` VM answering `n` frames sent one at a time; the round trips in µs.
-fn echo_run(n: u64) -> Result<Vec<f64>, NetBenchError> {
+fn echo_run(n: u64, layout: Option<Layout>) -> Result<Vec<f64>, NetBenchError> {
     let vm = vm(RunOptions {
         vcpus: Some(1),
+        pin: pins(layout, true),
         net: vec![format!("tap={TAP}")],
         workload: vec!["net-echo:ms=600000".to_string()],
         ..Default::default()
@@ -298,7 +344,8 @@ pub fn net(o: NetOptions) -> Result<NetResult, NetBenchError> {
                 ));
             }
             make_tap()?;
-            let r = rounds(o);
+            let layout = Layout::of(&quiet::busy_ticks(200));
+            let r = rounds(o, layout);
             if let Ok(t) = Tap::open(TAP, 1) {
                 let _ = t[0].set_persist(false);
             }
@@ -313,9 +360,13 @@ pub fn net(o: NetOptions) -> Result<NetResult, NetBenchError> {
 type Run = (f64, u64);
 
 /// One round of receive runs, device and loop in the order `first_device` says.
-fn rx_round(packets: u64, first_device: bool) -> Result<(Run, Run), NetBenchError> {
-    let run_dev = || rx::device_run(packets).map(|(p, c, _)| (p, c));
-    let run_raw = || rx::raw_run(packets).map(|(p, c, _)| (p, c));
+fn rx_round(
+    packets: u64,
+    first_device: bool,
+    layout: Option<Layout>,
+) -> Result<(Run, Run), NetBenchError> {
+    let run_dev = || rx::device_run(packets, layout).map(|(p, c, _)| (p, c));
+    let run_raw = || rx::raw_run(packets, layout).map(|(p, c, _)| (p, c));
     if first_device {
         let d = run_dev()?;
         Ok((d, run_raw()?))
@@ -325,31 +376,31 @@ fn rx_round(packets: u64, first_device: bool) -> Result<(Run, Run), NetBenchErro
     }
 }
 
-fn rounds(o: NetOptions) -> Result<NetResult, NetBenchError> {
+fn rounds(o: NetOptions, layout: Option<Layout>) -> Result<NetResult, NetBenchError> {
     let steal0 = host_steal_ns();
     let (mut tx, mut rxw, mut idle) = (Way::default(), Way::default(), vec![]);
     for round in 0..o.rounds.max(1) {
         let even = round % 2 == 0;
         let (d, r) = if even {
-            let d = device_run(o.packets)?;
-            (d, raw_run(o.packets)?)
+            let d = device_run(o.packets, layout)?;
+            (d, raw_run(o.packets, layout)?)
         } else {
-            let r = raw_run(o.packets)?;
-            (device_run(o.packets)?, r)
+            let r = raw_run(o.packets, layout)?;
+            (device_run(o.packets, layout)?, r)
         };
         tx.push(d, r);
-        let (d, r) = rx_round(o.packets, !even)?;
+        let (d, r) = rx_round(o.packets, !even, layout)?;
         rxw.push(d, r);
         let (with, without) = if even {
-            let w = exits_run(o.exits, true)?;
-            (w, exits_run(o.exits, false)?)
+            let w = exits_run(o.exits, true, layout)?;
+            (w, exits_run(o.exits, false, layout)?)
         } else {
-            let wo = exits_run(o.exits, false)?;
-            (exits_run(o.exits, true)?, wo)
+            let wo = exits_run(o.exits, false, layout)?;
+            (exits_run(o.exits, true, layout)?, wo)
         };
         idle.push(with / without.max(1.0));
     }
-    let mut rtts = echo_run(o.echoes)?;
+    let mut rtts = echo_run(o.echoes, layout)?;
     rtts.sort_by(f64::total_cmp);
     let (tx_min, tx_max) = tx.spread();
     let (rx_min, rx_max) = rxw.spread();
@@ -379,6 +430,7 @@ fn rounds(o: NetOptions) -> Result<NetResult, NetBenchError> {
         host_steal_ns: steal0
             .zip(host_steal_ns())
             .map(|(a, b)| b.saturating_sub(a)),
+        layout,
         verdict: String::new(),
     };
     let mut misses = Vec::new();
@@ -436,12 +488,14 @@ impl NetResult {
                 )
             };
         format!(
-            "virtio-net, {} 64-byte frames per run each way, median of {} alternated rounds\n{}{}\
+            "virtio-net, {} 64-byte frames per run each way, median of {} alternated rounds\n\
+             threads: {}\n{}{}\
              echo round trip over {} frames: p50 {:.1} us, p99 {:.1} us\n\
              exits/s with an idle device / without: {:.4}\n\
              host steal during the bench: {}\nverdict: {}\n",
             self.packets_per_run,
             self.rounds,
+            describe(self.layout),
             way(
                 "transmit (the tiny guest's net-tx into the tap; the loop writes the same frame)",
                 self.device_pps,
@@ -475,5 +529,29 @@ impl NetResult {
                 )),
             self.verdict
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_gets_the_measured_cpu_and_the_vcpu_the_other() {
+        let l = Layout {
+            measured: 1,
+            rest: 2,
+        };
+        assert_eq!(
+            pins(Some(l), true),
+            ["vcpus=2", "service=2", "net0=1"].map(String::from)
+        );
+        assert_eq!(
+            pins(Some(l), false),
+            ["vcpus=2", "service=2"].map(String::from)
+        );
+        // One CPU: nothing is pinned, and the report says so.
+        assert!(pins(None, true).is_empty());
+        assert!(describe(None).contains("not pinned"));
     }
 }

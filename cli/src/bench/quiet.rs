@@ -43,6 +43,30 @@ pub fn busy_ticks(ms: u64) -> Vec<(usize, u64)> {
         .collect()
 }
 
+/// Two CPUs for a bench: the least busy for the threads it measures and the host loops they
+/// are compared with, the least busy of the others for the rest (the VMM's service threads, and
+/// whatever else runs meanwhile), as an NFV host keeps its data path apart from its emulator
+/// threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Layout {
+    /// The measured threads and the host loops.
+    pub measured: usize,
+    /// The VMM's service threads and the rest.
+    pub rest: usize,
+}
+
+impl Layout {
+    /// From each allowed CPU's busy ticks ([`busy_ticks`]); None with fewer than two CPUs.
+    pub fn of(busy: &[(usize, u64)]) -> Option<Layout> {
+        let measured = pick(busy)?;
+        let others: Vec<(usize, u64)> = busy.iter().copied().filter(|c| c.0 != measured).collect();
+        Some(Layout {
+            measured,
+            rest: pick(&others)?,
+        })
+    }
+}
+
 /// The calling thread held on one CPU until dropped, when its former set is given back.
 pub struct Pinned(Option<CpuSet>);
 
@@ -69,6 +93,20 @@ impl Drop for Pinned {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_takes_the_quietest_cpu_and_the_quietest_of_the_rest() {
+        let l = Layout::of(&[(0, 40), (1, 5), (2, 20)]).unwrap();
+        assert_eq!(
+            l,
+            Layout {
+                measured: 1,
+                rest: 2
+            }
+        );
+        assert_eq!(Layout::of(&[(3, 0)]), None);
+        assert_eq!(Layout::of(&[]), None);
+    }
 
     #[test]
     fn the_least_busy_cpu_is_picked_and_a_tie_avoids_cpu_0() {
