@@ -55,7 +55,9 @@ impl From<Option<VcpuRequest>> for Outcome {
     }
 }
 
-/// Handles one exit of vCPU `vcpu`: classifies it and routes I/O to the buses.
+/// Handles one exit of vCPU `vcpu`: classifies it and routes I/O to the buses. In the
+/// exit path's `ppa_hot` section (`vcpu::run::run_loop` says why).
+#[link_section = "ppa_hot"]
 pub fn handle_exit(event: ExitEvent<'_>, buses: &Buses, vcpu: usize) -> (ExitReason, Outcome) {
     match event {
         ExitEvent::IoIn { port, data } => (

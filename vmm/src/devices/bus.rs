@@ -111,6 +111,7 @@ impl Bus {
     }
 
     /// vCPU `vcpu` writes at `addr`; with no device there the write is dropped.
+    #[link_section = "ppa_hot"]
     pub fn write(&self, vcpu: usize, addr: u64, data: &[u8]) -> Option<VcpuRequest> {
         match self.resolve(addr, data.len()) {
             Some((dev, offset)) => dev.write(BusAccess { vcpu, addr, offset }, data),

@@ -143,6 +143,7 @@ fn stamp(prev: Level, cpu: bool) -> Stamp {
 
 /// The entry's stamp at level `next`; a stop still open ends at it (with the CPU clock it
 /// then needs), so the guest's time from here on is charged again.
+#[link_section = "ppa_hot"]
 fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut StopTrack) -> Stamp {
     let stopped = shared.stops.is_open();
     let level = if next == Level::Off {
@@ -160,7 +161,13 @@ fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut Stop
     entry
 }
 
-/// The exit path.
+/// The exit path. It and the functions every exit calls (`handle_exit`, the bus and the
+/// doorbells' `write`, `KvmVcpu::run`, the recorder's) sit together in the `ppa_hot` section,
+/// a few pages: this PVM host flushes the TLB at every exit, and each page of code an exit
+/// touches then costs a page walk through the nested host's paging (~75 ns a page measured;
+/// docs/design.md, "Where the gap is").
+#[inline(never)]
+#[link_section = "ppa_hot"]
 pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> VcpuEnd {
     let shared = Arc::clone(&v.shared);
     let id = shared.id;
@@ -288,5 +295,58 @@ impl StopTrack {
         shared.stops.end(cpu, kvm);
         self.forced = false;
         self.parked = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    extern "C" {
+        // The linker's bounds of the `ppa_hot` section (it names a section whose name is an
+        // identifier so).
+        static __start_ppa_hot: u8;
+        static __stop_ppa_hot: u8;
+    }
+
+    #[test]
+    fn the_exit_path_sits_in_its_own_few_pages() {
+        let (start, stop) = (
+            std::ptr::addr_of!(__start_ppa_hot) as *const () as usize,
+            std::ptr::addr_of!(__stop_ppa_hot) as *const () as usize,
+        );
+        let hot: [(&str, usize); 6] = [
+            (
+                "run_loop",
+                run_loop::<crate::hypervisor::kvm::KvmVcpu> as *const () as usize,
+            ),
+            ("entry_stamp", entry_stamp as *const () as usize),
+            (
+                "handle_exit",
+                crate::exit::handle_exit as *const () as usize,
+            ),
+            (
+                "Bus::write",
+                crate::devices::bus::Bus::write as *const () as usize,
+            ),
+            (
+                "KvmVcpu::run",
+                <crate::hypervisor::kvm::KvmVcpu as Vcpu>::run as *const () as usize,
+            ),
+            (
+                "Doorbells::write",
+                <crate::devices::tiny::Doorbells as crate::devices::BusDevice>::write as *const ()
+                    as usize,
+            ),
+        ];
+        for (name, at) in hot {
+            assert!(
+                (start..stop).contains(&at),
+                "{name} at {at:#x} is outside ppa_hot ({start:#x}..{stop:#x})"
+            );
+        }
+        // Cold code stays out: the section is the exit path, not the vCPU thread.
+        assert!(!(start..stop)
+            .contains(&(thread_main::<crate::hypervisor::kvm::KvmVcpu> as *const () as usize)));
     }
 }

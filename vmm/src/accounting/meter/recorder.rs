@@ -150,6 +150,7 @@ impl Recorder {
     }
 
     /// Adds the pending per-CPU entries and wall time to the shared arrays.
+    #[link_section = "ppa_hot"]
     fn flush_cpu(&mut self) {
         if let Some(c) = self.host_cpu {
             let m = &*self.meter;
@@ -162,6 +163,8 @@ impl Recorder {
 
     /// Applies the pending histogram records and per-CPU figures (at most [`PENDING`] − 1
     /// records wait between flushes; the vCPU loop flushes before every park and at its end).
+    /// In the exit path's `ppa_hot` section (`vcpu::run::run_loop`).
+    #[link_section = "ppa_hot"]
     pub fn flush(&mut self) {
         self.flush_cpu();
         self.acc.flush();
@@ -214,6 +217,7 @@ impl Recorder {
     /// its stamp, and those that began before `s`), or the thread CPU clock's delta; the
     /// interrupts the records show in it are counted apart (`irq_vmm`).
     #[inline]
+    #[link_section = "ppa_hot"]
     fn close_vmm(&mut self, s: Stamp) {
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;

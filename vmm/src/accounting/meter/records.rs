@@ -49,6 +49,7 @@ impl Recorder {
     /// Opens the records (once), and turns them on for level full and off otherwise (a
     /// system call, only when that changes); a ring that cannot be switched is given up for
     /// the CPU clock.
+    #[link_section = "ppa_hot"]
     pub(super) fn apply_records(&mut self, level: Level) {
         if level == Level::Full && self.records_wanted && !self.records_tried {
             self.records_tried = true;

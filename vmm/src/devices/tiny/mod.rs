@@ -177,6 +177,7 @@ impl BusDevice for Doorbells {
         self.0.read_zeros(a, data, Doorbell::Unhandled)
     }
 
+    #[link_section = "ppa_hot"]
     fn write(&self, a: BusAccess, data: &[u8]) -> Option<VcpuRequest> {
         let v = self.0.vcpu(a.vcpu)?;
         let value = le_value(data);

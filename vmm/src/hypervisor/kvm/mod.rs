@@ -246,6 +246,7 @@ impl Vcpu for KvmVcpu {
         compiler_fence(Ordering::SeqCst);
     }
 
+    #[link_section = "ppa_hot"]
     fn run(&mut self) -> Result<ExitEvent<'_>, RunError> {
         let run_ptr: *const kvm_run = self.kvm_run();
         match self.fd.run() {
