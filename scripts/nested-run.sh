@@ -281,8 +281,13 @@ while [ "$try" -le "$tries" ]; do
 		echo "nested-run: ppa-vmm exited with $rc after $try of $tries tries; this try took $elapsed s (ppa-vmm ran $inside s inside, from $vmm_start s of the host's uptime)" >&2
 		exit "$rc"
 	fi
-	echo "nested-run: try $try of $tries failed after $elapsed s: $why" >&2
-	echo "$(date -u +%FT%TZ) try=$try failed elapsed_s=$elapsed why=$why" >>"$nested/history.log"
+	# The next run reuses $run_dir: a failed try's logs are kept apart (the last 5 failures).
+	kept="$nested/failed/$(date -u +%Y%m%dT%H%M%SZ)-try$try"
+	mkdir -p "$kept"
+	cp "$console" "$result" "$run_dir/qemu-$try.log" "$kept/" 2>/dev/null || true
+	find "$nested/failed" -mindepth 1 -maxdepth 1 -type d | sort | head -n -5 | xargs -r rm -rf
+	echo "nested-run: try $try of $tries failed after $elapsed s: $why (its logs: $kept)" >&2
+	echo "$(date -u +%FT%TZ) try=$try failed elapsed_s=$elapsed why=$why logs=$kept" >>"$nested/history.log"
 	tail_console "$console"
 	try=$((try + 1))
 done
