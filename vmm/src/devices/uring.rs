@@ -188,8 +188,9 @@ impl Ring {
                         .build(),
                 };
                 let sqe = entry.flags(squeue::Flags::FIXED_FILE).user_data(k as u64);
-                // SAFETY: the entry names `list`, a slice of `iov`, whose iovecs the caller
-                // keeps valid (for reads or writes, as `op` needs) until this call returns; the loop below does not return before
+                // SAFETY: the entry names `list`, a slice of `iov` (or the one buffer its one
+                // iovec describes), whose buffers the caller keeps valid (for reads or writes,
+                // as `op` needs) until this call returns; the loop below does not return before
                 // every entry of the batch has completed. The queue has room: it holds DEPTH
                 // entries and a batch is at most DEPTH, pushed into a queue left empty by the
                 // previous batch's submission.
