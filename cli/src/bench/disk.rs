@@ -16,6 +16,11 @@
 //! lowest and highest round beside them, and the host's steal over the run. The goal
 //! (issue 35): the device at 0.8 of the loop's requests per second or better, reads and
 //! writes together.
+//!
+//! Placement: as `bench net` does ([`super::quiet::Layout`]), where the process may use two
+//! CPUs or more, the disk's queue thread and the host loops run on the least busy CPU, the
+//! vCPU and the VMM's service threads on the least busy other; each VM runs on a thread of its
+//! own ([`super::run_apart`]).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -33,6 +38,7 @@ use ppa_vmm::vm::VmError;
 use ppa_vmm_api::BlkRequestKind;
 
 use super::net::vm;
+use super::quiet::{self, Layout};
 use super::Spread;
 
 /// Requests the guest keeps in flight.
@@ -99,6 +105,9 @@ pub struct DiskResult {
     pub read_service_p50_p99_ns: (u64, u64),
     /// Steal of the host's CPUs over the bench, ns (None: not readable).
     pub host_steal_ns: Option<u64>,
+    /// Where the threads ran: `measured`, the disk's queue thread and the host loops; `rest`,
+    /// the vCPU and the VMM's service threads. Null when nothing was pinned.
+    pub layout: Option<Layout>,
     /// `pass`, or `fail: ...` with what missed the goal.
     pub verdict: String,
 }
@@ -113,14 +122,19 @@ struct Run {
 
 /// The tiny guest's `workload` on the disk `path`: its rate, CPU per request and the service
 /// times of its requests of `kind`.
-fn device_run(path: &Path, workload: &str, kind: BlkRequestKind) -> Result<Run, DiskBenchError> {
-    let out = vm(RunOptions {
+fn device_run(
+    path: &Path,
+    workload: &str,
+    kind: BlkRequestKind,
+    layout: Option<Layout>,
+) -> Result<Run, DiskBenchError> {
+    let out = super::run_apart(vm(RunOptions {
         vcpus: Some(1),
+        pin: pins(layout),
         disk: vec![format!("path={}", path.display())],
         workload: vec![workload.to_string()],
         ..Default::default()
-    })?
-    .run()?;
+    })?)?;
     let r = &out.report;
     let what = if kind == BlkRequestKind::Write {
         "write"
@@ -163,8 +177,22 @@ fn device_run(path: &Path, workload: &str, kind: BlkRequestKind) -> Result<Run, 
     })
 }
 
-/// The host loop: every block written with its pattern (then `fdatasync`), or read.
-fn raw_run(file: &File, blocks: u64, write: bool) -> io::Result<Run> {
+/// The `--pin` rules of a bench VM: its disk (`blk0`) on the measured CPU, the vCPU and the
+/// service threads on the other.
+fn pins(layout: Option<Layout>) -> Vec<String> {
+    layout.map_or_else(Vec::new, |l| {
+        vec![
+            format!("vcpus={}", l.rest),
+            format!("service={}", l.rest),
+            format!("blk0={}", l.measured),
+        ]
+    })
+}
+
+/// The host loop, on the measured CPU: every block written with its pattern (then
+/// `fdatasync`), or read.
+fn raw_run(file: &File, blocks: u64, write: bool, layout: Option<Layout>) -> io::Result<Run> {
+    let _pinned = quiet::Pinned::to(layout.map(|l| l.measured));
     let mut buf = vec![0u8; BLK_BLOCK as usize];
     let patterns: Vec<Vec<u8>> = if write {
         (0..blocks).map(block_bytes).collect()
@@ -205,6 +233,7 @@ fn round(
     file: &File,
     blocks: u64,
     device_first: bool,
+    layout: Option<Layout>,
 ) -> Result<[Run; 4], DiskBenchError> {
     let io = |e| DiskBenchError::File("write or read", path.to_path_buf(), e);
     let dev_w = || {
@@ -212,6 +241,7 @@ fn round(
             path,
             &format!("blk-write:blocks={blocks},depth={DEPTH}"),
             BlkRequestKind::Write,
+            layout,
         )
     };
     let dev_r = || {
@@ -219,17 +249,19 @@ fn round(
             path,
             &format!("blk-verify:blocks={blocks},depth={DEPTH}"),
             BlkRequestKind::Read,
+            layout,
         )
     };
+    let raw = |write| raw_run(file, blocks, write, layout).map_err(io);
     Ok(if device_first {
         let w = dev_w()?;
-        let rw = raw_run(file, blocks, true).map_err(io)?;
+        let rw = raw(true)?;
         let r = dev_r()?;
-        [w, rw, r, raw_run(file, blocks, false).map_err(io)?]
+        [w, rw, r, raw(false)?]
     } else {
-        let rw = raw_run(file, blocks, true).map_err(io)?;
+        let rw = raw(true)?;
         let w = dev_w()?;
-        let rr = raw_run(file, blocks, false).map_err(io)?;
+        let rr = raw(false)?;
         [w, rw, dev_r()?, rr]
     })
 }
@@ -258,11 +290,12 @@ pub fn disk(o: DiskOptions) -> Result<DiskResult, DiskBenchError> {
 }
 
 fn rounds(path: &Path, file: &File, o: DiskOptions) -> Result<DiskResult, DiskBenchError> {
+    let layout = Layout::of(&quiet::busy_ticks(200));
     let steal0 = host_steal_ns();
     let blocks = o.blocks.max(1);
     let mut runs: Vec<[Run; 4]> = Vec::new();
     for i in 0..o.rounds.max(1) {
-        runs.push(round(path, file, blocks, i % 2 == 0)?);
+        runs.push(round(path, file, blocks, i % 2 == 0, layout)?);
     }
     let col = |k: usize, f: fn(&Run) -> f64| median(runs.iter().map(|r| f(&r[k])).collect());
     let ratio = |d: usize, r: usize| -> Vec<f64> {
@@ -295,6 +328,7 @@ fn rounds(path: &Path, file: &File, o: DiskOptions) -> Result<DiskResult, DiskBe
         host_steal_ns: steal0
             .zip(host_steal_ns())
             .map(|(a, b)| b.saturating_sub(a)),
+        layout,
         verdict: String::new(),
     };
     r.verdict = if r.device_over_raw.median >= GOAL_RATIO {
@@ -330,11 +364,17 @@ impl DiskResult {
             )
         };
         format!(
-            "virtio-blk, {} 4 KiB blocks per run each way ({DEPTH} in flight in the guest), median of {} alternated rounds\n{}{}\
+            "virtio-blk, {} 4 KiB blocks per run each way ({DEPTH} in flight in the guest), median of {} alternated rounds\n\
+             threads: {}\n{}{}\
              reads and writes together: device/raw {:.3} (rounds {:.3} to {:.3}; goal >= {GOAL_RATIO})\n\
              host steal during the bench: {}\nverdict: {}\n",
             self.blocks_per_run,
             self.rounds,
+            Layout::describe(
+                self.layout,
+                "the disk's queue thread and the host loops",
+                "the vCPU and the VMM's service threads"
+            ),
             way(
                 "write (the tiny guest's blk-write; the loop pwrites the same blocks, then fdatasync)",
                 self.write_device_iops,
@@ -403,9 +443,19 @@ mod tests {
             write_service_p50_p99_ns: (5000, 20000),
             read_service_p50_p99_ns: (4000, 9000),
             host_steal_ns: Some(1_000_000),
+            layout: Some(Layout {
+                measured: 1,
+                rest: 0,
+            }),
             verdict: "pass".into(),
         };
         let t = r.to_text();
+        assert!(
+            t.contains("threads: the disk's queue thread and the host loops on CPU 1, the vCPU and the VMM's service threads on CPU 0"),
+            "{t}"
+        );
+        assert_eq!(pins(r.layout), ["vcpus=0", "service=0", "blk0=1"]);
+        assert!(pins(None).is_empty());
         assert!(
             t.contains("reads and writes together: device/raw 0.900"),
             "{t}"

@@ -148,15 +148,10 @@ fn pins(layout: Option<Layout>, device: bool) -> Vec<String> {
 
 /// The layout in words, for the text report.
 fn describe(layout: Option<Layout>) -> String {
-    layout.map_or_else(
-        || "not pinned (the process may use one CPU)".to_string(),
-        |l| {
-            format!(
-                "the device's threads and the host loops on CPU {}, the vCPU, the VMM's \
-                 service threads and the bench's poller on CPU {}",
-                l.measured, l.rest
-            )
-        },
+    Layout::describe(
+        layout,
+        "the device's threads and the host loops",
+        "the vCPU, the VMM's service threads and the bench's poller",
     )
 }
 

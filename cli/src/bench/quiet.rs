@@ -65,6 +65,14 @@ impl Layout {
             rest: pick(&others)?,
         })
     }
+
+    /// `layout` in words for a bench's text: what runs on the measured CPU, what on the other.
+    pub fn describe(layout: Option<Layout>, measured: &str, rest: &str) -> String {
+        layout.map_or_else(
+            || "not pinned (the process may use one CPU)".to_string(),
+            |l| format!("{measured} on CPU {}, {rest} on CPU {}", l.measured, l.rest),
+        )
+    }
 }
 
 /// The calling thread held on one CPU until dropped, when its former set is given back.
