@@ -228,6 +228,11 @@ pub struct BlkStats {
     pub bytes_written: u64,
     /// Requests answered with a status other than OK, by status (statuses seen).
     pub errors: BTreeMap<BlkStatus, u64>,
+    /// Reads and writes whose data went to the file in the same call as the request before
+    /// them (merged with it: docs/design.md); the reads' and writes' file calls are their
+    /// count less this.
+    #[serde(default)]
+    pub merged: u64,
 }
 
 /// Where the VMM process's CPU went: every thread in one of the three (`host_cpu_ns`).

@@ -178,13 +178,14 @@ fn net_table(out: &mut String, devices: &[&DeviceStats]) {
 fn blk_table(out: &mut String, devices: &[&DeviceStats]) {
     let _ = writeln!(
         out,
-        "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>7} {:>12}  BACKEND",
+        "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>12}  BACKEND",
         "DISK",
         "STATUS",
         "CPU ms",
         "READS",
         "WRITES",
         "FLUSHES",
+        "MERGED",
         "READ MiB",
         "WRIT MiB",
         "ERRORS",
@@ -197,13 +198,14 @@ fn blk_table(out: &mut String, devices: &[&DeviceStats]) {
         let mib = |bytes: u64| format!("{:.2}", bytes as f64 / (1u64 << 20) as f64);
         let _ = writeln!(
             out,
-            "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {}  {}{}",
+            "{:<8} {:<11} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {}  {}{}",
             d.id,
             d.status.as_str(),
             ms(d.cpu_ns),
             n(BlkRequestKind::Read),
             n(BlkRequestKind::Write),
             n(BlkRequestKind::Flush),
+            b.merged,
             mib(b.bytes_read),
             mib(b.bytes_written),
             b.errors.values().sum::<u64>(),
@@ -462,6 +464,7 @@ mod tests {
                 bytes_read: 1 << 20,
                 bytes_written: 0,
                 errors: BTreeMap::from([(BlkStatus::Ioerr, 15)]),
+                merged: 9,
             }),
             service: Some(BTreeMap::from([
                 (BlkRequestKind::Read, h(16, 5_000, 9_500)),
@@ -475,6 +478,13 @@ mod tests {
         assert!(
             lines[1].contains(" 16 ") && lines[1].contains(" 14 ") && lines[1].contains(" 15 "),
             "reads, writes, errors: {t}"
+        );
+        let merged = lines[0].split_whitespace().position(|c| c == "MERGED");
+        // The header's "CPU ms" is two words.
+        assert_eq!(
+            merged.map(|i| lines[1].split_whitespace().nth(i - 1)),
+            Some(Some("9")),
+            "merged under its header: {t}"
         );
         assert!(
             lines[1].ends_with("/var/lib/vm/root.ext4 (read-only)"),

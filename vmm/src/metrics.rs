@@ -161,6 +161,7 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_device_throttles_total", Counter, "Times a virtqueue stopped because its device's rate limiter had too few tokens for the next frame or request."),
         d("ppa_device_throttled_seconds_total", Counter, "Time a virtqueue waited for its rate limiter's tokens, a wait in progress included."),
         d("ppa_device_requests_total", Counter, "A disk's requests answered, by type (read, write, flush, get_id, discard, write_zeroes, unknown)."),
+        d("ppa_device_requests_merged_total", Counter, "A disk's reads and writes whose data went to the file in one call with the request before them."),
         d("ppa_device_request_bytes_total", Counter, "A disk's data moved, by direction: read (into the guest), written (from it)."),
         d("ppa_device_request_errors_total", Counter, "A disk's requests answered with a status other than OK, by status (ioerr, unsupp)."),
         d("ppa_device_request_service_seconds", Histogram, "A disk request's service time, from its chain taken to its answer given back, by type."),

@@ -299,6 +299,7 @@ mod blk_tests {
             bytes_read: 0,
             bytes_written: 0,
             errors: BTreeMap::new(),
+            merged: 0,
         });
         d
     }

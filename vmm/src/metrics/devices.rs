@@ -37,6 +37,11 @@ fn add_blk(f: &mut Families, dev: &[(&str, &str); 2], d: &DeviceStats) {
             *n,
         );
     }
+    f.add(
+        "ppa_device_requests_merged_total",
+        &[dev[0], dev[1]],
+        b.merged,
+    );
     for (dir, n) in [("read", b.bytes_read), ("written", b.bytes_written)] {
         f.add(
             "ppa_device_request_bytes_total",

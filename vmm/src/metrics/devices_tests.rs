@@ -173,6 +173,7 @@ pub(super) fn disk() -> DeviceStats {
         bytes_read: 0,
         bytes_written: 8192,
         errors: BTreeMap::from([(BlkStatus::Unsupp, 1)]),
+        merged: 1,
     });
     d.service = Some(BTreeMap::from([(
         BlkRequestKind::Write,
@@ -208,6 +209,10 @@ fn a_disk_has_its_requests_bytes_errors_and_service_times() {
     );
     assert_eq!(
         find("ppa_device_request_errors_total", &[("status", "unsupp")]),
+        1.0
+    );
+    assert_eq!(
+        find("ppa_device_requests_merged_total", &[("device", "blk0")]),
         1.0
     );
     assert_eq!(

@@ -100,6 +100,7 @@ mod sys {
     pub const tgkill: i64 = libc::SYS_tgkill;
     pub const ioctl: i64 = libc::SYS_ioctl;
     pub const pread64: i64 = libc::SYS_pread64;
+    pub const pwrite64: i64 = libc::SYS_pwrite64;
     pub const read: i64 = libc::SYS_read;
     pub const readv: i64 = libc::SYS_readv;
     pub const io_uring_enter: i64 = libc::SYS_io_uring_enter;
@@ -451,9 +452,19 @@ pub const DISK: &[Allow] = &[
         "a read request: the disk file straight into the guest's buffers"
     ),
     allow!(
+        pread64,
+        Args::Any,
+        "a read request whose data is one buffer, as `preadv` does for several"
+    ),
+    allow!(
         pwritev,
         Args::Any,
         "a write request: the guest's buffers straight into the disk file"
+    ),
+    allow!(
+        pwrite64,
+        Args::Any,
+        "a write request whose data is one buffer, as `pwritev` does for several"
     ),
     allow!(
         fdatasync,

@@ -240,29 +240,28 @@ impl DiskFile {
 impl Disk for DiskFile {
     unsafe fn read_at(&self, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
         let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let fd = self.file.as_raw_fd();
         // SAFETY: the caller's contract: each iovec is writable memory of its length; at most
-        // a queue's size of them (below IOV_MAX).
+        // IOV_MAX of them. One buffer goes as `pread` (the kernel then copies no iovec array).
         let r = unsafe {
-            libc::preadv(
-                self.file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                off,
-            )
+            match iov {
+                [one] => libc::pread(fd, one.iov_base, one.iov_len, off),
+                _ => libc::preadv(fd, iov.as_ptr(), iov.len() as libc::c_int, off),
+            }
         };
         usize::try_from(r).map_err(|_| io::Error::last_os_error())
     }
 
     unsafe fn write_at(&self, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
         let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: the caller's contract: each iovec is readable memory of its length.
+        let fd = self.file.as_raw_fd();
+        // SAFETY: the caller's contract: each iovec is readable memory of its length; at most
+        // IOV_MAX of them. One buffer goes as `pwrite`.
         let r = unsafe {
-            libc::pwritev(
-                self.file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                off,
-            )
+            match iov {
+                [one] => libc::pwrite(fd, one.iov_base, one.iov_len, off),
+                _ => libc::pwritev(fd, iov.as_ptr(), iov.len() as libc::c_int, off),
+            }
         };
         usize::try_from(r).map_err(|_| io::Error::last_os_error())
     }

@@ -23,6 +23,11 @@ pub struct MemDisk {
     pub fail: Cell<bool>,
     /// When set, each read or write moves at most this many bytes (short transfers).
     pub chunk: Cell<Option<usize>>,
+    /// Reads and writes asked (calls, not bytes: merged requests make one).
+    pub calls: Cell<u64>,
+    /// When set, a read or write that reaches into these bytes `[start, end)` fails with EIO
+    /// (a bad spot on the disk).
+    pub bad: Cell<Option<(u64, u64)>>,
 }
 
 impl MemDisk {
@@ -42,6 +47,19 @@ impl MemDisk {
         }
     }
 
+    /// A read or write of `iov` at `offset`: counted, and refused where it reaches a bad spot.
+    fn transfer(&self, iov: &[libc::iovec], offset: u64) -> io::Result<()> {
+        self.calls.set(self.calls.get() + 1);
+        self.check()?;
+        let len: u64 = iov.iter().map(|v| v.iov_len as u64).sum();
+        match self.bad.get() {
+            Some((s, e)) if offset < e && s < offset + len => {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn fill(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check()?;
         let mut b = self.bytes.borrow_mut();
@@ -57,7 +75,7 @@ impl MemDisk {
 
 impl Disk for MemDisk {
     unsafe fn read_at(&self, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
-        self.check()?;
+        self.transfer(iov, offset)?;
         let b = self.bytes.borrow();
         let mut at = offset as usize;
         let limit = self.chunk.get().unwrap_or(usize::MAX);
@@ -77,7 +95,7 @@ impl Disk for MemDisk {
     }
 
     unsafe fn write_at(&self, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
-        self.check()?;
+        self.transfer(iov, offset)?;
         let mut b = self.bytes.borrow_mut();
         let mut at = offset as usize;
         let limit = self.chunk.get().unwrap_or(usize::MAX);

@@ -45,6 +45,7 @@ use crate::hypervisor::IrqLine;
 pub mod file;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod memdisk;
+pub mod merge;
 pub mod queue;
 pub mod request;
 pub mod spec;

@@ -21,7 +21,8 @@ use ppa_vmm_api::{BlkRequestKind, BlkStatus, HistogramJson};
 use std::sync::Arc;
 
 use super::file::Disk;
-use super::request::{serve, Done, Limits, Why};
+use super::merge::Batch;
+use super::request::{data_of, serve, Done, Limits, Why};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot, DEFAULT_FRAC_BITS};
 use crate::devices::rate::SharedLimiter;
 use crate::devices::virtio::chain::{ChainError, Direction, Segments};
@@ -45,6 +46,7 @@ pub struct BlkCounters {
     errors: [Counter; BlkStatus::COUNT],
     read: Counter,
     written: Counter,
+    merged: Counter,
     service: [Histogram; KINDS],
 }
 
@@ -55,6 +57,7 @@ impl Default for BlkCounters {
             errors: Default::default(),
             read: Counter::default(),
             written: Counter::default(),
+            merged: Counter::default(),
             service: std::array::from_fn(|_| {
                 Histogram::new(DEFAULT_FRAC_BITS).expect("the default fraction bits are valid")
             }),
@@ -73,6 +76,8 @@ pub struct BlkCounts {
     pub read: u64,
     /// Bytes written from the guest.
     pub written: u64,
+    /// Reads and writes whose data went in the call of the request before them.
+    pub merged: u64,
     /// Service times by [`BlkRequestKind::index`].
     pub service: Vec<HistogramSnapshot>,
 }
@@ -85,6 +90,7 @@ impl BlkCounts {
             errors: [0; BlkStatus::COUNT],
             read: 0,
             written: 0,
+            merged: 0,
             service: (0..KINDS)
                 .map(|_| HistogramSnapshot::empty(DEFAULT_FRAC_BITS))
                 .collect(),
@@ -101,6 +107,7 @@ impl BlkCounts {
         }
         self.read += o.read;
         self.written += o.written;
+        self.merged += o.merged;
         for (a, b) in self.service.iter_mut().zip(&o.service) {
             a.merge(b);
         }
@@ -113,6 +120,7 @@ impl BlkCounts {
             errors: std::array::from_fn(|i| self.errors[i].saturating_sub(base.errors[i])),
             read: self.read.saturating_sub(base.read),
             written: self.written.saturating_sub(base.written),
+            merged: self.merged.saturating_sub(base.merged),
             service: self
                 .service
                 .iter()
@@ -159,6 +167,7 @@ impl BlkCounters {
             errors: std::array::from_fn(|i| self.errors[i].get()),
             read: self.read.get(),
             written: self.written.get(),
+            merged: self.merged.get(),
             service: self.service.iter().map(Histogram::snapshot).collect(),
         }
     }
@@ -175,6 +184,7 @@ pub struct ReqQueue {
     pub rate: Option<Arc<SharedLimiter>>,
     segs: Segments,
     iov: Vec<libc::iovec>,
+    batch: Batch,
 }
 
 impl ReqQueue {
@@ -187,6 +197,7 @@ impl ReqQueue {
             rate: None,
             segs: Segments::with_capacity(n),
             iov: Vec::with_capacity(n),
+            batch: Batch::default(),
         }
     }
 }
@@ -236,7 +247,8 @@ impl Outcome {
 
 /// Answers what the guest made available in `rq`, up to [`REQ_BUDGET`] requests, on `disk`;
 /// counts into `q` (chains, requests, bytes) and `b` (types, errors, service times). `go_on`
-/// is asked before each request (false: a reset came, leave the rest).
+/// is asked before each request (false: a reset came, leave the rest). Reads or writes that
+/// follow each other in the file are merged ([`super::merge`]).
 pub fn req_pass<D: Disk>(
     rq: &mut ReqQueue,
     mem: &GuestMemoryMmap,
@@ -250,12 +262,41 @@ pub fn req_pass<D: Disk>(
         o.fault = Some(f);
         return o;
     }
+    let t = Tally { q, b };
+    take(rq, mem, disk, t, &go_on, &mut o);
+    if o.abandoned {
+        // A reset takes the queue back: the batch's requests are left unanswered, as the
+        // chains the pass did not take are (their buffers are the driver's again).
+        rq.batch.clear();
+        return o;
+    }
+    // What waits in the batch was taken before anything that ended the pass.
+    if let Err(f) = run_batch(rq, mem, disk, t, &mut o) {
+        o.fault.get_or_insert(f);
+    }
+    if o.fault.is_none() {
+        o.irq = end_pass(&mut rq.dq);
+    }
+    o
+}
+
+/// The pass's loop: takes chains until none is left, the budget is spent, the rate limiter
+/// stops it, the epoch ends or a chain is malformed (said in `o`). Reads and writes that
+/// continue the batch join it; anything else runs the batch first and is then served alone.
+fn take<D: Disk>(
+    rq: &mut ReqQueue,
+    mem: &GuestMemoryMmap,
+    disk: &D,
+    t: Tally<'_>,
+    go_on: &impl Fn() -> bool,
+    o: &mut Outcome,
+) {
     loop {
         if !go_on() {
             o.abandoned = true;
-            return o;
+            return;
         }
-        if o.handled >= REQ_BUDGET {
+        if o.handled + rq.batch.len() as u64 >= REQ_BUDGET {
             // Chains may be left: if so, say so; if not, `pop` turned notifications on.
             match rq.dq.pop(mem) {
                 Ok(Some(_)) => {
@@ -263,53 +304,115 @@ pub fn req_pass<D: Disk>(
                     o.more = true;
                 }
                 Ok(None) => {}
-                Err(f) => {
-                    o.fault = Some(f);
-                    return o;
-                }
+                Err(f) => o.fault = Some(f),
             }
-            break;
+            return;
         }
         let chain = match rq.dq.pop(mem) {
             Ok(Some(c)) => c,
-            Ok(None) => break,
+            Ok(None) => return,
             Err(f) => {
                 o.fault = Some(f);
-                return o;
+                return;
             }
         };
         let t0 = now_ns();
         if let Err(e) = rq.segs.load(chain, mem, Direction::ReadThenWrite, 1) {
-            q.chains.add(1);
+            t.q.chains.add(1);
             o.fault = Some(QueueFault::Chain(e));
-            return o;
+            return;
         }
         if let Some(r) = rq.rate.as_deref().filter(|r| r.limits()) {
             if let Err(wait) = r.try_take(rq.segs.total().saturating_sub(REQ_OVERHEAD)) {
                 rq.dq.unpop(1);
                 o.throttled = Some(wait);
-                break;
+                return;
             }
         }
-        q.chains.add(1);
+        t.q.chains.add(1);
+        let buffers = rq.segs.list().len();
+        if let Some(d) = data_of(&rq.segs, mem, &rq.limits).filter(|_| Batch::fits(buffers)) {
+            if !rq.batch.is_empty() && !rq.batch.takes(&d, buffers) {
+                if let Err(f) = run_batch(rq, mem, disk, t, o) {
+                    o.fault = Some(f);
+                    return;
+                }
+            }
+            if rq.batch.push(&rq.segs, d, t0) {
+                continue;
+            }
+        }
+        if let Err(f) = run_batch(rq, mem, disk, t, o) {
+            o.fault = Some(f);
+            return;
+        }
         let Ok(done) = serve(&rq.segs, mem, disk, &rq.limits, &mut rq.iov) else {
             // No writable byte: nowhere to put a status.
             o.fault = Some(QueueFault::Chain(ChainError::WrongDirection));
-            return o;
+            return;
         };
         rq.iov.clear();
-        if let Err(f) = rq.dq.add_used(rq.segs.head(), done.used) {
+        if let Err(f) = t.answered(
+            &mut rq.dq,
+            o,
+            rq.segs.head(),
+            &done,
+            now_ns().saturating_sub(t0),
+        ) {
             o.fault = Some(f);
-            return o;
+            return;
         }
-        q.packets.add(1);
-        q.bytes.add(done.read + done.written);
+    }
+}
+
+/// Moves the batch's data and answers its requests, each timed from its chain's taking.
+fn run_batch<D: Disk>(
+    rq: &mut ReqQueue,
+    mem: &GuestMemoryMmap,
+    disk: &D,
+    t: Tally<'_>,
+    o: &mut Outcome,
+) -> Result<(), QueueFault> {
+    let writeback = rq.limits.writeback;
+    let dq = &mut rq.dq;
+    let mut now = None;
+    // SAFETY: every request in the batch was pushed in this pass from a chain loaded against
+    // `mem`, which the caller holds for the whole pass.
+    let merged = unsafe {
+        rq.batch.run(disk, mem, writeback, |p, done| {
+            let at = *now.get_or_insert_with(now_ns);
+            t.answered(dq, o, p.head, done, at.saturating_sub(p.t0))
+        })
+    }?;
+    t.b.merged.add(merged);
+    Ok(())
+}
+
+/// Where a pass counts its answers.
+#[derive(Clone, Copy)]
+struct Tally<'a> {
+    q: &'a QueueCounters,
+    b: &'a BlkCounters,
+}
+
+impl Tally<'_> {
+    /// Gives back the chain `head`, answered `done` in `ns`, and counts it.
+    fn answered(
+        self,
+        dq: &mut DeviceQueue,
+        o: &mut Outcome,
+        head: u16,
+        done: &Done,
+        ns: u64,
+    ) -> Result<(), QueueFault> {
+        dq.add_used(head, done.used)?;
+        self.q.packets.add(1);
+        self.q.bytes.add(done.read + done.written);
         if let Some((_, why)) = done.error {
             o.whys |= 1 << why.index();
         }
-        b.record(&done, now_ns().saturating_sub(t0));
+        self.b.record(done, ns);
         o.handled += 1;
+        Ok(())
     }
-    o.irq = end_pass(&mut rq.dq);
-    o
 }

@@ -154,6 +154,163 @@ fn shape(segs: &Segments) -> (u64, u64) {
     (sum(r), sum(w))
 }
 
+/// A request's header and layout, read from its loaded chain.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    /// The header's type (`Unknown` when the header could not be read).
+    kind: BlkRequestKind,
+    /// The header is all there (16 readable bytes, read).
+    whole: bool,
+    readable: u64,
+    writable: u64,
+    sector: u64,
+}
+
+impl Head {
+    /// Reads the header of the chain in `segs`; `Refused` when it has no writable byte.
+    fn read(segs: &Segments, mem: &GuestMemoryMmap) -> Result<Head, Refused> {
+        let (readable, writable) = shape(segs);
+        if writable == 0 {
+            return Err(Refused);
+        }
+        let mut header = [0u8; HEADER as usize];
+        let whole = readable >= HEADER && segs.read_into(mem, &mut header) == header.len();
+        let ty = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let mut sector = [0u8; 8];
+        sector.copy_from_slice(&header[8..16]);
+        Ok(Head {
+            kind: if whole {
+                kind_of(ty)
+            } else {
+                BlkRequestKind::Unknown
+            },
+            whole,
+            readable,
+            writable,
+            sector: u64::from_le_bytes(sector),
+        })
+    }
+
+    /// The data of a read or write of `len` bytes at the header's sector: a whole number of
+    /// sectors inside the disk. Returns the byte offset.
+    fn span(&self, len: u64, limits: &Limits) -> Result<u64, (BlkStatus, Why)> {
+        if len % SECTOR != 0 {
+            return Err((IOERR, Why::Unaligned));
+        }
+        match self.sector.checked_add(len / SECTOR) {
+            Some(end) if end <= limits.sectors => Ok(self.sector * SECTOR),
+            _ => Err((IOERR, Why::PastEnd)),
+        }
+    }
+
+    /// The file range of a read or write that passes every check, or the error it is
+    /// answered with. Only for those two types.
+    fn data(&self, limits: &Limits) -> Result<Data, (BlkStatus, Why)> {
+        let len = if self.kind == BlkRequestKind::Write {
+            if limits.readonly {
+                return Err((IOERR, Why::ReadOnly));
+            }
+            // The readable part is the header then data; the writable part only the status.
+            if self.writable != 1 {
+                return Err((IOERR, Why::Layout));
+            }
+            self.readable - HEADER
+        } else {
+            // Nothing readable after the header; the writable part is data, then the status.
+            if self.readable != HEADER {
+                return Err((IOERR, Why::Layout));
+            }
+            self.writable - 1
+        };
+        Ok(Data {
+            write: self.kind == BlkRequestKind::Write,
+            offset: self.span(len, limits)?,
+            len,
+        })
+    }
+}
+
+/// A read or write that passed every check: the file range it moves. Its data is the
+/// chain's bytes from [`HEADER`] on, `len` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Data {
+    /// A write (else a read).
+    pub write: bool,
+    /// The file offset.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+impl Data {
+    /// The request's type.
+    pub fn kind(&self) -> BlkRequestKind {
+        if self.write {
+            BlkRequestKind::Write
+        } else {
+            BlkRequestKind::Read
+        }
+    }
+
+    /// What the request did once its data moved: the used length (a read's data and its
+    /// status byte, a write's status byte), bytes read, bytes written.
+    fn moved(&self) -> (u32, u64, u64) {
+        if self.write {
+            (1, 0, self.len)
+        } else {
+            (u32::try_from(self.len + 1).unwrap_or(u32::MAX), self.len, 0)
+        }
+    }
+
+    /// The request's answer, given how its data went to or from the file (and, for a write
+    /// to a disk without FLUSH, to the disk).
+    pub fn answer(&self, moved: io::Result<()>) -> Answer {
+        moved.map(|()| self.moved()).map_err(|_| (IOERR, Why::Io))
+    }
+}
+
+/// The read or write in `segs` (a chain loaded device-readable first) when it passes every
+/// check and so only its data is left to move; None for any other request, which
+/// [`serve`] answers whole.
+pub fn data_of(segs: &Segments, mem: &GuestMemoryMmap, limits: &Limits) -> Option<Data> {
+    let h = Head::read(segs, mem).ok()?;
+    matches!(h.kind, BlkRequestKind::Read | BlkRequestKind::Write)
+        .then(|| h.data(limits).ok())
+        .flatten()
+}
+
+/// Moves the data of the request whose buffers are `iov` (advanced as the data moves) at
+/// `offset`: a read from the file, or a write to it, made durable when the disk is
+/// write-through (`writeback` false).
+///
+/// # Safety
+///
+/// Each iovec is guest memory, mapped for the whole call, that the request's chain hands
+/// the device: writable for a read, readable for a write.
+pub unsafe fn move_data<D: Disk>(
+    disk: &D,
+    write: bool,
+    iov: &mut [libc::iovec],
+    offset: u64,
+    writeback: bool,
+) -> io::Result<()> {
+    transfer(iov, offset, |iov, at| {
+        // SAFETY: the caller's contract: the iovecs are the chain's buffers, mapped and
+        // pointing the right way for the call.
+        unsafe {
+            if write {
+                disk.write_at(iov, at)
+            } else {
+                disk.read_at(iov, at)
+            }
+        }
+    })?;
+    if write && !writeback {
+        disk.sync()?;
+    }
+    Ok(())
+}
+
 /// One checked request in progress.
 struct Req<'a, D: Disk> {
     segs: &'a Segments,
@@ -161,12 +318,11 @@ struct Req<'a, D: Disk> {
     disk: &'a D,
     limits: &'a Limits,
     iov: &'a mut Vec<libc::iovec>,
-    readable: u64,
-    writable: u64,
-    sector: u64,
+    head: Head,
 }
 
-type Answer = Result<(u32, u64, u64), (BlkStatus, Why)>;
+/// What a request did: (used length, bytes read, bytes written), or its error status.
+pub type Answer = Result<(u32, u64, u64), (BlkStatus, Why)>;
 
 const IOERR: BlkStatus = BlkStatus::Ioerr;
 
@@ -179,39 +335,35 @@ pub fn serve<D: Disk>(
     limits: &Limits,
     iov: &mut Vec<libc::iovec>,
 ) -> Result<Done, Refused> {
-    let (readable, writable) = shape(segs);
-    if writable == 0 {
-        return Err(Refused);
-    }
-    let mut header = [0u8; HEADER as usize];
-    let (kind, answer) = if readable < HEADER || segs.read_into(mem, &mut header) < header.len() {
-        (BlkRequestKind::Unknown, Err((IOERR, Why::Header)))
-    } else {
-        let ty = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-        let mut sector = [0u8; 8];
-        sector.copy_from_slice(&header[8..16]);
+    let head = Head::read(segs, mem)?;
+    let kind = head.kind;
+    let answer = if head.whole {
         let mut r = Req {
             segs,
             mem,
             disk,
             limits,
             iov,
-            readable,
-            writable,
-            sector: u64::from_le_bytes(sector),
+            head,
         };
-        let kind = kind_of(ty);
-        let answer = match kind {
-            BlkRequestKind::Read => r.read(),
-            BlkRequestKind::Write => r.write(),
+        match kind {
+            BlkRequestKind::Read | BlkRequestKind::Write => r.data(),
             BlkRequestKind::Flush => r.flush(),
             BlkRequestKind::GetId => r.get_id(),
             BlkRequestKind::Discard | BlkRequestKind::WriteZeroes => r.ranges(kind),
             BlkRequestKind::Unknown => Err((BlkStatus::Unsupp, Why::Unsupported)),
-        };
-        (kind, answer)
+        }
+    } else {
+        Err((IOERR, Why::Header))
     };
-    let (status, done) = match answer {
+    let (status, done) = finish(kind, answer);
+    segs.write_at(mem, head.readable + head.writable - 1, &[status]);
+    Ok(done)
+}
+
+/// The status byte a request of `kind` answered `answer` gets, and its [`Done`].
+pub fn finish(kind: BlkRequestKind, answer: Answer) -> (u8, Done) {
+    match answer {
         Ok((used, read, written)) => (
             VIRTIO_BLK_S_OK as u8,
             Done {
@@ -235,64 +387,28 @@ pub fn serve<D: Disk>(
                 written: 0,
             },
         ),
-    };
-    segs.write_at(mem, readable + writable - 1, &[status]);
-    Ok(done)
+    }
 }
 
 impl<D: Disk> Req<'_, D> {
-    /// The data of a read or write of `len` bytes at the header's sector: a whole number of
-    /// sectors inside the disk. Returns the byte offset.
-    fn span(&self, len: u64) -> Result<u64, (BlkStatus, Why)> {
-        if len % SECTOR != 0 {
-            return Err((IOERR, Why::Unaligned));
-        }
-        match self.sector.checked_add(len / SECTOR) {
-            Some(end) if end <= self.limits.sectors => Ok(self.sector * SECTOR),
-            _ => Err((IOERR, Why::PastEnd)),
-        }
+    /// A read or a write: its checks, then its data moved.
+    fn data(&mut self) -> Answer {
+        let d = self.head.data(self.limits)?;
+        self.segs.iovecs(HEADER, d.len, self.iov);
+        // SAFETY: the iovecs point into guest RAM that `mem` keeps mapped for the whole
+        // call: the chain's writable buffers for a read, its readable ones for a write.
+        let moved = unsafe {
+            move_data(
+                self.disk,
+                d.write,
+                self.iov,
+                d.offset,
+                self.limits.writeback,
+            )
+        };
+        d.answer(moved)
     }
 
-    fn read(&mut self) -> Answer {
-        // Nothing readable after the header; the writable part is data, then the status.
-        if self.readable != HEADER {
-            return Err((IOERR, Why::Layout));
-        }
-        let len = self.writable - 1;
-        let off = self.span(len)?;
-        self.segs.iovecs(self.mem, HEADER, len, self.iov);
-        let d = self.disk;
-        transfer(self.iov, off, |iov, at| {
-            // SAFETY: the iovecs point into guest RAM that `mem` keeps mapped for the whole
-            // call: the chain's writable buffers, the guest's to hand us.
-            unsafe { d.read_at(iov, at) }
-        })
-        .map_err(|_| (IOERR, Why::Io))?;
-        Ok((u32::try_from(len + 1).unwrap_or(u32::MAX), len, 0))
-    }
-
-    fn write(&mut self) -> Answer {
-        if self.limits.readonly {
-            return Err((IOERR, Why::ReadOnly));
-        }
-        // The readable part is the header then data; the writable part only the status.
-        if self.writable != 1 {
-            return Err((IOERR, Why::Layout));
-        }
-        let len = self.readable - HEADER;
-        let off = self.span(len)?;
-        self.segs.iovecs(self.mem, HEADER, len, self.iov);
-        let d = self.disk;
-        transfer(self.iov, off, |iov, at| {
-            // SAFETY: the iovecs point into guest RAM that `mem` keeps mapped for the call.
-            unsafe { d.write_at(iov, at) }
-        })
-        .map_err(|_| (IOERR, Why::Io))?;
-        self.durable()?;
-        Ok((1, 0, len))
-    }
-
-    /// Without FLUSH negotiated, a write is durable before it completes.
     fn durable(&self) -> Result<(), (BlkStatus, Why)> {
         if self.limits.writeback {
             return Ok(());
@@ -306,10 +422,10 @@ impl<D: Disk> Req<'_, D> {
     }
 
     fn get_id(&mut self) -> Answer {
-        if self.readable != HEADER {
+        if self.head.readable != HEADER {
             return Err((IOERR, Why::Layout));
         }
-        let n = (self.writable - 1).min(ID_BYTES as u64) as usize;
+        let n = (self.head.writable - 1).min(ID_BYTES as u64) as usize;
         self.segs.write_at(self.mem, HEADER, &self.limits.id[..n]);
         Ok((n as u32 + 1, 0, 0))
     }
@@ -328,8 +444,8 @@ impl<D: Disk> Req<'_, D> {
         if !offered {
             return Err((BlkStatus::Unsupp, Why::Unsupported));
         }
-        let data = self.readable - HEADER;
-        if self.writable != 1 || data == 0 || data % RANGE != 0 {
+        let data = self.head.readable - HEADER;
+        if self.head.writable != 1 || data == 0 || data % RANGE != 0 {
             return Err((IOERR, Why::Layout));
         }
         let n = data / RANGE;

@@ -60,6 +60,7 @@ pub fn with_counts(cur: &mut DeviceStats, c: &BlkCounts) {
             .collect();
         b.bytes_read = c.read;
         b.bytes_written = c.written;
+        b.merged = c.merged;
     }
     cur.service = Some(c.service_json());
 }
@@ -120,6 +121,7 @@ impl BlkDevice {
                 bytes_read: 0,
                 bytes_written: 0,
                 errors: BTreeMap::new(),
+                merged: 0,
             }),
             service: None,
         };

@@ -216,7 +216,7 @@ fn the_configuration_space_is_virtio_blk_config() {
     );
 }
 
-fn pass(
+pub(crate) fn pass(
     rig: &mut Rig,
     rq: &mut ReqQueue,
     disk: &MemDisk,
@@ -225,7 +225,7 @@ fn pass(
     req_pass(rq, &rig.mem, disk, &c.0, &c.1, || true)
 }
 
-fn req_queue(rig: &Rig, l: Limits) -> ReqQueue {
+pub(crate) fn req_queue(rig: &Rig, l: Limits) -> ReqQueue {
     // The pass takes the rig's queue; the rig keeps the driver's side.
     let q = queue(rig.ring.size(), rig.ring.addrs(), rig.dq.event_idx());
     ReqQueue::new(DeviceQueue::new(q, &rig.mem).unwrap(), l)

@@ -201,36 +201,43 @@ impl Segments {
     /// Replaces `out` with `iovec`s over the chain's bytes `[skip, skip + len)` (as many as
     /// there are), in order; returns how many bytes they cover. At most one entry per buffer:
     /// `out`, made with the queue's size as capacity, never grows. The entries point into
-    /// `mem`'s mappings, valid while `mem` lives (the caller's I/O must end before it goes).
-    pub fn iovecs(
-        &self,
-        mem: &GuestMemoryMmap,
-        skip: u64,
-        len: u64,
-        out: &mut Vec<libc::iovec>,
-    ) -> u64 {
+    /// the guest memory's mappings the chain was loaded against, valid while that memory
+    /// lives (the caller's I/O must end before it goes).
+    pub fn iovecs(&self, skip: u64, len: u64, out: &mut Vec<libc::iovec>) -> u64 {
         out.clear();
+        self.append_iovecs(skip, len, out)
+    }
+
+    /// As [`Segments::iovecs`], after what `out` already holds: at most one entry per buffer
+    /// is added. The addresses are the ones found when the chain was loaded (no lookup).
+    pub fn append_iovecs(&self, skip: u64, len: u64, out: &mut Vec<libc::iovec>) -> u64 {
         let (mut skip, mut left) = (skip, len);
-        for s in self.slices(mem) {
+        for s in &self.list {
             if left == 0 {
                 break;
             }
-            let n = s.len() as u64;
+            let n = u64::from(s.len);
             if skip >= n {
                 skip -= n;
                 continue;
             }
             let take = (n - skip).min(left);
-            if let Ok(sub) = s.subslice(skip as usize, take as usize) {
-                out.push(libc::iovec {
-                    iov_base: sub.ptr_guard().as_ptr().cast_mut().cast(),
-                    iov_len: sub.len(),
-                });
-                left -= take;
-            }
+            out.push(libc::iovec {
+                // Inside the buffer: skip < n, and the buffer lies wholly in one mapping.
+                iov_base: s.host.wrapping_add(skip as usize) as *mut libc::c_void,
+                iov_len: take as usize,
+            });
+            left -= take;
             skip = 0;
         }
         len - left
+    }
+
+    /// The guest address of the chain's last byte (a block request's status byte).
+    pub fn last_byte(&self) -> Option<GuestAddress> {
+        self.list
+            .last()
+            .map(|s| GuestAddress(s.addr + u64::from(s.len) - 1))
     }
 
     /// Copies up to `bytes.len()` bytes into the buffers in order, skipping the first `skip`

@@ -219,19 +219,24 @@ fn iovecs_cover_a_byte_range_across_buffers_and_never_grow() {
     s.load(chain, &m, Direction::ReadThenWrite, 17).unwrap();
     let mut iov = Vec::with_capacity(16);
     // The write buffers' data: from byte 16, 100 bytes, not the status byte after them.
-    assert_eq!(s.iovecs(&m, 16, 100, &mut iov), 100);
+    assert_eq!(s.iovecs(16, 100, &mut iov), 100);
     assert_eq!(iov.len(), 1);
     let base = m.get_host_address(GuestAddress(0x2000)).unwrap();
     assert_eq!((iov[0].iov_base as *mut u8, iov[0].iov_len), (base, 100));
     // A range across two buffers, starting inside the first.
-    assert_eq!(s.iovecs(&m, 10, 10, &mut iov), 10);
+    assert_eq!(s.iovecs(10, 10, &mut iov), 10);
     assert_eq!(
         iov.iter().map(|v| v.iov_len).collect::<Vec<_>>(),
         vec![6, 4]
     );
     // Past the end: only what is there.
-    assert_eq!(s.iovecs(&m, 110, 50, &mut iov), 7);
-    assert_eq!(s.iovecs(&m, 500, 5, &mut iov), 0);
+    assert_eq!(s.iovecs(110, 50, &mut iov), 7);
+    assert_eq!(s.iovecs(500, 5, &mut iov), 0);
     assert!(iov.is_empty());
     assert_eq!(iov.capacity(), 16, "no allocation");
+    // Appending keeps what is there; the chain's last byte is the status.
+    s.iovecs(16, 100, &mut iov);
+    assert_eq!(s.append_iovecs(0, 16, &mut iov), 16);
+    assert_eq!(iov.len(), 2);
+    assert_eq!(s.last_byte(), Some(GuestAddress(0x3000)));
 }
