@@ -146,6 +146,26 @@ fn written_blocks_land_at_their_offsets_read_back_whole_and_every_request_is_cou
     let (code, r, err) = run(&["--disk", &disk, "--workload", "blk-verify:blocks=512"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(guest(&r, "blk_mismatches"), 1);
+
+    // Two sectors of block 9 swapped: both checks see it; `check=sectors` (what `bench disk`
+    // runs) does not look inside a sector, so block 7's changed byte is the full check's only.
+    let (a, b) = (9 * 4096 + 512, 9 * 4096 + 1024);
+    let (first, second) = (bytes[a..a + 512].to_vec(), bytes[b..b + 512].to_vec());
+    bytes[a..a + 512].copy_from_slice(&second);
+    bytes[b..b + 512].copy_from_slice(&first);
+    std::fs::write(&path, &bytes).unwrap();
+    // With one request in flight nothing can merge; with 32 a read may join the one before.
+    for (check, depth, mismatches) in [("all", 32, 2), ("sectors", 1, 1)] {
+        let w = format!("blk-verify:blocks=512,depth={depth},check={check}");
+        let (code, r, err) = run(&["--disk", &disk, "--workload", &w]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(guest(&r, "blk_mismatches"), mismatches, "check={check}");
+        let merged = n(&r["devices"][0]["blk"]["merged"]);
+        assert!(merged < 512, "{merged} merged of 512");
+        if depth == 1 {
+            assert_eq!(merged, 0, "one in flight");
+        }
+    }
 }
 
 #[test]
@@ -175,6 +195,11 @@ fn a_read_only_disk_refuses_writes_with_ioerr_and_the_vm_goes_on() {
     assert_eq!(n(&dev["blk"]["errors"]["ioerr"]), 64);
     assert_eq!((requests(dev, "write"), requests(dev, "flush")), (64, 1));
     assert_eq!(n(&dev["blk"]["bytes_written"]), 0);
+    assert_eq!(
+        n(&dev["blk"]["merged"]),
+        0,
+        "a write refused by its checks never merges"
+    );
     assert_eq!(dev["blk"]["readonly"], true);
     assert_eq!(dev["status"], "ok", "an error status, not a stopped device");
     assert!(err.contains("read-only disk"), "logged: {err}");

@@ -31,8 +31,9 @@ pub const BOOT_INFO_MAGIC: u32 = u32::from_le_bytes(*b"PPAB");
 /// workloads ([`workload::NET_TX`], [`workload::NET_RX`], [`workload::NET_ECHO`]), the
 /// network device's window and RAM in [`BootInfo`] and their report keys; minor 4 the disk
 /// workloads ([`workload::BLK_WRITE`], [`workload::BLK_VERIFY`]), the disk's window and RAM
-/// and their report keys.
-pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 4;
+/// and their report keys; minor 5 `blk-verify`'s third parameter (the stride of its
+/// comparison; 0, what a 1.4 writer leaves there, compares every word as before).
+pub const BOOT_INFO_VERSION: u32 = (1 << 16) | 5;
 /// Size of one boot-info record in guest memory.
 pub const BOOT_INFO_SIZE: usize = 256;
 
@@ -201,8 +202,10 @@ pub mod workload {
     /// [`crate::report::BLK_BLOCKS`], [`crate::report::BLK_ERRORS`],
     /// [`crate::report::BLK_STATUS`] and [`crate::report::BLK_NS`].
     pub const BLK_WRITE: u32 = 11;
-    /// `blk-verify`: params = [blocks, depth]: reads the same blocks back and compares each
-    /// with its pattern; reports what `blk-write` does and [`crate::report::BLK_MISMATCHES`].
+    /// `blk-verify`: params = [blocks, depth, stride]: reads the same blocks back and
+    /// compares each with its pattern, every `stride`-th 8-byte word (0 or 1: every word; 64:
+    /// the first word of each 512-byte sector); reports what `blk-write` does and
+    /// [`crate::report::BLK_MISMATCHES`].
     pub const BLK_VERIFY: u32 = 12;
 
     /// [`crate::WorkloadDesc::flags`] bit: do not publish to the PPA page.

@@ -166,11 +166,14 @@ impl Disk {
         }
     }
 
-    /// Whether `slot`'s buffer holds block `block`'s pattern.
-    fn holds(&self, slot: u64, block: u64) -> bool {
+    /// Whether `slot`'s buffer holds block `block`'s pattern, in every `stride`-th word
+    /// (1: every word; 64: the first word of each sector).
+    fn holds(&self, slot: u64, block: u64, stride: u64) -> bool {
         let b = self.data(slot);
         // SAFETY: as in `fill`; the device wrote the buffer and gave it back.
-        (0..WORDS).all(|w| unsafe { get::<u64>(b + 8 * w) } == blk_pattern(block, w))
+        (0..WORDS)
+            .step_by(stride.clamp(1, WORDS) as usize)
+            .all(|w| unsafe { get::<u64>(b + 8 * w) } == blk_pattern(block, w))
     }
 }
 
@@ -179,8 +182,10 @@ fn deadline(clk: Clock, ms: u64) -> u64 {
     rdtsc().saturating_add(clk.cycles(ms, 1_000_000))
 }
 
-/// Writes (`write`) or reads and checks blocks `0..blocks`, `depth` requests in flight.
-fn run(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, write: bool) -> BlkCounts {
+/// Writes (`check` None) or reads and checks blocks `0..blocks` (every `check`-th word),
+/// `depth` requests in flight.
+fn run(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, check: Option<u64>) -> BlkCounts {
+    let write = check.is_none();
     let depth = depth.clamp(1, MAX_DEPTH);
     disk.free = if depth == 64 {
         u64::MAX
@@ -215,8 +220,10 @@ fn run(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, write: bool) -> Blk
                 continue;
             }
             c.blocks += 1;
-            if !write && !disk.holds(slot, disk.block[slot as usize]) {
-                c.mismatches += 1;
+            if let Some(stride) = check {
+                if !disk.holds(slot, disk.block[slot as usize], stride) {
+                    c.mismatches += 1;
+                }
             }
         }
     }
@@ -244,7 +251,7 @@ fn flush(disk: &mut Disk, clk: Clock) -> bool {
 /// `blk-write`: blocks `0..blocks` with their patterns, then a FLUSH, then `hold_ms` of
 /// spinning (the counts' time ends before it).
 pub fn write(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, hold_ms: u64) -> BlkCounts {
-    let c = run(disk, clk, blocks, depth, true);
+    let c = run(disk, clk, blocks, depth, None);
     let end = deadline(clk, hold_ms);
     while rdtsc() < end {
         core::hint::spin_loop();
@@ -252,7 +259,8 @@ pub fn write(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, hold_ms: u64)
     c
 }
 
-/// `blk-verify`: blocks `0..blocks` read back and compared with their patterns.
-pub fn verify(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64) -> BlkCounts {
-    run(disk, clk, blocks, depth, false)
+/// `blk-verify`: blocks `0..blocks` read back and compared with their patterns, every
+/// `stride`-th word of each (0 or 1: every word).
+pub fn verify(disk: &mut Disk, clk: Clock, blocks: u64, depth: u64, stride: u64) -> BlkCounts {
+    run(disk, clk, blocks, depth, Some(stride))
 }

@@ -367,7 +367,7 @@ fn disk_workload(ctx: &mut Ctx, kind: u32, params: [u64; 4]) {
     let c = if kind == workload::BLK_WRITE {
         blk::write(&mut disk, ctx.clk, params[0], params[1], params[2])
     } else {
-        blk::verify(&mut disk, ctx.clk, params[0], params[1])
+        blk::verify(&mut disk, ctx.clk, params[0], params[1], params[2])
     };
     ctx.st.iterations = c.blocks;
     for (key, value) in [

@@ -41,7 +41,7 @@ fn version_and_ids() {
         ppa_guest_abi::BOOT_INFO_VERSION & 0xffff
     );
     assert_eq!(
-        v.guest_abi, "1.4",
+        v.guest_abi, "1.5",
         "docs/control.md and docs/abi.md quote this version"
     );
 }

@@ -280,13 +280,15 @@ fn disk_workloads_parse_with_defaults_and_round_trip() {
         one("blk-verify:blocks=8,depth=1"),
         Workload::BlkVerify {
             blocks: 8,
-            depth: 1
+            depth: 1,
+            check: BlkCheck::All,
         }
     );
     for w in [
         "blk-write:blocks=3,depth=64",
         "blk-write:blocks=3,depth=1,hold_ms=5",
         "blk-verify:blocks=0,depth=2",
+        "blk-verify:blocks=5,depth=2,check=sectors",
     ] {
         assert_eq!(one(w).to_string(), w);
         assert!(one(w).uses_blk() && !one(w).uses_net());
@@ -296,11 +298,14 @@ fn disk_workloads_parse_with_defaults_and_round_trip() {
         "blk-write:depth=0",
         "blk-write:depth=65",
         "blk-verify:size=4",
+        "blk-verify:check=some",
     ] {
         assert!(bad.parse::<Spec>().is_err(), "{bad}");
     }
     let d = one("blk-write:blocks=9,depth=4,hold_ms=3").to_desc();
     assert_eq!((d.kind, d.params), (abi::BLK_WRITE, [9, 4, 3, 0]));
     let d = one("blk-verify:blocks=9,depth=4").to_desc();
-    assert_eq!((d.kind, d.params), (abi::BLK_VERIFY, [9, 4, 0, 0]));
+    assert_eq!((d.kind, d.params), (abi::BLK_VERIFY, [9, 4, 1, 0]));
+    let d = one("blk-verify:blocks=9,check=sectors").to_desc();
+    assert_eq!((d.kind, d.params), (abi::BLK_VERIFY, [9, 32, 64, 0]));
 }
