@@ -168,6 +168,44 @@ fn written_blocks_land_at_their_offsets_read_back_whole_and_every_request_is_cou
     }
 }
 
+/// `poll_us=`: the same requests answered with the same data, the polling's CPU a part of
+/// its own (`cpu.poll`) and the parts adding up to the thread's CPU; without it, no polling.
+#[test]
+fn a_polling_disk_answers_the_same_and_accounts_its_polling_apart() {
+    let _g = common::serial();
+    let dir = temp_dir("blk-poll");
+    let path = disk_file(dir.as_path(), "disk.img", 4);
+    for poll in [0, 200] {
+        let disk = format!("path={path},poll_us={poll}");
+        for w in ["blk-write:blocks=256", "blk-verify:blocks=256"] {
+            let (code, r, err) = run(&["--disk", &disk, "--workload", w]);
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(
+                (
+                    guest(&r, "blk_blocks"),
+                    guest(&r, "blk_errors"),
+                    guest(&r, "blk_mismatches")
+                ),
+                (256, 0, 0),
+                "{w} poll_us={poll}"
+            );
+            let dev = &r["devices"][0];
+            let cpu = &dev["cpu"];
+            assert_eq!(
+                n(&cpu["req"]) + n(&cpu["poll"]) + n(&cpu["other"]),
+                n(&dev["cpu_ns"]),
+                "{cpu}"
+            );
+            if poll == 0 {
+                assert_eq!(n(&cpu["poll"]), 0, "{w}");
+            } else {
+                assert!(n(&cpu["poll"]) > 0, "{w}: {cpu}");
+            }
+        }
+    }
+    assert_eq!(wrong_blocks(&path, 256), Vec::<u64>::new());
+}
+
 #[test]
 fn a_read_only_disk_refuses_writes_with_ioerr_and_the_vm_goes_on() {
     let _g = common::serial();

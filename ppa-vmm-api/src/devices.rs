@@ -126,6 +126,10 @@ pub struct DeviceCpu {
     /// the used ring).
     #[serde(default)]
     pub req: u64,
+    /// A block device's polling: its request threads looking at an empty ring for new
+    /// requests before they sleep (`--disk …,poll_us=N`).
+    #[serde(default)]
+    pub poll: u64,
     /// The rest: the event loops' own cost (waits, wake-ups, following the driver's resets).
     pub other: u64,
 }

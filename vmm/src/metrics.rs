@@ -150,7 +150,7 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_device_status", Gauge, "1 for the device's status (ok, needs_reset, failed), 0 for the others."),
         d("ppa_device_cpu_seconds_total", Counter, "CPU time of a device thread (its thread CPU clock); queue is its queue pair."),
         d("ppa_device_thread_seconds_total", Counter, "Where a device thread's wall time went: used, steal (runnable, waiting for a CPU), waiting (asleep in its event loop), blocked (asleep elsewhere)."),
-        d("ppa_device_work_cpu_seconds_total", Counter, "A device's CPU by kind of work: tx, rx, ctrl (its control queue), req (a disk's requests), other (its event loops)."),
+        d("ppa_device_work_cpu_seconds_total", Counter, "A device's CPU by kind of work: tx, rx, ctrl (its control queue), req (a disk's requests), poll (a disk's polling of an empty ring), other (its event loops)."),
         d("ppa_device_notifications_total", Counter, "Guest kicks of a virtqueue."),
         d("ppa_device_interrupts_total", Counter, "Used-buffer interrupts raised for a virtqueue."),
         d("ppa_device_interrupts_suppressed_total", Counter, "Interrupts not raised because the driver did not want them (EVENT_IDX or its flags)."),

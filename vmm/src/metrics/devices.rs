@@ -81,6 +81,7 @@ pub fn add_device(f: &mut Families, vm: &str, d: &DeviceStats) {
         ("rx", d.cpu.rx),
         ("ctrl", d.cpu.ctrl),
         ("req", d.cpu.req),
+        ("poll", d.cpu.poll),
         ("other", d.cpu.other),
     ] {
         f.add(

@@ -57,6 +57,7 @@ pub(super) fn device() -> DeviceStats {
             rx: 50_000_000,
             ctrl: 0,
             req: 0,
+            poll: 0,
             other: 50_000_000,
         },
         cpu_ns_per_packet: Some(PerPacket {

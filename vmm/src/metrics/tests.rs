@@ -679,13 +679,13 @@ fn every_sample_parses_and_is_unique() {
     // and their count; the process: 7 figures and 7 thread kinds.
     let group = 8 + h + 2 + 1 + 4 * h + 3 + 3;
     let process = 7 + 7;
-    // Host CPU by 3 parts; the device: 3 statuses, 5 kinds of work, its thread's CPU and 4
+    // Host CPU by 3 parts; the device: 3 statuses, 6 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 8 counts (6, and the rate limiter's 2) and one drop reason.
-    let devices = 3 + 3 + 5 + 1 + 4 + 2 * (8 + 1);
-    // The disk: 3 statuses, 5 kinds of work, its thread's CPU and 4 states, one queue's 8
+    let devices = 3 + 3 + 6 + 1 + 4 + 2 * (8 + 1);
+    // The disk: 3 statuses, 6 kinds of work, its thread's CPU and 4 states, one queue's 8
     // counts, 2 request types, the merged requests, 2 directions, one error status, one
     // service histogram.
-    let disk = 3 + 5 + 1 + 4 + 8 + 2 + 1 + 2 + 1 + h;
+    let disk = 3 + 6 + 1 + 4 + 8 + 2 + 1 + 2 + 1 + h;
     // The guest (guest_tests::guest): 2 CPUs × 7 modes, 11 thread series × (CPU, 8 delays,
     // 8 counts), 2 thread counts, 2 transient figures, the agent's CPU, 5 alarm kinds, lost,
     // refused and suppressed alarms, 2 reset generations.

@@ -184,6 +184,9 @@ pub struct BlkShared {
     /// Times `set-rate` changed the limiter: a thread that sees a new count ends its rate
     /// wait and asks the new buckets.
     pub rate_changes: AtomicU32,
+    /// How long a request thread polls its emptied ring before it sleeps, ns (`poll_us=`;
+    /// 0: it does not).
+    pub poll_ns: u64,
     /// Whether the driver negotiated FLUSH in the last activation a thread served: the
     /// features read 0 after the reset a guest's shutdown makes, and the report is read after.
     pub flush_negotiated: AtomicBool,
@@ -281,6 +284,7 @@ impl BlkDevice {
             logged: Default::default(),
             rate: Arc::new(SharedLimiter::always(&p.spec.rate)),
             rate_changes: AtomicU32::new(0),
+            poll_ns: u64::from(p.spec.poll_us) * 1000,
             disk,
         });
         let virtio = Arc::new(

@@ -182,6 +182,9 @@ pub struct ReqQueue {
     pub limits: Limits,
     /// The disk's rate limiter, while the thread can wait for it.
     pub rate: Option<Arc<SharedLimiter>>,
+    /// The pass leaves the driver's notifications off when it empties the ring (the thread
+    /// polls it next, then runs a pass without this, which turns them on).
+    pub hold: bool,
     segs: Segments,
     iov: Vec<libc::iovec>,
     batch: Batch,
@@ -195,6 +198,7 @@ impl ReqQueue {
             dq,
             limits,
             rate: None,
+            hold: false,
             segs: Segments::with_capacity(n),
             iov: Vec::with_capacity(n),
             batch: Batch::default(),
@@ -297,8 +301,14 @@ fn take<D: Disk>(
             return;
         }
         if o.handled + rq.batch.len() as u64 >= REQ_BUDGET {
-            // Chains may be left: if so, say so; if not, `pop` turned notifications on.
-            match rq.dq.pop(mem) {
+            // Chains may be left: if so, say so; if not, `pop` turned notifications on
+            // (unless held: the thread polls next).
+            let left = if rq.hold {
+                rq.dq.try_pop(mem)
+            } else {
+                rq.dq.pop(mem)
+            };
+            match left {
                 Ok(Some(_)) => {
                     rq.dq.unpop(1);
                     o.more = true;
@@ -308,7 +318,12 @@ fn take<D: Disk>(
             }
             return;
         }
-        let chain = match rq.dq.pop(mem) {
+        let popped = if rq.hold {
+            rq.dq.try_pop(mem)
+        } else {
+            rq.dq.pop(mem)
+        };
+        let chain = match popped {
             Ok(Some(c)) => c,
             Ok(None) => return,
             Err(f) => {

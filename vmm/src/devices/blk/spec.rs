@@ -1,4 +1,4 @@
-//! `--disk` values: `path=FILE[,readonly=on][,id=NAME][,queues=N][,rate=BUCKETS]`, parsed and checked before
+//! `--disk` values: `path=FILE[,readonly=on][,id=NAME][,queues=N][,rate=BUCKETS][,poll_us=N]`, parsed and checked before
 //! anything is built (a bad value is exit code 2 with a sentence, before any vCPU runs).
 //!
 //! Data flow: the config layer hands each `--disk` string (or config-file entry) to
@@ -19,6 +19,8 @@ pub const RATE_EXAMPLE: &str = "bytes:100M/1s+ops:1000/1s";
 
 /// The most request queues a disk may have (one thread each).
 pub const MAX_QUEUES: u16 = 16;
+/// The longest polling of an empty ring, µs.
+pub const MAX_POLL_US: u32 = 1000;
 /// The longest id: GET_ID answers 20 bytes (`VIRTIO_BLK_ID_BYTES`).
 pub const MAX_ID: usize = 20;
 
@@ -29,7 +31,7 @@ pub enum DiskSpecError {
     #[error("a disk needs path=FILE (e.g. --disk path=rootfs.ext4)")]
     NoPath,
     /// A key the option does not take.
-    #[error("--disk has no key `{0}` (it takes path, readonly, id, queues and rate)")]
+    #[error("--disk has no key `{0}` (it takes path, readonly, id, queues, rate and poll_us)")]
     UnknownKey(String),
     /// A key given twice.
     #[error("--disk key `{0}` is given twice")]
@@ -46,6 +48,9 @@ pub enum DiskSpecError {
     /// A bad queue count.
     #[error("queues={0} is out of range: 1 to {MAX_QUEUES} request queues")]
     BadQueues(String),
+    /// A bad `poll_us=` value.
+    #[error("poll_us={0} is out of range: 0 (no polling) to {MAX_POLL_US} µs")]
+    BadPoll(String),
     /// A bad id.
     #[error("id={0} is not a usable disk id (1 to {MAX_ID} letters, digits, `-` or `_`: GET_ID answers it in 20 bytes)")]
     BadId(String),
@@ -67,6 +72,9 @@ pub struct DiskSpec {
     pub queues: u16,
     /// Its rate limiter's buckets (`rate=`).
     pub rate: RateSpec,
+    /// How long a request thread keeps looking at its emptied ring for new requests before
+    /// it turns the driver's notifications on and sleeps, µs (0: it does not).
+    pub poll_us: u32,
 }
 
 fn valid_id(s: &str) -> bool {
@@ -76,7 +84,8 @@ fn valid_id(s: &str) -> bool {
 }
 
 impl DiskSpec {
-    /// Parses `path=FILE[,readonly=on|off][,id=NAME][,queues=N]` (a path cannot hold a comma).
+    /// Parses `path=FILE[,readonly=on|off][,id=NAME][,queues=N][,rate=BUCKETS][,poll_us=N]`
+    /// (a path cannot hold a comma).
     pub fn parse(s: &str) -> Result<DiskSpec, DiskSpecError> {
         let mut spec = DiskSpec {
             path: PathBuf::new(),
@@ -84,6 +93,7 @@ impl DiskSpec {
             id: None,
             queues: 1,
             rate: RateSpec::default(),
+            poll_us: 0,
         };
         let mut seen: Vec<&str> = Vec::new();
         for kv in s.split(',').filter(|p| !p.is_empty()) {
@@ -113,6 +123,13 @@ impl DiskSpec {
                         .ok_or_else(|| DiskSpecError::BadQueues(cut(v)))?;
                 }
                 "rate" => spec.rate = parse_rate(v)?,
+                "poll_us" => {
+                    spec.poll_us = v
+                        .parse()
+                        .ok()
+                        .filter(|p| *p <= MAX_POLL_US)
+                        .ok_or_else(|| DiskSpecError::BadPoll(cut(v)))?;
+                }
                 _ => return Err(DiskSpecError::UnknownKey(cut(k))),
             }
             seen.push(k);
@@ -175,6 +192,8 @@ mod tests {
             d.rate_value().unwrap(),
             "bytes:10485760/100ms:burst=1073741824+ops:1000/1s"
         );
+        assert_eq!(DiskSpec::parse("path=a").unwrap().poll_us, 0);
+        assert_eq!(DiskSpec::parse("path=a,poll_us=50").unwrap().poll_us, 50);
         let e = DiskSpec::parse("path=a,rate=tx-bytes:1/1s").unwrap_err();
         assert!(e.to_string().contains("it takes bytes, ops"), "{e}");
     }
@@ -192,6 +211,8 @@ mod tests {
             ("path=a,readonly=maybe", BadReadonly("maybe".into())),
             ("path=a,queues=0", BadQueues("0".into())),
             ("path=a,queues=17", BadQueues("17".into())),
+            ("path=a,poll_us=1001", BadPoll("1001".into())),
+            ("path=a,poll_us=-1", BadPoll("-1".into())),
             ("path=a,id=a b", BadId("a b".into())),
             (
                 "path=a,id=abcdefghijklmnopqrstu",

@@ -83,6 +83,7 @@ impl BlkDevice {
             .collect();
         let cpu_ns: u64 = times.iter().map(|t| t.used_ns).sum();
         let req: u64 = times.iter().map(|t| t.parts_ns[worker::PART_REQ]).sum();
+        let poll: u64 = times.iter().map(|t| t.parts_ns[worker::PART_POLL]).sum();
         let mut counts = BlkCounts::empty();
         for r in &blk.requests {
             counts.merge(&r.counts());
@@ -104,7 +105,8 @@ impl BlkDevice {
             cpu_ns,
             cpu: DeviceCpu {
                 req,
-                other: cpu_ns.saturating_sub(req),
+                poll,
+                other: cpu_ns.saturating_sub(req + poll),
                 ..DeviceCpu::default()
             },
             cpu_ns_per_packet: None,

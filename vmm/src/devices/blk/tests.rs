@@ -32,6 +32,8 @@ pub(crate) struct Rig {
     pub mem: Arc<GuestMemoryMmap>,
     pub ring: DriverRing,
     pub dq: DeviceQueue,
+    /// Kicks the driver made (its publishes the device's notification state asked for).
+    pub kicks: u64,
     next: u64,
 }
 
@@ -82,6 +84,7 @@ impl Rig {
             mem,
             ring,
             dq,
+            kicks: 0,
             next: 0,
         }
     }
@@ -141,7 +144,7 @@ impl Rig {
     /// Adds a chain of `bufs` as given, published.
     pub fn raw(&mut self, bufs: &[Buf]) {
         self.ring.add(&self.mem, bufs).expect("room in the ring");
-        self.ring.publish(&self.mem);
+        self.kicks += u64::from(self.ring.publish(&self.mem));
     }
 
     /// Pops the next chain and serves it on `disk`, then gives it back (with the status's
@@ -368,6 +371,7 @@ fn flush_negotiated_outlives_the_reset_a_guest_makes_at_shutdown() {
     let memory =
         Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
     let spec = DiskSpec {
+        poll_us: 0,
         path: path.clone(),
         readonly: false,
         id: None,

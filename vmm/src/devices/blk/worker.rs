@@ -35,8 +35,19 @@ use crate::devices::virtio::{kicks, VirtioShared};
 /// CPU parts of a request queue's thread ([`crate::accounting::worker::PARTS`] indexes):
 /// answering requests.
 pub const PART_REQ: usize = 0;
+/// Polling the emptied ring (`poll_us=`).
+pub const PART_POLL: usize = 1;
 /// The loop itself.
 pub const PART_OTHER: usize = 3;
+/// The longest polling before the thread goes back to its loop (its other events: a
+/// stop, a reset, the rate timer), ns; above the longest window (`poll_us=1000`).
+pub const POLL_CAP_NS: u64 = 2_000_000;
+
+/// Whether a pass ended at an emptied ring with nothing left for the thread to carry out
+/// (no fault, no re-run, no rate wait, not abandoned): only then does the thread poll.
+fn settled(o: &Outcome) -> bool {
+    o.fault.is_none() && !o.more && !o.abandoned && o.throttled.is_none()
+}
 
 /// One request queue's state, owned by its thread.
 pub struct Worker {
@@ -166,11 +177,21 @@ impl Worker {
         }
     }
 
-    /// Runs one pass and, while marks are taken, charges its CPU to the request work.
+    /// Answers the queue: a pass, then, with `poll_us=`, the polling of the emptied ring
+    /// ([`Worker::poll`]).
     fn pass(&mut self, ops: &mut EventOps) {
-        let Some(mut rq) = self.q.take() else {
-            return;
-        };
+        let polls = self.blk.poll_ns > 0;
+        if self.one_pass(ops, polls).is_some_and(|o| settled(&o)) && polls {
+            self.poll(ops);
+        }
+    }
+
+    /// Runs one pass (leaving the driver's notifications off at an empty ring when `hold`)
+    /// and carries out its outcome; while marks are taken its CPU is the request work. None
+    /// without a queue.
+    fn one_pass(&mut self, ops: &mut EventOps, hold: bool) -> Option<Outcome> {
+        let mut rq = self.q.take()?;
+        rq.hold = hold;
         let marking = self.control.level() != Level::Off;
         let meter = &self.blk.meters[self.queue];
         if marking {
@@ -190,6 +211,58 @@ impl Worker {
         }
         self.q = Some(rq);
         self.after(ops, &o);
+        Some(o)
+    }
+
+    /// Polls the emptied ring (`poll_us=`, as QEMU's iothreads and vhost's busy loop do): the
+    /// driver's notifications stay off, so it does not kick (an exit) for the requests it
+    /// makes meanwhile, and the thread does not sleep and wake for them. Each request found
+    /// is answered by a pass that keeps notifications off, and the polling goes on; it stops
+    /// when a window of `poll_ns` passes with nothing, after [`POLL_CAP_NS`] in all (so the
+    /// loop sees its other events), at a reset or a stop, or when a pass did not settle (its
+    /// outcome was carried out: a re-run, the rate timer, a fault). Then a last pass turns
+    /// notifications on and looks at the ring once more, as every queue does before it
+    /// waits. The looking is the thread's `poll` CPU.
+    fn poll(&mut self, ops: &mut EventOps) {
+        let marking = self.control.level() != Level::Off;
+        let start = crate::sync::now_ns();
+        loop {
+            let found = self.look(start);
+            if marking {
+                self.blk.meters[self.queue].cpu_mark(PART_POLL);
+            }
+            if !found {
+                break;
+            }
+            if !self.one_pass(ops, true).is_some_and(|o| settled(&o)) {
+                return;
+            }
+        }
+        let _ = self.one_pass(ops, false);
+    }
+
+    /// Looks at the ring until a request is there (true; also when its index is broken, which
+    /// the pass then reports), or until a window of `poll_ns` passes, [`POLL_CAP_NS`] since
+    /// `start`, the epoch ends or the device stops (false).
+    fn look(&mut self, start: u64) -> bool {
+        let Some(rq) = self.q.as_mut() else {
+            return false;
+        };
+        let window = crate::sync::now_ns().saturating_add(self.blk.poll_ns);
+        loop {
+            if rq.dq.has_available().unwrap_or(true) {
+                return true;
+            }
+            let now = crate::sync::now_ns();
+            if now >= window
+                || now.saturating_sub(start) >= POLL_CAP_NS
+                || !self.virtio.serves(self.epoch)
+                || self.blk.stop.load(Ordering::Relaxed)
+            {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Carries out what a pass says.

@@ -120,6 +120,7 @@ impl NetDevice {
             tx: part(worker::PART_TX),
             ctrl: part(worker::PART_CTRL),
             req: 0,
+            poll: 0,
             other: cpu_ns.saturating_sub(
                 part(worker::PART_RX) + part(worker::PART_TX) + part(worker::PART_CTRL),
             ),

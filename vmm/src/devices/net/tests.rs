@@ -95,6 +95,7 @@ fn figures_since_a_reset_subtract_every_counter_and_keep_the_identity() {
             rx: 0,
             ctrl: 0,
             req: 0,
+            poll: 0,
             other: 2 * k,
         },
         cpu_ns_per_packet: Some(PerPacket {

@@ -214,6 +214,12 @@ impl DeviceQueue {
             .ok_or(QueueFault::AvailIndex)
     }
 
+    /// Whether the driver has made a chain available that was not popped yet, by its index
+    /// read now; notifications untouched (a thread polling its ring).
+    pub fn has_available(&mut self) -> Result<bool, QueueFault> {
+        Ok(self.known() > 0 || self.refresh()? > 0)
+    }
+
     /// Puts the last `n` popped chains back (they are popped again, in order, next time).
     pub fn unpop(&mut self, n: u16) {
         for _ in 0..n {

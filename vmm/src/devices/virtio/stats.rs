@@ -115,5 +115,6 @@ pub fn since_common(cur: &mut DeviceStats, base: &DeviceStats) {
     cur.cpu.rx = cur.cpu.rx.saturating_sub(base.cpu.rx);
     cur.cpu.ctrl = cur.cpu.ctrl.saturating_sub(base.cpu.ctrl);
     cur.cpu.req = cur.cpu.req.saturating_sub(base.cpu.req);
+    cur.cpu.poll = cur.cpu.poll.saturating_sub(base.cpu.poll);
     cur.cpu.other = cur.cpu.other.saturating_sub(base.cpu.other);
 }

@@ -229,3 +229,33 @@ fn an_abandoned_pass_answers_nothing_it_held() {
     assert!(r.iter().all(|&k| rig.status_of(k) == 0xff), "not answered");
     assert!(used(&mut rig).is_empty());
 }
+
+#[test]
+fn a_held_pass_leaves_the_driver_quiet_and_the_next_pass_turns_its_kicks_on() {
+    for event_idx in [true, false] {
+        let mut rig = Rig::new(64, event_idx);
+        let mut rq = req_queue(&rig, limits());
+        let disk = MemDisk::new(64);
+        let c = counters();
+        read(&mut rig, 0, 1);
+        assert_eq!(rig.kicks, 1, "the first request is kicked");
+        // Polling: the pass empties the ring and leaves notifications off.
+        rq.hold = true;
+        assert_eq!(pass(&mut rig, &mut rq, &disk, &c).handled, 1);
+        read(&mut rig, 1, 1);
+        assert_eq!(
+            rig.kicks, 1,
+            "no kick while the thread polls (event_idx {event_idx})"
+        );
+        assert!(rq.dq.has_available().unwrap(), "the poller sees it");
+        assert_eq!(pass(&mut rig, &mut rq, &disk, &c).handled, 1);
+        assert!(!rq.dq.has_available().unwrap());
+        // The polling ends: a pass without the hold turns notifications on.
+        rq.hold = false;
+        assert_eq!(pass(&mut rig, &mut rq, &disk, &c).handled, 0);
+        read(&mut rig, 2, 1);
+        assert_eq!(rig.kicks, 2, "kicked again (event_idx {event_idx})");
+        assert_eq!(pass(&mut rig, &mut rq, &disk, &c).handled, 1);
+        assert_eq!(used(&mut rig).len(), 3);
+    }
+}
