@@ -105,8 +105,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     pub echoes: u64,
     /// 4 KiB blocks written and read per run (disk).
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(1..=1 << 22))]
     pub blocks: u64,
+    /// The disk's `poll_us=`: how long its request thread polls an emptied ring (disk; 0: it
+    /// does not).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub poll_us: u32,
 }
 
 /// What `ppa-vmm bench` measures.

@@ -286,6 +286,7 @@ fn bench(args: BenchArgs) -> Result<i32, Box<dyn std::error::Error>> {
             &crate::bench::disk::disk(crate::bench::disk::DiskOptions {
                 blocks: args.blocks,
                 rounds: args.rounds.unwrap_or(BenchKind::Disk.default_rounds()),
+                poll_us: args.poll_us,
             })?,
             args.json,
             crate::bench::disk::DiskResult::to_text,

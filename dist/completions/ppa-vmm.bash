@@ -136,7 +136,7 @@ _ppa__vmm() {
             return 0
             ;;
         ppa__subcmd__vmm__subcmd__bench)
-            opts="-h --json --window-ms --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --rounds --exits --help overhead socket limit net disk start stops"
+            opts="-h --json --window-ms --vcpus --rate --client-nice --periods --hogs --packets --echoes --blocks --poll-us --rounds --exits --help overhead socket limit net disk start stops"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -171,6 +171,10 @@ _ppa__vmm() {
                     return 0
                     ;;
                 --blocks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --poll-us)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -67,6 +67,8 @@ pub struct DiskOptions {
     pub blocks: u64,
     /// Alternated rounds.
     pub rounds: usize,
+    /// The disk's `poll_us=`.
+    pub poll_us: u32,
 }
 
 /// What `bench disk` measured (medians over the rounds).
@@ -95,6 +97,12 @@ pub struct DiskResult {
     pub write_device_cpu_ns_per_request: u64,
     /// The loop's CPU per `pwrite` (its `fdatasync` included), ns.
     pub write_raw_cpu_ns_per_request: u64,
+    /// The device's CPU polling its emptied ring per write (with `poll_us`), ns.
+    pub write_device_poll_cpu_ns_per_request: u64,
+    /// The device's CPU polling its emptied ring per read, ns.
+    pub read_device_poll_cpu_ns_per_request: u64,
+    /// The disk's `poll_us=` (0: no polling).
+    pub poll_us: u32,
     /// The device's CPU of request work per read, ns.
     pub read_device_cpu_ns_per_request: u64,
     /// The loop's CPU per `pread`, ns.
@@ -124,12 +132,13 @@ struct Run {
     cpu: u64,
     service: (u64, u64),
     per_call: f64,
+    poll_cpu: u64,
 }
 
-/// The tiny guest's `workload` on the disk `path`: its rate, CPU per request and the service
-/// times of its requests of `kind`.
+/// The tiny guest's `workload` on the disk `disk` (a `--disk` value): its rate, CPU per
+/// request and the service times of its requests of `kind`.
 fn device_run(
-    path: &Path,
+    disk: &str,
     workload: &str,
     kind: BlkRequestKind,
     layout: Option<Layout>,
@@ -137,7 +146,7 @@ fn device_run(
     let out = super::run_apart(vm(RunOptions {
         vcpus: Some(1),
         pin: pins(layout),
-        disk: vec![format!("path={}", path.display())],
+        disk: vec![disk.to_string()],
         workload: vec![workload.to_string()],
         ..Default::default()
     })?)?;
@@ -188,6 +197,7 @@ fn device_run(
         cpu: dev.cpu.req / requests.max(1),
         service,
         per_call: moved as f64 / calls as f64,
+        poll_cpu: dev.cpu.poll / requests.max(1),
     })
 }
 
@@ -232,6 +242,7 @@ fn raw_run(file: &File, blocks: u64, write: bool, layout: Option<Layout>) -> io:
         cpu: cpu / blocks.max(1),
         service: (0, 0),
         per_call: 1.0,
+        poll_cpu: 0,
     })
 }
 
@@ -246,6 +257,7 @@ fn block_bytes(i: u64) -> Vec<u8> {
 fn round(
     path: &Path,
     file: &File,
+    disk: &str,
     blocks: u64,
     device_first: bool,
     layout: Option<Layout>,
@@ -253,7 +265,7 @@ fn round(
     let io = |e| DiskBenchError::File("write or read", path.to_path_buf(), e);
     let dev_w = || {
         device_run(
-            path,
+            disk,
             &format!("blk-write:blocks={blocks},depth={DEPTH}"),
             BlkRequestKind::Write,
             layout,
@@ -261,7 +273,7 @@ fn round(
     };
     let dev_r = || {
         device_run(
-            path,
+            disk,
             &format!("blk-verify:blocks={blocks},depth={DEPTH},check=sectors"),
             BlkRequestKind::Read,
             layout,
@@ -312,9 +324,10 @@ fn rounds(path: &Path, file: &File, o: DiskOptions) -> Result<DiskResult, DiskBe
     raw_run(file, blocks, true, None)
         .map_err(|e| DiskBenchError::File("fill", path.to_path_buf(), e))?;
     let steal0 = host_steal_ns();
+    let disk = format!("path={},poll_us={}", path.display(), o.poll_us);
     let mut runs: Vec<[Run; 4]> = Vec::new();
     for i in 0..o.rounds.max(1) {
-        runs.push(round(path, file, blocks, i % 2 == 0, layout)?);
+        runs.push(round(path, file, &disk, blocks, i % 2 == 0, layout)?);
     }
     let col = |k: usize, f: fn(&Run) -> f64| median(runs.iter().map(|r| f(&r[k])).collect());
     let ratio = |d: usize, r: usize| -> Vec<f64> {
@@ -342,6 +355,9 @@ fn rounds(path: &Path, file: &File, o: DiskOptions) -> Result<DiskResult, DiskBe
         write_raw_cpu_ns_per_request: col(1, |r| r.cpu as f64) as u64,
         read_device_cpu_ns_per_request: col(2, |r| r.cpu as f64) as u64,
         read_raw_cpu_ns_per_request: col(3, |r| r.cpu as f64) as u64,
+        write_device_poll_cpu_ns_per_request: col(0, |r| r.poll_cpu as f64) as u64,
+        read_device_poll_cpu_ns_per_request: col(2, |r| r.poll_cpu as f64) as u64,
+        poll_us: o.poll_us,
         write_requests_per_call: col(0, |r| r.per_call),
         read_requests_per_call: col(2, |r| r.per_call),
         write_service_p50_p99_ns: last[0].service,
@@ -366,7 +382,7 @@ fn rounds(path: &Path, file: &File, o: DiskOptions) -> Result<DiskResult, DiskBe
 impl DiskResult {
     /// The table's lines for writes (`write`) or reads.
     fn way(&self, write: bool) -> String {
-        let (name, d, dc, r, rc, s, svc, per_call) = if write {
+        let (name, d, dc, r, rc, s, svc, per_call, poll) = if write {
             (
                 "write (the tiny guest's blk-write; the loop pwrites the same blocks, then fdatasync)",
                 self.write_device_iops,
@@ -376,6 +392,7 @@ impl DiskResult {
                 &self.write_device_over_raw,
                 self.write_service_p50_p99_ns,
                 self.write_requests_per_call,
+                self.write_device_poll_cpu_ns_per_request,
             )
         } else {
             (
@@ -387,10 +404,16 @@ impl DiskResult {
                 &self.read_device_over_raw,
                 self.read_service_p50_p99_ns,
                 self.read_requests_per_call,
+                self.read_device_poll_cpu_ns_per_request,
             )
         };
+        let polled = if self.poll_us > 0 {
+            format!(" + {poll} ns polling")
+        } else {
+            String::new()
+        };
         format!(
-            "{name}\n  {:<28} {:>10.0} requests/s  {:>6} ns CPU/request (mean)  {:.1} requests a file call  service p50 {:.1} us, p99 {:.1} us\n  \
+            "{name}\n  {:<28} {:>10.0} requests/s  {:>6} ns CPU/request (mean){polled}  {:.1} requests a file call  service p50 {:.1} us, p99 {:.1} us\n  \
              {:<28} {:>10.0} requests/s  {:>6} ns CPU/request\n  \
              device/raw {:.3} (rounds {:.3} to {:.3})\n",
             "through the device",
@@ -411,10 +434,15 @@ impl DiskResult {
     /// The human table.
     pub fn to_text(&self) -> String {
         format!(
-            "virtio-blk, {} 4 KiB blocks per run each way ({DEPTH} in flight in the guest), median of {} alternated rounds\n\
+            "virtio-blk{}, {} 4 KiB blocks per run each way ({DEPTH} in flight in the guest), median of {} alternated rounds\n\
              threads: {}\n{}{}\
              reads and writes together: device/raw {:.3} (rounds {:.3} to {:.3}; goal >= {GOAL_RATIO})\n\
              host steal during the bench: {}\nverdict: {}\n",
+            if self.poll_us > 0 {
+                format!(" (poll_us={})", self.poll_us)
+            } else {
+                String::new()
+            },
             self.blocks_per_run,
             self.rounds,
             Layout::describe(
@@ -473,6 +501,9 @@ mod tests {
             read_raw_cpu_ns_per_request: 1800,
             write_requests_per_call: 1.0,
             read_requests_per_call: 7.5,
+            write_device_poll_cpu_ns_per_request: 0,
+            read_device_poll_cpu_ns_per_request: 0,
+            poll_us: 0,
             write_service_p50_p99_ns: (5000, 20000),
             read_service_p50_p99_ns: (4000, 9000),
             host_steal_ns: Some(1_000_000),
@@ -498,6 +529,18 @@ mod tests {
             t.contains("1.0 requests a file call") && t.contains("7.5 requests a file call"),
             "{t}"
         );
+        assert!(
+            !t.contains("polling") && t.starts_with("virtio-blk, "),
+            "{t}"
+        );
+        let polled = DiskResult {
+            poll_us: 50,
+            read_device_poll_cpu_ns_per_request: 420,
+            ..r.clone()
+        }
+        .to_text();
+        assert!(polled.starts_with("virtio-blk (poll_us=50), "), "{polled}");
+        assert!(polled.contains("(mean) + 420 ns polling"), "{polled}");
         assert!(t.ends_with("verdict: pass\n"), "{t}");
     }
 }
