@@ -18,6 +18,12 @@
 //! nothing, the timer's firing moves the model's clock to its deadline and runs the pass, and
 //! at quiescence nothing may be left either.
 //!
+//! With polling (`poll_us=`, the setup's choice), a pass that empties the ring leaves the
+//! driver's notifications off and the thread polls: its looks answer what the driver made
+//! available meanwhile (without a kick, which the model's driver makes only when the ring's
+//! state asks for one), and the window's end is a pass that turns notifications on and looks
+//! once more; at quiescence a polling thread's window ends, and nothing may be left.
+//!
 //! Data flow: [`run`] reads the setup from the first bytes (queue size, EVENT_IDX, the disk's
 //! size and offers), then one action per byte (with arguments from the next ones) until the
 //! input ends (posting a request, the device's thread running, the driver's completion
@@ -223,6 +229,10 @@ struct Model {
     seq: u8,
     /// The queue waits for its rate limiter's tokens: the model's time its timer fires at.
     throttled: Option<u64>,
+    /// The device polls its emptied ring (`poll_us=`, the setup's choice).
+    poll: bool,
+    /// It is polling now: notifications held off, the ring looked at without a kick.
+    polling: bool,
 }
 
 impl Model {
@@ -247,6 +257,8 @@ impl Model {
             stopped: false,
             seq: 0,
             throttled: None,
+            poll: false,
+            polling: false,
         })
     }
 
@@ -319,7 +331,8 @@ impl Model {
         }
     }
 
-    /// The device thread runs a pass if something woke it; the driver handles the interrupt.
+    /// The device thread runs a pass if something woke it (with polling, one that holds
+    /// notifications off and then polls); the driver handles the interrupt.
     fn device(&mut self) {
         if !self.woken || self.stopped {
             return;
@@ -329,8 +342,34 @@ impl Model {
             // A kick while the queue waits for tokens starts nothing: its timer runs it.
             return;
         }
+        self.polling = self.pass(self.poll) && self.poll;
+    }
+
+    /// While polling, the thread looks at the ring: a request there is answered by a pass
+    /// that keeps notifications off (one that does not settle ends the polling, its outcome
+    /// carried out as the thread does).
+    fn look(&mut self) {
+        if !self.polling || self.stopped {
+            return;
+        }
+        if self.rq.dq.has_available().unwrap_or(true) {
+            self.polling = self.pass(true);
+        }
+    }
+
+    /// The polling's window ends: a pass turns notifications on and looks once more.
+    fn end_poll(&mut self) {
+        if std::mem::take(&mut self.polling) && !self.stopped {
+            self.pass(false);
+        }
+    }
+
+    /// One pass (notifications held off at an emptied ring when `hold`), checked and carried
+    /// out; whether it settled (nothing left for the thread to carry out).
+    fn pass(&mut self, hold: bool) -> bool {
         let old = self.ring.used_idx(&self.mem);
         let (qc, bc) = (&self.counters.0, &self.counters.1);
+        self.rq.hold = hold;
         let o = req_pass(&mut self.rq, &self.mem, &self.disk, qc, bc, || true);
         if let Some(f) = o.fault {
             assert!(
@@ -338,7 +377,7 @@ impl Model {
                 "the queue stopped ({f:?}) though every chain had a status byte"
             );
             self.stopped = true;
-            return;
+            return false;
         }
         let wants = self.ring.wants_interrupt(&self.mem, old);
         match o.irq {
@@ -357,6 +396,7 @@ impl Model {
         if o.irq == Irq::Wanted {
             self.done();
         }
+        !o.more && o.throttled.is_none()
     }
 
     /// The rate timer fires (when the queue waits): the model's time moves to its deadline
@@ -485,6 +525,7 @@ pub fn run(data: &[u8]) {
     let Some(mut m) = Model::new(size, b & 0x10 != 0, limits, rate) else {
         return;
     };
+    m.poll = b & 0x02 != 0;
     let mut i = 0;
     while i < actions.len() && i < 4096 {
         let op = actions[i];
@@ -497,6 +538,9 @@ pub fn run(data: &[u8]) {
             }
             6 => m.device(),
             7 if m.throttled.is_some() => m.timer(),
+            // Polling: the thread looks at the ring, or its window ends.
+            7 if m.polling && (op / 10) % 2 == 0 => m.look(),
+            7 if m.polling => m.end_poll(),
             7 => m.device(),
             8 => m.done(),
             // The driver is in its completion handler: callbacks off until it finishes.
@@ -515,7 +559,11 @@ fn quiesce(m: &mut Model) {
         if m.stopped {
             break;
         }
-        if m.throttled.is_some() {
+        if m.polling {
+            // Polling that finds nothing ends.
+            m.look();
+            m.end_poll();
+        } else if m.throttled.is_some() {
             m.timer();
         } else if m.woken {
             m.device();
@@ -527,7 +575,7 @@ fn quiesce(m: &mut Model) {
         return;
     }
     assert!(
-        !m.woken && m.throttled.is_none(),
+        !m.woken && m.throttled.is_none() && !m.polling,
         "the device never settles"
     );
     assert!(
@@ -561,6 +609,44 @@ mod tests {
         let mut v = vec![k];
         v.extend(args);
         v
+    }
+
+    #[test]
+    fn a_polling_device_takes_requests_without_kicks_and_leaves_none_behind() {
+        for event_idx in [true, false] {
+            let limits = limits_of(0, 64);
+            let mut m = Model::new(64, event_idx, limits, None).unwrap();
+            m.poll = true;
+            m.request(0, &[1, 1]);
+            assert!(m.woken, "the first request is kicked");
+            m.device();
+            assert!(m.polling && m.pending.is_empty());
+            // While the thread polls, the driver's requests come without a kick.
+            for i in 0..5u8 {
+                m.request(i % 3, &[i, i % 5]);
+            }
+            assert!(!m.woken, "no kick while polling (event_idx {event_idx})");
+            assert!(!m.pending.is_empty());
+            m.look();
+            assert!(m.polling && m.pending.is_empty(), "the look answers them");
+            // A request made as the window ends is taken by the closing pass.
+            m.request(1, &[9, 2]);
+            m.end_poll();
+            assert!(!m.polling);
+            assert!(m.pending.is_empty(), "the closing pass looked once more");
+            m.request(1, &[3, 3]);
+            assert!(m.woken, "kicked again once the polling ended");
+            quiesce(&mut m);
+        }
+        // And through the fuzzer's bytes: looks (7) and window ends (17) between requests.
+        let mut actions = Vec::new();
+        for i in 0..40u8 {
+            actions.extend(req(i % 3, [i, i % 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+            actions.push([6, 7, 17, 8][usize::from(i % 4)]);
+        }
+        for b in [0x02, 0x12, 0x13] {
+            run(&input(0x74, b, &actions));
+        }
     }
 
     #[test]
