@@ -145,21 +145,17 @@ impl Batch {
         };
         let (write, offset) = (first.data.write, first.data.offset);
         // SAFETY: the caller's contract: the iovecs are the requests' buffers in `mem`.
-        let all = unsafe { self.moved(disk, 0..self.iov.len(), write, offset, writeback) };
-        let alone = all.is_err() && self.reqs.len() > 1;
-        let mut r = Ok(if all.is_ok() {
-            self.reqs.len() as u64 - 1
-        } else {
-            0
-        });
+        let all = unsafe { self.moved(disk, 0..self.iov.len(), write, offset, writeback) }.is_ok();
+        let alone = !all && self.reqs.len() > 1;
+        let mut r = Ok(if all { self.reqs.len() as u64 - 1 } else { 0 });
         for i in 0..self.reqs.len() {
             let p = &self.reqs[i];
             let moved = if alone {
                 let (range, at) = (p.iov.clone(), p.data.offset);
                 // SAFETY: as above.
-                unsafe { self.moved(disk, range, write, at, writeback) }
+                unsafe { self.moved(disk, range, write, at, writeback) }.is_ok()
             } else {
-                clone_result(&all)
+                all
             };
             let p = &self.reqs[i];
             let (status, done) = finish(p.data.kind(), p.data.answer(moved));
@@ -191,16 +187,6 @@ impl Batch {
         // SAFETY: the caller's contract: the iovecs are chain buffers in live guest memory,
         // writable for a read and readable for a write (the request's checks said so).
         unsafe { move_data(disk, write, &mut self.work, offset, writeback) }
-    }
-}
-
-/// `r` again (an `io::Error` does not clone; its kind and OS code are what an answer uses).
-fn clone_result(r: &io::Result<()>) -> io::Result<()> {
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) => Err(e
-            .raw_os_error()
-            .map_or_else(|| io::Error::from(e.kind()), io::Error::from_raw_os_error)),
     }
 }
 

@@ -30,6 +30,7 @@ use crate::devices::virtio::counters::QueueCounters;
 use crate::devices::virtio::pass::{end_pass, Irq};
 use crate::devices::virtio::queue::{DeviceQueue, QueueFault};
 use crate::sync::{now_ns, Counter};
+use virtio_queue::DescriptorChain;
 use vm_memory::GuestMemoryMmap;
 
 /// Requests a pass answers before the thread looks at its other events.
@@ -191,6 +192,19 @@ pub struct ReqQueue {
 }
 
 impl ReqQueue {
+    /// The next chain: [`DeviceQueue::pop`] (notifications on at an emptied ring), or, while
+    /// `hold`, [`DeviceQueue::try_pop`] (left off: the thread polls next).
+    fn next<'m>(
+        &mut self,
+        mem: &'m GuestMemoryMmap,
+    ) -> Result<Option<DescriptorChain<&'m GuestMemoryMmap>>, QueueFault> {
+        if self.hold {
+            self.dq.try_pop(mem)
+        } else {
+            self.dq.pop(mem)
+        }
+    }
+
     /// `dq` with its scratch, answering under `limits`.
     pub fn new(dq: DeviceQueue, limits: Limits) -> Self {
         let n = usize::from(dq.size());
@@ -303,12 +317,7 @@ fn take<D: Disk>(
         if o.handled + rq.batch.len() as u64 >= REQ_BUDGET {
             // Chains may be left: if so, say so; if not, `pop` turned notifications on
             // (unless held: the thread polls next).
-            let left = if rq.hold {
-                rq.dq.try_pop(mem)
-            } else {
-                rq.dq.pop(mem)
-            };
-            match left {
+            match rq.next(mem) {
                 Ok(Some(_)) => {
                     rq.dq.unpop(1);
                     o.more = true;
@@ -318,12 +327,7 @@ fn take<D: Disk>(
             }
             return;
         }
-        let popped = if rq.hold {
-            rq.dq.try_pop(mem)
-        } else {
-            rq.dq.pop(mem)
-        };
-        let chain = match popped {
+        let chain = match rq.next(mem) {
             Ok(Some(c)) => c,
             Ok(None) => return,
             Err(f) => {

@@ -264,8 +264,12 @@ impl Data {
 
     /// The request's answer, given how its data went to or from the file (and, for a write
     /// to a disk without FLUSH, to the disk).
-    pub fn answer(&self, moved: io::Result<()>) -> Answer {
-        moved.map(|()| self.moved()).map_err(|_| (IOERR, Why::Io))
+    pub fn answer(&self, moved: bool) -> Answer {
+        if moved {
+            Ok(self.moved())
+        } else {
+            Err((IOERR, Why::Io))
+        }
     }
 }
 
@@ -406,7 +410,7 @@ impl<D: Disk> Req<'_, D> {
                 self.limits.writeback,
             )
         };
-        d.answer(moved)
+        d.answer(moved.is_ok())
     }
 
     fn durable(&self) -> Result<(), (BlkStatus, Why)> {

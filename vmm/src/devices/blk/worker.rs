@@ -220,9 +220,9 @@ impl Worker {
     /// is answered by a pass that keeps notifications off, and the polling goes on; it stops
     /// when a window of `poll_ns` passes with nothing, after [`POLL_CAP_NS`] in all (so the
     /// loop sees its other events), at a reset or a stop, or when a pass did not settle (its
-    /// outcome was carried out: a re-run, the rate timer, a fault). Then a last pass turns
-    /// notifications on and looks at the ring once more, as every queue does before it
-    /// waits. The looking is the thread's `poll` CPU.
+    /// outcome was carried out: a re-run, the rate timer, a fault). Then, unless a reset or
+    /// a stop ended it, a last pass turns notifications on and looks at the ring once more,
+    /// as every queue does before it waits. The looking is the thread's `poll` CPU.
     fn poll(&mut self, ops: &mut EventOps) {
         let marking = self.control.level() != Level::Off;
         let start = crate::sync::now_ns();
@@ -238,7 +238,11 @@ impl Worker {
                 return;
             }
         }
-        let _ = self.one_pass(ops, false);
+        // After a reset or at a stop the queue is not this epoch's to touch: the loop follows
+        // the new epoch (a new queue, which starts with a pass) or ends.
+        if self.virtio.serves(self.epoch) && !self.blk.stop.load(Ordering::Relaxed) {
+            let _ = self.one_pass(ops, false);
+        }
     }
 
     /// Looks at the ring until a request is there (true; also when its index is broken, which
