@@ -627,7 +627,13 @@ impl Limiter {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        e.next_look = Some(next.map_or(period_end, |r| (now + r).min(period_end)));
+        let mut next_look = next.map_or(period_end, |r| (now + r).min(period_end));
+        if self.members_to_start(e) {
+            // A member yet to start runs, once it does, with no deadline and no share until
+            // a look sees it: look again soon.
+            next_look = next_look.min(now + periods::START_POLL_NS);
+        }
+        e.next_look = Some(next_look);
     }
 
     /// What the engine is given of each member of `e` now, and each member's CPU clock as read

@@ -10,7 +10,13 @@
 //! a millisecond) is a sample among 15 and moves the margin by nothing, where the previous rule
 //! (move by half of each error) moved it by half the burst and made the next periods undershoot
 //! by as much, halving back over several periods. Until the window has samples the margin is
-//! the limiter's estimate (two exit round trips plus 30 µs).
+//! the limiter's estimate (two exit round trips plus 30 µs), and until it is full that estimate
+//! counts as one more sample: a burst in the first periods (a limit's first period, which its
+//! members begin before the limiter's first look; a host that delays the limiter's timer by
+//! 4 ms) is then one sample of two, above the lower median, where alone it was the median. A
+//! first period 7 ms over a 1 ms quota made the margin 2 ms, more than any member's share, and
+//! the next three periods gave the guest 0, 400 and 400 µs (issue 39: "small quotas that starve
+//! the guest").
 
 /// Samples the median is taken over: odd, so the median is one of them.
 pub const WINDOW: usize = 15;
@@ -30,16 +36,20 @@ pub struct StopMargin {
     next: usize,
     /// The margin now.
     margin_ns: u64,
+    /// The estimate it started at: one more sample until the window is full.
+    initial_ns: u64,
 }
 
 impl StopMargin {
     /// A margin that starts at `initial_ns` (clamped to the bounds).
     pub fn new(initial_ns: u64) -> Self {
+        let initial_ns = initial_ns.clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
         StopMargin {
             samples: [0; WINDOW],
             len: 0,
             next: 0,
-            margin_ns: initial_ns.clamp(MIN_MARGIN_NS, MAX_MARGIN_NS),
+            margin_ns: initial_ns,
+            initial_ns,
         }
     }
 
@@ -50,7 +60,7 @@ impl StopMargin {
 
     /// After a period that ended with `stops` stops (at least one) and an error of `err_ns`
     /// (used − quota): one sample, the margin that would have made it exact, and the margin
-    /// becomes the median of the window.
+    /// becomes the median of the window (with the initial estimate while it fills).
     pub fn learn(&mut self, err_ns: i64, stops: u64) {
         let per_stop = err_ns / stops.max(1) as i64;
         let sample = (self.margin_ns as i64)
@@ -59,11 +69,17 @@ impl StopMargin {
         self.samples[self.next] = sample;
         self.next = (self.next + 1) % WINDOW;
         self.len = (self.len + 1).min(WINDOW);
-        let mut sorted = self.samples;
-        let held = &mut sorted[..self.len];
+        let mut sorted = [0u64; WINDOW + 1];
+        sorted[..self.len].copy_from_slice(&self.samples[..self.len]);
+        let mut n = self.len;
+        if n < WINDOW {
+            sorted[n] = self.initial_ns;
+            n += 1;
+        }
+        let held = &mut sorted[..n];
         held.sort_unstable();
-        // The lower median while the window fills with an even count.
-        self.margin_ns = held[(self.len - 1) / 2];
+        // The lower median of an even count.
+        self.margin_ns = held[(n - 1) / 2];
     }
 }
 
@@ -111,15 +127,29 @@ mod tests {
     #[test]
     fn the_error_is_shared_among_the_stops() {
         let mut m = StopMargin::new(30_000);
-        // Two members stopped, 20 µs over in all: 10 µs each.
+        // Two members stopped, 20 µs over in all: 10 µs each, a sample of 40 µs; the estimate
+        // holds (the lower median of it and one sample) until a second sample agrees.
+        m.learn(20_000, 2);
+        assert_eq!(m.get(), 30_000);
         m.learn(20_000, 2);
         assert_eq!(m.get(), 40_000);
-        m.learn(0, 0);
-        assert_eq!(
-            m.get(),
-            40_000,
-            "zero stops counts as one; the lower median of 2"
-        );
+        // Zero stops counts as one: a sample of 40 + 10.
+        m.learn(10_000, 0);
+        assert_eq!(m.get(), 40_000, "the median of 30, 40, 40, 50");
+    }
+
+    #[test]
+    fn a_burst_in_the_first_periods_does_not_move_the_margin() {
+        let mut m = StopMargin::new(30_000);
+        // A first period 7 ms over with 4 stops (the limiter's timer delayed 4 ms): a sample of
+        // 1.78 ms, and alone with the estimate it is not the median.
+        m.learn(7_000_000, 4);
+        assert_eq!(m.get(), 30_000);
+        m.learn(0, 1);
+        assert_eq!(m.get(), 30_000);
+        // A second burst among three samples and the estimate still is not.
+        m.learn(5_000_000, 1);
+        assert_eq!(m.get(), 30_000);
     }
 
     #[test]

@@ -80,6 +80,42 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
     assert_eq!(removed.used_percent(), Some(10.0));
 }
 
+/// Issue 39: a member that starts after the limit's first period began runs with no share and
+/// no deadline until a look sees it, so the limiter looks every `START_POLL_NS` while one has
+/// yet to start (4 busy vCPUs on 2 host CPUs start up to 1.1 ms apart, and at 1 ms looks, and
+/// only for the first, a 1 ms quota's first period ran 0.4-1.0 ms over), and no more once all
+/// have.
+#[test]
+fn the_limiter_looks_soon_while_a_member_has_yet_to_start() {
+    let vm = crate::api::tests_support::handle(2);
+    let cfg = LimitConfig {
+        vm: Some((Limit::parse("25%").unwrap(), "25%".into())),
+        groups: Vec::new(),
+        backend: Backend::Vmm,
+        kick: KickMode::Timer,
+        vm_scope: Default::default(),
+    };
+    let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
+    let start = 10_000_000_000;
+    vm.vcpus()[1].pretend_ran(start, None);
+    let mut es = l.lock();
+    l.look(&mut es[0], start + 50_000);
+    assert_eq!(es[0].period_start, start);
+    assert_eq!(
+        es[0].next_look,
+        Some(start + 50_000 + periods::START_POLL_NS),
+        "vCPU 0 has yet to start"
+    );
+    vm.vcpus()[0].pretend_ran(start + 300_000, None);
+    l.look(&mut es[0], start + 350_000);
+    let next = es[0].next_look.unwrap();
+    assert!(
+        next > start + 350_000 + periods::START_POLL_NS,
+        "both started: the next look is the decision's, {} µs on",
+        (next - start - 350_000) / 1_000
+    );
+}
+
 /// Issue 39: the first period begins when the first member starts, not when the limiter does
 /// (at level full the vCPUs start ~0.5 s later, and a 25 % limit read 22 % over periods that
 /// began before any of them), and the last one ends with the last member, its own length
