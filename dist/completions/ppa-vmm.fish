@@ -164,7 +164,7 @@ complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l packets -d 'Fr
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l echoes -d 'Echo round trips (net)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l blocks -d '4 KiB blocks written and read per run (disk)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l poll-us -d 'The disk\'s `poll_us=`: how long its request thread polls an emptied ring (disk; 0: it does not)' -r
-complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default: overhead 15, socket 5, limit 5, net 5, disk 5, start 10, stops 3)' -r
+complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l rounds -d 'Rounds of alternated runs (default: overhead 45, socket 5, limit 5, net 5, disk 5, start 10, stops 3)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l exits -d 'Exits per run (default: overhead 8,000, net 20,000; socket refuses it, the others ignore it)' -r
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l json -d 'Print one JSON object whose last key is "verdict"'
 complete -c ppa-vmm -n "__fish_ppa_vmm_using_subcommand bench" -l hogs -d 'Run beside one spinning process per CPU (limit)'

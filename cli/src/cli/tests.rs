@@ -118,7 +118,7 @@ fn the_bench_defaults_the_docs_give_are_the_codes() {
     };
     assert_eq!(
         help("rounds"),
-        "Rounds of alternated runs (default: overhead 15, socket 5, limit 5, net 5, disk 5, start 10, stops 3)"
+        "Rounds of alternated runs (default: overhead 45, socket 5, limit 5, net 5, disk 5, start 10, stops 3)"
     );
     assert_eq!(
         help("exits"),
