@@ -80,13 +80,8 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
     assert_eq!(removed.used_percent(), Some(10.0));
 }
 
-/// Issue 39: a member that starts after the limit's first period began runs with no share and
-/// no deadline until a look sees it, so the limiter looks every `START_POLL_NS` while one has
-/// yet to start (4 busy vCPUs on 2 host CPUs start up to 1.1 ms apart, and at 1 ms looks, and
-/// only for the first, a 1 ms quota's first period ran 0.4-1.0 ms over), and no more once all
-/// have.
-#[test]
-fn the_limiter_looks_soon_while_a_member_has_yet_to_start() {
+/// A VM of 2 vCPUs and a limiter holding it to a VM limit of 25 % (the VMM backend, timers).
+fn vm_limit_of_25_percent() -> (crate::handle::VmHandle, Limiter) {
     let vm = crate::api::tests_support::handle(2);
     let cfg = LimitConfig {
         vm: Some((Limit::parse("25%").unwrap(), "25%".into())),
@@ -96,6 +91,17 @@ fn the_limiter_looks_soon_while_a_member_has_yet_to_start() {
         vm_scope: Default::default(),
     };
     let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
+    (vm, l)
+}
+
+/// Issue 39: a member that starts after the limit's first period began runs with no share and
+/// no deadline until a look sees it, so the limiter looks every `START_POLL_NS` while one has
+/// yet to start (4 busy vCPUs on 2 host CPUs start up to 1.1 ms apart, and at 1 ms looks, and
+/// only for the first, a 1 ms quota's first period ran 0.4-1.0 ms over), and no more once all
+/// have.
+#[test]
+fn the_limiter_looks_soon_while_a_member_has_yet_to_start() {
+    let (vm, l) = vm_limit_of_25_percent();
     let start = 10_000_000_000;
     vm.vcpus()[1].pretend_ran(start, None);
     let mut es = l.lock();
@@ -122,15 +128,7 @@ fn the_limiter_looks_soon_while_a_member_has_yet_to_start() {
 /// counted.
 #[test]
 fn periods_cover_the_time_the_members_ran() {
-    let vm = crate::api::tests_support::handle(2);
-    let cfg = LimitConfig {
-        vm: Some((Limit::parse("25%").unwrap(), "25%".into())),
-        groups: Vec::new(),
-        backend: Backend::Vmm,
-        kick: KickMode::Timer,
-        vm_scope: Default::default(),
-    };
-    let l = Limiter::new(&cfg, vm.vcpus().to_vec(), None, 30_000);
+    let (vm, l) = vm_limit_of_25_percent();
     let t0 = 10_000_000_000;
     {
         let mut es = l.lock();
