@@ -134,7 +134,14 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
         "the scripted guest time: {}",
         t.kvm_run_wall_ns
     );
-    assert!(t.guest_ns > 0);
+    // At level basic the VMM's part is the wall time between an exit and the next entry, so a
+    // thread preempted there for longer than the scripted 200 µs leaves the guest's share at
+    // 0 (seen once in CI, on a loaded host: the split is marked estimated for this reason,
+    // docs/accounting.md). With no wait for a CPU at all the split is exact and must show the
+    // scripted guest time.
+    if t.steal_ns == 0 {
+        assert!(t.guest_ns > 0, "no steal, yet no guest time: {t:?}");
+    }
     assert!(
         t.identity_holds(true),
         "wall {} = used {} + steal {} + idle {} ... off by {}",
