@@ -19,7 +19,8 @@ pub enum EventKind {
     Threshold,
     /// A CPU limit stopped its first member in a period.
     ThrottleStart,
-    /// A CPU limit released its members (period boundary, or budget redistributed).
+    /// A CPU limit released its members (period boundary, budget redistributed, or a turn
+    /// that straddles the period's end).
     ThrottleEnd,
     /// A runaway or overloaded vCPU (PPA requirement 20).
     Overload,
@@ -99,7 +100,8 @@ pub enum Event {
         uptime_ns: u64,
         /// Group name.
         group: String,
-        /// `period` (a new period began) or `redistributed` (members went idle).
+        /// `period` (a new period began), `redistributed` (members went idle) or `turn` (a
+        /// turn that straddles the period's end began).
         why: ThrottleEndWhy,
     },
     /// A vCPU stayed in the guest too long without an exit (`runaway`), or used more than

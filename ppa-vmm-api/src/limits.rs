@@ -62,6 +62,10 @@ pub struct GroupStats {
     /// gave each busy member less than 1 ms, so some ran the period while the others waited.
     #[serde(default)]
     pub turn_periods: u64,
+    /// Completed periods whose end a turn straddled (docs/limits.md, "Turns"): its members
+    /// were released late in the period and ran on into the next one.
+    #[serde(default)]
+    pub straddled_periods: u64,
     /// Largest overshoot of a period (used − quota when positive).
     pub overshoot_max_ns: u64,
     /// Overshoot per period, for periods that overshot.

@@ -320,6 +320,9 @@ names! {
         Period = "period",
         /// The members that could still run went idle, so the budget was shared again.
         Redistributed = "redistributed",
+        /// A turn that straddles the period's end began: its members run on into the next
+        /// period (docs/limits.md, "Turns").
+        Turn = "turn",
     }
 }
 

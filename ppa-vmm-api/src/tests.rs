@@ -366,7 +366,7 @@ fn names_keep_their_wire_spelling() {
         ],
     );
     check_names(&OverloadKind::ALL, &["runaway", "overload"]);
-    check_names(&ThrottleEndWhy::ALL, &["period", "redistributed"]);
+    check_names(&ThrottleEndWhy::ALL, &["period", "redistributed", "turn"]);
     assert_eq!(LimitBackend::default(), LimitBackend::Vmm);
     assert_eq!(
         format!("[{:>8}|{:<7}]", VmState::Running, VmEnd::Failed),

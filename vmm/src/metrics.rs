@@ -138,6 +138,7 @@ pub const FAMILIES: &[Decl] = {
         d("ppa_group_periods_total", Counter, "Periods completed since the limit was set."),
         d("ppa_group_throttled_periods_total", Counter, "Periods in which the limit stopped a member."),
         d("ppa_group_turn_periods_total", Counter, "Periods in which the members took turns: the quota gave each busy member under 1 ms."),
+        d("ppa_group_straddled_periods_total", Counter, "Periods whose end a turn straddled: its members were released late in it and ran on into the next."),
         d("ppa_group_used_seconds_total", Counter, "CPU time charged to the members in completed periods: their threads' CPU less their stops' cost (an estimate to the extent of the stops' estimated KVM round trips)."),
         d("ppa_group_stop_cost_seconds_total", Counter, "What stopping and restarting the members cost in completed periods, outside the quota (the VMM's): part cpu (their threads' CPU from each stop to the next guest entry, measured) and kvm_estimate (the KVM round trips the stops forced, an estimate from the measured exit cost)."),
         d("ppa_group_stop_cost_stops_total", Counter, "Stops (limited parks and kick-timer firings) whose cost ppa_group_stop_cost_seconds_total counts."),

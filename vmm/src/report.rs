@@ -713,6 +713,10 @@ impl Report {
                     g.name, g.turn_periods, g.periods,
                 );
             }
+            if g.straddled_periods > 0 {
+                let (n, s, p) = (&g.name, g.straddled_periods, g.periods);
+                let _ = writeln!(out, "  straddled turns in {n}: {s} of {p} periods ended in a turn that ran on into the next period, one stop for two periods' shares; their figures are the release's, not the exact stop's (docs/limits.md, \"Straddled turns\")");
+            }
             if let Some(line) = g.kicks.stages.as_ref().map(|s| s.summary()) {
                 let _ = writeln!(out, "  stop stages of {}: {line}", g.name);
             }

@@ -303,6 +303,7 @@ fn group(name: &str, slots: usize) -> GroupStats {
         device_holds: 0,
         limited_ns: 400_000_000,
         turn_periods: 0,
+        straddled_periods: 0,
         overshoot_max_ns: 41_000,
         overshoot: HistogramJson {
             frac_bits: 3,

@@ -396,6 +396,7 @@ impl CgroupLimits {
                     device_holds: 0,
                     limited_ns: s.throttled_ns,
                     turn_periods: 0,
+                    straddled_periods: 0,
                     overshoot_max_ns: 0,
                     overshoot: HistogramSnapshot::empty(3).to_json(),
                     kicks: LimitKicks {

@@ -119,6 +119,8 @@ struct Entity {
     owed: Vec<i64>,
     turns_this_period: bool,
     turn_periods: u64,
+    /// A turn that straddles the period's end (`turns`).
+    straddle: turns::Straddle,
 }
 
 /// What the socket and the report share with the thread.
@@ -219,6 +221,7 @@ impl Entity {
             owed: vec![0; n],
             turns_this_period: false,
             turn_periods: 0,
+            straddle: turns::Straddle::new(n),
         }
     }
 
@@ -293,6 +296,7 @@ impl Entity {
             device_holds: devices.2,
             limited_ns,
             turn_periods: self.turn_periods,
+            straddled_periods: self.straddle.periods,
             overshoot_max_ns: self.overshoot_max,
             overshoot: self.overshoot.snapshot().to_json(),
             kicks: self.kicks(vcpus, timers),
@@ -543,9 +547,10 @@ impl Limiter {
         if scope_of(e) == Scope::Vm {
             self.devices_begin(e);
         }
-        self.plan_turns(e);
+        self.plan_turns(e, now);
         for (k, &i) in e.members.iter().enumerate() {
-            e.base_cpu[k] = cpu_of(&self.vcpus[i]);
+            // A turn that straddled the boundary: charged from its use before it.
+            e.base_cpu[k] = e.straddle.take_carry(k).or_else(|| cpu_of(&self.vcpus[i]));
             e.base_stops[k] = stops_of(&self.vcpus[i]);
             if e.benched[k] {
                 // Waits its turn: a hold of its timer becomes this limit's stop; one still
@@ -609,6 +614,7 @@ impl Limiter {
             return;
         };
         let (mut members, cpu) = self.read_members(e);
+        self.release_straddle(e, &mut members, now);
         self.hand_over_turns(e, &mut members);
         let margin_ns = e
             .margin
@@ -617,7 +623,8 @@ impl Limiter {
         let (budget, for_devices) = if scope_of(e) == Scope::Vm {
             self.devices_budget(e, &members, &l, margin_ns, now)
         } else {
-            (l.quota_ns, None)
+            let end = e.period_start + l.period_ns;
+            (Self::straddle_budget(e, l.quota_ns, end), None)
         };
         let d = decide(budget, &members, margin_ns, self.host_cpus);
         self.apply_stops(e, &d, &members, l.quota_ns, now);
@@ -628,6 +635,9 @@ impl Limiter {
             (a, b) => a.or(b),
         };
         let mut next_look = next.map_or(period_end, |r| (now + r).min(period_end));
+        if let Some(r) = e.straddle.release_due() {
+            next_look = next_look.min(r.max(now));
+        }
         if self.members_to_start(e) {
             // A member yet to start runs, once it does, with no deadline and no share until
             // a look sees it: look again soon.

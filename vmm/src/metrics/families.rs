@@ -364,6 +364,11 @@ pub fn add_group(f: &mut Families, vm: &str, g: &GroupStats) {
         g.throttled_periods,
     );
     f.add("ppa_group_turn_periods_total", &labels, g.turn_periods);
+    f.add(
+        "ppa_group_straddled_periods_total",
+        &labels,
+        g.straddled_periods,
+    );
     f.add("ppa_group_used_seconds_total", &labels, Seconds(g.used_ns));
     for (part, ns) in [
         ("cpu", g.stops.cpu_ns),

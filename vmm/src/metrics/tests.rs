@@ -155,6 +155,7 @@ fn group() -> GroupStats {
         device_holds: 0,
         limited_ns: 1_100_000_000,
         turn_periods: 0,
+        straddled_periods: 0,
         overshoot_max_ns: 40_000,
         overshoot: hist(&[900, 20_000, 40_000]).to_json(),
         kicks: ppa_vmm_api::LimitKicks {
@@ -674,10 +675,10 @@ fn every_sample_parses_and_is_unique() {
     // exits and their time (one reason) and its interrupts (one kind).
     let vcpu = 1 + 6 + 4 + 10 + 2 + 1 + 1 + 4 + 1 + 1 + 3 * h;
     let vcpus = 2 * vcpu + (6 + 6) + (7 + 7) + 1 + 2 + 1 + 1 + 2 + 1;
-    // The group: 8 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
+    // The group: 9 figures, its histogram, stops by 2 paths and re-arms, 4 stop stages'
     // histograms, 2 pressure totals and whether they are estimated, the stops' cost in 2 parts
     // and their count; the process: 7 figures and 7 thread kinds.
-    let group = 8 + h + 2 + 1 + 4 * h + 3 + 3;
+    let group = 9 + h + 2 + 1 + 4 * h + 3 + 3;
     let process = 7 + 7;
     // Host CPU by 3 parts; the device: 3 statuses, 6 kinds of work, its thread's CPU and 4
     // states, and per queue (2) 8 counts (6, and the rate limiter's 2) and one drop reason.

@@ -90,7 +90,7 @@ impl Limiter {
                 self.end_period(e, boundary, boundary);
             }
             if end > e.period_start {
-                self.record_period(e, end - e.period_start, false);
+                self.record_period(e, end - e.period_start, None);
             }
         }
         self.clear_deadlines(e);
@@ -101,17 +101,19 @@ impl Limiter {
 
     /// Counts the period in progress as closed after `length` ns: the members' charged use,
     /// their stops, the expected use of each next period and the overshoot; a whole period
-    /// (`whole`) also teaches the margin.
-    pub(super) fn record_period(&self, e: &mut Entity, length: u64, whole: bool) {
+    /// (`at`: the boundary it ended at, and when it was looked at) also teaches the margin,
+    /// and a turn that straddled its end is cut there.
+    pub(super) fn record_period(&self, e: &mut Entity, length: u64, at: Option<(u64, u64)>) {
         let Some(l) = e.limit.as_ref().map(|(l, _)| *l) else {
             return;
         };
-        let per: Vec<u64> = e
+        let mut per: Vec<u64> = e
             .members
             .iter()
             .zip(e.base_cpu.iter_mut())
             .map(|(&i, b)| used_since(&self.vcpus[i], b))
             .collect();
+        let straddled = at.is_some_and(|(b, now)| self.cut_straddle(e, &mut per, b, now));
         let used: u64 = per.iter().sum();
         Self::settle_turns(e, &per, l.quota_ns);
         let equal = l.quota_ns / e.members.len().max(1) as u64;
@@ -148,9 +150,10 @@ impl Limiter {
         }
         if e.stopped_this_period {
             e.throttled_periods += 1;
-            // Learn the margin from the error of a period that ended in stops.
+            // Learn the margin from the error of a period that ended in stops (not in a
+            // straddled turn's release).
             let err = used as i64 - l.quota_ns as i64;
-            if let Some(m) = e.margin.as_mut().filter(|_| whole) {
+            if let Some(m) = e.margin.as_mut().filter(|_| at.is_some() && !straddled) {
                 m.learn(err, e.stops_this_period);
             }
         }
@@ -165,7 +168,7 @@ impl Limiter {
     pub(super) fn end_period(&self, e: &mut Entity, boundary: u64, now: u64) {
         if let Some((l, _)) = &e.limit {
             let length = l.period_ns;
-            self.record_period(e, length, true);
+            self.record_period(e, length, Some((boundary, now)));
         }
         if let Some(change) = e.pending.take() {
             e.limit = change;

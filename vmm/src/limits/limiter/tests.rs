@@ -81,7 +81,7 @@ fn periods_ns_sums_the_length_of_every_completed_period() {
 }
 
 /// A VM of 2 vCPUs and a limiter holding it to a VM limit of 25 % (the VMM backend, timers).
-fn vm_limit_of_25_percent() -> (crate::handle::VmHandle, Limiter) {
+pub(super) fn vm_limit_of_25_percent() -> (crate::handle::VmHandle, Limiter) {
     let vm = crate::api::tests_support::handle(2);
     let cfg = LimitConfig {
         vm: Some((Limit::parse("25%").unwrap(), "25%".into())),
