@@ -253,15 +253,17 @@ fn live_figures_never_go_down() {
         assert_all_exited_ok(&out.report);
         // Enough reads to catch a figure going down (~4,000 on a quiet host, fewer when loaded).
         assert!(reads > 200, "{level:?}: {reads} reads");
-        // The held live figures after the end still add up, like the report's exact ones.
+        // The held live figures after the end still add up, like the report's exact ones (a
+        // shortfall the host's own steal explains allowed, as everywhere: `assert_identity`;
+        // CI, level off: 9.5 ms of 1.5 s missing, over the 0.5 % tolerance).
+        let host_steal = out.report.vm.host_steal_ns.unwrap_or(0);
         for (i, v) in out.report.vcpus.iter().enumerate() {
             let held = handle.times(i).unwrap().0;
-            assert!(held.identity_holds(true), "{level:?} vCPU {i}: {held:?}");
             assert!(
-                v.times.identity_holds(true),
-                "{level:?} vCPU {i}: {:?}",
-                v.times
+                common::identity_explained(held.wall_ns, held.identity_error_ns, host_steal),
+                "{level:?} vCPU {i} (host steal {host_steal} ns): {held:?}"
             );
+            common::assert_identity(&out.report, v);
         }
         assert!(
             drops.is_empty(),
