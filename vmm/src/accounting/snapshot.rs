@@ -97,6 +97,10 @@ pub struct VcpuAccounting {
     pub exit_cost: Option<ExitCost>,
     /// Thread start, CLOCK_MONOTONIC (0 before).
     pub started_ns: AtomicU64,
+    /// The end of its run loop, CLOCK_MONOTONIC (0 before), where its wall time ends: the
+    /// thread's teardown after it (its records closed, its final readings; ~0.5 s at level
+    /// full on the development host) is no limit's period.
+    pub ended_ns: AtomicU64,
     /// CPU time and run_delay of the thread at `started_ns`: what it used and waited before its
     /// wall clock started (spawning, and the first run-queue wait) is not part of its figures.
     origin: OnceLock<(u64, u64)>,
@@ -155,6 +159,7 @@ impl VcpuAccounting {
             kvm,
             exit_cost,
             started_ns: AtomicU64::new(0),
+            ended_ns: AtomicU64::new(0),
             origin: OnceLock::new(),
             origin_kvm: OnceLock::new(),
             kvm_cumulative,

@@ -107,6 +107,10 @@ fn start_and_run<V: Vcpu>(v: &mut VcpuThread<V>, shared: &VcpuShared) -> (VcpuEn
     // The devices' end-of-vCPU work (a console line flushed) is VMM time of this vCPU.
     v.buses.vcpu_ended(shared.id);
     let last = consistent_stamp(shared);
+    shared
+        .acct
+        .ended_ns
+        .store(last.now.max(1), Ordering::Release);
     rec.finish(Stamp {
         now: last.now,
         cpu: last.cpu,

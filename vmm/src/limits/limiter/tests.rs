@@ -200,3 +200,30 @@ fn the_device_reserve_runs_out_with_the_period() {
     // No overflow at the largest figures.
     assert_eq!(device_reserve(u64::MAX, 0, u64::MAX), u64::MAX);
 }
+
+/// A limit ends with its members' run loops, not with their threads' teardown: at level full
+/// closing a vCPU's records took ~0.5 s on the development host, and a 4-vCPU limit counted it
+/// as 53 more periods in which nothing ran (charged 91 % of its quota over the run).
+#[test]
+fn a_limit_ends_where_its_members_loops_ended() {
+    let (vm, l) = vm_limit_of_25_percent();
+    let start = 10_000_000_000;
+    for v in vm.vcpus() {
+        v.pretend_ran(start, None);
+    }
+    let mut es = l.lock();
+    l.look(&mut es[0], start + 1_000);
+    assert_eq!(es[0].period_start, start);
+    // Both loops ended 150 ms in; the threads are still tearing down (not finished).
+    for v in vm.vcpus() {
+        v.acct
+            .ended_ns
+            .store(start + 150_000_000, Ordering::Release);
+        assert_ne!(v.state(), ThreadState::Finished);
+    }
+    l.look(&mut es[0], start + 700_000_000);
+    assert!(es[0].ended, "every member's loop ended");
+    assert_eq!(es[0].periods, 2, "one whole period and the one cut short");
+    assert_eq!(es[0].periods_ns, 150_000_000);
+    assert_eq!(es[0].next_look, None);
+}

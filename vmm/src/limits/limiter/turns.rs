@@ -79,7 +79,7 @@ impl Limiter {
     /// by this limit (not idle, paused, finished or not yet started).
     pub(super) fn wants_cpu(&self, e: &Entity, k: usize) -> bool {
         let v = &self.vcpus[e.members[k]];
-        let finished = matches!(v.state(), ThreadState::Finished | ThreadState::Created);
+        let finished = v.state() == ThreadState::Created || super::ended_at(v).is_some();
         !finished
             && (e.stopped[k]
                 || matches!(
