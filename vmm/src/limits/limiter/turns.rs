@@ -150,11 +150,14 @@ impl Limiter {
         let Some(share) = share.filter(|_| busy) else {
             return;
         };
+        // Never released before a share into the period: the budget of a released turn is the
+        // time to the boundary, which must not be most of a short period (1 ms periods).
         let lead = e
             .straddle
             .lead
             .get_or_insert(ReleaseLead::new(RELEASE_LEAD_NS))
-            .get();
+            .get()
+            .min(l.period_ns.saturating_sub(2 * share));
         let end = start + l.period_ns;
         let s = &mut e.straddle;
         s.release_at = Some(release_at(start, end, share, lead));
@@ -358,5 +361,24 @@ mod tests {
             "no straddle planned over a kept turn"
         );
         assert_eq!(e.straddle.take_carry(0), Some(5_000_000 + since_release));
+    }
+
+    /// A lead learnt long (a loaded host) never releases a turn before a share into a short
+    /// period: its budget, the time to the boundary, would let it run most of the period.
+    #[test]
+    fn a_long_lead_leaves_a_short_period_its_first_share() {
+        let (vm, l) = super::super::tests::vm_limit_of_25_percent();
+        let t0 = 10_000_000_000;
+        for v in vm.vcpus() {
+            v.pretend_ran(t0, None);
+        }
+        let mut es = l.lock();
+        let e = &mut es[0];
+        e.limit = Some((Limit::parse("250us/1ms").unwrap(), "250us/1ms".into()));
+        e.stopped = vec![true, true];
+        e.straddle.lead = Some(ReleaseLead::new(2_000_000));
+        l.plan_turns(e, t0);
+        assert_eq!(e.straddle.who, [true, false]);
+        assert_eq!(e.straddle.release_due(), Some(t0 + 250_000));
     }
 }
