@@ -27,7 +27,7 @@ use ppa_vmm_api::{Event, ThrottleEndWhy};
 pub const RELEASE_LEAD_NS: u64 = 100_000;
 
 /// A limit's straddled turn (module doc).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Straddle {
     /// The members whose turn straddles the end of the period in progress.
     who: Vec<bool>,
@@ -43,7 +43,7 @@ pub(super) struct Straddle {
     /// across it: the next period's baseline.
     carry: Vec<Option<u64>>,
     /// The release's lead, learnt from what the releases lost.
-    lead: Option<ReleaseLead>,
+    lead: ReleaseLead,
     /// Completed periods whose end a turn straddled.
     pub(super) periods: u64,
 }
@@ -52,8 +52,13 @@ impl Straddle {
     pub(super) fn new(n: usize) -> Self {
         Straddle {
             who: vec![false; n],
+            release_at: None,
+            released_at: None,
+            share_ns: 0,
+            lead_ns: 0,
             carry: vec![None; n],
-            ..Default::default()
+            lead: ReleaseLead::new(RELEASE_LEAD_NS),
+            periods: 0,
         }
     }
 
@@ -155,7 +160,6 @@ impl Limiter {
         let lead = e
             .straddle
             .lead
-            .get_or_insert(ReleaseLead::new(RELEASE_LEAD_NS))
             .get()
             .min(l.period_ns.saturating_sub(2 * share));
         let end = start + l.period_ns;
@@ -255,9 +259,7 @@ impl Limiter {
         }
         // The lead that would have made the period exact: the lead it was released with plus
         // the shortfall.
-        if let Some(l) = s.lead.as_mut() {
-            l.learn(s.lead_ns, short / n.max(1));
-        }
+        s.lead.learn(s.lead_ns, short / n.max(1));
         s.periods += 1;
         true
     }
@@ -292,6 +294,24 @@ mod tests {
     use super::*;
     use crate::limits::Limit;
 
+    /// When the members of the tests below started.
+    const START: u64 = 10_000_000_000;
+
+    /// A VM of 2 vCPUs that started at [`START`], under a VM limit of `limit`, both members
+    /// stopped by it (busy: they spent their share).
+    fn two_busy_members_under(limit: &str) -> (crate::handle::VmHandle, Limiter) {
+        let (vm, l) = super::super::tests::vm_limit_of_25_percent();
+        for v in vm.vcpus() {
+            v.pretend_ran(START, None);
+        }
+        {
+            let mut es = l.lock();
+            es[0].limit = Some((Limit::parse(limit).unwrap(), limit.into()));
+            es[0].stopped = vec![true, true];
+        }
+        (vm, l)
+    }
+
     /// A straddled turn, step by step: held at the boundary where both members were stopped
     /// (one runs, with turns), released its share and lead before the end, with a budget
     /// that covers the next period's share, cut at the boundary (never more than the wall
@@ -299,15 +319,10 @@ mod tests {
     /// its member owes.
     #[test]
     fn a_straddled_turn_is_held_released_cut_and_kept() {
-        let (vm, l) = super::super::tests::vm_limit_of_25_percent();
-        let (t0, period, quota) = (10_000_000_000, 10_000_000, 1_000_000);
-        for v in vm.vcpus() {
-            v.pretend_ran(t0, None);
-        }
+        let (t0, period, quota) = (START, 10_000_000, 1_000_000);
+        let (_vm, l) = two_busy_members_under("1ms/10ms");
         let mut es = l.lock();
         let e = &mut es[0];
-        e.limit = Some((Limit::parse("1ms/10ms").unwrap(), "1ms/10ms".into()));
-        e.stopped = vec![true, true];
         l.plan_turns(e, t0);
         assert!(e.turns_this_period);
         assert_eq!(e.benched, [true, true], "the runner is held too");
@@ -346,8 +361,8 @@ mod tests {
         assert_eq!(e.straddle.periods, 1);
         // It used 50 µs more than its share before the boundary: 50 µs less lead is exact.
         assert_eq!(
-            e.straddle.lead.map(|l| l.get()),
-            Some(RELEASE_LEAD_NS - (since_release - quota))
+            e.straddle.lead.get(),
+            RELEASE_LEAD_NS - (since_release - quota)
         );
 
         // The next period: its member keeps the turn, though the other is owed more.
@@ -367,16 +382,11 @@ mod tests {
     /// period: its budget, the time to the boundary, would let it run most of the period.
     #[test]
     fn a_long_lead_leaves_a_short_period_its_first_share() {
-        let (vm, l) = super::super::tests::vm_limit_of_25_percent();
-        let t0 = 10_000_000_000;
-        for v in vm.vcpus() {
-            v.pretend_ran(t0, None);
-        }
+        let t0 = START;
+        let (_vm, l) = two_busy_members_under("250us/1ms");
         let mut es = l.lock();
         let e = &mut es[0];
-        e.limit = Some((Limit::parse("250us/1ms").unwrap(), "250us/1ms".into()));
-        e.stopped = vec![true, true];
-        e.straddle.lead = Some(ReleaseLead::new(2_000_000));
+        e.straddle.lead = ReleaseLead::new(2_000_000);
         l.plan_turns(e, t0);
         assert_eq!(e.straddle.who, [true, false]);
         assert_eq!(e.straddle.release_due(), Some(t0 + 250_000));
