@@ -262,15 +262,12 @@ impl Recorder {
     /// and starts a `guest` interval on `host_cpu`. `s` holds what `level_for_entry` needs.
     #[inline]
     pub fn on_entry(&mut self, s: Stamp, host_cpu: usize, next: Level) {
+        if self.level == Level::Off && next == Level::Off {
+            return self.on_entry_off(s);
+        }
         let host_cpu = host_cpu.min(self.meter.entries_by_cpu.len() - 1);
         let timed = self.level != Level::Off;
-        let epoch = self.meter.reset_epoch.load(Ordering::Relaxed);
-        if epoch != self.epoch {
-            // Records taken before a reset must not count after it.
-            self.pending_len = 0;
-            self.acc.drop_pending();
-            self.epoch = epoch;
-        }
+        self.follow_reset();
         let mut wakeup = None;
         self.meter.begin();
         if timed {
@@ -322,12 +319,67 @@ impl Recorder {
         self.cpu_since = s.cpu;
     }
 
+    /// [`Self::on_entry`] at level off with the next run at level off too: what the general
+    /// case does then, with none of its branches (the plain loop's entry, `vcpu::plain`, is
+    /// this and [`Self::on_exit_off`], a few dozen instructions).
+    #[inline]
+    pub fn on_entry_off(&mut self, s: Stamp) {
+        self.follow_reset();
+        let m = &*self.meter;
+        m.begin();
+        m.set_state(MicroState::Guest, 0);
+        m.end();
+        self.wakeup_from = None;
+        self.since = s.now;
+        self.cpu_since = s.cpu;
+    }
+
+    /// Follows a reset of the figures: records taken before it must not count after it.
+    #[inline]
+    fn follow_reset(&mut self) {
+        let epoch = self.meter.reset_epoch.load(Ordering::Relaxed);
+        if epoch != self.epoch {
+            self.pending_len = 0;
+            self.acc.drop_pending();
+            self.epoch = epoch;
+        }
+    }
+
+    /// [`Self::on_exit`] of a run at level off: counts the exit; nothing is timed.
+    #[inline]
+    pub fn on_exit_off(&mut self, s: Stamp, reason: ExitReason) {
+        let r = reason.index();
+        let m = &*self.meter;
+        m.begin();
+        m.exits[r].add(1);
+        m.exits_at_level[Level::Off].add(1);
+        self.acc.publish();
+        let m = &*self.meter;
+        m.set_state(MicroState::Vmm, 0);
+        m.end();
+        self.after_exit(s, r);
+    }
+
+    /// What every exit leaves behind: the exit being handled, and no run's parts held.
+    #[inline]
+    fn after_exit(&mut self, s: Stamp, r: usize) {
+        self.exit_reason = Some(r);
+        self.exit_vmm_ns = 0;
+        self.run_off = 0;
+        self.run_guest = 0;
+        self.run_irq = 0;
+        self.since = s.now;
+        self.cpu_since = s.cpu;
+    }
+
     /// Just after KVM_RUN returned with `reason`: counts the exit and closes the `guest`
     /// interval.
     #[inline]
     pub fn on_exit(&mut self, s: Stamp, reason: ExitReason) {
+        if self.level == Level::Off {
+            return self.on_exit_off(s, reason);
+        }
         let r = reason.index();
-        let timed = self.level != Level::Off;
         let run = s.now.saturating_sub(self.since);
         // Episodes that began after the exit stamp `s` (a preemption before this drain) are the
         // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
@@ -353,38 +405,28 @@ impl Recorder {
         let m = &*self.meter;
         m.exits[r].add(1);
         m.exits_at_level[self.level].add(1);
-        if timed {
-            m.wall[MicroState::Guest].add(run);
-            match (self.level, records, s.cpu, self.cpu_since) {
-                (Level::Full, Some(t), _, _) => self.split_run(run, &t),
-                (Level::Full, None, Some(c), Some(c0)) => {
-                    m.cpu_guest_full.add(c.saturating_sub(c0));
-                }
-                _ => {}
+        m.wall[MicroState::Guest].add(run);
+        match (self.level, records, s.cpu, self.cpu_since) {
+            (Level::Full, Some(t), _, _) => self.split_run(run, &t),
+            (Level::Full, None, Some(c), Some(c0)) => {
+                m.cpu_guest_full.add(c.saturating_sub(c0));
             }
-            let t = self.control.threshold(Threshold::GuestRun);
-            if t != 0 && run > t {
-                m.exceeded[Threshold::GuestRun].add(1);
-            }
+            _ => {}
+        }
+        let t = self.control.threshold(Threshold::GuestRun);
+        if t != 0 && run > t {
+            m.exceeded[Threshold::GuestRun].add(1);
         }
         self.acc.publish();
         let m = &*self.meter;
-        m.set_state(MicroState::Vmm, if timed { s.now } else { 0 });
+        m.set_state(MicroState::Vmm, s.now);
         m.end();
         if silenced {
             self.silence_kvm();
         }
-        if timed {
-            self.cpu_wall += run;
-            self.hist(HistId::GuestRun, run);
-        }
-        self.exit_reason = Some(r);
-        self.exit_vmm_ns = 0;
-        self.run_off = 0;
-        self.run_guest = 0;
-        self.run_irq = 0;
-        self.since = s.now;
-        self.cpu_since = s.cpu;
+        self.cpu_wall += run;
+        self.hist(HistId::GuestRun, run);
+        self.after_exit(s, r);
     }
 
     /// A KVM_RUN of `run` ns at level full, its records in `t`: its on-CPU time (wall less the
