@@ -76,6 +76,7 @@ pub(crate) mod sched;
 pub mod seccomp;
 pub mod signals;
 pub mod sync;
+pub mod vdso;
 /// The control socket's Unix-socket rules, for the binary's other socket (`ppa-vmm
 /// firecracker`'s API socket): mode 0600 from the start, a stale file replaced and a live one
 /// refused, removed at the end (and by a forced exit) only while it is still ours.

@@ -33,6 +33,7 @@ use ppa_vmm_api::VcpuSummary;
 mod kick_lead;
 mod kick_timer;
 mod park;
+mod plain;
 mod requests;
 mod run;
 pub mod stops;

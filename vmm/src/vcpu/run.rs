@@ -8,12 +8,20 @@
 //! context-switch records, else two thread-CPU-clock reads), and, with CPU limits, what the
 //! kick timer does when its deadlines change or it fires (`kick_timer`: a `timer_settime`, a
 //! CPU clock read).
+//!
+//! While nothing but exits is in play (the level stays what it is, no stop is open, nothing is
+//! requested, the kick timer says "enter", the vCPU has started) the loop hands the vCPU to the
+//! plain loop ([`super::plain`]), which makes the same calls per exit in a few hundred bytes of
+//! code and hands back before the next entry when any of that changes; an outcome other than
+//! "resume" comes back to [`settle`], which both loops share. The wall clock is read through the
+//! vDSO's own entry point ([`crate::vdso::MonoClock`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::kick_timer::{KickTimer, Prepared};
 use super::park::{consistent_stamp, park};
+use super::plain::{self, Plain, Steady};
 use super::{LastExit, Requests, ThreadState, VcpuEnd, VcpuShared, VcpuThread};
 use crate::accounting::host::{
     current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
@@ -24,7 +32,8 @@ use crate::accounting::Level;
 use crate::devices::VcpuRequest;
 use crate::exit::{handle_exit, Outcome};
 use crate::hypervisor::Vcpu;
-use crate::sync::{futex_wait, now_ns};
+use crate::sync::futex_wait;
+use crate::vdso::MonoClock;
 
 pub(super) fn thread_main<V: Vcpu>(mut v: VcpuThread<V>) {
     let shared = Arc::clone(&v.shared);
@@ -131,13 +140,14 @@ fn publish_final(shared: &VcpuShared, tid: i32, end: ParkStamp) {
     let _ = shared.acct.finals.set(finals);
 }
 
-/// Clock readings for a run boundary after an interval at `prev`: the wall clock unless
-/// level off, the thread CPU clock when `cpu` (`Recorder::needs_cpu_clock`).
+/// Clock readings for a run boundary after an interval at `prev`: the wall clock (read through
+/// `clock`, the vDSO's entry point) unless level off, the thread CPU clock when `cpu`
+/// (`Recorder::needs_cpu_clock`).
 #[inline]
-fn stamp(prev: Level, cpu: bool) -> Stamp {
+pub(super) fn stamp(clock: MonoClock, prev: Level, cpu: bool) -> Stamp {
     Stamp {
         now: if prev != Level::Off || cpu {
-            now_ns()
+            clock.now_ns()
         } else {
             0
         },
@@ -148,7 +158,13 @@ fn stamp(prev: Level, cpu: bool) -> Stamp {
 /// The entry's stamp at level `next`; a stop still open ends at it (with the CPU clock it
 /// then needs), so the guest's time from here on is charged again.
 #[link_section = "ppa_hot"]
-fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut StopTrack) -> Stamp {
+fn entry_stamp(
+    clock: MonoClock,
+    rec: &Recorder,
+    next: Level,
+    shared: &VcpuShared,
+    stop: &mut StopTrack,
+) -> Stamp {
     let stopped = shared.stops.is_open();
     let level = if next == Level::Off {
         rec.level()
@@ -156,6 +172,7 @@ fn entry_stamp(rec: &Recorder, next: Level, shared: &VcpuShared, stop: &mut Stop
         next
     };
     let entry = stamp(
+        clock,
         level,
         rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
     );
@@ -181,6 +198,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     let mut unstarted = v.vcpu.waits_for_start();
     let mut kick_timer = KickTimer::start(&shared);
     let mut stop = StopTrack::default();
+    let clock = MonoClock::get();
     let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -211,6 +229,32 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             Prepared::Again => continue,
         }
         let next = rec.next_level();
+        if plain::applies(rec, next, &shared, unstarted) {
+            let s = Steady {
+                vcpu: &mut v.vcpu,
+                buses: &v.buses,
+                shared: &shared,
+                rec,
+                timer: &mut kick_timer,
+                last_exit: &mut last_exit,
+                clock,
+            };
+            let plain = if next == Level::Off {
+                plain::run::<_, false>(s, next)
+            } else {
+                plain::run::<_, true>(s, next)
+            };
+            match plain {
+                Plain::Leave => continue,
+                Plain::Error(e) => break VcpuEnd::Error(e),
+                Plain::Exit { outcome, previous } => {
+                    match settle(v, &shared, rec, outcome, previous) {
+                        Some(end) => break end,
+                        None => continue,
+                    }
+                }
+            }
+        }
         let host_cpu = if next == Level::Off {
             0
         } else {
@@ -220,11 +264,12 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         };
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
-        let entry = entry_stamp(rec, next, &shared, &mut stop);
+        let entry = entry_stamp(clock, rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
         let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
         let exit_stamp = stamp(
+            clock,
             rec.level(),
             rec.needs_cpu_clock(rec.level(), rec.level()) || rec.cpu_at_exit(kicked),
         );
@@ -242,20 +287,8 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
             unstarted = v.vcpu.waits_for_start();
         }
         let previous = last_exit.replace(LastExit { reason, addr });
-        match outcome {
-            Outcome::Resume => {}
-            Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
-                park(&v.vcpu, &shared, rec, ParkKind::Idle, deadline_ns);
-            }
-            Outcome::Request(VcpuRequest::Exit(code)) => break VcpuEnd::Exited(code),
-            Outcome::Request(VcpuRequest::Stop) => break VcpuEnd::GuestStop,
-            Outcome::Fail(failure) => {
-                break VcpuEnd::Failed {
-                    failure,
-                    regs: v.vcpu.dump_regs().map(Box::new),
-                    last_exit: previous,
-                }
-            }
+        if let Some(end) = settle(v, &shared, rec, outcome, previous) {
+            break end;
         }
     };
     // A stop the loop ended in (a stop request while parked) ends here, with no round trip.
@@ -263,6 +296,32 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         shared.stops.end(thread_cpu_ns(), 0);
     }
     end
+}
+
+/// Carries out an exit's `outcome` (`previous`: the exit before it): `None` to go on, or how
+/// the loop ends.
+#[inline]
+fn settle<V: Vcpu>(
+    v: &VcpuThread<V>,
+    shared: &VcpuShared,
+    rec: &mut Recorder,
+    outcome: Outcome,
+    previous: Option<LastExit>,
+) -> Option<VcpuEnd> {
+    match outcome {
+        Outcome::Resume => None,
+        Outcome::Request(VcpuRequest::Park { deadline_ns }) => {
+            park(&v.vcpu, shared, rec, ParkKind::Idle, deadline_ns);
+            None
+        }
+        Outcome::Request(VcpuRequest::Exit(code)) => Some(VcpuEnd::Exited(code)),
+        Outcome::Request(VcpuRequest::Stop) => Some(VcpuEnd::GuestStop),
+        Outcome::Fail(failure) => Some(VcpuEnd::Failed {
+            failure,
+            regs: v.vcpu.dump_regs().map(Box::new),
+            last_exit: previous,
+        }),
+    }
 }
 
 /// The run loop's side of a stop in progress ([`super::stops`]): whether the exit before it
@@ -319,10 +378,18 @@ mod tests {
             std::ptr::addr_of!(__start_ppa_hot) as *const () as usize,
             std::ptr::addr_of!(__stop_ppa_hot) as *const () as usize,
         );
-        let hot: [(&str, usize); 6] = [
+        let hot: [(&str, usize); 8] = [
             (
                 "run_loop",
                 run_loop::<crate::hypervisor::kvm::KvmVcpu> as *const () as usize,
+            ),
+            (
+                "plain::run (level off)",
+                plain::run::<crate::hypervisor::kvm::KvmVcpu, false> as *const () as usize,
+            ),
+            (
+                "plain::run (timed)",
+                plain::run::<crate::hypervisor::kvm::KvmVcpu, true> as *const () as usize,
             ),
             ("entry_stamp", entry_stamp as *const () as usize),
             (

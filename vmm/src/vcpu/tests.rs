@@ -22,6 +22,7 @@ fn bell(offset: u64, value: u64) -> FakeExit {
 
 struct Rig {
     shared: Arc<VcpuShared>,
+    control: Arc<AccountingControl>,
     board: Arc<TinyBoard>,
     buses: Arc<Buses>,
     handle: std::thread::JoinHandle<()>,
@@ -55,12 +56,13 @@ fn start_vcpu(vcpu: FakeVcpu, level: Level) -> Rig {
         buses: Arc::clone(&buses),
         done: tx,
         start_gate: gate,
-        control,
+        control: Arc::clone(&control),
         warm_up: None,
     })
     .unwrap();
     Rig {
         shared,
+        control,
         board,
         buses,
         handle,
@@ -77,9 +79,9 @@ impl Rig {
     }
 }
 
-#[test]
-fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
-    let script = vec![
+/// Every kind of exit the tiny devices see, a halt of 2 ms, and the exit doorbell (code 7).
+fn every_exit() -> Vec<Step> {
+    vec![
         Step::now(FakeExit::MmioWrite(
             DOORBELL_GPA + doorbell::CONSOLE,
             b"h".to_vec(),
@@ -95,7 +97,12 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
         Step::now(bell(doorbell::HALT, 2_000_000)),
         Step::now(bell(doorbell::REPORT_BASE + 8 * 3, 1234)),
         Step::now(bell(doorbell::EXIT, 7)),
-    ];
+    ]
+}
+
+#[test]
+fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
+    let script = every_exit();
     let n = script.len() as u64;
     let r = start(script, Level::Basic).finish();
     r.handle.join().unwrap();
@@ -155,21 +162,98 @@ fn scripted_exits_reach_the_devices_and_end_the_vcpu() {
 
 #[test]
 fn a_stop_request_kicks_a_vcpu_out_of_the_guest() {
-    // One long stretch of guest code: only a kick ends it early.
-    let r = start(
-        vec![Step::after(60_000_000_000, bell(doorbell::EXIT, 0))],
-        Level::Basic,
-    );
-    while r.shared.state() != ThreadState::Running {
+    // Level off and basic run in the plain loop, full in the run loop: each must see it.
+    for level in [Level::Off, Level::Basic, Level::Full] {
+        // One long stretch of guest code: only a kick ends it early.
+        let r = start(
+            vec![Step::after(60_000_000_000, bell(doorbell::EXIT, 0))],
+            level,
+        );
+        while r.shared.state() != ThreadState::Running {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        r.shared.kick(Requests::STOP);
+        let r = r.finish();
+        assert!(
+            matches!(r.shared.end(), Some(VcpuEnd::Stopped)),
+            "{level:?}"
+        );
+        let (t, _) = r.shared.times();
+        assert_eq!(t.exits["intr"], 1, "the kick is one intr exit ({level:?})");
+        assert_eq!(t.total_exits(), 1, "{level:?}");
+    }
+}
+
+/// The plain loop (`vcpu::plain`, level off and basic) and the run loop (level full) count and
+/// carry out the same exits: the same devices reached, the same park, the same end, every exit
+/// counted once at its level.
+#[test]
+fn every_level_counts_and_carries_out_the_same_exits() {
+    let mut seen = Vec::new();
+    for level in [Level::Off, Level::Basic, Level::Full] {
+        let script = every_exit();
+        let n = script.len() as u64;
+        let r = start(script, level).finish();
+        r.handle.join().unwrap();
+        assert!(
+            matches!(r.shared.end(), Some(VcpuEnd::Exited(7))),
+            "{level:?}"
+        );
+        let v = r.board.vcpu(0).unwrap();
+        let bells = [
+            Doorbell::Console,
+            Doorbell::WorkloadMmio,
+            Doorbell::WorkloadPio,
+            Doorbell::Halt,
+            Doorbell::Report,
+            Doorbell::Exit,
+        ]
+        .map(|d| v.doorbell(d));
+        assert_eq!(bells, [2, 1, 1, 1, 1, 1], "{level:?}");
+        let (t, _) = r.shared.times();
+        assert_eq!(t.total_exits(), n, "{level:?}: every exit counted, exactly");
+        assert_eq!(t.parks, 1, "{level:?}: the halt parked once");
+        let at = r.shared.acct.meter.read().exits_at_level;
+        assert_eq!(at[level], n, "{level:?}: every exit at its level");
+        seen.push(t.exits.clone());
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
+
+/// A level switch while the vCPU runs in the plain loop takes it out before its next entry:
+/// the exits after the switch count at the new level, and none is lost or counted twice.
+#[test]
+fn a_level_switch_takes_the_vcpu_out_of_the_plain_loop() {
+    let n = 3000u64;
+    let mut script: Vec<Step> = (0..n)
+        .map(|_| Step::after(20_000, bell(doorbell::WORKLOAD, 1)))
+        .collect();
+    script.push(Step::now(bell(doorbell::EXIT, 0)));
+    let r = start(script, Level::Off);
+    let count = |r: &Rig| r.shared.times().0.total_exits();
+    while count(&r) < 100 {
         std::thread::yield_now();
     }
-    std::thread::sleep(Duration::from_millis(20));
-    r.shared.kick(Requests::STOP);
+    r.control.set_level(Level::Basic);
+    let switched = count(&r);
+    while count(&r) < switched + 100 {
+        std::thread::yield_now();
+    }
+    r.control.set_level(Level::Off);
     let r = r.finish();
-    assert!(matches!(r.shared.end(), Some(VcpuEnd::Stopped)));
-    let (t, _) = r.shared.times();
-    assert_eq!(t.exits["intr"], 1, "the kick is one intr exit");
-    assert_eq!(t.total_exits(), 1);
+    assert!(matches!(r.shared.end(), Some(VcpuEnd::Exited(0))));
+    let at = r.shared.acct.meter.read().exits_at_level;
+    assert_eq!(at[Level::Off] + at[Level::Basic], n + 1, "{at:?}");
+    assert!(
+        at[Level::Basic] >= 100,
+        "the exits after the switch: {at:?}"
+    );
+    assert!(
+        at[Level::Off] >= 100,
+        "before it and after the switch back: {at:?}"
+    );
+    assert_eq!(r.shared.times().0.total_exits(), n + 1);
 }
 
 #[test]
@@ -260,7 +344,19 @@ fn registers_in_reset_state_are_called_so_with_the_last_exit_the_vmm_saw() {
     let reason = end.reason().unwrap();
     assert!(reason.contains("reset state"), "{reason}");
     assert!(reason.contains("mmio_write at 0xd0000018"), "{reason}");
-    // And the loop keeps the exit before the fatal one.
+    // And the loop keeps the exit before the fatal one: the plain loop at levels off and
+    // basic, the run loop at full.
+    for level in [Level::Off, Level::Full] {
+        let r = start(script.clone(), level).finish();
+        let Some(VcpuEnd::Failed { last_exit, .. }) = r.shared.end() else {
+            panic!("failed at {level:?}");
+        };
+        assert_eq!(
+            last_exit.map(|e| e.addr),
+            Some(Some(DOORBELL_GPA + doorbell::WORKLOAD)),
+            "{level:?}"
+        );
+    }
     let r = start(script, Level::Basic).finish();
     let Some(VcpuEnd::Failed {
         last_exit, regs, ..
