@@ -77,6 +77,16 @@ pub(super) fn applies(rec: &Recorder, next: Level, shared: &VcpuShared, unstarte
     next == rec.level() && !unstarted && !shared.stops.is_open()
 }
 
+/// [`run`] at `level`: its level-off instance or its timed one.
+#[inline]
+pub(super) fn run_at<V: Vcpu>(s: Steady<'_, V>, level: Level) -> Plain {
+    if level == Level::Off {
+        run::<V, false>(s, level)
+    } else {
+        run::<V, true>(s, level)
+    }
+}
+
 /// Runs the vCPU at `level` until [`applies`] stops holding or an exit needs the run loop;
 /// `last_exit` follows every exit, as the run loop's does. Enters the guest at once: its
 /// caller checked what the loop checks before each entry. `TIMED` is whether `level` is not

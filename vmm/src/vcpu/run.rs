@@ -239,20 +239,10 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 last_exit: &mut last_exit,
                 clock,
             };
-            let plain = if next == Level::Off {
-                plain::run::<_, false>(s, next)
-            } else {
-                plain::run::<_, true>(s, next)
-            };
-            match plain {
-                Plain::Leave => continue,
-                Plain::Error(e) => break VcpuEnd::Error(e),
-                Plain::Exit { outcome, previous } => {
-                    match settle(v, &shared, rec, outcome, previous) {
-                        Some(end) => break end,
-                        None => continue,
-                    }
-                }
+            let plain = plain::run_at(s, next);
+            match after_plain(v, &shared, rec, plain) {
+                Some(end) => break end,
+                None => continue,
             }
         }
         let host_cpu = if next == Level::Off {
@@ -296,6 +286,21 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         shared.stops.end(thread_cpu_ns(), 0);
     }
     end
+}
+
+/// What the run loop does with what the plain loop handed back: `None` to start its next
+/// iteration, or how it ends.
+fn after_plain<V: Vcpu>(
+    v: &VcpuThread<V>,
+    shared: &VcpuShared,
+    rec: &mut Recorder,
+    plain: Plain,
+) -> Option<VcpuEnd> {
+    match plain {
+        Plain::Leave => None,
+        Plain::Error(e) => Some(VcpuEnd::Error(e)),
+        Plain::Exit { outcome, previous } => settle(v, shared, rec, outcome, previous),
+    }
 }
 
 /// Carries out an exit's `outcome` (`previous`: the exit before it): `None` to go on, or how
