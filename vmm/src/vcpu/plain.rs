@@ -13,21 +13,20 @@
 //! host flushes the TLB at every exit, and each page the path then touches costs a page walk
 //! through the nested host's paging, ~150-400 cycles when the next load waits on it
 //! (docs/design.md, "The exit path in fewer pages"). The run loop was 7.8 KiB; the level-off
-//! instance of this one is 919 bytes, the timed one 1,258.
+//! instance of this one is 919 bytes, the timed one 1,196.
 //!
 //! It hands back to the run loop, before entering the guest again, as soon as any of its
 //! conditions stops holding. It also hands back an exit whose outcome is not to resume at once
 //! (a park, the guest's exit, a failure), which the run loop carries out as it does its own.
 
 use super::kick_timer::{KickTimer, Prepared};
-use super::run::stamp;
+use super::run::{entry_cpu, exit_stamp, stamp};
 use super::{LastExit, VcpuShared};
-use crate::accounting::host::current_cpu;
 use crate::accounting::meter::{Recorder, Stamp};
 use crate::accounting::Level;
 use crate::devices::Buses;
 use crate::exit::{handle_exit, Outcome};
-use crate::hypervisor::{ExitEvent, RunError, Vcpu};
+use crate::hypervisor::{RunError, Vcpu};
 use crate::vdso::MonoClock;
 
 /// Why the plain loop handed back to the run loop.
@@ -107,19 +106,16 @@ pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) ->
     } = s;
     loop {
         if TIMED {
-            let cpu = current_cpu();
-            shared.entered_on(cpu);
+            let cpu = entry_cpu(shared, level);
             rec.prepare(level);
             let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_entry();
-            rec.on_entry(stamp(mono, level, clock), cpu as usize, level);
+            rec.on_entry(stamp(mono, level, clock), cpu, level);
         } else {
             rec.on_entry_off(NO_CLOCK);
         }
         let result = vcpu.run();
         let s = if TIMED {
-            let kicked = matches!(result, Ok(ExitEvent::Intr));
-            let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_exit(kicked);
-            stamp(mono, level, clock)
+            exit_stamp(mono, rec, &result)
         } else {
             NO_CLOCK
         };

@@ -155,6 +155,35 @@ pub(super) fn stamp(clock: MonoClock, prev: Level, cpu: bool) -> Stamp {
     }
 }
 
+/// The host CPU an entry at level `next` runs on, noted in the shared state; 0 at level off,
+/// which notes none.
+#[inline]
+pub(super) fn entry_cpu(shared: &VcpuShared, next: Level) -> usize {
+    if next == Level::Off {
+        return 0;
+    }
+    let c = current_cpu();
+    shared.entered_on(c);
+    c as usize
+}
+
+/// The stamp just after a KVM_RUN that returned `result`, for the interval at the recorder's
+/// level: the CPU clock too where that level needs it or the run was kicked at level basic.
+#[inline]
+pub(super) fn exit_stamp<E>(
+    clock: MonoClock,
+    rec: &Recorder,
+    result: &Result<crate::hypervisor::ExitEvent<'_>, E>,
+) -> Stamp {
+    let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
+    let level = rec.level();
+    stamp(
+        clock,
+        level,
+        rec.needs_cpu_clock(level, level) || rec.cpu_at_exit(kicked),
+    )
+}
+
 /// The entry's stamp at level `next`; a stop still open ends at it (with the CPU clock it
 /// then needs), so the guest's time from here on is charged again.
 #[link_section = "ppa_hot"]
@@ -245,24 +274,13 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 None => continue,
             }
         }
-        let host_cpu = if next == Level::Off {
-            0
-        } else {
-            let c = current_cpu();
-            shared.entered_on(c);
-            c as usize
-        };
+        let host_cpu = entry_cpu(&shared, next);
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
         let entry = entry_stamp(clock, rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
-        let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
-        let exit_stamp = stamp(
-            clock,
-            rec.level(),
-            rec.needs_cpu_clock(rec.level(), rec.level()) || rec.cpu_at_exit(kicked),
-        );
+        let exit_stamp = exit_stamp(clock, rec, &result);
         if let Some(before) = before {
             rec.start_wait(before, consistent_stamp(&shared));
         }
