@@ -75,6 +75,7 @@ pub(crate) mod sampler;
 pub(crate) mod sched;
 pub mod seccomp;
 pub mod signals;
+pub(crate) mod stamp_clock;
 pub mod sync;
 pub mod vdso;
 /// The control socket's Unix-socket rules, for the binary's other socket (`ppa-vmm

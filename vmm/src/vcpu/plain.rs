@@ -3,8 +3,8 @@
 //! requested and the kick timer says "enter".
 //!
 //! It makes the same calls per exit as the run loop does in that state, in the same order: the
-//! host CPU and the records' `prepare` before an entry, the stamps (the wall clock through the
-//! vDSO, the thread CPU clock where the recorder asks for it), the recorder's `on_entry` and
+//! host CPU and the records' `prepare` before an entry, the stamps (the wall clock from the
+//! thread's stamp clock, the thread CPU clock where the recorder asks for it), the recorder's `on_entry` and
 //! `on_exit` (at level off `on_entry_off` and `on_exit_off`, which the general ones are at level
 //! off, with stamps that hold no clock reading), `exit::handle_exit`, and before the next entry
 //! the kick, the request bits, the kick timer's `prepare`, the stop and the level. It leaves
@@ -13,7 +13,7 @@
 //! host flushes the TLB at every exit, and each page the path then touches costs a page walk
 //! through the nested host's paging, ~150-400 cycles when the next load waits on it
 //! (docs/design.md, "The exit path in fewer pages"). The run loop was 7.8 KiB; the level-off
-//! instance of this one is 919 bytes, the timed one 1,196.
+//! instance of this one is 919 bytes, the timed one 1,215.
 //!
 //! It hands back to the run loop, before entering the guest again, as soon as any of its
 //! conditions stops holding. It also hands back an exit whose outcome is not to resume at once
@@ -27,7 +27,7 @@ use crate::accounting::Level;
 use crate::devices::Buses;
 use crate::exit::{handle_exit, Outcome};
 use crate::hypervisor::{RunError, Vcpu};
-use crate::vdso::MonoClock;
+use crate::stamp_clock::StampClock;
 
 /// Why the plain loop handed back to the run loop.
 #[derive(Debug)]
@@ -61,7 +61,7 @@ pub(super) struct Steady<'a, V> {
     /// The last exit, which the plain loop keeps as the run loop does.
     pub last_exit: &'a mut Option<LastExit>,
     /// The wall clock.
-    pub clock: MonoClock,
+    pub clock: &'a mut StampClock,
 }
 
 /// A stamp with no clock reading: level off reads none.
@@ -109,7 +109,8 @@ pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) ->
             let cpu = entry_cpu(shared, level);
             rec.prepare(level);
             let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_entry();
-            rec.on_entry(stamp(mono, level, clock), cpu, level);
+            let exact = rec.exact_stamps(level, level);
+            rec.on_entry(stamp(mono, level, clock, exact), cpu, level);
         } else {
             rec.on_entry_off(NO_CLOCK);
         }

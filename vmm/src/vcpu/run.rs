@@ -4,7 +4,7 @@
 //! read the request bits, take a clock stamp, run the guest, take a stamp, classify and route
 //! the exit (`exit::handle_exit`), record it, carry out the outcome. It holds no lock, makes no
 //! allocation, and makes no system call beyond KVM_RUN and what the accounting level asks for
-//! (none at `off` and `basic`: vDSO clock reads; at `full`, none either where the thread has
+//! (none at `off` and `basic`: stamp-clock reads; at `full`, none either where the thread has
 //! context-switch records, else two thread-CPU-clock reads), and, with CPU limits, what the
 //! kick timer does when its deadlines change or it fires (`kick_timer`: a `timer_settime`, a
 //! CPU clock read).
@@ -13,8 +13,9 @@
 //! requested, the kick timer says "enter", the vCPU has started) the loop hands the vCPU to the
 //! plain loop ([`super::plain`]), which makes the same calls per exit in a few hundred bytes of
 //! code and hands back before the next entry when any of that changes; an outcome other than
-//! "resume" comes back to [`settle`], which both loops share. The wall clock is read through the
-//! vDSO's own entry point ([`crate::vdso::MonoClock`]).
+//! "resume" comes back to [`settle`], which both loops share. Both take their stamps from the
+//! thread's [`StampClock`]: CLOCK_MONOTONIC through the vDSO's own entry point
+//! ([`crate::vdso::MonoClock`]) about once a millisecond, the TSC in between.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::accounting::Level;
 use crate::devices::VcpuRequest;
 use crate::exit::{handle_exit, Outcome};
 use crate::hypervisor::Vcpu;
+use crate::stamp_clock::StampClock;
 use crate::sync::futex_wait;
 use crate::vdso::MonoClock;
 
@@ -140,16 +142,18 @@ fn publish_final(shared: &VcpuShared, tid: i32, end: ParkStamp) {
     let _ = shared.acct.finals.set(finals);
 }
 
-/// Clock readings for a run boundary after an interval at `prev`: the wall clock (read through
-/// `clock`, the vDSO's entry point) unless level off, the thread CPU clock when `cpu`
-/// (`Recorder::needs_cpu_clock`).
+/// Clock readings for a run boundary after an interval at `prev`: the wall clock unless level
+/// off (through `clock`, extrapolated by the TSC unless `exact`:
+/// `Recorder::exact_stamps`), the thread CPU clock when `cpu` (`Recorder::needs_cpu_clock`).
 #[inline]
-pub(super) fn stamp(clock: MonoClock, prev: Level, cpu: bool) -> Stamp {
+pub(super) fn stamp(clock: &mut StampClock, prev: Level, cpu: bool, exact: bool) -> Stamp {
     Stamp {
-        now: if prev != Level::Off || cpu {
-            clock.now_ns()
-        } else {
+        now: if prev == Level::Off && !cpu {
             0
+        } else if exact {
+            clock.exact_ns()
+        } else {
+            clock.now_ns()
         },
         cpu: if cpu { Some(thread_cpu_ns()) } else { None },
     }
@@ -171,7 +175,7 @@ pub(super) fn entry_cpu(shared: &VcpuShared, next: Level) -> usize {
 /// level: the CPU clock too where that level needs it or the run was kicked at level basic.
 #[inline]
 pub(super) fn exit_stamp<E>(
-    clock: MonoClock,
+    clock: &mut StampClock,
     rec: &Recorder,
     result: &Result<crate::hypervisor::ExitEvent<'_>, E>,
 ) -> Stamp {
@@ -181,6 +185,7 @@ pub(super) fn exit_stamp<E>(
         clock,
         level,
         rec.needs_cpu_clock(level, level) || rec.cpu_at_exit(kicked),
+        rec.exact_stamps(level, level),
     )
 }
 
@@ -188,7 +193,7 @@ pub(super) fn exit_stamp<E>(
 /// then needs), so the guest's time from here on is charged again.
 #[link_section = "ppa_hot"]
 fn entry_stamp(
-    clock: MonoClock,
+    clock: &mut StampClock,
     rec: &Recorder,
     next: Level,
     shared: &VcpuShared,
@@ -204,6 +209,7 @@ fn entry_stamp(
         clock,
         level,
         rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
+        rec.exact_stamps(rec.level(), next),
     );
     if stopped {
         stop.end(shared, entry.cpu.unwrap_or_else(thread_cpu_ns));
@@ -227,7 +233,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     let mut unstarted = v.vcpu.waits_for_start();
     let mut kick_timer = KickTimer::start(&shared);
     let mut stop = StopTrack::default();
-    let clock = MonoClock::get();
+    let mut clock = StampClock::new(MonoClock::get());
     let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -266,7 +272,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 rec,
                 timer: &mut kick_timer,
                 last_exit: &mut last_exit,
-                clock,
+                clock: &mut clock,
             };
             let plain = plain::run_at(s, next);
             match after_plain(v, &shared, rec, plain) {
@@ -277,10 +283,10 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         let host_cpu = entry_cpu(&shared, next);
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
-        let entry = entry_stamp(clock, rec, next, &shared, &mut stop);
+        let entry = entry_stamp(&mut clock, rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
-        let exit_stamp = exit_stamp(clock, rec, &result);
+        let exit_stamp = exit_stamp(&mut clock, rec, &result);
         if let Some(before) = before {
             rec.start_wait(before, consistent_stamp(&shared));
         }

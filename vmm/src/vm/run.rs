@@ -207,6 +207,8 @@ where
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
+        // The vCPU threads' stamp clock asks the host once, before the filters forbid the read.
+        crate::stamp_clock::tsc_usable();
         crate::seccomp::arm(self.seccomp);
         // The helpers started from here inherit the service threads' CPUs.
         let service = self

@@ -1,0 +1,36 @@
+//! The host's time-stamp counter, as the vCPU thread's stamp clock ([`crate::stamp_clock`])
+//! reads it: in order with the loads before it, as the kernel's own `rdtsc_ordered` does, and
+//! only where it ticks at one rate in every power state (the invariant TSC).
+
+/// The counter, read after every load before it has completed (`lfence; rdtsc`).
+#[inline]
+pub fn read_ordered() -> u64 {
+    // SAFETY: `lfence` and `rdtsc` read no memory the program owns; both exist on every
+    // x86_64 CPU, and user-space `rdtsc` is allowed unless CR4.TSD is set, which Linux leaves
+    // clear for a process that has not asked for it (PR_SET_TSC).
+    unsafe {
+        core::arch::x86_64::_mm_lfence();
+        core::arch::x86_64::_rdtsc()
+    }
+}
+
+/// Whether the CPU says its TSC is invariant: it ticks at one constant rate in every P-, C-
+/// and T-state (CPUID 0x8000_0007, EDX bit 8).
+pub fn invariant() -> bool {
+    // Leaf 0x8000_0000 gives the highest extended leaf; 0x8000_0007 is read only when it is
+    // at or below that.
+    let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
+    max >= 0x8000_0007 && core::arch::x86_64::__cpuid(0x8000_0007).edx & (1 << 8) != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counter_moves_forward_on_this_thread() {
+        let a = read_ordered();
+        let b = read_ordered();
+        assert!(b >= a, "{a} then {b}");
+    }
+}
