@@ -262,16 +262,49 @@ fn rate(exits: u64, config: Option<(Level, bool)>, place: Place) -> Result<f64, 
     }
 }
 
+/// The five configurations of a round of `bench overhead`, in the order of
+/// [`OverheadRound::exits_per_s`]: the raw loop, then ppa-vmm at a level, with the kernel's
+/// tracepoints or not.
+const CONFIGS: [Option<(Level, bool)>; 5] = [
+    None,
+    Some((Level::Off, true)),
+    Some((Level::Basic, true)),
+    Some((Level::Full, true)),
+    Some((Level::Full, false)),
+];
+
+/// Round `round` of `bench overhead`: the five configurations' runs of `exits` exits each, in
+/// an order that rotates with the round, then the same-VM slices ([`interleaved`]).
+fn overhead_round(round: usize, exits: u64, place: Place) -> Result<OverheadRound, VmError> {
+    let (r0, rs0) = (now_ns(), host_steal_ns());
+    let mut rates = [0f64; 5];
+    // Rotate the order each round, and let the host finish tearing down the previous VM
+    // (freed memory, shadow pages) before the next starts, so no configuration always runs
+    // in the wake of the same other one.
+    for k in 0..CONFIGS.len() {
+        let i = (round + k) % CONFIGS.len();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        rates[i] = rate(exits, CONFIGS[i], place)?;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let same_vm = interleaved::round(place, INTERLEAVED_EXITS_CAP)?;
+    let [raw, off, basic, full, full_notrace] = rates;
+    Ok(OverheadRound {
+        exits_per_s: rates,
+        off_over_raw: off / raw,
+        basic_over_off: basic / off,
+        full_over_off: full / off,
+        full_notrace_over_off: full_notrace / off,
+        same_vm,
+        same_vm_basic_over_off: same_vm.basic / same_vm.off,
+        same_vm_full_notrace_over_off: same_vm.full_notrace / same_vm.off,
+        host_steal_pct: limit::steal_between(rs0, host_steal_ns(), now_ns() - r0).1,
+    })
+}
+
 /// Runs `bench overhead`: rounds of the five configurations, each round's ratios of its own
 /// runs, the median round's ratio as the figure, the spread and the host's steal beside it.
 pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
-    let configs = [
-        None,
-        Some((Level::Off, true)),
-        Some((Level::Basic, true)),
-        Some((Level::Full, true)),
-        Some((Level::Full, false)),
-    ];
     let load_start = limit::load_avg();
     // One quiet CPU for every measured vCPU (the raw loop's and each level's), so that rounds
     // differ by what the VMM does, not by where the scheduler put them; the VMM's service
@@ -285,33 +318,9 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
         service,
     };
     let (t0, s0) = (now_ns(), host_steal_ns());
-    let mut rounds = Vec::new();
-    for round in 0..o.rounds.max(1) {
-        let (r0, rs0) = (now_ns(), host_steal_ns());
-        let mut rates = [0f64; 5];
-        // Rotate the order each round, and let the host finish tearing down the previous VM
-        // (freed memory, shadow pages) before the next starts, so no configuration always runs
-        // in the wake of the same other one.
-        for k in 0..configs.len() {
-            let i = (round + k) % configs.len();
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            rates[i] = rate(o.exits, configs[i], place)?;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let same_vm = interleaved::round(place, INTERLEAVED_EXITS_CAP)?;
-        let [raw, off, basic, full, full_notrace] = rates;
-        rounds.push(OverheadRound {
-            exits_per_s: rates,
-            off_over_raw: off / raw,
-            basic_over_off: basic / off,
-            full_over_off: full / off,
-            full_notrace_over_off: full_notrace / off,
-            same_vm,
-            same_vm_basic_over_off: same_vm.basic / same_vm.off,
-            same_vm_full_notrace_over_off: same_vm.full_notrace / same_vm.off,
-            host_steal_pct: limit::steal_between(rs0, host_steal_ns(), now_ns() - r0).1,
-        });
-    }
+    let rounds = (0..o.rounds.max(1))
+        .map(|round| overhead_round(round, o.exits, place))
+        .collect::<Result<Vec<_>, _>>()?;
     let (host_steal_ns, host_steal_pct) = limit::steal_between(s0, host_steal_ns(), now_ns() - t0);
     let of = |f: fn(&OverheadRound) -> f64| Spread::of(&rounds.iter().map(f).collect::<Vec<_>>());
     let spread = OverheadSpread {
