@@ -343,7 +343,8 @@ pub fn overhead(o: OverheadOptions) -> Result<OverheadResult, VmError> {
             0.97,
         ),
     ] {
-        if v < target {
+        // A ratio that is not a number (no exits counted) fails too.
+        if v.is_nan() || v < target {
             misses.push(format!("{name} {v:.3} < {target}"));
         }
     }

@@ -11,18 +11,28 @@
 //! How: each anchor is one reading of CLOCK_MONOTONIC bracketed by two TSC reads (a bracket
 //! wider than [`PAIR_MAX_CYCLES`], a preemption or an interrupt in between, is no anchor). The
 //! rate, ns per TSC cycle, is the clock's advance over the TSC's since a baseline anchor at
-//! least [`RATE_MIN_CYCLES`] back (~14 ms at 2.45 GHz); the baseline moves on every
-//! [`RATE_WINDOW_CYCLES`] (~3.5 s) so that a change of NTP's slew is followed. A stamp within
-//! [`ANCHOR_CYCLES`] (~0.86 ms) of the last anchor is the anchor's time plus the TSC's advance
-//! at that rate; any later one takes a new anchor. Stamps never go back. Each anchor checks the
-//! extrapolation against the clock: a difference over [`DRIFT_MAX_NS`] and 100 ppm (a TSC that is not
-//! synchronised after all, or a clocksource change) turns extrapolation off for the thread.
+//! least [`RATE_MIN_CYCLES`] back (~14 ms at 2.45 GHz). Once the baseline is half of
+//! [`RATE_WINDOW_CYCLES`] (~1.75 s) old, an anchor is noted as the next baseline, and the
+//! baseline moves to it when an anchor is half a window after that: the rate is then always
+//! measured over half a window to a window, and a change of NTP's slew is followed within
+//! seconds. A
+//! stamp within [`ANCHOR_CYCLES`] (~0.86 ms) of the last anchor is the anchor's time plus the
+//! TSC's advance at that rate; any later one takes a new anchor. Stamps never go back. Each
+//! anchor checks the extrapolation against the clock: a difference over [`DRIFT_MAX_NS`] plus
+//! 100 ppm (a step in the clock's rate, as chrony's fast slews make, or a TSC that jumped)
+//! drops the rate, which is measured again from that anchor on; after [`DRIFTS_MAX`] such
+//! drops (a TSC that is not synchronised after all) the thread stops extrapolating. So does a
+//! thread whose first [`FAILED_ANCHORS_MAX`] anchors all fail (a TSC read that traps, whose
+//! brackets are never narrow): its stamps are then plain vDSO reads, as where the host does
+//! not allow extrapolation.
 //!
-//! Error: an anchor's pairing error is at most half its bracket; the rate's error is at most
-//! the two anchors' pairing errors over the baseline, so at the first rate (the worst case)
-//! `2 × 512 cycles / 2^25 cycles` = 31 ppm, ~26 ns over a whole anchor period, and typically
-//! (brackets of ~100-300 cycles) a few ns; once the baseline spans a second, a fraction of a
-//! ns. Until a rate is known, and where extrapolation is off, every stamp is a vDSO read.
+//! Error (docs/accounting.md, "The stamp clock"): an anchor's pairing error is at most half its
+//! bracket (~210 ns at 2.45 GHz), so a duration between stamps on either side of an anchor can
+//! be off by twice that at worst; typically (brackets of ~100-300 cycles) by a few tens of ns.
+//! The rate's error is at most the two anchors' pairing errors over the baseline: 31 ppm at
+//! the first rate (2^25 cycles), ~26 ns over an anchor period, during a thread's first ~1.75 s;
+//! under 0.3 ppm after. Until a rate is known, and where extrapolation is off, every stamp is a
+//! vDSO read.
 
 use crate::arch::x86_64::tsc;
 use crate::vdso::MonoClock;
@@ -32,13 +42,18 @@ use std::sync::OnceLock;
 pub const ANCHOR_CYCLES: u64 = 1 << 21;
 /// The least span of TSC cycles the rate is measured over (~14 ms at 2.45 GHz).
 pub const RATE_MIN_CYCLES: u64 = 1 << 25;
-/// The span after which the rate's baseline moves to the newest anchor (~3.5 s at 2.45 GHz).
+/// The span the rate is measured over once the thread has run for half of it: between half
+/// of it and all of it (~1.75-3.5 s at 2.45 GHz).
 pub const RATE_WINDOW_CYCLES: u64 = 1 << 33;
 /// The widest TSC bracket around a clock reading that still makes an anchor.
 pub const PAIR_MAX_CYCLES: u64 = 1024;
 /// The largest difference between the extrapolated time and the clock at an anchor, beyond
-/// 100 ppm of the time since the last one, before extrapolation is turned off for the thread.
+/// 100 ppm of the time since the last one, before the rate is dropped and measured again.
 pub const DRIFT_MAX_NS: u64 = 5_000;
+/// Drops of the rate after which a thread stops extrapolating.
+pub const DRIFTS_MAX: u32 = 16;
+/// Failed anchors in a row, before any rate is known, after which a thread stops trying.
+pub const FAILED_ANCHORS_MAX: u32 = 1_000;
 
 /// Where the kernel's clocksource is named.
 const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
@@ -54,11 +69,37 @@ pub fn tsc_usable() -> bool {
     })
 }
 
-/// One thread's stamp clock (see the module's documentation).
-#[derive(Debug, Clone)]
-pub struct StampClock {
-    mono: MonoClock,
-    /// Whether extrapolation is allowed (the host allows it and no anchor found it drifting).
+/// What the stamp clock reads: the TSC and CLOCK_MONOTONIC (the host's in [`HostClocks`], a
+/// script in tests).
+pub trait Clocks {
+    /// The TSC, read in order with the loads before it.
+    fn tsc(&mut self) -> u64;
+    /// CLOCK_MONOTONIC, ns.
+    fn mono(&mut self) -> u64;
+}
+
+/// The host's clocks: `lfence; rdtsc` and the vDSO's `clock_gettime`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostClocks(pub MonoClock);
+
+impl Clocks for HostClocks {
+    #[inline]
+    fn tsc(&mut self) -> u64 {
+        tsc::read_ordered()
+    }
+
+    #[inline]
+    fn mono(&mut self) -> u64 {
+        self.0.now_ns()
+    }
+}
+
+/// One thread's stamp clock (see the module's documentation). Not `Clone`: two copies would
+/// each keep their own stamps from going back, not each other's.
+#[derive(Debug)]
+pub struct StampClock<C: Clocks = HostClocks> {
+    clocks: C,
+    /// Whether extrapolation is allowed (the host allows it, and it has not been given up).
     extrapolate: bool,
     /// The last anchor: TSC and CLOCK_MONOTONIC ns.
     at_tsc: u64,
@@ -66,44 +107,64 @@ pub struct StampClock {
     /// The rate's baseline anchor; `base_ns` 0 while there is none.
     base_tsc: u64,
     base_ns: u64,
+    /// The first anchor at least half a window after the baseline, the next baseline once an
+    /// anchor is half a window after it; `mid_ns` 0 while there is none.
+    mid_tsc: u64,
+    mid_ns: u64,
     /// ns per TSC cycle, 32.32 fixed point; 0 while no rate is known.
     mult: u64,
     /// The last stamp given.
     last: u64,
+    /// Drops of the rate so far.
+    drifts: u32,
+    /// Failed anchors in a row while no rate was known.
+    failed: u32,
 }
 
-impl StampClock {
+impl StampClock<HostClocks> {
     /// A clock reading `mono`, extrapolating where [`tsc_usable`] says so.
-    pub fn new(mono: MonoClock) -> StampClock {
-        Self::with(mono, tsc_usable())
+    pub fn new(mono: MonoClock) -> Self {
+        Self::with(HostClocks(mono), tsc_usable())
     }
+}
 
-    /// A clock reading `mono`, extrapolating when `extrapolate` is true (tests choose).
-    pub fn with(mono: MonoClock, extrapolate: bool) -> StampClock {
+impl<C: Clocks> StampClock<C> {
+    /// A clock reading `clocks`, extrapolating when `extrapolate` is true.
+    pub fn with(clocks: C, extrapolate: bool) -> Self {
         StampClock {
-            mono,
+            clocks,
             extrapolate,
             at_tsc: 0,
             at_ns: 0,
             base_tsc: 0,
             base_ns: 0,
+            mid_tsc: 0,
+            mid_ns: 0,
             mult: 0,
             last: 0,
+            drifts: 0,
+            failed: 0,
         }
     }
 
+    /// Whether stamps are being extrapolated by the TSC now (a rate is known and
+    /// extrapolation has not been given up).
     #[cfg(test)]
-    /// Whether stamps are being extrapolated by the TSC now (a rate is known and no anchor
-    /// has found the TSC drifting).
     pub fn extrapolating(&self) -> bool {
         self.extrapolate && self.mult != 0
+    }
+
+    /// Whether extrapolation has been given up or was never allowed.
+    #[cfg(test)]
+    pub fn given_up(&self) -> bool {
+        !self.extrapolate
     }
 
     /// CLOCK_MONOTONIC now, ns (see the module's documentation for how and how exactly).
     #[inline]
     pub fn now_ns(&mut self) -> u64 {
         if self.mult != 0 {
-            let d = tsc::read_ordered().wrapping_sub(self.at_tsc);
+            let d = self.clocks.tsc().wrapping_sub(self.at_tsc);
             if d < ANCHOR_CYCLES {
                 return self.give(self.at_ns + scale(d, self.mult));
             }
@@ -111,10 +172,12 @@ impl StampClock {
         self.anchor()
     }
 
-    /// CLOCK_MONOTONIC read through the vDSO, never extrapolated (stamps still never go back).
+    /// CLOCK_MONOTONIC read through the vDSO, never extrapolated; like every stamp, never
+    /// before the last one (so just after extrapolated stamps it can be up to their error
+    /// ahead of the clock).
     #[inline]
     pub fn exact_ns(&mut self) -> u64 {
-        let ns = self.mono.now_ns();
+        let ns = self.clocks.mono();
         self.give(ns)
     }
 
@@ -123,35 +186,54 @@ impl StampClock {
     #[inline(never)]
     fn anchor(&mut self) -> u64 {
         if !self.extrapolate {
-            return self.give(self.mono.now_ns());
+            return self.exact_ns();
         }
-        let before = tsc::read_ordered();
-        let ns = self.mono.now_ns();
-        let after = tsc::read_ordered();
+        let before = self.clocks.tsc();
+        let ns = self.clocks.mono();
+        let after = self.clocks.tsc();
         let bracket = after.wrapping_sub(before);
         if bracket > PAIR_MAX_CYCLES {
+            if self.mult == 0 {
+                self.failed += 1;
+                self.extrapolate = self.failed < FAILED_ANCHORS_MAX;
+            }
             return self.give(ns);
         }
+        self.failed = 0;
         let t = before + bracket / 2;
         if self.mult != 0 && self.drifted(t, ns) {
-            self.extrapolate = false;
-            self.mult = 0;
-            return self.give(ns);
+            // The rate no longer holds: measure it again from this anchor on.
+            self.drifts += 1;
+            self.extrapolate = self.drifts < DRIFTS_MAX;
+            (self.mult, self.base_ns, self.mid_ns) = (0, 0, 0);
         }
-        if self.base_ns == 0 {
-            (self.base_tsc, self.base_ns) = (t, ns);
-        } else {
-            let span = t.wrapping_sub(self.base_tsc);
-            if (RATE_MIN_CYCLES..1 << 62).contains(&span) && ns > self.base_ns {
-                let mult = (u128::from(ns - self.base_ns) << 32) / u128::from(span);
-                self.mult = u64::try_from(mult).unwrap_or(0);
-                if span >= RATE_WINDOW_CYCLES {
-                    (self.base_tsc, self.base_ns) = (t, ns);
-                }
-            }
-        }
+        self.learn(t, ns);
         (self.at_tsc, self.at_ns) = (t, ns);
         self.give(ns)
+    }
+
+    /// Takes the anchor (`t`, `ns`) into the rate: the baseline's first anchor, else the rate
+    /// over the baseline's span once it is long enough, and the baseline's move.
+    fn learn(&mut self, t: u64, ns: u64) {
+        if self.base_ns == 0 {
+            (self.base_tsc, self.base_ns) = (t, ns);
+            return;
+        }
+        let span = t.wrapping_sub(self.base_tsc);
+        if !(RATE_MIN_CYCLES..1 << 62).contains(&span) || ns <= self.base_ns {
+            return;
+        }
+        let mult = (u128::from(ns - self.base_ns) << 32) / u128::from(span);
+        self.mult = u64::try_from(mult).unwrap_or(0);
+        let half = RATE_WINDOW_CYCLES / 2;
+        if self.mid_ns == 0 {
+            if span >= half {
+                (self.mid_tsc, self.mid_ns) = (t, ns);
+            }
+        } else if t.wrapping_sub(self.mid_tsc) >= half {
+            (self.base_tsc, self.base_ns) = (self.mid_tsc, self.mid_ns);
+            (self.mid_tsc, self.mid_ns) = (t, ns);
+        }
     }
 
     /// Whether the time extrapolated from the last anchor to TSC `t` differs from the clock's
@@ -182,101 +264,4 @@ fn scale(cycles: u64, mult: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Reads both clocks until the stamp clock has a rate (or gives up after `max_ms`).
-    fn until_rate(c: &mut StampClock, max_ms: u64) -> bool {
-        let end = crate::sync::now_ns() + max_ms * 1_000_000;
-        while !c.extrapolating() && crate::sync::now_ns() < end {
-            c.now_ns();
-            std::thread::sleep(std::time::Duration::from_micros(500));
-        }
-        c.extrapolating()
-    }
-
-    /// A clock of this host's with its rate known; None (said on stderr) where the host's
-    /// clocksource is not the TSC, which leaves nothing to extrapolate.
-    fn with_rate() -> Option<StampClock> {
-        if !tsc_usable() {
-            eprintln!("the TSC is not this host's clocksource: nothing to extrapolate");
-            return None;
-        }
-        let mut c = StampClock::new(MonoClock::get());
-        assert!(until_rate(&mut c, 2_000), "no rate after 2 s: {c:?}");
-        Some(c)
-    }
-
-    #[test]
-    fn without_extrapolation_every_stamp_is_the_clock() {
-        let mut c = StampClock::with(MonoClock::get(), false);
-        for _ in 0..1000 {
-            let a = crate::sync::now_ns();
-            let s = c.now_ns();
-            let b = crate::sync::now_ns();
-            assert!(a <= s && s <= b, "{a} <= {s} <= {b}");
-        }
-        assert!(!c.extrapolating());
-    }
-
-    #[test]
-    fn extrapolated_stamps_follow_the_clock_and_never_go_back() {
-        let Some(mut c) = with_rate() else { return };
-        // Each stamp lies between two clock reads around it, give or take the extrapolation's
-        // error (a few ns; 2 µs bounds it with room for a first, short baseline).
-        let mut last = 0;
-        let mut worst = 0i64;
-        for i in 0..20_000 {
-            let a = crate::sync::now_ns();
-            let s = c.now_ns();
-            let b = crate::sync::now_ns();
-            assert!(s >= last, "stamp {i} went back: {last} then {s}");
-            last = s;
-            let off = if s < a {
-                a as i64 - s as i64
-            } else {
-                s.saturating_sub(b) as i64
-            };
-            worst = worst.max(off);
-            if i % 1000 == 0 {
-                std::thread::sleep(std::time::Duration::from_micros(300));
-            }
-        }
-        assert!(
-            c.extrapolating(),
-            "an anchor turned extrapolation off: {c:?}"
-        );
-        assert!(
-            worst <= 2_000,
-            "a stamp was {worst} ns outside its bracket: {c:?}"
-        );
-    }
-
-    #[test]
-    fn a_tsc_that_drifts_from_the_clock_turns_extrapolation_off() {
-        let Some(mut c) = with_rate() else { return };
-        // A rate 1 % off: the next anchor, 2 ms on or later, finds 20 µs of drift or more. A
-        // stamp whose bracket is too wide (the vDSO's pages cold after the sleep, an interrupt)
-        // makes no anchor and checks nothing, and the next stamp tries again: a few tries.
-        c.mult += c.mult / 100;
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let at = c.at_tsc;
-        for _ in 0..100 {
-            c.now_ns();
-            if c.at_tsc != at || !c.extrapolating() {
-                break;
-            }
-        }
-        assert!(!c.extrapolating(), "a 1 % rate error went unnoticed: {c:?}");
-        let a = crate::sync::now_ns();
-        let s = c.now_ns();
-        assert!(s >= a, "after it, stamps are the clock's: {s} < {a}");
-    }
-
-    #[test]
-    fn scale_is_fixed_point() {
-        assert_eq!(scale(1_000, 1 << 32), 1_000);
-        assert_eq!(scale(1_000, 1 << 31), 500);
-        assert_eq!(scale(u64::MAX >> 4, 2 << 32), (u64::MAX >> 4) * 2);
-    }
-}
+mod tests;

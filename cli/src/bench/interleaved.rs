@@ -13,7 +13,12 @@
 //! The slices are timed on the bench's thread: the level is set, the vCPU takes it at its next
 //! entry (an exit every ~20 µs), and after a settling pause the exit count is read at the
 //! slice's start and end. A switch costs the vCPU one pass through the run loop, a few µs
-//! in a slice of [`SLICE_MS`].
+//! in a slice of [`SLICE_MS`]. A first cycle is not counted: it takes what only the first
+//! slices pay (the guest's start, the first switch to full opening the thread's context-switch
+//! records). The cycles alternate between off, basic, off, full and off, full, off, basic, so
+//! that neither level's slices sit on average later in the round than the other's (a host
+//! whose rate drifts over the round would otherwise favour one). A round whose guest ended
+//! before its slices did, or in which a level got no exits, is an error, not a figure.
 
 use std::time::{Duration, Instant};
 
@@ -27,14 +32,17 @@ use super::{vm_of, Place};
 
 /// Length of one slice, ms.
 pub const SLICE_MS: u64 = 25;
-/// Cycles of the four slices (off, basic, off, full) a round runs.
+/// Counted cycles of four slices a round runs (after one that is not counted).
 pub const CYCLES: usize = 8;
 /// Pause after a level switch before its slice begins.
 const SETTLE: Duration = Duration::from_millis(1);
 /// The most a round waits for its vCPU's first exits.
 const START_WAIT: Duration = Duration::from_secs(5);
-/// The slices' levels, in order.
-const LEVELS: [Level; 4] = [Level::Off, Level::Basic, Level::Off, Level::Full];
+/// The slices' levels, in order: even cycles, odd cycles.
+const ORDERS: [[Level; 4]; 2] = [
+    [Level::Off, Level::Basic, Level::Off, Level::Full],
+    [Level::Off, Level::Full, Level::Off, Level::Basic],
+];
 
 /// One round: each level's exits per second over its slices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -89,21 +97,38 @@ pub(crate) fn round(place: Place, exits_cap: u64) -> Result<Rates, VmError> {
     while exits(&h) == 0 && t0.elapsed() < START_WAIT && !h.finished() {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let mut slices = Vec::with_capacity(CYCLES * LEVELS.len());
-    for _ in 0..CYCLES {
-        for level in LEVELS {
+    let mut slices = Vec::with_capacity((CYCLES + 1) * 4);
+    for cycle in 0..=CYCLES {
+        for level in ORDERS[cycle % 2] {
             h.set_level(level);
             std::thread::sleep(SETTLE);
             let (a, t) = (exits(&h), Instant::now());
             std::thread::sleep(Duration::from_millis(SLICE_MS));
             let (b, d) = (exits(&h), t.elapsed());
-            slices.push((level, b.saturating_sub(a), d.as_nanos() as u64));
+            if cycle > 0 {
+                slices.push((level, b.saturating_sub(a), d.as_nanos() as u64));
+            }
         }
     }
+    let ended_early = h.finished();
     h.shutdown();
     run.join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-    Ok(Rates::of(&slices))
+    let rates = Rates::of(&slices);
+    let why = if ended_early {
+        Some("the guest ended before the slices did")
+    } else if rates.off == 0.0 || rates.basic == 0.0 || rates.full_notrace == 0.0 {
+        Some("a level's slices counted no exits")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(VmError::Thread(
+            "bench slices",
+            std::io::Error::other(format!("{why}: {rates:?}")),
+        )),
+        None => Ok(rates),
+    }
 }
 
 #[cfg(test)]

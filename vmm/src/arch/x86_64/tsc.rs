@@ -17,10 +17,18 @@ pub fn read_ordered() -> u64 {
 /// Whether the CPU says its TSC is invariant: it ticks at one constant rate in every P-, C-
 /// and T-state (CPUID 0x8000_0007, EDX bit 8).
 pub fn invariant() -> bool {
-    // Leaf 0x8000_0000 gives the highest extended leaf; 0x8000_0007 is read only when it is
-    // at or below that.
-    let max = core::arch::x86_64::__cpuid(0x8000_0000).eax;
-    max >= 0x8000_0007 && core::arch::x86_64::__cpuid(0x8000_0007).edx & (1 << 8) != 0
+    // SAFETY: `cpuid` exists on every x86_64 CPU and only reads registers; for a leaf the CPU
+    // does not implement it returns other data, which is ignored below (leaf 0x8000_0000 gives
+    // the highest extended leaf). Unsafe only on toolchains older than the one that made it
+    // safe, which the workspace's rust-version allows.
+    #[allow(unused_unsafe)]
+    let (max, edx) = unsafe {
+        (
+            core::arch::x86_64::__cpuid(0x8000_0000).eax,
+            core::arch::x86_64::__cpuid(0x8000_0007).edx,
+        )
+    };
+    max >= 0x8000_0007 && edx & (1 << 8) != 0
 }
 
 #[cfg(test)]
