@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use ppa_vmm::accounting::Level;
-use ppa_vmm::handle::VmHandle;
 use ppa_vmm::vm::VmError;
 
+use super::socket::exits_so_far as exits;
 use super::{vm_of, Place};
 
 /// Length of one slice, ms.
@@ -75,11 +75,6 @@ impl Rates {
             full_notrace: rate(Level::Full),
         }
     }
-}
-
-/// The vCPU's exits so far.
-fn exits(h: &VmHandle) -> u64 {
-    h.times(0).map(|(t, _)| t.exits.values().sum()).unwrap_or(0)
 }
 
 /// Runs one round on a fresh one-vCPU VM placed as `place`, `exits_cap` exits at most (the VM

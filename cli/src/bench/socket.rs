@@ -416,7 +416,7 @@ fn run_once(o: &SocketOptions, round: usize, load: Load) -> Result<(f64, Measure
 }
 
 /// Every vCPU's exits so far (each counter has one writer; no snapshot is needed for a sum).
-fn exits_so_far(vm: &VmHandle) -> u64 {
+pub(super) fn exits_so_far(vm: &VmHandle) -> u64 {
     vm.vcpus()
         .iter()
         .flat_map(|v| v.acct.meter.exits.iter().map(|c| c.get()))
