@@ -6,7 +6,8 @@
 //!
 //! | source | what it gives | cost measured here |
 //! | --- | --- | --- |
-//! | [`current_cpu`] (`sched_getcpu`: glibc's rseq area) | host CPU of the caller | ~3 ns |
+//! | [`current_cpu`] (`sched_getcpu`: glibc's rseq area) | host CPU of the caller | ~3 ns warm; ~290 cycles just after a KVM_RUN on this PVM host |
+//! | [`CpuReader::read`] (`rdpid`, else `sched_getcpu`) | host CPU of the caller | ~150 cycles just after a KVM_RUN |
 //! | [`thread_cpu_ns`] (`CLOCK_THREAD_CPUTIME_ID`, a syscall) | exact CPU time of the caller | ~640-710 ns |
 //! | [`process_cpu_ns`] (`CLOCK_PROCESS_CPUTIME_ID`, a syscall) | CPU time of the whole process | ~640 ns |
 //! | [`ThreadClock::read_ns`] (`clock_gettime` on a thread's clock id) | exact CPU time of any thread of this process | ~640-700 ns (own or a running thread), ~360 ns (a sleeping one) |
@@ -53,6 +54,8 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+
+use crate::arch::x86_64::tsc;
 
 /// Nanoseconds per second.
 const NS_PER_SEC: u64 = 1_000_000_000;
@@ -162,6 +165,91 @@ pub fn current_cpu() -> u32 {
     // SAFETY: sched_getcpu has no preconditions and touches no caller memory.
     let cpu = unsafe { libc::sched_getcpu() };
     u32::try_from(cpu).unwrap_or(0)
+}
+
+/// How a thread reads the host CPU it runs on at each KVM_RUN entry: with `rdpid` where the
+/// CPU has it and Linux keeps the CPU's number in TSC_AUX (one instruction touching no
+/// memory), else with [`current_cpu`]. `sched_getcpu` reaches glibc's code through the PLT
+/// and reads the rseq area in the thread's TLS: three or four lines and pages that this PVM
+/// host's exit leaves cold, ~290 cycles an entry against ~150 for `rdpid` (docs/design.md,
+/// "The host CPU without glibc").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuReader {
+    rdpid: bool,
+}
+
+impl CpuReader {
+    /// The reader this host allows ([`rdpid_usable`]).
+    pub fn new() -> Self {
+        CpuReader {
+            rdpid: rdpid_usable(),
+        }
+    }
+
+    /// Whether it reads `rdpid` (else `sched_getcpu`).
+    pub fn uses_rdpid(self) -> bool {
+        self.rdpid
+    }
+
+    /// The host CPU the calling thread runs on right now (stale as soon as returned, as
+    /// [`current_cpu`]'s answer).
+    #[inline]
+    pub fn read(self) -> u32 {
+        if self.rdpid {
+            // SAFETY: `rdpid` is true only from `rdpid_usable`, after `has_rdpid` found the
+            // instruction.
+            unsafe { read_rdpid() }
+        } else {
+            current_cpu()
+        }
+    }
+}
+
+impl Default for CpuReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The CPU's number in TSC_AUX as Linux writes it (`(node << 12) | cpu`; its vDSO's
+/// `getcpu` reads the same bits).
+const TSC_AUX_CPU: u64 = 0xfff;
+
+/// Whether `rdpid` tells this thread's CPU as the kernel does: the instruction exists and
+/// TSC_AUX holds the CPU's number (Linux writes it at boot on CPUs with `rdtscp` or `rdpid`).
+/// Compared with `sched_getcpu` on either side of it until one comparison is not straddled by
+/// a migration (at most 64 tries, else no). Asked once; `Vm::run` asks before its threads'
+/// system-call filters are armed.
+pub fn rdpid_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        // SAFETY: `read_rdpid` runs only once `has_rdpid` found the instruction (`&&`).
+        tsc::has_rdpid() && agrees(current_cpu, || unsafe { read_rdpid() })
+    })
+}
+
+/// The CPU number in TSC_AUX.
+///
+/// # Safety
+///
+/// The CPU must have `rdpid` ([`tsc::has_rdpid`]).
+#[inline]
+unsafe fn read_rdpid() -> u32 {
+    // SAFETY: the caller guarantees the instruction exists.
+    (unsafe { tsc::rdpid() } & TSC_AUX_CPU) as u32
+}
+
+/// Whether `candidate` reads what `kernel` reads, in the first of 64 tries that `kernel`
+/// gives the same answer before and after.
+fn agrees(mut kernel: impl FnMut() -> u32, mut candidate: impl FnMut() -> u32) -> bool {
+    for _ in 0..64 {
+        let before = kernel();
+        let c = candidate();
+        if kernel() == before {
+            return c == before;
+        }
+    }
+    false
 }
 
 /// One reading of `/proc/<pid>/task/<tid>/schedstat`.
@@ -617,6 +705,52 @@ mod tests {
         assert!(p >= t, "process {p} < thread {t}");
         assert!(t > 0);
         assert!(current_cpu() < 4096);
+    }
+
+    #[test]
+    fn a_candidate_agrees_only_where_the_kernel_holds_still() {
+        assert!(agrees(|| 3, || 3));
+        assert!(!agrees(|| 3, || 0), "a TSC_AUX left at 0 on CPU 3");
+        // The kernel's answer moves between its two reads once (a migration), then holds:
+        // the comparison made during the move is not the one that counts.
+        let mut kernel = [1, 2, 2, 2].into_iter();
+        let mut candidate = [1, 2].into_iter();
+        assert!(agrees(
+            || kernel.next().unwrap(),
+            || candidate.next().unwrap()
+        ));
+        // A kernel that never holds still gives no verdict but "no".
+        let mut n = 0;
+        assert!(!agrees(
+            || {
+                n += 1;
+                n
+            },
+            || 0
+        ));
+    }
+
+    #[test]
+    fn the_reader_tells_each_cpu_as_the_kernel_does() {
+        let reader = CpuReader::new();
+        if tsc::has_rdpid() {
+            assert!(
+                reader.uses_rdpid(),
+                "rdpid exists but disagrees with sched_getcpu"
+            );
+        }
+        // Pinned to each allowed CPU in turn, the reader must name it.
+        let cpus = crate::sched::allowed_cpus();
+        std::thread::spawn(move || {
+            for c in cpus {
+                crate::placement::set_affinity(0, &crate::placement::CpuSet::of([c]))
+                    .unwrap_or_else(|e| panic!("pin to CPU {c}: {e}"));
+                assert_eq!(reader.read() as usize, c);
+                assert_eq!(current_cpu() as usize, c);
+            }
+        })
+        .join()
+        .unwrap();
     }
 }
 

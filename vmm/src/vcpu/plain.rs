@@ -3,7 +3,7 @@
 //! requested and the kick timer says "enter".
 //!
 //! It makes the same calls per exit as the run loop does in that state, in the same order: the
-//! host CPU and the records' `prepare` before an entry, the stamps (the wall clock from the
+//! host CPU (`rdpid` where the host allows it) and the records' `prepare` before an entry, the stamps (the wall clock from the
 //! thread's stamp clock, the thread CPU clock where the recorder asks for it), the recorder's `on_entry` and
 //! `on_exit` (at level off `on_entry_off` and `on_exit_off`, which the general ones are at level
 //! off, with stamps that hold no clock reading), `exit::handle_exit`, and before the next entry
@@ -22,6 +22,7 @@
 use super::kick_timer::{KickTimer, Prepared};
 use super::run::{entry_cpu, exit_stamp, stamp};
 use super::{LastExit, VcpuShared};
+use crate::accounting::host::CpuReader;
 use crate::accounting::meter::{Recorder, Stamp};
 use crate::accounting::Level;
 use crate::devices::Buses;
@@ -62,6 +63,8 @@ pub(super) struct Steady<'a, V> {
     pub last_exit: &'a mut Option<LastExit>,
     /// The wall clock.
     pub clock: &'a mut StampClock,
+    /// How the host CPU is read.
+    pub cpu: CpuReader,
 }
 
 /// A stamp with no clock reading: level off reads none.
@@ -103,10 +106,11 @@ pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) ->
         timer,
         last_exit,
         clock: mono,
+        cpu: cpu_reader,
     } = s;
     loop {
         if TIMED {
-            let cpu = entry_cpu(shared, level);
+            let cpu = entry_cpu(shared, cpu_reader, level);
             rec.prepare(level);
             let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_entry();
             let exact = rec.exact_stamps(level, level);

@@ -25,7 +25,7 @@ use super::park::{consistent_stamp, park};
 use super::plain::{self, Plain, Steady};
 use super::{LastExit, Requests, ThreadState, VcpuEnd, VcpuShared, VcpuThread};
 use crate::accounting::host::{
-    current_cpu, thread_cpu_ns, thread_ticks, SchedStatFile, ThreadClock, ThreadStateFile,
+    thread_cpu_ns, thread_ticks, CpuReader, SchedStatFile, ThreadClock, ThreadStateFile,
 };
 use crate::accounting::meter::{ParkKind, ParkStamp, Recorder, Stamp};
 use crate::accounting::snapshot::{FinalReadings, LiveSources};
@@ -159,14 +159,14 @@ pub(super) fn stamp(clock: &mut StampClock, prev: Level, cpu: bool, exact: bool)
     }
 }
 
-/// The host CPU an entry at level `next` runs on, noted in the shared state; 0 at level off,
-/// which notes none.
+/// The host CPU an entry at level `next` runs on, read by `cpu` and noted in the shared state;
+/// 0 at level off, which notes none.
 #[inline]
-pub(super) fn entry_cpu(shared: &VcpuShared, next: Level) -> usize {
+pub(super) fn entry_cpu(shared: &VcpuShared, cpu: CpuReader, next: Level) -> usize {
     if next == Level::Off {
         return 0;
     }
-    let c = current_cpu();
+    let c = cpu.read();
     shared.entered_on(c);
     c as usize
 }
@@ -234,6 +234,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     let mut kick_timer = KickTimer::start(&shared);
     let mut stop = StopTrack::default();
     let mut clock = StampClock::new(MonoClock::get());
+    let cpu = CpuReader::new();
     let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
@@ -273,6 +274,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 timer: &mut kick_timer,
                 last_exit: &mut last_exit,
                 clock: &mut clock,
+                cpu,
             };
             let plain = plain::run_at(s, next);
             match after_plain(v, &shared, rec, plain) {
@@ -280,7 +282,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
                 None => continue,
             }
         }
-        let host_cpu = entry_cpu(&shared, next);
+        let host_cpu = entry_cpu(&shared, cpu, next);
         rec.prepare(next);
         let before = unstarted.then(|| consistent_stamp(&shared));
         let entry = entry_stamp(&mut clock, rec, next, &shared, &mut stop);

@@ -207,8 +207,10 @@ where
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
-        // The vCPU threads' stamp clock asks the host once, before the filters forbid the read.
+        // The vCPU threads' stamp clock and CPU reader ask the host once, before the filters
+        // forbid the reads.
         crate::stamp_clock::tsc_usable();
+        crate::accounting::host::rdpid_usable();
         crate::seccomp::arm(self.seccomp);
         // The helpers started from here inherit the service threads' CPUs.
         let service = self
