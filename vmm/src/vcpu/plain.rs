@@ -13,7 +13,12 @@
 //! host flushes the TLB at every exit, and each page the path then touches costs a page walk
 //! through the nested host's paging, ~150-400 cycles when the next load waits on it
 //! (docs/design.md, "The exit path in fewer pages"). The run loop was 7.8 KiB; the level-off
-//! instance of this one is 919 bytes, the timed one 1,215.
+//! instance of this one is 902 bytes. There is one instance per level, each given its level as
+//! a constant, which it passes on to the recorder (`Recorder::entry_from`, `exit_at`): with
+//! one instance for both timed levels, level basic ran through 5,089 bytes that held level
+//! full's branches too; its own instance is 2,415 (level full's 4,672), and on this PVM host
+//! the lines of code an exit runs cost as much as the lines of data (docs/design.md, "One
+//! plain loop per level").
 //!
 //! It hands back to the run loop, before entering the guest again, as soon as any of its
 //! conditions stops holding. It also hands back an exit whose outcome is not to resume at once
@@ -79,25 +84,37 @@ pub(super) fn applies(rec: &Recorder, next: Level, shared: &VcpuShared, unstarte
     next == rec.level() && !unstarted && !shared.stops.is_open()
 }
 
-/// [`run`] at `level`: its level-off instance or its timed one.
+/// [`run`] at `level`: its instance for that level.
 #[inline]
 pub(super) fn run_at<V: Vcpu>(s: Steady<'_, V>, level: Level) -> Plain {
-    if level == Level::Off {
-        run::<V, false>(s, level)
-    } else {
-        run::<V, true>(s, level)
+    match level {
+        Level::Off => run::<V, { Level::Off as u8 }>(s),
+        Level::Basic => run::<V, { Level::Basic as u8 }>(s),
+        Level::Full => run::<V, { Level::Full as u8 }>(s),
     }
 }
 
-/// Runs the vCPU at `level` until [`applies`] stops holding or an exit needs the run loop;
-/// `last_exit` follows every exit, as the run loop's does. Enters the guest at once: its
-/// caller checked what the loop checks before each entry. `TIMED` is whether `level` is not
-/// off: at level off nothing is timed and the recorder's level-off calls are made; otherwise
-/// each boundary reads the wall clock, and the CPU clock where the recorder asks for it, as the
-/// run loop's stamps do, and the host CPU is noted at each entry.
+/// The level a `LEVEL` parameter of [`run`] stands for.
+const fn level_of(level: u8) -> Level {
+    match level {
+        0 => Level::Off,
+        1 => Level::Basic,
+        _ => Level::Full,
+    }
+}
+
+/// Runs the vCPU at level `LEVEL` (a [`Level`] as its number: one instance per level, each
+/// with only that level's code, the recorder's calls given the level as a constant) until
+/// [`applies`] stops holding or an exit needs the run loop; `last_exit` follows every exit, as
+/// the run loop's does. Enters the guest at once: its caller checked what the loop checks
+/// before each entry. At level off nothing is timed and the recorder's level-off calls are
+/// made; otherwise each boundary reads the wall clock, and the CPU clock where the recorder
+/// asks for it, as the run loop's stamps do, and the host CPU is noted at each entry.
 #[inline(never)]
 #[link_section = "ppa_hot"]
-pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) -> Plain {
+pub(super) fn run<V: Vcpu, const LEVEL: u8>(s: Steady<'_, V>) -> Plain {
+    let level = level_of(LEVEL);
+    let timed = level != Level::Off;
     let Steady {
         vcpu,
         buses,
@@ -109,18 +126,18 @@ pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) ->
         cpu: cpu_reader,
     } = s;
     loop {
-        if TIMED {
+        if timed {
             let cpu = entry_cpu(shared, cpu_reader, level);
             rec.prepare(level);
             let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_entry();
             let exact = rec.exact_stamps(level, level);
-            rec.on_entry(stamp(mono, level, clock, exact), cpu, level);
+            rec.entry_from(level, stamp(mono, level, clock, exact), cpu, level);
         } else {
             rec.on_entry_off(NO_CLOCK);
         }
         let result = vcpu.run();
-        let s = if TIMED {
-            exit_stamp(mono, rec, &result)
+        let s = if timed {
+            exit_stamp(mono, rec, level, &result)
         } else {
             NO_CLOCK
         };
@@ -130,8 +147,8 @@ pub(super) fn run<V: Vcpu, const TIMED: bool>(s: Steady<'_, V>, level: Level) ->
         };
         let addr = event.address();
         let (reason, outcome) = handle_exit(event, buses, shared.id);
-        if TIMED {
-            rec.on_exit(s, reason);
+        if timed {
+            rec.exit_at(level, s, reason);
         } else {
             rec.on_exit_off(s, reason);
         }

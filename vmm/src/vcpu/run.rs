@@ -171,16 +171,18 @@ pub(super) fn entry_cpu(shared: &VcpuShared, cpu: CpuReader, next: Level) -> usi
     c as usize
 }
 
-/// The stamp just after a KVM_RUN that returned `result`, for the interval at the recorder's
-/// level: the CPU clock too where that level needs it or the run was kicked at level basic.
+/// The stamp just after a KVM_RUN that returned `result`, for the interval at `level` (the
+/// recorder's own, passed in as `Recorder::exit_at` takes it): the CPU clock too where that
+/// level needs it or the run was kicked at level basic.
 #[inline]
 pub(super) fn exit_stamp<E>(
     clock: &mut StampClock,
     rec: &Recorder,
+    level: Level,
     result: &Result<crate::hypervisor::ExitEvent<'_>, E>,
 ) -> Stamp {
+    debug_assert_eq!(level, rec.level());
     let kicked = matches!(result, Ok(crate::hypervisor::ExitEvent::Intr));
-    let level = rec.level();
     stamp(
         clock,
         level,
@@ -288,7 +290,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
         let entry = entry_stamp(&mut clock, rec, next, &shared, &mut stop);
         rec.on_entry(entry, host_cpu, next);
         let result = v.vcpu.run();
-        let exit_stamp = exit_stamp(&mut clock, rec, &result);
+        let exit_stamp = exit_stamp(&mut clock, rec, rec.level(), &result);
         if let Some(before) = before {
             rec.start_wait(before, consistent_stamp(&shared));
         }
@@ -409,18 +411,25 @@ mod tests {
             std::ptr::addr_of!(__start_ppa_hot) as *const () as usize,
             std::ptr::addr_of!(__stop_ppa_hot) as *const () as usize,
         );
-        let hot: [(&str, usize); 8] = [
+        let hot: [(&str, usize); 9] = [
             (
                 "run_loop",
                 run_loop::<crate::hypervisor::kvm::KvmVcpu> as *const () as usize,
             ),
             (
                 "plain::run (level off)",
-                plain::run::<crate::hypervisor::kvm::KvmVcpu, false> as *const () as usize,
+                plain::run::<crate::hypervisor::kvm::KvmVcpu, { Level::Off as u8 }> as *const ()
+                    as usize,
             ),
             (
-                "plain::run (timed)",
-                plain::run::<crate::hypervisor::kvm::KvmVcpu, true> as *const () as usize,
+                "plain::run (level basic)",
+                plain::run::<crate::hypervisor::kvm::KvmVcpu, { Level::Basic as u8 }> as *const ()
+                    as usize,
+            ),
+            (
+                "plain::run (level full)",
+                plain::run::<crate::hypervisor::kvm::KvmVcpu, { Level::Full as u8 }> as *const ()
+                    as usize,
             ),
             ("entry_stamp", entry_stamp as *const () as usize),
             (

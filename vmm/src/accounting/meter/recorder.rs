@@ -216,12 +216,14 @@ impl Recorder {
     /// time less the off-CPU episodes the records show (those the exit's drain found after
     /// its stamp, and those that began before `s`), or the thread CPU clock's delta; the
     /// interrupts the records show in it are counted apart (`irq_vmm`).
-    #[inline]
-    #[link_section = "ppa_hot"]
-    fn close_vmm(&mut self, s: Stamp) {
+    ///
+    /// `level` is the recorder's own, passed in (see [`Self::entry_from`]).
+    #[inline(always)]
+    fn close_vmm(&mut self, level: Level, s: Stamp) {
+        debug_assert_eq!(level, self.level);
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
-        let records = if self.level == Level::Full {
+        let records = if level == Level::Full {
             self.drain([s.now, u64::MAX], None)
         } else {
             None
@@ -239,7 +241,7 @@ impl Recorder {
             m.vmm_off_drained.set(0);
         }
         m.wall[MicroState::Vmm].add(h);
-        match (self.level, records, s.cpu, self.cpu_since) {
+        match (level, records, s.cpu, self.cpu_since) {
             (Level::Full, Some(t), _, _) => {
                 let on = h.saturating_sub(t.off[0] + carried);
                 m.cpu_vmm_full.add(on);
@@ -262,16 +264,28 @@ impl Recorder {
     /// and starts a `guest` interval on `host_cpu`. `s` holds what `level_for_entry` needs.
     #[inline]
     pub fn on_entry(&mut self, s: Stamp, host_cpu: usize, next: Level) {
-        if self.level == Level::Off && next == Level::Off {
+        self.entry_from(self.level, s, host_cpu, next)
+    }
+
+    /// [`Self::on_entry`] given the level of the interval it closes, which must be the
+    /// recorder's own: the plain loop (`vcpu::plain`) passes it as a constant, so that each of
+    /// its instances keeps only its level's code. At level basic that is a few hundred bytes
+    /// instead of the 5 KiB that held level full's branches too, and on this PVM host each
+    /// line of code an exit runs is fetched again after the exit (docs/design.md, "One
+    /// plain loop per level").
+    #[inline(always)]
+    pub fn entry_from(&mut self, prev: Level, s: Stamp, host_cpu: usize, next: Level) {
+        debug_assert_eq!(prev, self.level);
+        if prev == Level::Off && next == Level::Off {
             return self.on_entry_off(s);
         }
         let host_cpu = host_cpu.min(self.meter.entries_by_cpu.len() - 1);
-        let timed = self.level != Level::Off;
+        let timed = prev != Level::Off;
         self.follow_reset();
         let mut wakeup = None;
         self.meter.begin();
         if timed {
-            self.close_vmm(s);
+            self.close_vmm(prev, s);
         }
         let m = &*self.meter;
         let handled = self.exit_reason.filter(|_| timed);
@@ -376,7 +390,15 @@ impl Recorder {
     /// interval.
     #[inline]
     pub fn on_exit(&mut self, s: Stamp, reason: ExitReason) {
-        if self.level == Level::Off {
+        self.exit_at(self.level, s, reason)
+    }
+
+    /// [`Self::on_exit`] given the level of the run it closes, which must be the recorder's
+    /// own (as [`Self::entry_from`]).
+    #[inline(always)]
+    pub fn exit_at(&mut self, level: Level, s: Stamp, reason: ExitReason) {
+        debug_assert_eq!(level, self.level);
+        if level == Level::Off {
             return self.on_exit_off(s, reason);
         }
         let r = reason.index();
@@ -384,7 +406,7 @@ impl Recorder {
         // Episodes that began after the exit stamp `s` (a preemption before this drain) are the
         // next `vmm` interval's, not this run's: taken from the run, a run shorter than such an
         // episode would lose the difference and count it as on-CPU time.
-        let records = if self.level == Level::Full {
+        let records = if level == Level::Full {
             self.drain(
                 [self.since, s.now.max(self.since)],
                 Some(reason == ExitReason::Intr),
@@ -404,9 +426,9 @@ impl Recorder {
         }
         let m = &*self.meter;
         m.exits[r].add(1);
-        m.exits_at_level[self.level].add(1);
+        m.exits_at_level[level].add(1);
         m.wall[MicroState::Guest].add(run);
-        match (self.level, records, s.cpu, self.cpu_since) {
+        match (level, records, s.cpu, self.cpu_since) {
             (Level::Full, Some(t), _, _) => self.split_run(run, &t),
             (Level::Full, None, Some(c), Some(c0)) => {
                 m.cpu_guest_full.add(c.saturating_sub(c0));
@@ -461,7 +483,7 @@ impl Recorder {
     pub fn finish(&mut self, s: Stamp) {
         if self.level != Level::Off {
             self.meter.begin();
-            self.close_vmm(s);
+            self.close_vmm(self.level, s);
             if let Some(r) = self.exit_reason {
                 self.meter.exit_ns[r].add(self.exit_vmm_ns);
             }
@@ -480,10 +502,13 @@ impl Recorder {
         self.flush();
         self.meter.begin();
         if self.level != Level::Off {
-            self.close_vmm(Stamp {
-                now: p.now,
-                cpu: p.cpu,
-            });
+            self.close_vmm(
+                self.level,
+                Stamp {
+                    now: p.now,
+                    cpu: p.cpu,
+                },
+            );
         }
         self.meter.set_state(kind.into(), p.now);
         self.meter.end();
