@@ -24,7 +24,7 @@
 //! a whole bare-metal exit.
 //!
 //! Who calls what:
-//! - The vCPU thread, on its hot path: [`current_cpu`] at every exit, and [`thread_cpu_ns`] at
+//! - The vCPU thread, on its hot path: [`CpuReader::read`] at every timed entry, and [`thread_cpu_ns`] at
 //!   every KVM_RUN boundary only at level `full` (and around parks), because it is a syscall.
 //!   When it starts it opens [`ThreadClock::current`] and [`SchedStatFile::open`] for itself
 //!   and hands them to the sampler and readers; as its loop ends it reads [`thread_ticks`] for
@@ -215,17 +215,29 @@ impl Default for CpuReader {
 /// `getcpu` reads the same bits).
 const TSC_AUX_CPU: u64 = 0xfff;
 
-/// Whether `rdpid` tells this thread's CPU as the kernel does: the instruction exists and
-/// TSC_AUX holds the CPU's number (Linux writes it at boot on CPUs with `rdtscp` or `rdpid`).
-/// Compared with `sched_getcpu` on either side of it until one comparison is not straddled by
-/// a migration (at most 64 tries, else no). Asked once; `Vm::run` asks before its threads'
-/// system-call filters are armed.
+/// Whether `rdpid` tells this thread's CPU as the kernel does: the CPU has the instruction,
+/// the kernel uses it (its `/proc/cpuinfo` flags say `rdpid`: a kernel that has it writes the
+/// CPU's number into TSC_AUX on every CPU at boot, and one booted with `clearcpuid=rdpid`
+/// drops the flag), and it agrees with `sched_getcpu` on either side of it, in the first
+/// comparison not straddled by a migration (at most 64 tries, else no). Asked once; `Vm::run`
+/// asks before its threads' system-call filters are armed (the file read needs `openat`).
 pub fn rdpid_usable() -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *USABLE.get_or_init(|| {
-        // SAFETY: `read_rdpid` runs only once `has_rdpid` found the instruction (`&&`).
-        tsc::has_rdpid() && agrees(current_cpu, || unsafe { read_rdpid() })
+        tsc::has_rdpid()
+            && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| flags_have_rdpid(&s))
+            // SAFETY: `read_rdpid` runs only once `has_rdpid` found the instruction (`&&`).
+            && agrees(current_cpu, || unsafe { read_rdpid() })
     })
+}
+
+/// Whether the first `flags` line of a `/proc/cpuinfo` text names `rdpid`.
+fn flags_have_rdpid(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split_once(':'))
+        .is_some_and(|(_, flags)| flags.split_whitespace().any(|f| f == "rdpid"))
 }
 
 /// The CPU number in TSC_AUX.
@@ -712,13 +724,17 @@ mod tests {
         assert!(agrees(|| 3, || 3));
         assert!(!agrees(|| 3, || 0), "a TSC_AUX left at 0 on CPU 3");
         // The kernel's answer moves between its two reads once (a migration), then holds:
-        // the comparison made during the move is not the one that counts.
-        let mut kernel = [1, 2, 2, 2].into_iter();
-        let mut candidate = [1, 2].into_iter();
-        assert!(agrees(
-            || kernel.next().unwrap(),
-            || candidate.next().unwrap()
-        ));
+        // the comparison made during the move is not the one that counts, whichever way it
+        // went.
+        for (first, second, verdict) in [(2, 2, true), (1, 2, true), (2, 5, false), (1, 5, false)] {
+            let mut kernel = [1, 2, 2, 2].into_iter();
+            let mut candidate = [first, second].into_iter();
+            assert_eq!(
+                agrees(|| kernel.next().unwrap(), || candidate.next().unwrap()),
+                verdict,
+                "candidate {first} during the move, {second} after"
+            );
+        }
         // A kernel that never holds still gives no verdict but "no".
         let mut n = 0;
         assert!(!agrees(
@@ -728,6 +744,18 @@ mod tests {
             },
             || 0
         ));
+    }
+
+    #[test]
+    fn the_kernel_flags_are_read_as_words() {
+        let info = "processor\t: 0\nflags\t\t: fpu rdtscp lm rdpid fsrm\nbugs\t\t: x\n";
+        assert!(flags_have_rdpid(info));
+        assert!(!flags_have_rdpid("flags\t\t: fpu rdtscp rdpidx lm\n"));
+        assert!(!flags_have_rdpid("processor\t: 0\n"));
+        assert!(
+            !flags_have_rdpid("vmx flags\t: rdpid\n"),
+            "not the flags line"
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use super::kick_lead::{Lead, MAX_LEAD_NS};
 use super::{LimitKind, VcpuShared};
 use crate::accounting::histogram::{Histogram, HistogramSnapshot};
-use crate::accounting::host::current_cpu;
+use crate::accounting::host::CpuReader;
 use crate::hypervisor::timer_signal::TimerFired;
 use crate::sync::now_ns;
 
@@ -554,6 +554,8 @@ pub(super) struct KickTimer {
     spin_cap: u64,
     /// The lead the timer is armed with (what a firing's sample is measured against).
     armed_lead: u64,
+    /// How the thread reads its CPU (the run loop's own reader).
+    cpu: CpuReader,
 }
 
 impl KickTimer {
@@ -591,12 +593,14 @@ impl KickTimer {
             lead: Lead::default(),
             spin_cap: u64::MAX,
             armed_lead: 0,
+            cpu: CpuReader::new(),
         }
     }
 
     /// Before an entry: whether the vCPU holds for a limit, and the timer armed for the
-    /// earliest deadline. The common case is three loads (four while armed, with the CPU
-    /// number from rseq): no lock, no allocation, no system call.
+    /// earliest deadline. The common case is three loads (and `rdpid` while armed, or
+    /// `sched_getcpu` where the host does not allow it): no lock, no allocation, no system
+    /// call.
     #[inline]
     pub(super) fn prepare(&mut self, shared: &VcpuShared) -> Prepared {
         let t = &shared.kick_timer;
@@ -614,7 +618,9 @@ impl KickTimer {
         let epoch = t.epoch.load(Ordering::Acquire);
         if !fired
             && epoch == self.seen_epoch
-            && !needs_arming(self.armed_at, self.armed_at, self.armed_cpu, current_cpu)
+            && !needs_arming(self.armed_at, self.armed_at, self.armed_cpu, || {
+                self.cpu.read()
+            })
         {
             return Prepared::Enter;
         }
@@ -724,7 +730,7 @@ impl KickTimer {
             }
         } else {
             let want = want.unwrap_or(0);
-            if needs_arming(want, self.armed_at, self.armed_cpu, current_cpu) {
+            if needs_arming(want, self.armed_at, self.armed_cpu, || self.cpu.read()) {
                 if want == self.armed_at {
                     t.migrations.fetch_add(1, Ordering::Relaxed);
                 }
@@ -755,7 +761,7 @@ impl KickTimer {
             Ok(()) => {
                 self.armed_at = at;
                 self.armed_lead = self.lead();
-                self.armed_cpu = if at == 0 { 0 } else { current_cpu() };
+                self.armed_cpu = if at == 0 { 0 } else { self.cpu.read() };
             }
             Err(e) => {
                 log::warn!("a kick timer cannot be armed ({e}); the limiter thread kicks");

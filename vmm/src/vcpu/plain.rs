@@ -3,10 +3,12 @@
 //! requested and the kick timer says "enter".
 //!
 //! It makes the same calls per exit as the run loop does in that state, in the same order: the
-//! host CPU (`rdpid` where the host allows it) and the records' `prepare` before an entry, the stamps (the wall clock from the
-//! thread's stamp clock, the thread CPU clock where the recorder asks for it), the recorder's `on_entry` and
-//! `on_exit` (at level off `on_entry_off` and `on_exit_off`, which the general ones are at level
-//! off, with stamps that hold no clock reading), `exit::handle_exit`, and before the next entry
+//! host CPU (`rdpid` where the host allows it) and the records' `prepare` before an entry, the
+//! stamps (the wall clock from the thread's stamp clock, the thread CPU clock where the
+//! recorder asks for it), the recorder's `on_entry` and `on_exit` (given the level as a
+//! constant: `entry_from`, `exit_at`; at level off `on_entry_off` and `on_exit_off`, which the
+//! general ones are at level off, with stamps that hold no clock reading),
+//! `exit::handle_exit`, and before the next entry
 //! the kick, the request bits, the kick timer's `prepare`, the stop and the level. It leaves
 //! out what that state makes idle: the stop's bookkeeping, a level switch, the start wait, the
 //! parks. What it saves is code and data the exit path touches, not instructions: this PVM
@@ -94,12 +96,13 @@ pub(super) fn run_at<V: Vcpu>(s: Steady<'_, V>, level: Level) -> Plain {
     }
 }
 
-/// The level a `LEVEL` parameter of [`run`] stands for.
+/// The level a `LEVEL` parameter of [`run`] stands for (as `Level::from_u8` decodes it; only
+/// the three levels' own numbers are ever given).
 const fn level_of(level: u8) -> Level {
     match level {
         0 => Level::Off,
-        1 => Level::Basic,
-        _ => Level::Full,
+        2 => Level::Full,
+        _ => Level::Basic,
     }
 }
 

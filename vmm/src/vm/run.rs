@@ -207,8 +207,8 @@ where
     /// Runs every vCPU to its end and returns the final report.
     pub fn run(mut self) -> Result<RunOutcome, VmError> {
         let handle = self.handle();
-        // The vCPU threads' stamp clock and CPU reader ask the host once, before the filters
-        // forbid the reads.
+        // The vCPU threads' stamp clock and CPU reader ask the host once (files in /sys and
+        // /proc), before the filters forbid opening them.
         crate::stamp_clock::tsc_usable();
         crate::accounting::host::rdpid_usable();
         crate::seccomp::arm(self.seccomp);

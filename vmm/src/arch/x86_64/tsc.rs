@@ -19,8 +19,9 @@ pub fn read_ordered() -> u64 {
 
 /// Whether the CPU has the `rdpid` instruction (CPUID leaf 7, ECX bit 22).
 pub fn has_rdpid() -> bool {
-    // SAFETY: as in `invariant`: `cpuid` only reads registers, and a leaf beyond the highest
-    // basic leaf (leaf 0's EAX) is not asked.
+    // SAFETY: as in `invariant`: `cpuid` exists on every x86_64 CPU and only reads
+    // registers; for a leaf beyond the highest basic one (leaf 0's EAX) it returns other
+    // data, which is ignored below.
     #[allow(unused_unsafe)]
     let (max, ecx) = unsafe {
         (
