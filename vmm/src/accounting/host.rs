@@ -761,7 +761,9 @@ mod tests {
     #[test]
     fn the_reader_tells_each_cpu_as_the_kernel_does() {
         let reader = CpuReader::new();
-        if tsc::has_rdpid() {
+        let kernel_uses_it =
+            std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| flags_have_rdpid(&s));
+        if tsc::has_rdpid() && kernel_uses_it {
             assert!(
                 reader.uses_rdpid(),
                 "rdpid exists but disagrees with sched_getcpu"
