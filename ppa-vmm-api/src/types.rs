@@ -65,7 +65,7 @@ pub enum Level {
 
 impl Level {
     /// Decodes a stored level.
-    pub fn from_u8(v: u8) -> Level {
+    pub const fn from_u8(v: u8) -> Level {
         match v {
             0 => Level::Off,
             2 => Level::Full,

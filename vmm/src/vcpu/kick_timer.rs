@@ -560,8 +560,9 @@ pub(super) struct KickTimer {
 
 impl KickTimer {
     /// Creates the calling vCPU thread's timer when the VM wants kick timers and the
-    /// hypervisor's kicks are signals; without one the limiter kicks by itself.
-    pub(super) fn start(shared: &VcpuShared) -> Self {
+    /// hypervisor's kicks are signals; without one the limiter kicks by itself. `cpu` is the
+    /// run loop's CPU reader.
+    pub(super) fn start(shared: &VcpuShared, cpu: CpuReader) -> Self {
         let t = &shared.kick_timer;
         let mut os = None;
         if t.mode() == TimerMode::Wanted {
@@ -593,7 +594,7 @@ impl KickTimer {
             lead: Lead::default(),
             spin_cap: u64::MAX,
             armed_lead: 0,
-            cpu: CpuReader::new(),
+            cpu,
         }
     }
 

@@ -15,10 +15,10 @@
 //! host flushes the TLB at every exit, and each page the path then touches costs a page walk
 //! through the nested host's paging, ~150-400 cycles when the next load waits on it
 //! (docs/design.md, "The exit path in fewer pages"). The run loop was 7.8 KiB; the level-off
-//! instance of this one is 902 bytes. There is one instance per level, each given its level as
+//! instance of this one is 918 bytes. There is one instance per level, each given its level as
 //! a constant, which it passes on to the recorder (`Recorder::entry_from`, `exit_at`): with
 //! one instance for both timed levels, level basic ran through 5,089 bytes that held level
-//! full's branches too; its own instance is 2,415 (level full's 4,672), and on this PVM host
+//! full's branches too; its own instance is 2,436 (level full's 4,683), and on this PVM host
 //! the lines of code an exit runs cost as much as the lines of data (docs/design.md, "One
 //! plain loop per level").
 //!
@@ -96,16 +96,6 @@ pub(super) fn run_at<V: Vcpu>(s: Steady<'_, V>, level: Level) -> Plain {
     }
 }
 
-/// The level a `LEVEL` parameter of [`run`] stands for (as `Level::from_u8` decodes it; only
-/// the three levels' own numbers are ever given).
-const fn level_of(level: u8) -> Level {
-    match level {
-        0 => Level::Off,
-        2 => Level::Full,
-        _ => Level::Basic,
-    }
-}
-
 /// Runs the vCPU at level `LEVEL` (a [`Level`] as its number: one instance per level, each
 /// with only that level's code, the recorder's calls given the level as a constant) until
 /// [`applies`] stops holding or an exit needs the run loop; `last_exit` follows every exit, as
@@ -116,7 +106,7 @@ const fn level_of(level: u8) -> Level {
 #[inline(never)]
 #[link_section = "ppa_hot"]
 pub(super) fn run<V: Vcpu, const LEVEL: u8>(s: Steady<'_, V>) -> Plain {
-    let level = level_of(LEVEL);
+    let level = const { Level::from_u8(LEVEL) };
     let timed = level != Level::Off;
     let Steady {
         vcpu,

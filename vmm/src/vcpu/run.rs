@@ -233,10 +233,10 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     // An application processor the guest has not started blocks in its runs until it is: the
     // thread measures that wait (only then, at a few system calls per run).
     let mut unstarted = v.vcpu.waits_for_start();
-    let mut kick_timer = KickTimer::start(&shared);
+    let cpu = CpuReader::new();
+    let mut kick_timer = KickTimer::start(&shared, cpu);
     let mut stop = StopTrack::default();
     let mut clock = StampClock::new(MonoClock::get());
-    let cpu = CpuReader::new();
     let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.
