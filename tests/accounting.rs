@@ -29,8 +29,43 @@ fn exit_counts_are_exact_at_every_level_for_both_kinds() {
                 assert_eq!(v.times.exits[reason], expected, "{level:?} {kind} n={n}");
                 let total: u64 = v.times.exits.values().sum();
                 assert_eq!(total, n + protocol, "no other exits: {:?}", v.times.exits);
+                if n == 20_000 && level == Level::Basic {
+                    assert_stamp_clock(&v.times);
+                }
             }
         }
+    }
+}
+
+/// A vCPU that took 20,000 exits (hundreds of ms of stamps) says how it took them: extrapolated
+/// by the TSC where this host allows it (an invariant TSC that is the kernel's clocksource)
+/// unless its rate drifted, vDSO reads where it does not.
+fn assert_stamp_clock(t: &ppa_vmm_api::VcpuTimes) {
+    use ppa_vmm_api::StampClockMode;
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = flags
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    let invariant = flags.contains(&"constant_tsc") && flags.contains(&"nonstop_tsc");
+    let source =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    let allowed = invariant && source.trim() == "tsc";
+    let mode = t.stamp_clock;
+    match (allowed, t.stamp_clock_drifts) {
+        (false, _) => assert_eq!(
+            (mode, t.stamp_clock_drifts),
+            (Some(StampClockMode::Vdso), 0),
+            "clocksource {source:?}, invariant TSC {invariant}"
+        ),
+        (true, 0) => assert_eq!(mode, Some(StampClockMode::Tsc), "vCPU {}", t.id),
+        (true, d) => assert!(
+            mode.is_some_and(|m| m != StampClockMode::Vdso),
+            "vCPU {}: {mode:?} after {d} drifts",
+            t.id
+        ),
     }
 }
 

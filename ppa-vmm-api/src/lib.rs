@@ -50,8 +50,8 @@ pub use guest_alarms::{
 pub use limits::{GroupStats, KickStages, LimitKicks, LimitStops};
 pub use names::{
     BlkRequestKind, BlkStatus, DeviceHealth, DeviceKind, DropReason, LimitBackend, LimitKick,
-    LimitScope, OverloadKind, QueueKind, SplitKind, SplitSource, ThreadState, Threshold,
-    ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
+    LimitScope, OverloadKind, QueueKind, SplitKind, SplitSource, StampClockMode, ThreadState,
+    Threshold, ThrottleEndWhy, UnknownName, VcpuEndKind, VcpuMicroState, VmEnd, VmState,
 };
 pub use pressure::{
     GroupPressure, Pressure, PressureKind, PressureLine, PressureReport, PressureTrigger,

@@ -164,6 +164,25 @@ names! {
 }
 
 names! {
+    /// How a vCPU thread takes its exit and entry stamps (`stamp_clock` of
+    /// [`crate::VcpuTimes`]; docs/accounting.md, "The stamp clock").
+    pub enum StampClockMode ("a stamp clock mode") {
+        /// CLOCK_MONOTONIC read through the vDSO about once a millisecond and extrapolated by
+        /// the TSC in between.
+        Tsc = "tsc",
+        /// The host allows extrapolation, but no rate is known yet (the first ~14 ms, or
+        /// after a step in the clock's rate): every stamp is a vDSO read meanwhile.
+        Learning = "learning",
+        /// Every stamp is a vDSO read: the host does not allow extrapolation (no invariant
+        /// TSC, or the kernel's clocksource is not `tsc`).
+        Vdso = "vdso",
+        /// Every stamp is a vDSO read: the thread gave extrapolation up (the rate kept
+        /// drifting, or no anchor could be taken).
+        GivenUp = "given_up",
+    }
+}
+
+names! {
     /// The state of a VM (`state` of [`crate::VmStats`]).
     pub enum VmState ("a VM state") {
         /// Built; its vCPUs have not been released.

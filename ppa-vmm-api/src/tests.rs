@@ -529,6 +529,8 @@ fn times() -> VcpuTimes {
         cpus: None,
         last_cpu: None,
         steal_before_start_ns: 5,
+        stamp_clock: Some(StampClockMode::Tsc),
+        stamp_clock_drifts: 1,
     }
 }
 
@@ -549,7 +551,7 @@ fn vcpu_figures_keep_their_json() {
          \"kvm_stats\":{},\
          \"host_cpus\":[],\"migrations\":0,\"thresholds\":{\"guest_run_ns\":9},\
          \"kvm_run_wall_ns\":0,\"kvm_run_cpu_ns\":6,\"park_cpu_ns\":0,\"proc_ticks\":null,\"overloads\":0,\
-         \"cpus\":null,\"last_cpu\":null,\"steal_before_start_ns\":5}"
+         \"cpus\":null,\"last_cpu\":null,\"steal_before_start_ns\":5,\"stamp_clock\":\"tsc\",\"stamp_clock_drifts\":1}"
     );
     let summary = VcpuSummary::from(t);
     assert_eq!(summary.split(), split());

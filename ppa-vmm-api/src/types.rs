@@ -10,7 +10,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{GroupStats, SplitKind, SplitSource, TimeSplit, VcpuMicroState, VmState};
+use crate::{
+    GroupStats, SplitKind, SplitSource, StampClockMode, TimeSplit, VcpuMicroState, VmState,
+};
 
 /// The methods [`VcpuTimes`] and [`VcpuSummary`] share: both carry the time split, the
 /// identity error and the exit counts under the same field names.
@@ -304,6 +306,15 @@ pub struct VcpuTimes {
     /// KVM's paravirt steal clock counts the thread's run-queue wait from its creation, so a
     /// guest's own steal can exceed steal_ns by this much.
     pub steal_before_start_ns: u64,
+    /// How its thread takes its stamps now: `tsc` (extrapolated), `learning`, `vdso` or
+    /// `given_up`; null before it started.
+    #[serde(default)]
+    pub stamp_clock: Option<StampClockMode>,
+    /// Times its stamp clock found the TSC extrapolation off the clock by more than its bound
+    /// and measured the rate again (each one moved time between vmm_ns and guest_ns by up to
+    /// that bound; docs/accounting.md, "The stamp clock").
+    #[serde(default)]
+    pub stamp_clock_drifts: u64,
 }
 
 vcpu_figures!(VcpuTimes);

@@ -152,6 +152,8 @@ pub(crate) fn vcpu(id: usize, wall_ns: u64, used_ns: u64, exits: &[(&str, u64)])
         cpus: None,
         last_cpu: None,
         steal_before_start_ns: 0,
+        stamp_clock: None,
+        stamp_clock_drifts: 0,
     }
 }
 

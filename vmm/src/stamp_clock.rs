@@ -33,10 +33,15 @@
 //! the first rate (2^25 cycles), ~26 ns over an anchor period, during a thread's first ~1.75 s;
 //! under 0.3 ppm after. Until a rate is known, and where extrapolation is off, every stamp is a
 //! vDSO read.
+//!
+//! What the thread is doing is published in its [`StampStatus`] (mode and drift count, the
+//! `stamp_clock` fields of its figures), written in the anchor path only when it changes.
 
 use crate::arch::x86_64::tsc;
 use crate::vdso::MonoClock;
-use std::sync::OnceLock;
+use ppa_vmm_api::StampClockMode;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// A stamp this many TSC cycles after the last anchor takes a new one (~0.86 ms at 2.45 GHz).
 pub const ANCHOR_CYCLES: u64 = 1 << 21;
@@ -94,11 +99,43 @@ impl Clocks for HostClocks {
     }
 }
 
+/// What a thread's stamp clock is doing, for readers: its mode and how many times it dropped
+/// its rate (one word, written by the thread when either changes).
+#[derive(Debug, Default)]
+pub struct StampStatus(AtomicU32);
+
+/// The modes in the order of their codes in [`StampStatus`]; code 0 is "not started".
+const MODES: [StampClockMode; 4] = [
+    StampClockMode::Tsc,
+    StampClockMode::Learning,
+    StampClockMode::Vdso,
+    StampClockMode::GivenUp,
+];
+
+impl StampStatus {
+    /// The mode (None before the thread's clock started) and the drops of the rate so far.
+    pub fn read(&self) -> (Option<StampClockMode>, u32) {
+        let w = self.0.load(Ordering::Relaxed);
+        let mode = (w & 0xff)
+            .checked_sub(1)
+            .and_then(|i| MODES.get(i as usize));
+        (mode.copied(), w >> 8)
+    }
+
+    /// The word for `mode` and `drifts`.
+    fn word(mode: StampClockMode, drifts: u32) -> u32 {
+        let i = MODES.iter().position(|&m| m == mode).unwrap_or(0) as u32;
+        (i + 1) | (drifts.min(u32::MAX >> 8) << 8)
+    }
+}
+
 /// One thread's stamp clock (see the module's documentation). Not `Clone`: two copies would
 /// each keep their own stamps from going back, not each other's.
 #[derive(Debug)]
 pub struct StampClock<C: Clocks = HostClocks> {
     clocks: C,
+    /// Whether the host allows extrapolation ([`tsc_usable`]).
+    allowed: bool,
     /// Whether extrapolation is allowed (the host allows it, and it has not been given up).
     extrapolate: bool,
     /// The last anchor: TSC and CLOCK_MONOTONIC ns.
@@ -119,20 +156,25 @@ pub struct StampClock<C: Clocks = HostClocks> {
     drifts: u32,
     /// Failed anchors in a row while no rate was known.
     failed: u32,
+    /// Where the mode and drifts are published, and the word last written there.
+    status: Arc<StampStatus>,
+    published: u32,
 }
 
 impl StampClock<HostClocks> {
-    /// A clock reading `mono`, extrapolating where [`tsc_usable`] says so.
-    pub fn new(mono: MonoClock) -> Self {
-        Self::with(HostClocks(mono), tsc_usable())
+    /// A clock reading `mono`, extrapolating where [`tsc_usable`] says so, publishing what it
+    /// does in `status`.
+    pub fn new(mono: MonoClock, status: Arc<StampStatus>) -> Self {
+        Self::with(HostClocks(mono), tsc_usable()).publishing(status)
     }
 }
 
 impl<C: Clocks> StampClock<C> {
     /// A clock reading `clocks`, extrapolating when `extrapolate` is true.
     pub fn with(clocks: C, extrapolate: bool) -> Self {
-        StampClock {
+        let mut c = StampClock {
             clocks,
+            allowed: extrapolate,
             extrapolate,
             at_tsc: 0,
             at_ns: 0,
@@ -144,20 +186,38 @@ impl<C: Clocks> StampClock<C> {
             last: 0,
             drifts: 0,
             failed: 0,
+            status: Arc::default(),
+            published: 0,
+        };
+        c.publish();
+        c
+    }
+
+    /// The clock, publishing what it does in `status` from now on.
+    pub fn publishing(mut self, status: Arc<StampStatus>) -> Self {
+        self.status = status;
+        self.published = 0;
+        self.publish();
+        self
+    }
+
+    /// What it does now: its mode and the drops of its rate so far.
+    pub fn mode(&self) -> StampClockMode {
+        match (self.allowed, self.extrapolate, self.mult != 0) {
+            (false, _, _) => StampClockMode::Vdso,
+            (true, false, _) => StampClockMode::GivenUp,
+            (true, true, false) => StampClockMode::Learning,
+            (true, true, true) => StampClockMode::Tsc,
         }
     }
 
-    /// Whether stamps are being extrapolated by the TSC now (a rate is known and
-    /// extrapolation has not been given up).
-    #[cfg(test)]
-    pub fn extrapolating(&self) -> bool {
-        self.extrapolate && self.mult != 0
-    }
-
-    /// Whether extrapolation has been given up or was never allowed.
-    #[cfg(test)]
-    pub fn given_up(&self) -> bool {
-        !self.extrapolate
+    /// Writes the mode and drifts to the status word where they changed.
+    fn publish(&mut self) {
+        let w = StampStatus::word(self.mode(), self.drifts);
+        if w != self.published {
+            self.published = w;
+            self.status.0.store(w, Ordering::Relaxed);
+        }
     }
 
     /// CLOCK_MONOTONIC now, ns (see the module's documentation for how and how exactly).
@@ -196,6 +256,7 @@ impl<C: Clocks> StampClock<C> {
             if self.mult == 0 {
                 self.failed += 1;
                 self.extrapolate = self.failed < FAILED_ANCHORS_MAX;
+                self.publish();
             }
             return self.give(ns);
         }
@@ -209,6 +270,7 @@ impl<C: Clocks> StampClock<C> {
         }
         self.learn(t, ns);
         (self.at_tsc, self.at_ns) = (t, ns);
+        self.publish();
         self.give(ns)
     }
 

@@ -129,6 +129,8 @@ fn vcpu(id: usize, kvm_ns: Option<u64>, kvm_estimate: Option<u64>) -> VcpuDetail
         cpus: None,
         last_cpu: None,
         steal_before_start_ns: 0,
+        stamp_clock: None,
+        stamp_clock_drifts: 0,
     };
     VcpuDetail {
         times,

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The clock's mode, checked against what its status word says.
+fn mode<C: Clocks>(c: &StampClock<C>) -> StampClockMode {
+    let (published, drifts) = c.status.read();
+    assert_eq!(published, Some(c.mode()), "published mode");
+    assert_eq!(drifts, c.drifts, "published drifts");
+    c.mode()
+}
+
 /// A scripted host: the TSC advances `cost` cycles at each read (of either clock; an anchor's
 /// stamp is the clock's read, `cost` after the TSC read the truth is taken at), and CLOCK_MONOTONIC is
 /// `origin + cycles × rate` with the rate in ns per cycle, changed at will.
@@ -78,7 +86,11 @@ fn stamps_follow_the_clock_once_the_rate_is_known() {
     let mut c = StampClock::with(Script::new(0.408), true);
     // 50,000 cycles between stamps (an exit every ~20 µs): the rate after 2^25 cycles.
     run(&mut c, 1_000, 50_000, 0);
-    assert!(c.extrapolating(), "no rate after 5e7 cycles: {c:?}");
+    assert_eq!(
+        mode(&c),
+        StampClockMode::Tsc,
+        "no rate after 5e7 cycles: {c:?}"
+    );
     let worst = run(&mut c, 200_000, 50_000, 0);
     // The bracket's middle is the clock's read exactly here: what is left is rounding.
     assert!(worst <= 2.0, "a stamp was {worst} ns off: {c:?}");
@@ -103,21 +115,25 @@ fn the_baseline_moves_on_and_the_rate_always_spans_half_a_window() {
         }
     }
     assert!(c.base_tsc > first, "the baseline never moved: {c:?}");
-    assert!(c.extrapolating());
+    assert_eq!(mode(&c), StampClockMode::Tsc);
 }
 
 #[test]
 fn a_step_in_the_clocks_rate_drops_the_rate_and_it_is_learned_again() {
     let mut c = StampClock::with(Script::new(0.4), true);
     run(&mut c, 5_000, 50_000, 0);
-    assert!(c.extrapolating());
+    assert_eq!(mode(&c), StampClockMode::Tsc);
     // chrony's fastest slew: the clock runs 8.3 % fast.
     c.clocks.set_rate(0.4 * 1.083);
     run(&mut c, 100, 50_000, 0);
     assert_eq!(c.drifts, 1, "{c:?}");
-    assert!(!c.given_up());
+    assert_eq!(mode(&c), StampClockMode::Learning, "{c:?}");
     let worst = run(&mut c, 5_000, 50_000, 4_000);
-    assert!(c.extrapolating(), "the new rate was not learned: {c:?}");
+    assert_eq!(
+        mode(&c),
+        StampClockMode::Tsc,
+        "the new rate was not learned: {c:?}"
+    );
     assert!(
         worst <= 2.0,
         "a stamp was {worst} ns off the new rate: {c:?}"
@@ -134,7 +150,7 @@ fn a_clock_that_keeps_drifting_is_given_up_and_stamps_are_the_clocks() {
         c.clocks.set_rate(rate);
     }
     run(&mut c, 100, 50_000, 0);
-    assert!(c.given_up(), "{c:?}");
+    assert_eq!(mode(&c), StampClockMode::GivenUp, "{c:?}");
     let worst = run(&mut c, 1_000, 50_000, 0);
     assert!(
         worst <= 1.0,
@@ -148,17 +164,18 @@ fn brackets_that_are_never_narrow_give_extrapolation_up() {
     script.cost = PAIR_MAX_CYCLES;
     let mut c = StampClock::with(script, true);
     run(&mut c, FAILED_ANCHORS_MAX as usize + 10, 50_000, 0);
-    assert!(c.given_up() && !c.extrapolating(), "{c:?}");
+    assert_eq!(mode(&c), StampClockMode::GivenUp, "{c:?}");
 }
 
 #[test]
 fn a_tsc_that_goes_back_takes_a_new_anchor_and_stamps_do_not_go_back() {
     let mut c = StampClock::with(Script::new(0.4), true);
     run(&mut c, 2_000, 50_000, 0);
-    assert!(c.extrapolating());
+    assert_eq!(mode(&c), StampClockMode::Tsc);
     let before = c.now_ns();
     // Another CPU's TSC, 3,000,000 cycles (more than an anchor period) behind this one's; the
-    // clock goes on as it did.
+    // clock goes on as it did (re-based at this TSC first, so that its origin can move back).
+    c.clocks.set_rate(0.4);
     c.clocks.t -= 3_000_000;
     c.clocks.from -= 3_000_000;
     let after = c.now_ns();
@@ -176,7 +193,7 @@ fn without_extrapolation_every_stamp_is_the_clock() {
         let b = crate::sync::now_ns();
         assert!(a <= s && s <= b, "{a} <= {s} <= {b}");
     }
-    assert!(!c.extrapolating());
+    assert_eq!(mode(&c), StampClockMode::Vdso);
 }
 
 #[test]
@@ -185,7 +202,9 @@ fn on_this_host_extrapolated_stamps_lie_between_the_clock_reads_around_them() {
         eprintln!("the TSC is not this host's clocksource: nothing to extrapolate");
         return;
     }
-    let mut c = StampClock::new(MonoClock::get());
+    let status = Arc::new(StampStatus::default());
+    assert_eq!(status.read(), (None, 0), "a status no clock has written");
+    let mut c = StampClock::new(MonoClock::get(), Arc::clone(&status));
     let mut last = 0;
     let mut worst = 0i64;
     for i in 0..40_000 {
@@ -194,7 +213,7 @@ fn on_this_host_extrapolated_stamps_lie_between_the_clock_reads_around_them() {
         let b = crate::sync::now_ns();
         assert!(s >= last, "stamp {i} went back: {last} then {s}");
         last = s;
-        if c.extrapolating() {
+        if mode(&c) == StampClockMode::Tsc {
             let off = if s < a {
                 a as i64 - s as i64
             } else {
@@ -212,9 +231,14 @@ fn on_this_host_extrapolated_stamps_lie_between_the_clock_reads_around_them() {
         worst <= 2_000,
         "a stamp was {worst} ns outside its bracket: {c:?}"
     );
-    if c.given_up() {
+    if mode(&c) == StampClockMode::GivenUp {
         eprintln!("this host's brackets were never narrow: no stamp was extrapolated");
     }
+    assert_eq!(
+        status.read().0,
+        Some(c.mode()),
+        "the status the readers see"
+    );
 }
 
 #[test]

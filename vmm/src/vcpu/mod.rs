@@ -26,6 +26,7 @@ use crate::accounting::AccountingControl;
 use crate::devices::Buses;
 use crate::exit::Failure;
 use crate::hypervisor::{self as hv, Kicker, RegsDump, RunError, WarmUpStub};
+use crate::stamp_clock::StampStatus;
 use crate::sync::Counter;
 use crate::sync::{futex_wake, now_ns};
 use ppa_vmm_api::VcpuSummary;
@@ -167,6 +168,8 @@ pub struct VcpuShared {
     /// The host CPU of its last entry into the guest (`u32::MAX`: none yet): written by its
     /// thread when it changes.
     last_cpu: AtomicU32,
+    /// How its thread takes its stamps (written by its stamp clock when that changes).
+    pub stamp_status: Arc<StampStatus>,
     /// The CPUs it was placed on, list form (readers and the placer only).
     cpus: std::sync::Mutex<Option<String>>,
     end: OnceLock<VcpuEnd>,
@@ -198,6 +201,7 @@ impl VcpuShared {
             kick_timer: KickDeadlines::default(),
             stops: stops::StopAccount::default(),
             last_cpu: AtomicU32::new(u32::MAX),
+            stamp_status: Arc::default(),
             cpus: std::sync::Mutex::new(None),
             end: OnceLock::new(),
         }
@@ -294,6 +298,8 @@ impl VcpuShared {
         t.overloads = self.overloads.get();
         t.cpus = self.cpus.lock().unwrap_or_else(|e| e.into_inner()).clone();
         t.last_cpu = Some(self.last_cpu.load(Ordering::Relaxed)).filter(|&c| c != u32::MAX);
+        let (mode, drifts) = self.stamp_status.read();
+        (t.stamp_clock, t.stamp_clock_drifts) = (mode, u64::from(drifts));
         if self.state() == ThreadState::Finished {
             t.state = ppa_vmm_api::VcpuMicroState::Finished;
         }

@@ -236,7 +236,7 @@ pub(super) fn run_loop<V: Vcpu>(v: &mut VcpuThread<V>, rec: &mut Recorder) -> Vc
     let cpu = CpuReader::new();
     let mut kick_timer = KickTimer::start(&shared, cpu);
     let mut stop = StopTrack::default();
-    let mut clock = StampClock::new(MonoClock::get());
+    let mut clock = StampClock::new(MonoClock::get(), Arc::clone(&shared.stamp_status));
     let end = loop {
         // A kick that arrived while outside the guest (a park it already ended, a request
         // read below) must not also cost an `intr` exit on the next entry.

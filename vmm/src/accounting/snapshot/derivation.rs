@@ -282,6 +282,8 @@ pub fn derive(
         cpus: None,
         last_cpu: None,
         steal_before_start_ns: 0,
+        stamp_clock: None,
+        stamp_clock_drifts: 0,
     };
     (times, hist)
 }
