@@ -349,3 +349,78 @@ fn a_sleep_after_the_exit_stamp_is_taken_from_the_handling_not_the_run() {
     );
     assert_eq!(m.records_lost, 0);
 }
+
+/// The thread is off its CPU for 3 ms (a sleep standing in for a preemption) between a stamp
+/// that begins a `vmm` interval and the drain that follows it.
+fn off_cpu_3_ms() {
+    std::thread::sleep(std::time::Duration::from_millis(3));
+}
+
+/// The first `vmm` interval's on-CPU time and wall time once it is closed by an entry.
+fn first_handling(r: &mut Recorder, meter: &VcpuMeter) -> (u64, u64) {
+    r.on_entry(now(), 0, Level::Full);
+    let m = meter.read();
+    assert_eq!(m.records_lost, 0);
+    assert_eq!(m.vmm_off_drained, 0, "consumed by the handling: {m:?}");
+    (m.cpu_vmm_full, m.wall[MicroState::Vmm])
+}
+
+#[test]
+fn a_preemption_between_the_start_stamp_and_the_first_drain_is_the_first_handlings() {
+    let control = Arc::new(AccountingControl::default());
+    control.set_level(Level::Full);
+    let meter = Arc::new(VcpuMeter::new(3, 2));
+    let mut r = Recorder::new(Arc::clone(&meter), control, now());
+    r.use_records();
+    if !r.has_records() {
+        // No perf here: full_level_with_records_takes_off_cpu_episodes_from_the_run fails
+        // with the reason.
+        return;
+    }
+    // Records from before the start are not the vCPU's: a sleep there is dropped.
+    off_cpu_3_ms();
+    let start = now();
+    off_cpu_3_ms();
+    r.begin(start);
+    assert!(
+        meter.read().vmm_off_drained >= 3_000_000,
+        "shown to readers"
+    );
+    let (on, wall) = first_handling(&mut r, &meter);
+    assert!(
+        wall >= 3_000_000 && on + 3_000_000 <= wall && on < 3_000_000,
+        "on-CPU {on} ns of a {wall} ns first handling that slept 3 ms after its start \
+         (and 3 ms before it)"
+    );
+}
+
+#[test]
+fn a_preemption_between_a_parks_end_stamp_and_its_drain_is_the_next_handlings() {
+    let (mut r, meter) = recorder_with_records(Level::Full);
+    if !r.has_records() {
+        return;
+    }
+    r.on_entry(now(), 0, Level::Full);
+    r.on_exit(now(), ExitReason::Hlt);
+    let stamp = |now| ParkStamp {
+        now,
+        cpu: Some(crate::accounting::host::thread_cpu_ns()),
+        run_delay: Some(0),
+    };
+    r.park_begin(ParkKind::Idle, stamp(now().now));
+    // The park's own off-CPU time is its own (measured by its stamps), not the handling's.
+    off_cpu_3_ms();
+    let end = stamp(now().now);
+    off_cpu_3_ms();
+    r.park_end(end, end.now);
+    let before = meter.read();
+    let (on, wall) = first_handling(&mut r, &meter);
+    let (on, wall) = (
+        on - before.cpu_vmm_full,
+        wall - before.wall[MicroState::Vmm],
+    );
+    assert!(
+        wall >= 3_000_000 && on + 3_000_000 <= wall && on < 3_000_000,
+        "on-CPU {on} ns of a {wall} ns handling that slept 3 ms after its park's end"
+    );
+}

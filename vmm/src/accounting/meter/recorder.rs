@@ -418,11 +418,7 @@ impl Recorder {
         self.meter.begin();
         if let Some(t) = &records {
             self.note_records(t, 1..3);
-            self.vmm_off = t.off[2];
-            self.vmm_irq = t.irq[2];
-            if t.off[2] != 0 {
-                self.meter.vmm_off_drained.set(t.off[2]);
-            }
+            self.carry_to_vmm(t, 2);
         }
         let m = &*self.meter;
         m.exits[r].add(1);
@@ -538,11 +534,14 @@ impl Recorder {
         let Some((kind, start)) = self.park.take() else {
             return;
         };
-        // The park measures itself (its stamps); its records are dropped.
-        let records = self.drain_quiet([u64::MAX, u64::MAX]);
+        // The park measures itself (its stamps); its records are dropped, but for an episode
+        // that began after its end stamp `p` (a preemption before this drain), which is the
+        // next `vmm` interval's (as at `begin`).
+        let records = self.drain_quiet([p.now, u64::MAX]);
         let wall = p.now.saturating_sub(start.now);
         self.meter.begin();
-        if records.is_some() {
+        if let Some(t) = &records {
+            self.carry_quiet(t);
             self.publish_ring();
         }
         let m = &*self.meter;
