@@ -56,6 +56,34 @@ fn episodes_from_the_second_bound_on_go_to_side_2() {
 }
 
 #[test]
+fn an_episode_that_straddles_a_stamp_is_cut_at_it() {
+    // The exit stamp (200) is an extrapolated one, 5 ns ahead of the kernel's clock: the
+    // preemption that followed the exit reads as beginning at 195, inside the run. Only those
+    // 5 ns go to the run; the run-queue wait after the stamp is the handling's.
+    let mut p = Pairing::default();
+    let mut t = Tally::default();
+    for r in [out(195, true), inn(5_000)] {
+        p.feed(r, [100, 200], &mut t);
+    }
+    assert_eq!(t.off, [0, 5, 4_800]);
+    assert_eq!(t.preempted, [0, 5, 4_800]);
+    assert_eq!(t.episodes, 1);
+    // One that spans all three sides, and the parts always add up to the whole.
+    assert_eq!(pairing::split(50, 250, [100, 200]), [50, 100, 50]);
+    assert_eq!(pairing::split(120, 180, [100, 200]), [0, 60, 0]);
+    assert_eq!(pairing::split(10, 20, [100, u64::MAX]), [10, 0, 0]);
+    assert_eq!(
+        pairing::split(300, 250, [100, 200]),
+        [0, 0, 0],
+        "a switch-in before its out"
+    );
+    for (o, b) in [(0, 1_000), (99, 101), (199, 201), (200, 200), (1, u64::MAX)] {
+        let parts = pairing::split(o, b, [100, 200]);
+        assert_eq!(parts.iter().sum::<u64>(), b - o, "{o}..{b}");
+    }
+}
+
+#[test]
 fn an_episode_open_at_a_drain_completes_at_the_next() {
     let mut p = Pairing::default();
     let mut first = Tally::default();

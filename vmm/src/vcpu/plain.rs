@@ -123,8 +123,7 @@ pub(super) fn run<V: Vcpu, const LEVEL: u8>(s: Steady<'_, V>) -> Plain {
             let cpu = entry_cpu(shared, cpu_reader, level);
             rec.prepare(level);
             let clock = rec.needs_cpu_clock(level, level) || rec.cpu_at_entry();
-            let exact = rec.exact_stamps(level, level);
-            rec.entry_from(level, stamp(mono, level, clock, exact), cpu, level);
+            rec.entry_from(level, stamp(mono, level, clock), cpu, level);
         } else {
             rec.on_entry_off(NO_CLOCK);
         }

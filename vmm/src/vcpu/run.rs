@@ -143,15 +143,15 @@ fn publish_final(shared: &VcpuShared, tid: i32, end: ParkStamp) {
 }
 
 /// Clock readings for a run boundary after an interval at `prev`: the wall clock unless level
-/// off (through `clock`, extrapolated by the TSC unless `exact`:
-/// `Recorder::exact_stamps`), the thread CPU clock when `cpu` (`Recorder::needs_cpu_clock`).
+/// off (the thread's stamp clock, at every level: level full's context-switch records, which
+/// carry the kernel's own CLOCK_MONOTONIC times, are split at these stamps within the stamp
+/// clock's error; docs/accounting.md, "The stamp clock"), the thread CPU clock when `cpu`
+/// (`Recorder::needs_cpu_clock`).
 #[inline]
-pub(super) fn stamp(clock: &mut StampClock, prev: Level, cpu: bool, exact: bool) -> Stamp {
+pub(super) fn stamp(clock: &mut StampClock, prev: Level, cpu: bool) -> Stamp {
     Stamp {
         now: if prev == Level::Off && !cpu {
             0
-        } else if exact {
-            clock.exact_ns()
         } else {
             clock.now_ns()
         },
@@ -187,7 +187,6 @@ pub(super) fn exit_stamp<E>(
         clock,
         level,
         rec.needs_cpu_clock(level, level) || rec.cpu_at_exit(kicked),
-        rec.exact_stamps(level, level),
     )
 }
 
@@ -211,7 +210,6 @@ fn entry_stamp(
         clock,
         level,
         rec.needs_cpu_clock(rec.level(), next) || rec.cpu_at_entry() || stopped,
-        rec.exact_stamps(rec.level(), next),
     );
     if stopped {
         stop.end(shared, entry.cpu.unwrap_or_else(thread_cpu_ns));

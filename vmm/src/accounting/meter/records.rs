@@ -209,15 +209,6 @@ impl Recorder {
         (prev == Level::Full || next == Level::Full) && self.ring.is_none()
     }
 
-    /// Whether a boundary between intervals at `prev` and `next` reads the wall clock itself
-    /// rather than the stamp clock's TSC extrapolation (`crate::stamp_clock`): level full with
-    /// records, whose episodes carry the kernel's own CLOCK_MONOTONIC times and are split at
-    /// the stamps.
-    #[inline]
-    pub fn exact_stamps(&self, prev: Level, next: Level) -> bool {
-        (prev == Level::Full || next == Level::Full) && self.ring.is_some()
-    }
-
     /// The records since the last drain, split at `bounds` (None: no records in use), their
     /// in-kernel exits and interrupts held for publication; `end_run`: the drain follows a
     /// KVM_RUN's return, for a signal (`Some(true)`) or not.

@@ -270,11 +270,12 @@ fn decode_sample(layout: &Layout, word: &impl Fn(u64) -> u64, size: u64) -> Reco
     }
 }
 
-/// Where a drain splits what it completes, by its start time: before `bounds[0]` (side 0),
-/// from there to before `bounds[1]` (side 1), from `bounds[1]` on (side 2). At a KVM_RUN exit
-/// the bounds are the run's entry and exit stamps: side 0 began in an interval measured
-/// otherwise, side 1 inside the run, side 2 after the exit stamp (the VMM's handling that
-/// follows). `bounds[0] <= bounds[1]`.
+/// Where a drain splits what it completes: before `bounds[0]` (side 0), from there to before
+/// `bounds[1]` (side 1), from `bounds[1]` on (side 2). At a KVM_RUN exit the bounds are the
+/// run's entry and exit stamps: side 0 is an interval measured otherwise, side 1 the run, side
+/// 2 the VMM's handling that follows the exit stamp. An off-CPU episode is cut at the bounds
+/// and each part goes to its side ([`split`]); guest-mode time and interrupts go whole to the
+/// side they began on. `bounds[0] <= bounds[1]`.
 pub type Bounds = [u64; 2];
 
 /// Bounds that put everything on side 1 (a reader's look, the tests).
@@ -282,6 +283,24 @@ pub const ALL_ON_SIDE_1: Bounds = [0, u64::MAX];
 
 fn side(t: u64, bounds: Bounds) -> usize {
     usize::from(t >= bounds[0]) + usize::from(t >= bounds[1])
+}
+
+/// The parts of the off-CPU episode from `out` to `back` on each side of `bounds`. Where the
+/// bounds are clock readings taken on the thread itself in the kernel's clock, no episode
+/// straddles one (the thread is on a CPU when it reads the clock), so this is the whole
+/// episode on the side it began on. The vCPU thread's stamps are its stamp clock's
+/// (`crate::stamp_clock`), a few tens of ns off the kernel's clock, more while a change of
+/// the clock's rate is not yet caught: cut at the bounds, an episode that the error makes
+/// straddle a stamp moves by that error, not whole to the wrong side (a preemption just after
+/// an exit stamp, taken whole from a microsecond run, would be a whole run-queue wait counted
+/// as on-CPU time in the handling).
+pub fn split(out: u64, back: u64, bounds: Bounds) -> [u64; 3] {
+    let part = |from: u64, to: u64| back.min(to).saturating_sub(out.max(from));
+    [
+        part(0, bounds[0]),
+        part(bounds[0], bounds[1]),
+        part(bounds[1], u64::MAX),
+    ]
 }
 
 /// What a drain found, on each side of its [`Bounds`].
@@ -413,11 +432,12 @@ impl Pairing {
             Record::In { time } => match self.out.take() {
                 Some((out, preempted)) => {
                     let d = time.saturating_sub(out);
-                    let s = side(out, bounds);
-                    sink.episode(out, time, preempted, s);
-                    t.off[s] += d;
-                    if preempted {
-                        t.preempted[s] += d;
+                    sink.episode(out, time, preempted, side(out, bounds));
+                    for (s, part) in split(out, time, bounds).into_iter().enumerate() {
+                        t.off[s] += part;
+                        if preempted {
+                            t.preempted[s] += part;
+                        }
                     }
                     t.episodes += 1;
                     if let Some(e) = &mut self.exit {
