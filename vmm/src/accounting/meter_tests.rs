@@ -382,9 +382,10 @@ fn a_preemption_between_the_start_stamp_and_the_first_drain_is_the_first_handlin
     let start = now();
     off_cpu_3_ms();
     r.begin(start);
+    let drained = meter.read().vmm_off_drained;
     assert!(
-        meter.read().vmm_off_drained >= 3_000_000,
-        "shown to readers"
+        drained >= 3_000_000 && drained <= now().now - start.now,
+        "the sleep after the start, and nothing from before it, shown to readers: {drained}"
     );
     let (on, wall) = first_handling(&mut r, &meter);
     assert!(
@@ -414,6 +415,11 @@ fn a_preemption_between_a_parks_end_stamp_and_its_drain_is_the_next_handlings() 
     off_cpu_3_ms();
     r.park_end(end, end.now);
     let before = meter.read();
+    let drained = before.vmm_off_drained;
+    assert!(
+        drained >= 3_000_000 && drained <= now().now - end.now,
+        "the sleep after the park's end, not the park's own: {drained}"
+    );
     let (on, wall) = first_handling(&mut r, &meter);
     let (on, wall) = (
         on - before.cpu_vmm_full,

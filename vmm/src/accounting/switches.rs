@@ -376,8 +376,16 @@ impl SwitchRing {
         if on == self.enabled {
             return Ok(());
         }
-        events::ioctl_enable(&self.fd, on)?;
-        if let Err(e) = self.trace.set_enabled(on) {
+        let result = if on {
+            events::ioctl_enable(&self.fd, true).and_then(|()| self.trace.set_enabled(true))
+        } else {
+            // The tracepoints first and the context-switch event last: a preemption inside
+            // their system calls is still recorded, and the next entry's drain (at the old
+            // level: the switch takes effect after it) takes it from the interval before.
+            let trace = self.trace.set_enabled(false);
+            events::ioctl_enable(&self.fd, false).and(trace)
+        };
+        if let Err(e) = result {
             let _ = self.trace.set_enabled(false);
             let _ = events::ioctl_enable(&self.fd, false);
             self.enabled = false;

@@ -217,9 +217,11 @@ impl Recorder {
     /// its stamp, and those that began before `s`), or the thread CPU clock's delta; the
     /// interrupts the records show in it are counted apart (`irq_vmm`).
     ///
-    /// `level` is the recorder's own, passed in (see [`Self::entry_from`]).
+    /// `level` is the recorder's own, passed in (see [`Self::entry_from`]); `run_follows`: a
+    /// KVM_RUN begins at `s` (an entry), not a park or the end, whose run-queue wait after `s`
+    /// is not counted in `records_preempted` (a park's is its own, in `park_delay`).
     #[inline(always)]
-    fn close_vmm(&mut self, level: Level, s: Stamp) {
+    fn close_vmm(&mut self, level: Level, s: Stamp, run_follows: bool) {
         debug_assert_eq!(level, self.level);
         let h = s.now.saturating_sub(self.since);
         self.exit_vmm_ns += h;
@@ -229,7 +231,7 @@ impl Recorder {
             None
         };
         if let Some(t) = &records {
-            self.note_records(t, 0..2);
+            self.note_records(t, 0..1 + usize::from(run_follows));
             self.run_off += t.off[1];
             self.run_guest += t.guest[1];
             self.run_irq += t.irq[1];
@@ -285,7 +287,7 @@ impl Recorder {
         let mut wakeup = None;
         self.meter.begin();
         if timed {
-            self.close_vmm(prev, s);
+            self.close_vmm(prev, s, true);
         }
         let m = &*self.meter;
         let handled = self.exit_reason.filter(|_| timed);
@@ -479,7 +481,7 @@ impl Recorder {
     pub fn finish(&mut self, s: Stamp) {
         if self.level != Level::Off {
             self.meter.begin();
-            self.close_vmm(self.level, s);
+            self.close_vmm(self.level, s, false);
             if let Some(r) = self.exit_reason {
                 self.meter.exit_ns[r].add(self.exit_vmm_ns);
             }
@@ -504,6 +506,7 @@ impl Recorder {
                     now: p.now,
                     cpu: p.cpu,
                 },
+                false,
             );
         }
         self.meter.set_state(kind.into(), p.now);

@@ -238,11 +238,15 @@ impl Recorder {
     }
 
     /// [`Recorder::carry_to_vmm`] of side 1 of a quiet drain (at the start, at a park's end),
-    /// whose run-queue wait is counted in `records_preempted` as a loud drain's is.
+    /// whose run-queue wait is counted in `records_preempted` as a loud drain's is, and whose
+    /// lost records in `records_lost` (what it carries may then be short).
     pub(super) fn carry_quiet(&mut self, t: &Tally) {
         self.carry_to_vmm(t, 1);
         if t.preempted[1] != 0 {
             self.meter.records_preempted.add(t.preempted[1]);
+        }
+        if t.lost {
+            self.meter.records_lost.add(1);
         }
     }
 
