@@ -102,7 +102,18 @@ fn assert_kvm_split(v: &Value, strict: bool) {
     };
     assert_eq!(v["split_source"], "tracepoints", "vCPU {id}: {v}");
     assert_eq!(n("records_lost"), 0, "vCPU {id}");
-    assert!(n("kvm_ns") > 0, "vCPU {id}: {v}");
+    // Measured (not null), and positive unless the split had nothing left for it: it takes
+    // vmm_ns and interrupted_ns from the records first, and on a short vCPU under this
+    // emulation the records can see milliseconds more on a CPU than the thread CPU clock
+    // (printed below), whose reads there lag and then jump: one advanced 8.65 ms across a
+    // KVM_RUN of 50 µs wall (2026-12-01), and a 7 ms vCPU's clock ended 2 ms below its
+    // records. That needs the records above the clock, so a kvm_ns of 0 with the records at
+    // or below it still fails.
+    let squeezed = !strict && n("records_on_cpu_ns") > n("used_ns") - n("park_cpu_ns");
+    assert!(
+        n("kvm_ns") > 0 || squeezed,
+        "vCPU {id}: kvm_ns 0 with the records at or below the clock: {v}"
+    );
     let (guest, kvm, irq) = (n("guest_ns"), n("kvm_ns"), n("interrupted_ns"));
     assert_eq!(guest + kvm + irq + n("vmm_ns"), n("used_ns"), "vCPU {id}");
     let in_kernel: u64 = v["kvm_exits"]
