@@ -201,7 +201,8 @@ impl<C: Clocks> StampClock<C> {
         self
     }
 
-    /// What it does now: its mode and the drops of its rate so far.
+    /// What it does now (its drops of the rate are in `drifts`; both are published by
+    /// [`Self::publish`]).
     pub fn mode(&self) -> StampClockMode {
         match (self.allowed, self.extrapolate, self.mult != 0) {
             (false, _, _) => StampClockMode::Vdso,
